@@ -1,0 +1,36 @@
+"""The error specfleet raises for bad input or host state: the host, the problem, the fix."""
+
+from __future__ import annotations
+
+from pyinfra.api.exceptions import OperationError
+
+
+class SpecfleetError(OperationError):
+    """An error a person can act on: which host, what is wrong, and how to fix it.
+
+    It subclasses pyinfra's ``OperationError`` so that, raised inside an operation, pyinfra fails
+    that one host with this message and no traceback.
+    """
+
+    def __init__(self, problem: str, *, host: str | None = None, fix: str | None = None):
+        self.problem = problem
+        self.host = host
+        self.fix = fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        where = f"[{self.host}] " if self.host else ""
+        text = f"{where}{self.problem}"
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
+
+    def for_host(self, host: str) -> SpecfleetError:
+        """The same error, naming ``host`` when it did not already."""
+        if self.host:
+            return self
+        return type(self)(self.problem, host=host, fix=self.fix)
+
+
+class SettingsError(SpecfleetError):
+    """Inventory or group data under ``specfleet`` that does not fit the settings schema."""
