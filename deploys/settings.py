@@ -297,14 +297,21 @@ def settings_from_dict(data: Mapping[str, Any] | None, host: str = "") -> Settin
 
 
 def settings_for_host(host: Any) -> Settings:
-    """The Settings of a pyinfra ``Host``, merged over its data layers (lowest priority first)."""
-    datas = getattr(host.data, "datas", None)
-    if datas is None:
-        return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
-    from pyinfra.api.util import extract_callable_datas
+    """The Settings of a pyinfra ``Host``: its data layers deep-merged, lowest priority first.
 
-    layers = [d.get(DATA_KEY) for d in extract_callable_datas(datas) if hasattr(d, "get")]
-    return settings_from_layers(reversed(layers), host=host.name)
+    pyinfra's own lookup replaces a whole ``specfleet`` dict with the highest layer's, and merges
+    several groups with ``dict.update``; here every layer merges key by key instead.
+    """
+    inventory = getattr(host, "inventory", None)
+    if inventory is None:
+        return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
+    layers = [
+        inventory.get_data(),
+        *(inventory.get_group_data(group) for group in getattr(host, "groups", ())),
+        inventory.get_host_data(host.name),
+        inventory.get_override_data(),
+    ]
+    return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
 
 
 def validate(settings: Settings, host: str = "") -> Settings:
