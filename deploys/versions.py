@@ -45,6 +45,9 @@ def parse_version(version: str | Version) -> Version:
 # - sglang <= 0.5.15 leaves compressed-tensors unpinned; 0.15.0.1 was current when 0.5.11 came out
 #   and 0.18.0 is what sglang pinned later, so the window is >=0.15.0.1,<0.19.
 # - sglang 0.5.23 pins ==0.18.0 itself; asking for anything else would fail the resolver.
+# Checked in the wheels METADATA: 0.5.11 and 0.5.14 "Requires-Dist: compressed-tensors" (unpinned,
+# transformers==5.6.0 / 5.8.1), 0.5.23 "compressed-tensors==0.18.0"; 0.5.11 compressed_tensors/
+# utils.py reads CompressionFormat.nvfp4_pack_quantized.
 _CT_AVOID = "!=0.14.*"
 
 
@@ -105,31 +108,62 @@ def compressed_tensors_specifier(sglang_version: str | Version) -> SpecifierSet:
 # Features, attention backends, speculative algorithms and flags
 # --------------------------------------------------------------------------------------------------
 
-# attention_registry.py's @register_attention_backend names, read from the wheels.
+# attention_registry.py's @register_attention_backend("...") names, listed by grepping the
+# decorators in each wheel (importing the module would pull in torch). Written out per release
+# rather than derived, so a diff against a new wheel is a plain set difference. The CLI's
+# ATTENTION_BACKEND_CHOICES is a different list; what the planner may choose is the registry.
 _BACKENDS_0_5_11 = frozenset(
     {
-        "flashinfer", "trtllm_mla", "aiter", "wave", "ascend", "nsa", "triton", "torch_native",
-        "flex_attention", "flashmla", "fa3", "fa4", "cutlass_mla", "trtllm_mha", "intel_amx",
-        "dual_chunk_flash_attn", "intel_xpu",
+        "aiter", "ascend", "cutlass_mla", "dual_chunk_flash_attn", "fa3", "fa4", "flashinfer",
+        "flashmla", "flex_attention", "intel_amx", "intel_xpu", "nsa", "torch_native", "triton",
+        "trtllm_mha", "trtllm_mla", "wave",
     }
 )  # fmt: skip
-_BACKENDS_0_5_14 = _BACKENDS_0_5_11 | {"tokenspeed_mla", "cutedsl_mla", "dsa", "dsv4"}
-_BACKENDS_0_5_23 = (_BACKENDS_0_5_14 - {"cutlass_mla", "tokenspeed_mla"}) | {
-    "llada2_cfg_flashinfer", "qsa", "hpc_ops",
-}  # fmt: skip
+_BACKENDS_0_5_14 = frozenset(
+    {
+        "aiter", "ascend", "cutedsl_mla", "cutlass_mla", "dsa", "dsv4", "dual_chunk_flash_attn",
+        "fa3", "fa4", "flashinfer", "flashmla", "flex_attention", "intel_amx", "intel_xpu", "nsa",
+        "tokenspeed_mla", "torch_native", "triton", "trtllm_mha", "trtllm_mla", "wave",
+    }
+)  # fmt: skip
+# 0.5.23 also drops dual_chunk_flash_attn and adds minicpm_flashattn / minicpm_flashinfer (not in
+# sglang.md, which lists only the cutlass_mla / tokenspeed_mla removals).
+_BACKENDS_0_5_23 = frozenset(
+    {
+        "aiter", "ascend", "cutedsl_mla", "dsa", "dsv4", "fa3", "fa4", "flashinfer", "flashmla",
+        "flex_attention", "hpc_ops", "intel_amx", "intel_xpu", "llada2_cfg_flashinfer",
+        "minicpm_flashattn", "minicpm_flashinfer", "nsa", "qsa", "torch_native", "triton",
+        "trtllm_mha", "trtllm_mla", "wave",
+    }
+)  # fmt: skip
 
+# SpeculativeAlgorithm enum members in srt/speculative/spec_info.py, in declaration order.
 _ALGOS_0_5_11 = ("DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE")
 _ALGOS_0_5_12 = ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE")
 _ALGOS_0_5_23 = (
     "DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE",
 )  # fmt: skip
 
-# Flags DFLASH rejects (or silently forces) on the v1 worker path.
-_DFLASH_V1_FORBIDDEN = (
+# Flags never to render with DFLASH. 0.5.11 server_args.py and 0.5.14 arg_groups/speculative_hook.py
+# (_handle_dflash) raise "DFLASH speculative decoding does not support dp attention", so the
+# brief's "<=0.5.13" really extends to 0.5.15. Both force num_steps/eagle_topk to 1 with a warning.
+# 0.5.23's _handle_dflash accepts dp attention (needs --enable-dp-lm-head; --enable-dp-attention
+# is a deprecated alias of --attn-dp-size there) and still forces num_steps/eagle_topk to 1.
+_DFLASH_FORBIDDEN_0_5_11 = (
     "--enable-dp-attention",
     "--speculative-num-steps",
     "--speculative-eagle-topk",
 )
+_DFLASH_FORBIDDEN_0_5_23 = ("--speculative-num-steps", "--speculative-eagle-topk")
+
+# Draft backends DFLASH accepts. 0.5.11 dflash_worker.py: supported_draft_backends =
+# ("flashinfer", "fa3", "fa4", "triton"); 0.5.14 dflash_worker_v2.py adds "ascend"; 0.5.23
+# resolves through draft_worker_common.py against arg_groups/choices.py
+# DRAFT_ATTENTION_BACKEND_CHOICES. Anything else silently falls back to flashinfer, so the planner
+# checks it rather than let the server substitute.
+_DRAFT_0_5_11 = ("flashinfer", "fa3", "fa4", "triton")
+_DRAFT_0_5_14 = ("flashinfer", "fa3", "fa4", "triton", "ascend")
+_DRAFT_0_5_23 = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
 
 
 @dataclass(frozen=True)
@@ -166,44 +200,60 @@ class VersionRow:
         }
 
 
+# Newest first; the first row whose specifier contains the version wins.
 VERSIONS: tuple[VersionRow, ...] = (
     VersionRow(
+        # Read from the 0.5.23 wheel: flags are dataclass fields in srt/arg_groups/fields/ named
+        # by arg_utils._field_to_cli_name ("--" + name.replace("_", "-")): spec.py has
+        # speculative_draft_window_size, parallel.py tp_size (alias --tensor-parallel-size).
+        # --speculative-dflash-draft-window-size is gone. 0.5.16-0.5.22 were not read.
         sglang=SpecifierSet(">=0.5.16"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_23,
         speculative_algorithms=_ALGOS_0_5_23,
         draft_window_flag=DRAFT_WINDOW_FLAG,
-        dflash_draft_backends=("flashinfer", "fa3", "fa4", "triton"),
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_23,
+        dflash_draft_backends=_DRAFT_0_5_23,
         notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
     ),
     VersionRow(
+        # Read from the 0.5.14 wheel: dflash_worker.py is gone (v1 removed, sglang PR #27959),
+        # dflash_worker_v2.py present, no SGLANG_ENABLE_DFLASH_SPEC_V2 in environ.py (v2 is the
+        # default path). server_args.py declares speculative_draft_window_size as a field and
+        # keeps --speculative-dflash-draft-window-size as a hidden DeprecatedAliasStoreAction.
+        # 0.5.15.post1 per sglang.md section 2.
         sglang=SpecifierSet(">=0.5.14,<0.5.16"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_14,
         speculative_algorithms=_ALGOS_0_5_12,
         draft_window_flag=DRAFT_WINDOW_FLAG,
-        dflash_draft_backends=("flashinfer", "fa3", "fa4", "triton"),
-        notes=("v1 worker removed (sglang PR #27959); old window flag kept as deprecated alias",),
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_14,
     ),
     VersionRow(
+        # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).
         sglang=SpecifierSet(">=0.5.12,<0.5.14"),
         dflash="v1",
         attention_backends=_BACKENDS_0_5_11,
         speculative_algorithms=_ALGOS_0_5_12,
         draft_window_flag=DRAFT_WINDOW_FLAG_V1,
-        dflash_forbidden_flags=_DFLASH_V1_FORBIDDEN,
-        dflash_draft_backends=("flashinfer", "fa3", "fa4", "triton"),
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_11,
     ),
     VersionRow(
+        # Read from the 0.5.11 wheel: server_args.py add_argument("--speculative-dflash-draft-
+        # window-size") and the DFLASH block in __post_init__ that rejects dp attention and
+        # forces disable_overlap_schedule ("spec v2 is not supported yet").
         sglang=SpecifierSet(">=0.5.11,<0.5.12"),
         dflash="v1",
         attention_backends=_BACKENDS_0_5_11,
         speculative_algorithms=_ALGOS_0_5_11,
         draft_window_flag=DRAFT_WINDOW_FLAG_V1,
-        dflash_forbidden_flags=_DFLASH_V1_FORBIDDEN,
-        dflash_draft_backends=("flashinfer", "fa3", "fa4", "triton"),
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_11,
     ),
     VersionRow(
+        # sglang.md: 0.5.10.post1 has no DFLASH; same registry as 0.5.11.
         sglang=SpecifierSet("<0.5.11"),
         dflash=None,
         attention_backends=_BACKENDS_0_5_11,
@@ -212,20 +262,25 @@ VERSIONS: tuple[VersionRow, ...] = (
     ),
 )
 
-# The PR#20547 branch (modal-labs/sglang dflash_v2): a pre-0.5.11 sglang with the v1 and v2 DFLASH
-# workers, SGLANG_ENABLE_DFLASH_SPEC_V2 in environ.py, the old window flag, and draft backends
-# without triton. Not a release: recognised by the dflash_pr20547 fact, not by version.
+# The PR#20547 branch (modal-labs/sglang dflash_v2, per sglang.md section 1; no wheel exists, so
+# this row is from the reference, not read here): a pre-0.5.11 sglang with the v1 and v2 DFLASH
+# workers, SGLANG_ENABLE_DFLASH_SPEC_V2 in environ.py, the old window flag (the Kimi DFlash model
+# cards pass --speculative-dflash-draft-window-size), dp attention rejected, and draft backends
+# without triton. Not a release: recognised by the dflash_pr20547 fact, never by version.
 PR20547 = VersionRow(
     sglang=SpecifierSet(),
     dflash="v2",
     attention_backends=_BACKENDS_0_5_11,
     speculative_algorithms=_ALGOS_0_5_11,
     draft_window_flag=DRAFT_WINDOW_FLAG_V1,
-    dflash_forbidden_flags=_DFLASH_V1_FORBIDDEN,
+    dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
     dflash_draft_backends=("flashinfer", "fa3", "fa4"),
     dflash_pr20547=True,
     notes=("overlap (v2) worker only with SGLANG_ENABLE_SPEC_V2=1 SGLANG_ENABLE_DFLASH_SPEC_V2=1",),
 )
+# The environment the PR#20547 overlap worker needs (server_args keeps overlap on only when both
+# are true; otherwise it falls back to the v1 worker with overlap off).
+PR20547_ENV = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}
 
 
 def version_row(sglang_version: str | Version) -> VersionRow:
