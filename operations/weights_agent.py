@@ -1,0 +1,731 @@
+"""specfleet weights agent: fetch one Hugging Face repository revision onto this host, verified.
+
+This file is two things:
+- a module the control machine imports for its pure helpers (``disk_preflight``, ``job_id``,
+  ``git_blob_id``...): they need nothing but the standard library;
+- a script uploaded to each host and run there by a Python that has ``huggingface_hub``
+  (the specfleet tools venv). ``operations/weights.py`` starts it detached as a transient
+  ``systemd-run`` unit, so a dropped SSH session does not stop a 595 GB download.
+
+Commands (JOB is a JSON file written by ``operations.weights``; it never holds a secret, only
+the *path* of a token file):
+
+    agent.py plan JOB     print one JSON object: the resolved revision, the files, the bytes
+                          still missing, the free space; or {"error": {...}} (exit 0 either way)
+    agent.py run JOB      supervise a download: plan, disk preflight, start ``fetch`` children,
+                          watch for stalls (retry without Xet), write the progress file, the
+                          manifest, the ``current`` link, prune
+    agent.py fetch JOB    (child of ``run``) hash or download every file still missing; print
+                          one JSON event per line on stdout
+
+On the host, revisions live side by side:
+
+    <root>/<revision>/...files...                  the snapshot (hf ``local_dir``)
+    <root>/<revision>/.specfleet/verified.jsonl    one line per file verified (resume state)
+    <root>/<revision>/.specfleet/manifest.json     written once every file is verified
+    <root>/current -> <revision>                   flipped only after a complete verification
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+SCHEMA = 1
+GIB = 1024**3
+STATE_DIR = ".specfleet"
+MANIFEST = "manifest.json"
+VERIFIED = "verified.jsonl"
+CURRENT = "current"
+HASH_CHUNK = 8 * 1024 * 1024
+
+# Exit codes of `fetch`.
+EXIT_OK = 0
+EXIT_FAILED = 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure helpers (imported by the control machine; no I/O)
+# ----------------------------------------------------------------------------------------------
+
+
+def fmt_gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def disk_preflight(
+    missing_bytes: int,
+    free_bytes: int,
+    *,
+    margin_percent: float = 2.0,
+    margin_min_gib: float = 10.0,
+    warn_headroom_percent: float = 10.0,
+    host: str = "",
+    path: str = "",
+) -> dict:
+    """Whether ``missing_bytes`` fit into ``free_bytes`` with a margin of max(P %, M GiB).
+
+    The margin is ``margin_percent`` of the bytes still missing, at least ``margin_min_gib``.
+    Headroom is what is left after the download, as a share of the free space now; under
+    ``warn_headroom_percent`` it is a warning, not an error. Pure: returns
+
+    .. code:: python
+
+        {"ok": True, "missing_bytes": ..., "free_bytes": ..., "margin_bytes": ...,
+         "needed_bytes": ..., "headroom_bytes": ..., "headroom_percent": 5.4,
+         "warnings": ["..."], "problem": None | "...", "fix": None | "..."}
+    """
+    missing = max(int(missing_bytes), 0)
+    free = max(int(free_bytes), 0)
+    margin = int(max(missing * margin_percent / 100.0, margin_min_gib * GIB)) if missing else 0
+    needed = missing + margin
+    headroom = free - missing
+    headroom_percent = (100.0 * headroom / free) if free else 0.0
+    where = f"{host}:{path}" if host else path
+    result = {
+        "ok": needed <= free,
+        "missing_bytes": missing,
+        "free_bytes": free,
+        "margin_bytes": margin,
+        "needed_bytes": needed,
+        "headroom_bytes": headroom,
+        "headroom_percent": round(headroom_percent, 2),
+        "warnings": [],
+        "problem": None,
+        "fix": None,
+    }
+    if not missing:
+        return result
+    if not result["ok"]:
+        result["problem"] = (
+            f"not enough disk space at {where}: {fmt_gib(missing)} still to download "
+            f"+ {fmt_gib(margin)} margin = {fmt_gib(needed)} needed, {fmt_gib(free)} free "
+            f"(short by {fmt_gib(needed - free)})"
+        )
+        result["fix"] = (
+            f"free at least {fmt_gib(needed - free)} on the filesystem of {path}, point "
+            "models_root at a larger disk, or lower weights.margin_percent/margin_min_gib"
+        )
+    elif headroom_percent < warn_headroom_percent:
+        result["warnings"].append(
+            f"low disk headroom at {where}: after {fmt_gib(missing)} of weights only "
+            f"{fmt_gib(headroom)} ({headroom_percent:.1f} % of {fmt_gib(free)} free) will be left"
+        )
+    return result
+
+
+def git_blob_id(data: bytes) -> str:
+    """The git blob id (sha1 of ``blob <size>\\0`` + content) of ``data``."""
+    h = hashlib.sha1(b"blob %d\0" % len(data))  # noqa: S324 - git's object id, not a security hash
+    h.update(data)
+    return h.hexdigest()
+
+
+def job_id(job: dict) -> str:
+    """A short stable id of a job: the same wish gives the same id."""
+    blob = json.dumps(job, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def select_files(paths: list[str], allow: list[str] | None, ignore: list[str] | None) -> list[str]:
+    """huggingface_hub's allow/ignore semantics (fnmatch; a trailing "/" means the folder)."""
+
+    def norm(pats: list[str] | None) -> list[str] | None:
+        if pats is None:
+            return None
+        return [p + "*" if p.endswith("/") else p for p in pats]
+
+    allow_n, ignore_n = norm(allow), norm(ignore)
+    out = []
+    for p in paths:
+        if allow_n is not None and not any(fnmatch.fnmatch(p, a) for a in allow_n):
+            continue
+        if ignore_n is not None and any(fnmatch.fnmatch(p, i) for i in ignore_n):
+            continue
+        out.append(p)
+    return out
+
+
+def classify_error(exc: BaseException, repo_id: str, revision: str, endpoint: str,
+                   has_token: bool) -> dict:
+    """A huggingface_hub exception as {"kind", "message", "fix"}; names the repository."""
+    name = type(exc).__name__
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    where = f"{endpoint}/{repo_id}"
+    if name == "GatedRepoError" or status == 403:
+        return {
+            "kind": "gated",
+            "message": f"repository {repo_id} is gated and the token used has no access to it "
+            f"(HTTP {status or 403})",
+            "fix": f"request access at {where} with the account of the token, or give a token "
+            "that has it (HF_TOKEN or weights.token_file on the control machine)",
+        }
+    if name == "RevisionNotFoundError":
+        return {
+            "kind": "revision_not_found",
+            "message": f"revision {revision} of {repo_id} does not exist at {endpoint}",
+            "fix": f"pin a commit that exists in {repo_id} (see {where}/commits)",
+        }
+    if name in ("RepositoryNotFoundError",) or status == 401:
+        token_hint = (
+            "the token used may lack access to it"
+            if has_token
+            else "no token was given; if it is private or gated, give one"
+        )
+        return {
+            "kind": "not_found",
+            "message": f"repository {repo_id} was not found at {endpoint} or needs access "
+            f"(HTTP {status or 401}; {token_hint})",
+            "fix": f"check the repo id and revision, and that the account of the token has been "
+            f"granted access at {where}",
+        }
+    if name in ("RemoteEntryNotFoundError", "EntryNotFoundError"):
+        return {
+            "kind": "entry_not_found",
+            "message": f"a file listed in {repo_id}@{revision} is missing at {endpoint}: {exc}",
+            "fix": "check the mirror is complete for this revision",
+        }
+    if status is not None:
+        return {
+            "kind": "http",
+            "message": f"HTTP {status} from {endpoint} for {repo_id}: {str(exc).splitlines()[0]}",
+            "fix": "check the endpoint (weights.hf_endpoint) and retry; a re-run resumes",
+        }
+    return {
+        "kind": "network",
+        "message": f"cannot reach {endpoint} for {repo_id}: {name}: "
+        f"{(str(exc).splitlines() or [''])[0]}",
+        "fix": "check the host's route to the endpoint (weights.hf_endpoint for a mirror); "
+        "a re-run resumes",
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Local state
+# ----------------------------------------------------------------------------------------------
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+def write_json_atomic(path: str, data: dict, mode: int = 0o644) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_verified(rev_dir: str, since: float = 0.0) -> dict[str, dict]:
+    """The last entry per file of verified.jsonl (only those recorded at or after ``since``)."""
+    out: dict[str, dict] = {}
+    try:
+        with open(os.path.join(rev_dir, STATE_DIR, VERIFIED)) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a kill
+                if e.get("at", 0) >= since:
+                    out[e["path"]] = e
+    except OSError:
+        pass
+    return out
+
+
+def still_matches(rev_dir: str, entry: dict) -> bool:
+    try:
+        st = os.stat(os.path.join(rev_dir, entry["path"]))
+    except OSError:
+        return False
+    return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+
+
+def hash_file(path: str, kind: str, size: int, on_bytes=None) -> str:
+    """sha256 (``kind="sha256"``) or git blob id (``kind="git"``) of a file, streamed."""
+    if kind == "sha256":
+        h = hashlib.sha256()
+    else:
+        h = hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git object id
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Hub access (huggingface_hub is imported lazily, after the environment is set)
+# ----------------------------------------------------------------------------------------------
+
+
+def setup_env(job: dict, disable_xet: bool = False) -> None:
+    if job.get("endpoint"):
+        os.environ["HF_ENDPOINT"] = job["endpoint"].rstrip("/")
+    if job.get("token_path"):
+        os.environ["HF_TOKEN_PATH"] = job["token_path"]
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "120")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "120")
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if disable_xet:
+        os.environ["HF_HUB_DISABLE_XET"] = "1"
+
+
+def endpoint_of(job: dict) -> str:
+    return (job.get("endpoint") or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip(
+        "/"
+    )
+
+
+def has_token(job: dict) -> bool:
+    p = job.get("token_path")
+    return bool(p and os.path.isfile(p) and os.path.getsize(p) > 0)
+
+
+def remote_files(job: dict) -> tuple[str, list[dict]]:
+    """Resolve the revision and list the selected files with their sizes and hashes."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi(endpoint=endpoint_of(job))
+    info = api.model_info(job["repo_id"], revision=job["revision"])
+    sha = info.sha
+    entries = [
+        e
+        for e in api.list_repo_tree(job["repo_id"], revision=sha, recursive=True)
+        if isinstance(e, RepoFile)
+    ]
+    by_path = {e.path: e for e in entries}
+    wanted = select_files(sorted(by_path), job.get("allow_patterns"), job.get("ignore_patterns"))
+    files = []
+    for p in wanted:
+        e = by_path[p]
+        f = {"path": p, "size": int(e.size), "blob_id": e.blob_id}
+        if e.lfs is not None:
+            f["sha256"] = e.lfs.sha256
+            f["size"] = int(e.lfs.size)
+        files.append(f)
+    return sha, files
+
+
+def expected_hash(f: dict) -> tuple[str, str]:
+    if f.get("sha256"):
+        return "sha256", f["sha256"]
+    return "git", f["blob_id"]
+
+
+def plan(job: dict, since: float | None = None) -> dict:
+    """What is there, what is missing, how much space there is. Never raises for hub errors.
+
+    With ``verify="deep"`` only files verified at or after ``since`` (this run) count as there.
+    """
+    try:
+        sha, files = remote_files(job)
+    except Exception as e:  # noqa: BLE001 - every hub error becomes a clear message
+        return {"error": classify_error(e, job["repo_id"], job["revision"], endpoint_of(job),
+                                        has_token(job))}
+    rev_dir = os.path.join(job["root"], sha)
+    if job.get("verify") == "deep":
+        verified = read_verified(rev_dir, since) if since else {}
+    else:
+        verified = read_verified(rev_dir)
+    missing = []
+    missing_bytes = 0
+    for f in files:
+        v = verified.get(f["path"])
+        ok = (
+            v is not None
+            and v.get("size") == f["size"]
+            and v.get("hash") == expected_hash(f)[1]
+            and still_matches(rev_dir, v)
+        )
+        if not ok:
+            missing.append(f["path"])
+            missing_bytes += f["size"]
+    probe = job["root"]
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe)
+    return {
+        "repo_id": job["repo_id"],
+        "revision": sha,
+        "requested": job["revision"],
+        "files": files,
+        "total_bytes": sum(f["size"] for f in files),
+        "missing": missing,
+        "missing_bytes": missing_bytes,
+        "free_bytes": st.f_bavail * st.f_frsize,
+        "total_disk_bytes": st.f_blocks * st.f_frsize,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# fetch: the child that moves bytes
+# ----------------------------------------------------------------------------------------------
+
+
+_EMIT_LOCK = threading.Lock()
+
+
+def emit(event: dict) -> None:
+    with _EMIT_LOCK:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+
+def cmd_fetch(job: dict, disable_xet: bool, since: float | None) -> int:
+    setup_env(job, disable_xet)
+    from huggingface_hub import hf_hub_download
+
+    p = plan(job, since)
+    if "error" in p:
+        emit({"event": "error", **p["error"]})
+        return EXIT_FAILED
+    sha = p["revision"]
+    rev_dir = os.path.join(job["root"], sha)
+    os.makedirs(os.path.join(rev_dir, STATE_DIR), exist_ok=True)
+    files = {f["path"]: f for f in p["files"]}
+    vlock = threading.Lock()
+    vpath = os.path.join(rev_dir, STATE_DIR, VERIFIED)
+    failures: list[dict] = []
+
+    def record(f: dict, kind: str, digest: str) -> None:
+        st = os.stat(os.path.join(rev_dir, f["path"]))
+        entry = {"path": f["path"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                 "hash_kind": kind, "hash": digest, "at": now()}
+        with vlock, open(vpath, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        emit({"event": "verified", "path": f["path"], "size": f["size"]})
+
+    def check(f: dict) -> str | None:
+        kind, want = expected_hash(f)
+        local = os.path.join(rev_dir, f["path"])
+        if os.path.getsize(local) != f["size"]:
+            return f"size {os.path.getsize(local)} != {f['size']}"
+        last = [time.monotonic()]
+
+        def beat(n: int) -> None:
+            if time.monotonic() - last[0] > 1.0:
+                last[0] = time.monotonic()
+                emit({"event": "hashing", "path": f["path"]})
+
+        got = hash_file(local, kind, f["size"], beat)
+        return None if got == want else f"{kind} {got} != {want}"
+
+    def one(path: str) -> None:
+        f = files[path]
+        kind, want = expected_hash(f)
+        local = os.path.join(rev_dir, path)
+        if os.path.isfile(local) and os.path.getsize(local) == f["size"]:
+            emit({"event": "hashing", "path": path})
+            bad = check(f)
+            if bad is None:
+                record(f, kind, want)
+                return
+            emit({"event": "corrupt", "path": path, "detail": bad})
+        for attempt in (1, 2):
+            emit({"event": "download", "path": path, "attempt": attempt})
+            hf_hub_download(job["repo_id"], path, revision=sha, local_dir=rev_dir,
+                            force_download=True)
+            bad = check(f)
+            if bad is None:
+                record(f, kind, want)
+                return
+            emit({"event": "mismatch", "path": path, "attempt": attempt, "detail": bad})
+        raise ChecksumError(f"{path}: {bad}")
+
+    with ThreadPoolExecutor(max_workers=int(job.get("max_workers") or 4)) as pool:
+        futs = {pool.submit(one, path): path for path in p["missing"]}
+        for fut in as_completed(futs):
+            exc = fut.exception()
+            if exc is None:
+                continue
+            if isinstance(exc, ChecksumError):
+                failures.append({"kind": "checksum", "message": f"checksum mismatch after 2 "
+                                 f"downloads of {job['repo_id']}@{sha[:12]} {exc}",
+                                 "fix": "the mirror or the network corrupts this file; check "
+                                 "weights.hf_endpoint, then re-run"})
+            else:
+                failures.append(classify_error(exc, job["repo_id"], sha, endpoint_of(job),
+                                               has_token(job)))
+    if failures:
+        emit({"event": "error", **failures[0], "count": len(failures)})
+        return EXIT_FAILED
+    emit({"event": "fetched", "revision": sha})
+    return EXIT_OK
+
+
+class ChecksumError(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------
+# run: the supervisor (the systemd unit's main process)
+# ----------------------------------------------------------------------------------------------
+
+
+class Progress:
+    def __init__(self, job: dict):
+        self.path = job["progress_path"]
+        self.data = {
+            "schema": SCHEMA, "job_id": job["job_id"], "repo_id": job["repo_id"],
+            "requested": job["revision"], "revision": None, "state": "starting",
+            "pid": os.getpid(), "started_at": now(), "updated_at": now(),
+            "bytes_total": 0, "bytes_done": 0, "files_total": 0, "files_done": 0,
+            "attempt": 0, "xet_disabled": False, "warnings": [], "events": [],
+            "error": None,
+        }
+        self.write()
+
+    def update(self, **kw) -> None:
+        self.data.update(kw)
+        self.data["updated_at"] = now()
+        self.write()
+
+    def note(self, text: str) -> None:
+        ev = self.data["events"]
+        ev.append({"at": now(), "text": text})
+        del ev[:-50]
+        print(text, flush=True)  # to the journal
+        self.update()
+
+    def write(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+
+def incomplete_bytes(rev_dir: str) -> int:
+    total = 0
+    base = os.path.join(rev_dir, ".cache", "huggingface", "download")
+    for dirpath, _dirs, names in os.walk(base):
+        for n in names:
+            if n.endswith(".incomplete"):
+                try:
+                    total += os.path.getsize(os.path.join(dirpath, n))
+                except OSError:
+                    pass
+    return total
+
+
+def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress, sizes: dict,
+                    done: set, rev_dir: str) -> tuple[str, dict | None]:
+    """One `fetch` child; returns ("ok"|"stall"|"error", error). Watches for stalls."""
+    env = dict(os.environ)
+    if disable_xet:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    argv = [sys.executable, os.path.abspath(__file__), "fetch", job_path,
+            f"--since={prog.data['started_at']}"]
+    if disable_xet:
+        argv.append("--no-xet")
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
+    events: list[dict] = []
+    elock = threading.Lock()
+
+    def reader() -> None:
+        for line in child.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            with elock:
+                events.append(ev)
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    stall_s = float(job.get("stall_minutes", 10)) * 60
+    last_change = time.monotonic()
+    last_seen = -1
+    error = None
+    poll = min(1.0, max(stall_s / 10, 0.2))
+    last_rate = (time.monotonic(), prog.data["bytes_done"])
+    while True:
+        with elock:
+            batch, events[:] = list(events), []
+        for ev in batch:
+            last_change = time.monotonic()
+            kind = ev.get("event")
+            if kind == "verified":
+                done.add(ev["path"])
+            elif kind in ("corrupt", "mismatch"):
+                prog.note(f"{ev['path']}: {kind} ({ev.get('detail')}), fetching it again")
+            elif kind == "error":
+                error = {k: ev[k] for k in ("kind", "message", "fix") if k in ev}
+        partial = incomplete_bytes(rev_dir)
+        done_bytes = sum(sizes.get(p, 0) for p in done)
+        seen = done_bytes + partial
+        if seen != last_seen:
+            last_seen = seen
+            last_change = time.monotonic()
+        t_now = time.monotonic()
+        rate = prog.data.get("rate_bps", 0)
+        if t_now - last_rate[0] >= 2.0:
+            rate = max(0, (seen - last_rate[1]) / (t_now - last_rate[0]))
+            last_rate = (t_now, seen)
+        prog.update(bytes_done=min(seen, prog.data["bytes_total"]), files_done=len(done),
+                    rate_bps=int(rate))
+        rc = child.poll()
+        if rc is not None:
+            t.join(timeout=5)
+            with elock:
+                for ev in events:
+                    if ev.get("event") == "verified":
+                        done.add(ev["path"])
+                    elif ev.get("event") == "error":
+                        error = {k: ev[k] for k in ("kind", "message", "fix") if k in ev}
+            if rc == 0:
+                return "ok", None
+            return "error", error or {"kind": "crash", "message": f"fetch exited {rc}",
+                                      "fix": "see journalctl for the unit; a re-run resumes"}
+        if t_now - last_change > stall_s:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            return "stall", None
+        time.sleep(poll)
+
+
+def flip_current(root: str, sha: str) -> None:
+    link = os.path.join(root, CURRENT)
+    tmp = f"{link}.tmp.{os.getpid()}"
+    os.symlink(sha, tmp)
+    os.replace(tmp, link)
+
+
+def prune(root: str, keep: set[str], note) -> None:
+    for name in sorted(os.listdir(root)):
+        full = os.path.join(root, name)
+        if name in keep or name == CURRENT or os.path.islink(full) or not os.path.isdir(full):
+            continue
+        if len(name) == 40 and all(c in "0123456789abcdef" for c in name):
+            note(f"pruning revision {name}")
+            shutil.rmtree(full)
+
+
+def cmd_run(job: dict, job_path: str) -> int:
+    setup_env(job)
+    prog = Progress(job)
+    prog.update(state="planning")
+    p = plan(job)
+    if "error" in p:
+        prog.update(state="failed", error=p["error"])
+        print(f"failed: {p['error']['message']}", flush=True)
+        return 1
+    sha = p["revision"]
+    rev_dir = os.path.join(job["root"], sha)
+    sizes = {f["path"]: f["size"] for f in p["files"]}
+    done = set(sizes) - set(p["missing"])
+    prog.update(revision=sha, bytes_total=p["total_bytes"], files_total=len(sizes),
+                files_done=len(done), bytes_done=sum(sizes[x] for x in done))
+    pre = disk_preflight(p["missing_bytes"], p["free_bytes"],
+                         margin_percent=job.get("margin_percent", 2.0),
+                         margin_min_gib=job.get("margin_min_gib", 10.0),
+                         host=job.get("host", ""), path=job["root"])
+    for w in pre["warnings"]:
+        prog.data["warnings"].append(w)
+        prog.note(w)
+    if not pre["ok"]:
+        prog.update(state="failed", error={"kind": "disk", "message": pre["problem"],
+                                           "fix": pre["fix"]})
+        print(f"failed: {pre['problem']}", flush=True)
+        return 1
+    if p["missing"]:
+        prog.note(f"{len(p['missing'])} of {len(sizes)} files to fetch or check "
+                  f"({fmt_gib(p['missing_bytes'])}) for {job['repo_id']}@{sha[:12]}")
+        prog.update(state="downloading")
+        attempts = [False, True] if os.environ.get("HF_HUB_DISABLE_XET") != "1" else [True, True]
+        outcome, error = "stall", None
+        for i, no_xet in enumerate(attempts, start=1):
+            prog.update(attempt=i, xet_disabled=no_xet)
+            outcome, error = run_fetch_child(job, job_path, no_xet, prog, sizes, done, rev_dir)
+            if outcome == "ok":
+                break
+            if outcome == "stall":
+                prog.note(f"no progress for {job.get('stall_minutes', 10)} min (attempt {i}); "
+                          "retrying with HF_HUB_DISABLE_XET=1")
+                continue
+            break
+        if outcome == "stall":
+            error = {
+                "kind": "stall",
+                "message": f"download of {job['repo_id']}@{sha[:12]} made no progress for "
+                f"{job.get('stall_minutes', 10)} min, also with HF_HUB_DISABLE_XET=1 "
+                f"({len(done)}/{len(sizes)} files verified and kept)",
+                "fix": f"check the host's link to {endpoint_of(job)}; a re-run resumes; raise "
+                "weights.stall_minutes if the link is just slow",
+            }
+        if outcome != "ok":
+            prog.update(state="failed", error=error)
+            print(f"failed: {error['message']}", flush=True)
+            return 1
+    # Everything verified: the manifest, then the link.
+    prog.update(state="verifying")
+    verified = read_verified(rev_dir)
+    manifest_files = {}
+    for f in p["files"]:
+        v = verified.get(f["path"])
+        if v is None or not still_matches(rev_dir, v) or v["hash"] != expected_hash(f)[1]:
+            err = {"kind": "checksum", "message": f"{f['path']} changed while verifying",
+                   "fix": "re-run; nothing else should write under the models root"}
+            prog.update(state="failed", error=err)
+            return 1
+        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "hash_kind", "hash")}
+    write_json_atomic(os.path.join(rev_dir, STATE_DIR, MANIFEST), {
+        "schema": SCHEMA, "repo_id": job["repo_id"], "revision": sha,
+        "requested": job["revision"], "endpoint": endpoint_of(job), "complete": True,
+        "allow_patterns": job.get("allow_patterns"), "ignore_patterns": job.get("ignore_patterns"),
+        "verified_at": now(), "verify": job.get("verify", "fast"),
+        "bytes": p["total_bytes"], "files": manifest_files,
+    })
+    flip_current(job["root"], sha)
+    if job.get("prune"):
+        prune(job["root"], {sha, *job.get("keep", [])}, prog.note)
+    prog.update(state="done", bytes_done=p["total_bytes"], files_done=len(sizes))
+    print(f"done: {job['repo_id']}@{sha} {len(sizes)} files {fmt_gib(p['total_bytes'])}",
+          flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in ("plan", "run", "fetch"):
+        sys.stderr.write("usage: weights_agent.py plan|run|fetch JOB.json\n")
+        return 2
+    with open(argv[1]) as f:
+        job = json.load(f)
+    if argv[0] == "plan":
+        setup_env(job)
+        print(json.dumps(plan(job)))
+        return 0
+    if argv[0] == "fetch":
+        since = [float(a.split("=", 1)[1]) for a in argv if a.startswith("--since=")]
+        return cmd_fetch(job, "--no-xet" in argv, since[0] if since else None)
+    return cmd_run(job, argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
