@@ -1,0 +1,64 @@
+"""Shared pytest fixtures: a real fleet of Debian hosts (tests.fleet).
+
+- ``fleet`` (session): three booted hosts of different profiles, shared by all tests.
+  h1: h200x2 GPUs, 64G models disk; h2: a second GPU profile (593G, CT200's free space);
+  h3: no GPU, 8G. Treat it as shared: do not break its hosts; put per-test state under /tmp or a
+  per-test directory, or boot your own with ``make_fleet``.
+- ``make_fleet(name, specs)``: boots a fleet of your own; all are torn down at session end.
+
+Fleet names get the pytest process id appended, so concurrent pytest runs on one machine never
+tear down each other's fleets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fleet import Fleet, HostSpec
+from tests.fleet.core import FIXTURES_NVIDIA
+
+# Preferred second GPU profile, if its captures exist (the facts helper adds them).
+SECOND_GPU_PROFILES = ["rtx6000x8", "b200x8", "h100x8", "h100"]
+
+
+def _session_name(name: str) -> str:
+    return f"{name[:20]}-{os.getpid()}"
+
+
+def default_specs() -> list[HostSpec]:
+    second = next((p for p in SECOND_GPU_PROFILES
+                   if (FIXTURES_NVIDIA / p / "commands.json").is_file()), "h200x2")
+    return [
+        HostSpec("h1", gpu="h200x2", disk="64G"),
+        HostSpec("h2", gpu=second, disk="593G"),
+        HostSpec("h3", gpu="nogpu", disk="8G"),
+    ]
+
+
+@pytest.fixture(scope="session")
+def _fleets() -> Iterator[list[Fleet]]:
+    booted: list[Fleet] = []
+    yield booted
+    for f in booted:
+        f.down()
+
+
+@pytest.fixture(scope="session")
+def make_fleet(_fleets):
+    """``make_fleet(name, [HostSpec, ...]) -> Fleet``, torn down at the end of the session."""
+
+    def make(name: str, specs: list[HostSpec], **kw) -> Fleet:
+        f = Fleet.up(_session_name(name), specs, **kw)
+        _fleets.append(f)
+        return f
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fleet(make_fleet) -> Fleet:
+    """Three real hosts: h1 (h200x2, 64G), h2 (another GPU profile, 593G), h3 (nogpu, 8G)."""
+    return make_fleet("fleet", default_specs())
