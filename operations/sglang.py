@@ -1,0 +1,545 @@
+"""Install a pinned SGLang into a venv, pin compressed-tensors, apply PR#20547 where missing."""
+
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+from typing import Any
+
+from facts.python import Packages
+from facts.sglang import SGLangInstall
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+
+from deploys.errors import SpecfleetError
+from operations.sglang_support import (
+    CONFLICT_FIX,
+    GitRemoteRefs,
+    PatchCheck,
+    PatchFormatError,
+    PatchState,
+    Venv,
+    apply_script,
+    conflict_message,
+    decide_compressed_tensors,
+    decide_install,
+    decide_pr20547,
+    direct_url,
+    filter_patch,
+    git_requirement,
+    has_v2_worker,
+    is_commit,
+    load_patch,
+    package_version,
+    parse_ls_remote,
+    parse_patch_failures,
+    patch_state_dir,
+    restore_script,
+    script_command,
+    short,
+    split_git_url,
+    venv_python,
+)
+
+ON_CONFLICT = ("keep-v1", "fail")
+
+
+def _say(message: str) -> None:
+    """Why an operation changes something: "would ..." while preparing, as-is while executing."""
+    prefix = "" if host.state.is_executing else "would: "
+    host.log(f"{prefix}{message}", logger.info)
+
+
+def _warn(message: str) -> None:
+    host.log(message, logger.warning)
+
+
+def _check_venv_path(venv: str) -> None:
+    if not venv.startswith("/"):
+        raise SpecfleetError(
+            f"venv path {venv!r} is not absolute",
+            host=host.name,
+            fix="set venv to an absolute path such as /opt/specfleet/sglang",
+        )
+
+
+def _pip(venv: str) -> list[Any]:
+    return [QuoteString(venv_python(venv)), "-m", "pip"]
+
+
+def _source_argv(
+    index_url: str | None,
+    find_links: str | None,
+    trusted_hosts: list[str] | None,
+    no_deps: bool,
+) -> list[str]:
+    args = ["--no-input", "--disable-pip-version-check"]
+    if index_url:
+        args += ["--index-url", index_url]
+    elif find_links:
+        # A find-links wheelhouse alone is the air-gapped case: never fall back to an index.
+        args += ["--no-index"]
+    if find_links:
+        args += ["--find-links", find_links]
+    for trusted in trusted_hosts or []:
+        args += ["--trusted-host", trusted]
+    if no_deps:
+        args += ["--no-deps"]
+    return args
+
+
+def _venv_packages(venv: str) -> tuple[dict | None, dict]:
+    """The venv fact, and the Packages fact (empty while there is no venv python)."""
+    state = host.get_fact(Venv, path=venv)
+    if not state or not state.get("python"):
+        return state, {}
+    return state, host.get_fact(Packages, python=venv_python(venv)) or {}
+
+
+def _patch_restore_steps(venv: str, marker: dict | None):
+    """Commands that undo an applied (or half-applied) PR#20547, or forget a stale marker."""
+    if not marker:
+        return
+    d = patch_state_dir(venv)
+    if marker.get("partial") or marker.get("reverse_applies"):
+        yield script_command(restore_script(d))
+    else:
+        yield StringCommand("rm", "-rf", "--", QuoteString(d))
+
+
+@operation()
+def installed(
+    venv: str,
+    version: str | None = None,
+    python: str = "python3",
+    index_url: str | None = None,
+    find_links: str | None = None,
+    trusted_hosts: list[str] | None = None,
+    git_url: str | None = None,
+    git_ref: str | None = None,
+    no_deps: bool = False,
+    present: bool = True,
+):
+    """
+    Install SGLang, pinned, into a venv; reuse the venv if it exists.
+
+    + venv: absolute path of the venv; an existing venv is reused, never recreated
+    + version: the SGLang release to pin (index / find-links installs)
+    + python: the interpreter that creates a missing venv
+    + index_url: a PEP 503 index (an internal mirror) instead of PyPI
+    + find_links: a wheelhouse; without ``index_url`` it is the only source (``--no-index``)
+    + trusted_hosts: hosts pip may reach over plain http
+    + git_url: install from git instead (``#subdirectory=python`` for SGLang's repository)
+    + git_ref: branch, tag, ``refs/pull/N/head`` or commit; the commit is the idempotence key
+    + no_deps: tests only, install without dependencies
+    + present: whether SGLang should be installed
+
+    From an index the pin is compared with ``packaging`` (pyinfra's ``pip.packages`` reinstalls
+    local versions and direct references on every run). From git the key is the commit pip wrote
+    into ``direct_url.json``. An applied PR#20547 patch is removed before SGLang changes: the files
+    it added are not in pip's RECORD.
+
+    **Example:**
+
+    .. code:: python
+
+        sglang.installed(
+            name="Install SGLang 0.5.11",
+            venv="/opt/specfleet/sglang",
+            version="0.5.11",
+            find_links="http://10.0.0.1:8000/",
+            trusted_hosts=["10.0.0.1"],
+        )
+    """
+    _check_venv_path(venv)
+    state, packages = _venv_packages(venv)
+    has_python = bool(state and state.get("python"))
+    current = package_version(packages, "sglang")
+    direct = direct_url(packages, "sglang")
+    marker = host.get_fact(PatchState, venv=venv) if has_python else None
+
+    if not present:
+        if current is None:
+            host.noop(f"SGLang is not installed in {venv}")
+            return
+        _say(f"uninstalls SGLang {current} from {venv}")
+        yield from _patch_restore_steps(venv, marker)
+        yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+        return
+
+    if git_url and not git_ref:
+        raise SpecfleetError(
+            "sglang.git_url is set without sglang.git_ref",
+            host=host.name,
+            fix="set sglang.git_ref to a branch, tag, refs/pull/N/head or commit",
+        )
+    if not git_url and not version:
+        raise SpecfleetError(
+            "no SGLang version to pin", host=host.name, fix="set sglang.version, e.g. '0.5.11'"
+        )
+
+    commit = None
+    if git_url and git_ref:
+        if is_commit(git_ref):
+            commit = git_ref.lower()
+        else:
+            repo, _ = split_git_url(git_url)
+            commit = parse_ls_remote(host.get_fact(GitRemoteRefs, url=repo, ref=git_ref), git_ref)
+            if commit is None:
+                raise SpecfleetError(
+                    f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host)",
+                    host=host.name,
+                    fix="check sglang.git_url and sglang.git_ref, and that the host reaches it",
+                )
+
+    decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
+    if decision.action == "noop" and has_python:
+        host.noop(decision.reason)
+        return
+
+    if not has_python:
+        _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
+        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv))
+    else:
+        host.noop(f"venv {venv} exists, reused")
+    _say(decision.reason)
+    if marker:
+        _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
+        yield from _patch_restore_steps(venv, marker)
+    if decision.action == "reinstall":
+        yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+    requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
+    yield StringCommand(
+        *_pip(venv),
+        "install",
+        *(QuoteString(a) for a in _source_argv(index_url, find_links, trusted_hosts, no_deps)),
+        QuoteString(requirement),
+    )
+
+
+@operation()
+def compressed_tensors(
+    venv: str,
+    specifier: str | None = None,
+    sglang_version: str | None = None,
+    index_url: str | None = None,
+    find_links: str | None = None,
+    trusted_hosts: list[str] | None = None,
+    no_deps: bool = False,
+):
+    """
+    Make the venv's compressed-tensors satisfy what its SGLang needs.
+
+    + venv: the venv SGLang is installed in
+    + specifier: a user-given specifier that overrides the version table
+    + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
+    + index_url: as for ``sglang.installed``
+    + find_links: as for ``sglang.installed``
+    + trusted_hosts: as for ``sglang.installed``
+    + no_deps: tests only; also skips ``pip check``, which would report every absent dependency
+
+    The specifier comes from ``deploys.versions.compressed_tensors_specifier`` (one table keyed by
+    SGLang version). Only a version outside it triggers an install, made with a constraints file
+    of the venv's current pins so that torch and transformers cannot move, then ``pip check``.
+
+    **Example:**
+
+    .. code:: python
+
+        sglang.compressed_tensors(
+            name="Pin compressed-tensors for SGLang",
+            venv="/opt/specfleet/sglang",
+        )
+    """
+    _check_venv_path(venv)
+    _, packages = _venv_packages(venv)
+    sglang = package_version(packages, "sglang")
+    if sglang is None:
+        if host.state.is_executing or not sglang_version:
+            raise SpecfleetError(
+                f"SGLang is not installed in {venv}",
+                host=host.name,
+                fix="run sglang.installed before sglang.compressed_tensors",
+            )
+        sglang = sglang_version
+    try:
+        decision, spec = decide_compressed_tensors(
+            package_version(packages, "compressed-tensors"), sglang, specifier
+        )
+    except ValueError as exc:
+        raise SpecfleetError(
+            str(exc), host=host.name, fix="set sglang.compressed_tensors to e.g. '>=0.15,<0.19'"
+        ) from None
+    if decision.action == "noop":
+        host.noop(decision.reason)
+        return
+    _say(decision.reason)
+    py = shlex.quote(venv_python(venv))
+    source = shlex.join(_source_argv(index_url, find_links, trusted_hosts, no_deps))
+    requirement = shlex.quote(f"compressed-tensors{spec}")
+    check = (
+        "echo 'pip check skipped: no_deps (tests) leaves the dependencies out'"
+        if no_deps
+        else f"{py} -m pip check"
+    )
+    script = "\n".join(
+        [
+            "set -e",
+            "c=$(mktemp)",
+            'trap \'rm -f "$c" "$c.all"\' EXIT',
+            # The venv's current pins minus compressed-tensors: torch/transformers cannot move.
+            f'{py} -m pip list --format=freeze --disable-pip-version-check > "$c.all"',
+            'grep -viE \'^compressed[-_.]tensors==\' "$c.all" > "$c" || true',
+            f'{py} -m pip install {source} --constraint "$c" {requirement}',
+            check,
+        ]
+    )
+    yield script_command(script)
+
+
+@operation()
+def pr20547(
+    venv: str,
+    source: str | None = None,
+    sha256: str | None = None,
+    on_conflict: str = "keep-v1",
+    present: bool = True,
+    sglang_version: str | None = None,
+):
+    """
+    Apply PR#20547 (the DFlash spec-v2 worker) where the installed SGLang lacks it.
+
+    + venv: the venv SGLang is installed in
+    + source: the patch, a path on the control machine or an http(s) URL (no default)
+    + sha256: the patch's sha256; a mismatch fails the host
+    + on_conflict: ``"keep-v1"`` (warn, DFLASH v1 with overlap off) or ``"fail"``
+    + present: ``False`` removes an applied patch
+    + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
+
+    Only hunks under ``python/sglang/`` are kept, mapped onto site-packages. A dry run comes
+    first; a patch that does not apply changes nothing and names the failing files and hunks. The
+    apply backs up what it touches, re-reads the SGLang facts and rolls back if the v2 worker is
+    still missing. A marker with the patch's sha256, confirmed by a reverse dry run, makes a
+    second run a no-op.
+
+    **Example:**
+
+    .. code:: python
+
+        sglang.pr20547(
+            name="Apply PR#20547 where missing",
+            venv="/opt/specfleet/sglang",
+            source="patches/sglang-pr20547.diff",
+            sha256="9f2c...",
+        )
+    """
+    _check_venv_path(venv)
+    if on_conflict not in ON_CONFLICT:
+        raise SpecfleetError(
+            f"patch.on_conflict is {on_conflict!r}",
+            host=host.name,
+            fix="set patch.on_conflict to 'keep-v1' or 'fail'",
+        )
+    py = venv_python(venv)
+    state = host.get_fact(Venv, path=venv)
+    has_python = bool(state and state.get("python"))
+    install = host.get_fact(SGLangInstall, python=py) if has_python else None
+    marker = host.get_fact(PatchState, venv=venv) if has_python else None
+
+    if install is None:
+        if not present:
+            host.noop(f"SGLang is not installed in {venv}; there is no patch to remove")
+            return
+        if host.state.is_executing or not sglang_version:
+            raise SpecfleetError(
+                f"SGLang is not installed in {venv}",
+                host=host.name,
+                fix="run sglang.installed before sglang.pr20547",
+            )
+        yield from _predict_patch(venv, source, sha256, sglang_version)
+        return
+
+    decision = decide_pr20547(install, marker, present=present, source=source, sha256=sha256)
+    if decision.warning:
+        _warn(decision.warning)
+    if decision.noop:
+        host.noop(decision.reason)
+        return
+    _say(decision.reason)
+    d = patch_state_dir(venv)
+    for step in decision.steps:
+        if step == "restore":
+            yield script_command(restore_script(d))
+        elif step == "drop-marker":
+            yield StringCommand("rm", "-rf", "--", QuoteString(d))
+        elif step == "apply":
+            yield from _apply(
+                venv, install, source or "", sha256, on_conflict,
+                precheck="restore" not in decision.steps,
+            )  # fmt: skip
+
+
+def _filtered(source: str, sha256: str | None):
+    text = load_patch(source, sha256, host=host.name)
+    try:
+        return filter_patch(text)
+    except PatchFormatError as exc:
+        raise SpecfleetError(
+            f"the PR#20547 patch from {source} cannot be used: {exc}",
+            host=host.name,
+            fix="give a unified diff of the SGLang repository (paths under python/sglang/)",
+        ) from None
+
+
+def _predict_patch(venv: str, source: str | None, sha256: str | None, sglang_version: str):
+    """``--dry`` on a host without SGLang: say what the installed version will need."""
+    from deploys.versions import predicted_install
+
+    predicted = predicted_install(sglang_version)
+    version = predicted["version"]
+    if has_v2_worker(predicted["features"]):
+        host.noop(f"SGLang {version} (to be installed) has the DFlash v2 worker")
+        return
+    if not source:
+        host.noop(
+            f"SGLang {version} (to be installed) has no DFlash v2 worker and no patch source is "
+            "set; DFLASH runs v1 with overlap off"
+        )
+        return
+    patch = _filtered(source, sha256)
+    _say(
+        f"SGLang {version} (to be installed) has no DFlash v2 worker; applies PR#20547 "
+        f"({short(sha256)}): {patch.summary()}"
+    )
+    # Never executed: the real run re-reads the facts once SGLang is installed.
+    yield StringCommand(
+        "patch", *("--dry-run", "-d", QuoteString(f"{venv}/lib/<python>/site-packages")), "..."
+    )
+
+
+def _apply(
+    venv: str,
+    install: dict,
+    source: str,
+    sha256: str | None,
+    on_conflict: str,
+    precheck: bool,
+):
+    site = install.get("location")
+    version = install.get("version") or "?"
+    if not site:
+        raise SpecfleetError(
+            f"the SGLang facts give no install location in {venv}",
+            host=host.name,
+            fix="check that sglang imports from the venv (facts.sglang.SGLangInstall)",
+        )
+    patch = _filtered(source, sha256)
+    _say(f"PR#20547 {short(sha256)}: {patch.summary()}, onto {site}")
+    if precheck:
+        check = host.get_fact(PatchCheck, directory=site, _stdin=patch.text)
+        if not check.get("applies"):
+            failures = parse_patch_failures(check.get("output", []))
+            message = conflict_message(version, site, sha256, failures, on_conflict)
+            if on_conflict == "fail":
+                raise SpecfleetError(message, host=host.name, fix=CONFLICT_FIX)
+            _warn(message)
+            host.noop(f"SGLang {version} keeps DFLASH v1 (PR#20547 {short(sha256)} conflicts)")
+            return
+    d = patch_state_dir(venv)
+    yield StringCommand("rm", "-rf", "--", QuoteString(d), "&&", "mkdir", "-p", QuoteString(d))
+    yield FileUploadCommand(StringIO(patch.text), f"{d}/applied.diff")
+    yield script_command(apply_script(d, site, patch))
+    connector_args = {
+        k: v
+        for k, v in (host.current_op_global_arguments or {}).items()
+        if k in CONNECTOR_ARGUMENT_KEYS
+    }
+    yield FunctionCommand(
+        _verify_or_roll_back,
+        (venv, version, site, sha256 or "", on_conflict, connector_args),
+        {},
+    )
+
+
+def _verify_or_roll_back(
+    state: Any,
+    host: Any,
+    venv: str,
+    version: str,
+    site: str,
+    sha256: str,
+    on_conflict: str,
+    connector_args: dict,
+) -> bool:
+    """After the apply script: a dry-run conflict, or a patch that left the v2 worker missing, is
+    rolled back and handled by ``on_conflict``; a good one gets its marker."""
+    d = patch_state_dir(venv)
+
+    def run(script: str) -> bool:
+        ok, _ = host.run_shell_command(script_command(script), **connector_args)
+        return ok
+
+    marker = host.get_fact(PatchState, venv=venv) or {}
+    problem = None
+    if marker.get("conflict"):
+        failures = parse_patch_failures(marker["conflict"])
+        problem = conflict_message(version, site, sha256, failures, on_conflict)
+        run(f"rm -rf -- {shlex.quote(d)}")
+    else:
+        facts = host.get_fact(SGLangInstall, python=venv_python(venv)) or {}
+        if has_v2_worker(facts.get("features")):
+            return run(f"printf '%s\\n' {shlex.quote(sha256)} > {shlex.quote(d)}/sha256")
+        run(restore_script(d))
+        problem = (
+            f"PR#20547 patch {short(sha256)} applied to SGLang {version} in {site} but the facts "
+            "still show no DFlash v2 worker; rolled back, the install is unchanged."
+        )
+    if on_conflict == "fail":
+        host.log(f"{problem}\n  fix: {CONFLICT_FIX}", logger.error)
+        return False
+    host.log(problem, logger.warning)
+    return True
+
+
+def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
+    """Call the three operations with a host's ``deploys.settings.Settings``: SGLang installed,
+    compressed-tensors pinned, PR#20547 applied where missing. Returns their OperationMeta by name.
+    Call it from a deploy (it adds operations, like any op call)."""
+    sg = settings.sglang
+    git = sg.kind == "git"
+    source = dict(
+        index_url=sg.index_url,
+        find_links=sg.find_links,
+        trusted_hosts=list(sg.trusted_hosts) or None,
+        no_deps=sg.no_deps,
+    )
+    metas = {}
+    metas["installed"] = installed(
+        name=f"SGLang {sg.git_ref if git else sg.version} installed in {settings.venv}",
+        venv=settings.venv,
+        version=sg.version,
+        python=settings.python,
+        git_url=sg.git_url if git else None,
+        git_ref=sg.git_ref if git else None,
+        **source,
+        **global_args,
+    )
+    metas["compressed_tensors"] = compressed_tensors(
+        name="compressed-tensors pinned for SGLang",
+        venv=settings.venv,
+        specifier=sg.compressed_tensors,
+        sglang_version=sg.version,
+        **source,
+        **global_args,
+    )
+    metas["pr20547"] = pr20547(
+        name="PR#20547 (DFlash v2 worker) where missing",
+        venv=settings.venv,
+        source=settings.patch.source,
+        sha256=settings.patch.sha256,
+        on_conflict=settings.patch.on_conflict,
+        sglang_version=sg.version,
+        **global_args,
+    )
+    return metas

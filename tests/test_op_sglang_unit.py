@@ -1,0 +1,393 @@
+"""operations.sglang_support: the pure decisions, the patch filter, and the shell scripts run with
+real GNU patch and tar in a temporary directory (no host, no pyinfra state)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from deploys.errors import SpecfleetError
+from deploys.versions import compressed_tensors_specifier
+from operations import sglang_support as s
+
+needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
+
+ENVIRON = """\
+class Envs:
+    SGLANG_USE_MODELSCOPE = EnvBool(False)
+    SGLANG_ENABLE_SPEC_V2 = EnvBool(False)
+    SGLANG_LOG_GC = EnvBool(False)
+"""
+
+# A git format-patch mail: a preamble with a diffstat, package files, a benchmark file, the
+# pyproject, a removed line that starts with "-- " (must not be taken for a header) and a mail
+# signature at the end.
+PATCH = """\
+From e67a0d488 Mon Sep 17 00:00:00 2001
+From: Someone <s@example.com>
+Subject: [PATCH] dflash v2
+
+---
+ benchmark/dflash/bench.py                  | 2 ++
+ python/pyproject.toml                      | 2 +-
+ python/sglang/srt/environ.py               | 1 +
+ python/sglang/srt/speculative/dflash_worker_v2.py | 3 +++
+ 4 files changed
+
+diff --git a/benchmark/dflash/bench.py b/benchmark/dflash/bench.py
+new file mode 100644
+index 0000000..1111111
+--- /dev/null
++++ b/benchmark/dflash/bench.py
+@@ -0,0 +1,2 @@
++print("bench")
++print("more")
+diff --git a/python/pyproject.toml b/python/pyproject.toml
+index 2222222..3333333 100644
+--- a/python/pyproject.toml
++++ b/python/pyproject.toml
+@@ -1,2 +1,2 @@
+ [project]
+-version = "0.5.11"
++version = "0.5.11.dev0"
+diff --git a/python/sglang/srt/environ.py b/python/sglang/srt/environ.py
+index 4444444..5555555 100644
+--- a/python/sglang/srt/environ.py
++++ b/python/sglang/srt/environ.py
+@@ -1,4 +1,5 @@
+ class Envs:
+     SGLANG_USE_MODELSCOPE = EnvBool(False)
+     SGLANG_ENABLE_SPEC_V2 = EnvBool(False)
++    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)
+     SGLANG_LOG_GC = EnvBool(False)
+diff --git a/python/sglang/srt/speculative/dflash_worker_v2.py b/python/sglang/srt/speculative/dflash_worker_v2.py
+new file mode 100644
+index 0000000..6666666
+--- /dev/null
++++ b/python/sglang/srt/speculative/dflash_worker_v2.py
+@@ -0,0 +1,3 @@
++-- not a header
++class DFlashWorkerV2:
++    pass
+--
+2.39.2
+
+"""
+
+
+def tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+        for name in dirnames:
+            h.update(str((Path(dirpath) / name).relative_to(root)).encode() + b"/\0")
+    return h.hexdigest()
+
+
+def make_site(tmp_path: Path) -> Path:
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    (site / "sglang/srt/speculative").mkdir(parents=True)
+    (site / "sglang/srt/environ.py").write_text(ENVIRON)
+    (site / "sglang/srt/speculative/dflash_worker.py").write_text("class DFlashWorker: ...\n")
+    return site
+
+
+def sh(script, **kw) -> subprocess.CompletedProcess:
+    if not isinstance(script, str):
+        script = script.get_raw_value()  # a fact's StringCommand
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, **kw)
+
+
+# --- the patch filter -----------------------------------------------------------------------------
+
+
+def test_filter_keeps_only_package_files_mapped_onto_site_packages():
+    fp = s.filter_patch(PATCH)
+    assert [(f.path, f.kind) for f in fp.files] == [
+        ("sglang/srt/environ.py", "modify"),
+        ("sglang/srt/speculative/dflash_worker_v2.py", "create"),
+    ]
+    assert fp.dropped == ("benchmark/dflash/bench.py", "python/pyproject.toml")
+    assert "python/" not in fp.text and "benchmark" not in fp.text and "From:" not in fp.text
+    assert "--- a/sglang/srt/environ.py\n+++ b/sglang/srt/environ.py\n" in fp.text
+    assert "--- /dev/null\n+++ b/sglang/srt/speculative/dflash_worker_v2.py\n" in fp.text
+    # The removed-looking line inside a hunk is content, kept as is; the signature is gone.
+    assert "+-- not a header\n" in fp.text and "2.39.2" not in fp.text
+    assert fp.existing == ["sglang/srt/environ.py"]
+    assert fp.created == ["sglang/srt/speculative/dflash_worker_v2.py"]
+    assert fp.hunks == 2
+    assert "leaves out 2: benchmark/dflash/bench.py, python/pyproject.toml" in fp.summary()
+
+
+def test_filter_plain_unified_diff_and_deletion():
+    plain = (
+        "--- a/python/sglang/x.py\t2026-01-01\n+++ b/python/sglang/x.py\t2026-01-02\n"
+        "@@ -1 +1 @@\n-a\n+b\n"
+        "--- a/python/sglang/gone.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+        "--- a/docs/x.md\n+++ b/docs/x.md\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    fp = s.filter_patch(plain)
+    assert [(f.path, f.kind) for f in fp.files] == [
+        ("sglang/x.py", "modify"),
+        ("sglang/gone.py", "delete"),
+    ]
+    assert fp.dropped == ("docs/x.md",)
+    assert "+++ /dev/null\n" in fp.text and "--- a/sglang/x.py\n" in fp.text
+
+
+def test_filter_refuses_a_patch_with_nothing_for_the_package():
+    with pytest.raises(s.PatchFormatError, match="no file under python/sglang/"):
+        s.filter_patch("--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-a\n+b\n")
+
+
+def test_filter_refuses_a_truncated_patch():
+    with pytest.raises(s.PatchFormatError, match="truncated"):
+        s.filter_patch("--- a/python/sglang/x.py\n+++ b/python/sglang/x.py\n@@ -1,3 +1,3 @@\n a\n")
+
+
+# --- GNU patch, for real, on a temporary site-packages -----------------------------------------
+
+
+@needs_patch
+def test_apply_and_restore_scripts_round_trip(tmp_path):
+    site = make_site(tmp_path)
+    before = tree_hash(site)
+    fp = s.filter_patch(PATCH)
+    d = tmp_path / "venv" / s.PATCH_STATE_DIR
+    d.mkdir(parents=True)
+    (d / "applied.diff").write_text(fp.text)
+    r = sh(s.apply_script(str(d), str(site), fp))
+    assert r.returncode == 0, r.stderr
+    assert not (d / "conflict").exists()
+    assert "SGLANG_ENABLE_DFLASH_SPEC_V2" in (site / "sglang/srt/environ.py").read_text()
+    assert (site / "sglang/srt/speculative/dflash_worker_v2.py").exists()
+    assert not list(site.rglob("*.orig")) and not list(site.rglob("*.rej"))
+    assert not (site / "benchmark").exists() and not (site.parent / "benchmark").exists()
+    (d / "sha256").write_text("ab" * 32 + "\n")
+
+    # The PatchState fact's command, run here: the marker is confirmed by a reverse dry run.
+    fact = s.PatchState()
+    out = sh(fact.command(str(tmp_path / "venv")))
+    state = fact.process(out.stdout.splitlines())
+    assert state["sha256"] == "ab" * 32 and state["reverse_applies"] is True
+    assert state["site"] == str(site)
+
+    r = sh(s.restore_script(str(d)))
+    assert r.returncode == 0, r.stderr
+    assert tree_hash(site) == before
+    assert not d.exists()
+    assert fact.process(sh(fact.command(str(tmp_path / "venv"))).stdout.splitlines()) is None
+
+
+@needs_patch
+def test_created_directories_are_removed_on_restore(tmp_path):
+    site = make_site(tmp_path)
+    before = tree_hash(site)
+    text = (
+        "--- /dev/null\n+++ b/python/sglang/srt/speculative/triton_ops/fused.py\n"
+        "@@ -0,0 +1 @@\n+x = 1\n"
+    )
+    fp = s.filter_patch(text)
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "applied.diff").write_text(fp.text)
+    assert sh(s.apply_script(str(d), str(site), fp)).returncode == 0
+    assert (site / "sglang/srt/speculative/triton_ops/fused.py").exists()
+    assert sh(s.restore_script(str(d))).returncode == 0
+    assert tree_hash(site) == before
+
+
+@needs_patch
+def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
+    site = make_site(tmp_path)
+    (site / "sglang/srt/environ.py").write_text(ENVIRON.replace("SGLANG_ENABLE_SPEC_V2", "OTHER"))
+    (site / "sglang/srt/speculative/dflash_worker_v2.py").write_text("already here\n")
+    before = tree_hash(site)
+    fp = s.filter_patch(PATCH)
+
+    # PatchCheck (the op's pre-check): the diff on stdin, nothing written.
+    check = s.PatchCheck()
+    r = subprocess.run(
+        ["sh", "-c", check.command(str(site))], input=fp.text, capture_output=True, text=True
+    )
+    result = check.process(r.stdout.splitlines())
+    assert result["applies"] is False
+    failures = s.parse_patch_failures(result["output"])
+    assert failures == {
+        "sglang/srt/environ.py": ["hunk #1 FAILED at line 1"],
+        "sglang/srt/speculative/dflash_worker_v2.py": ["already exists"],
+    }
+    assert tree_hash(site) == before
+
+    # The apply script's own dry run: exits 0, leaves the conflict for the verify step.
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "applied.diff").write_text(fp.text)
+    r = sh(s.apply_script(str(d), str(site), fp))
+    assert r.returncode == 0
+    assert tree_hash(site) == before
+    state = s.PatchState().process(["partial=1"] + [f"conflict:{x}" for x in r.stdout.splitlines()])
+    assert s.parse_patch_failures(state["conflict"]) == failures
+
+    msg = s.conflict_message("0.5.11", str(site), "cd" * 32, failures, "keep-v1")
+    assert "sglang/srt/environ.py: hunk #1 FAILED at line 1" in msg
+    assert "dflash_worker_v2.py: already exists" in msg
+    assert "install is unchanged" in msg and ">=0.5.14 has the DFlash v2 worker" in msg
+    assert "v1 with overlap scheduling off" in msg
+
+
+@needs_patch
+def test_missing_file_and_reversed_patch_are_named(tmp_path):
+    site = make_site(tmp_path)
+    fp = s.filter_patch(PATCH)
+    assert sh(f"cd {site} && patch -p1 -s < /dev/stdin", input=fp.text).returncode == 0
+    (site / "sglang/srt/speculative/dflash_worker_v2.py").unlink()
+    r = subprocess.run(
+        ["sh", "-c", s.PatchCheck().command(str(site))], input=fp.text, text=True,
+        capture_output=True,
+    )  # fmt: skip
+    failures = s.parse_patch_failures(s.PatchCheck().process(r.stdout.splitlines())["output"])
+    assert failures["sglang/srt/environ.py"] == ["already applied (reversed patch detected)"]
+    (site / "sglang/srt/environ.py").unlink()
+    r = subprocess.run(
+        ["sh", "-c", s.PatchCheck().command(str(site))], input=fp.text, text=True,
+        capture_output=True,
+    )  # fmt: skip
+    failures = s.parse_patch_failures(s.PatchCheck().process(r.stdout.splitlines())["output"])
+    assert failures["sglang/srt/environ.py"] == ["file not found"]
+
+
+# --- decisions ------------------------------------------------------------------------------------
+
+
+def test_decide_install_from_an_index():
+    d = s.decide_install(None, None, version="0.5.11")
+    assert d.action == "install" and "not installed" in d.reason
+    assert s.decide_install("0.5.11", None, version="0.5.11").action == "noop"
+    # packaging, not strings: a local label satisfies the pin, a zero suffix is equal.
+    assert s.decide_install("0.5.11+cu128", None, version="0.5.11").action == "noop"
+    assert s.decide_install("0.5.11.0", None, version="0.5.11").action == "noop"
+    up = s.decide_install("0.5.11", None, version="0.5.14")
+    assert up.action == "install" and "settings pin 0.5.14" in up.reason
+    git_build = s.decide_install("0.5.11", {"url": "x", "commit": "a" * 40}, version="0.5.11")
+    assert git_build.action == "reinstall"
+
+
+def test_decide_install_from_git_keys_on_the_commit():
+    url = "git+file:///srv/git/sglang.git#subdirectory=python"
+    a, b = "a" * 40, "b" * 40
+    same = s.decide_install("0.5.9", {"url": "file:///srv/git/sglang.git", "commit": a},
+                            version="0.5.11", git_url=url, commit=a)  # fmt: skip
+    assert same.action == "noop" and "/srv/git/sglang.git at aaaaaaaaaaaa" in same.reason
+    moved = s.decide_install(
+        "0.5.9", {"url": "u", "commit": b}, version=None, git_url=url, commit=a
+    )
+    assert moved.action == "reinstall" and "bbbbbbbbbbbb" in moved.reason
+    release = s.decide_install("0.5.11", None, version="0.5.11", git_url=url, commit=a)
+    assert release.action == "reinstall"
+    assert s.decide_install(None, None, version=None, git_url=url, commit=a).action == "install"
+
+
+def test_git_requirement_and_ls_remote():
+    url = "https://github.com/sgl-project/sglang.git#subdirectory=python"
+    assert s.split_git_url("git+" + url) == (
+        "https://github.com/sgl-project/sglang.git",
+        "#subdirectory=python",
+    )
+    assert s.git_requirement(url, "c" * 40) == (
+        f"sglang @ git+https://github.com/sgl-project/sglang.git@{'c' * 40}#subdirectory=python"
+    )
+    lines = [
+        f"{'1' * 40}\trefs/heads/main",
+        f"{'2' * 40}\trefs/tags/v1",
+        f"{'3' * 40}\trefs/tags/v1^{{}}",
+        f"{'4' * 40}\trefs/pull/20547/head",
+    ]
+    assert s.parse_ls_remote(lines, "main") == "1" * 40
+    assert s.parse_ls_remote(lines, "v1") == "3" * 40  # the commit, not the tag object
+    assert s.parse_ls_remote(lines, "refs/pull/20547/head") == "4" * 40
+    assert s.parse_ls_remote(lines, "nope") is None
+    assert s.is_commit("A" * 40) and not s.is_commit("main")
+
+
+def test_decide_compressed_tensors_uses_the_version_table():
+    d, spec = s.decide_compressed_tensors("0.9.4", "0.5.11")
+    assert spec == compressed_tensors_specifier("0.5.11")
+    assert d.action == "install" and "0.9.4 is outside" in d.reason
+    assert s.decide_compressed_tensors("0.18.0", "0.5.11")[0].action == "noop"
+    assert s.decide_compressed_tensors("0.14.0.1", "0.5.11")[0].action == "install"
+    assert s.decide_compressed_tensors(None, "0.5.11")[0].action == "install"
+    d, spec = s.decide_compressed_tensors("0.15.0.1", "0.5.23")
+    assert spec == SpecifierSet("==0.18.0") and d.action == "install"
+    # A user-given specifier overrides the table.
+    d, spec = s.decide_compressed_tensors("0.9.4", "0.5.11", override=">=0.9,<0.10")
+    assert d.action == "noop" and spec == SpecifierSet(">=0.9,<0.10")
+    with pytest.raises(ValueError, match="not a version specifier"):
+        s.decide_compressed_tensors("0.9.4", "0.5.11", override="latest please")
+
+
+V1 = {"version": "0.5.11", "location": "/x", "features": {"dflash": "v1", "dflash_pr20547": False}}
+V2 = {"version": "0.5.14", "location": "/x", "features": {"dflash": "v2", "dflash_pr20547": False}}
+SHA, OTHER = "a" * 64, "b" * 64
+APPLIED = {"sha256": SHA, "site": "/x", "reverse_applies": True, "partial": False}
+
+
+@pytest.mark.parametrize(
+    "install, marker, present, source, sha, steps, words",
+    [
+        (V1, None, True, "p.diff", SHA, ("apply",), "has no DFlash v2 worker; applies"),
+        (V1, None, True, None, SHA, (), "no patch source is set"),
+        (V2, None, True, "p.diff", SHA, (), "has the DFlash v2 worker"),
+        (
+            {**V1, "features": {"dflash": "v2", "dflash_pr20547": True}},
+            None, True, "p.diff", SHA, (), "PR#20547 built in",
+        ),
+        ({**V1, "features": {"dflash": "v2"}}, APPLIED, True, "p.diff", SHA, (), "is applied"),
+        (V1, APPLIED, True, "p.diff", OTHER, ("restore", "apply"), "replaces it"),
+        (V1, {**APPLIED, "reverse_applies": False}, True, "p.diff", SHA, ("drop-marker", "apply"),
+         "applies"),
+        (V1, {"partial": True}, True, "p.diff", SHA, ("restore", "apply"), "applies"),
+        (V1, APPLIED, False, "p.diff", SHA, ("restore",), "removes PR#20547 patch aaaaaaaaaaaa"),
+        (V1, None, False, None, None, (), "is not applied"),
+        (V2, {**APPLIED, "reverse_applies": False}, False, None, None, ("drop-marker",), "not"),
+    ],
+)  # fmt: skip
+def test_decide_pr20547(install, marker, present, source, sha, steps, words):
+    d = s.decide_pr20547(install, marker, present=present, source=source, sha256=sha)
+    assert d.steps == steps
+    assert words in d.reason
+
+
+def test_load_patch_checks_sha256(tmp_path):
+    p = tmp_path / "p.diff"
+    p.write_text(PATCH)
+    good = hashlib.sha256(PATCH.encode()).hexdigest()
+    assert s.load_patch(str(p), good, host="h1") == PATCH
+    with pytest.raises(SpecfleetError) as e:
+        s.load_patch(str(p), "0" * 64, host="h1")
+    assert e.value.host == "h1" and "sha256" in e.value.problem and e.value.fix
+    with pytest.raises(SpecfleetError, match="cannot read"):
+        s.load_patch(str(tmp_path / "missing.diff"), good, host="h1")
+    with pytest.raises(SpecfleetError, match="unsupported scheme"):
+        s.load_patch("ftp://example.invalid/p.diff", good, host="h1")
+
+
+def test_venv_fact_parses_its_own_command_output(tmp_path):
+    fact = s.Venv()
+    assert fact.process(sh(fact.command(str(tmp_path / "none"))).stdout.splitlines()) is None
+    (tmp_path / "plain").mkdir()
+    out = sh(fact.command(str(tmp_path / "plain"))).stdout.splitlines()
+    assert fact.process(out) == {"python": None}
+    venv = tmp_path / "v"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(shutil.which("python3"), venv / "bin/python")
+    assert fact.process(sh(fact.command(str(venv))).stdout.splitlines())["python"].startswith("3.")
