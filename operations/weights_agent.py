@@ -59,7 +59,10 @@ EXIT_FAILED = 3
 
 
 def fmt_gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """Bytes for people: GiB from 1 GiB up, MiB below."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / 1024**2:.1f} MiB"
 
 
 def disk_preflight(
@@ -715,8 +718,11 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("plan", "run", "fetch"):
         sys.stderr.write("usage: weights_agent.py plan|run|fetch JOB.json\n")
         return 2
-    with open(argv[1]) as f:
-        job = json.load(f)
+    if argv[1].startswith("{"):
+        job = json.loads(argv[1])  # a job inline (plan only); it never holds a secret
+    else:
+        with open(argv[1]) as f:
+            job = json.load(f)
     if argv[0] == "plan":
         setup_env(job)
         print(json.dumps(plan(job)))

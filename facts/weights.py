@@ -1,0 +1,222 @@
+"""Facts about model weights on a host: the revisions there, a running download, the agent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+# Run on the host by the system python3: read each revision's manifest and compare every file's
+# size and mtime with it (the fast re-check: no hashing). Prints one JSON object.
+_STATE_SCRIPT = r"""
+import json, os, sys
+root = sys.argv[1]
+out = {"path": root, "current": None, "revisions": {}}
+if os.path.isdir(root):
+    link = os.path.join(root, "current")
+    if os.path.islink(link):
+        out["current"] = os.path.basename(os.readlink(link).rstrip("/"))
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if os.path.islink(d) or not os.path.isdir(d):
+            continue
+        if len(name) != 40 or any(c not in "0123456789abcdef" for c in name):
+            continue
+        rev = {"complete": False, "files": 0, "bytes": 0, "changed": [], "missing": []}
+        try:
+            with open(os.path.join(d, ".specfleet", "manifest.json")) as f:
+                m = json.load(f)
+        except (OSError, ValueError):
+            m = None
+        if m and m.get("revision") == name:
+            rev["complete"] = bool(m.get("complete"))
+            rev["files"] = len(m.get("files", {}))
+            rev["bytes"] = int(m.get("bytes", 0))
+            rev["verified_at"] = m.get("verified_at")
+            rev["allow_patterns"] = m.get("allow_patterns")
+            rev["ignore_patterns"] = m.get("ignore_patterns")
+            for p, e in sorted(m.get("files", {}).items()):
+                try:
+                    st = os.stat(os.path.join(d, p))
+                except OSError:
+                    rev["missing"].append(p)
+                    continue
+                if st.st_size != e.get("size") or st.st_mtime_ns != e.get("mtime_ns"):
+                    rev["changed"].append(p)
+        out["revisions"][name] = rev
+print(json.dumps(out))
+"""
+
+_TOOLS_SCRIPT = r"""
+import hashlib, json, os, sys
+path = sys.argv[1]
+out = {"path": path, "huggingface_hub": None, "agent_sha256": None, "default_token_path": None}
+agent = os.path.join(path, "weights_agent.py")
+if os.path.isfile(agent):
+    with open(agent, "rb") as f:
+        out["agent_sha256"] = hashlib.sha256(f.read()).hexdigest()
+try:
+    import huggingface_hub
+    from huggingface_hub import constants
+    out["huggingface_hub"] = huggingface_hub.__version__
+    out["default_token_path"] = constants.HF_TOKEN_PATH
+    out["default_token_exists"] = os.path.isfile(constants.HF_TOKEN_PATH)
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+
+
+def parse_json_output(output: list[str]) -> Any:
+    """The JSON object a fact's command printed (its last non-empty line)."""
+    lines = [line for line in output if line.strip()]
+    if not lines:
+        return None
+    return json.loads(lines[-1])
+
+
+class WeightsState(FactBase[dict[str, Any]]):
+    """
+    The revisions of one model under its root, each checked fast against its manifest (size and
+    mtime of every file; nothing is hashed), and the revision the ``current`` link points to.
+
+    .. code:: python
+
+        {
+            "path": "/srv/models/moonshotai--Kimi-K2.6",
+            "current": "3f1c...40 hex",
+            "revisions": {
+                "3f1c...": {"complete": True, "files": 66, "bytes": 595171160064,
+                            "changed": [], "missing": [], "verified_at": 1796050619.1,
+                            "allow_patterns": None, "ignore_patterns": None},
+            },
+        }
+    """
+
+    @override
+    def requires_command(self, *args, **kwargs) -> str:
+        return "python3"
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"path": None, "current": None, "revisions": {}}
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("python3", "-c", QuoteString(_STATE_SCRIPT), QuoteString(path))
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_json_output(output) or self.default()
+
+
+def parse_job(output: list[str]) -> dict[str, Any]:
+    """``systemctl is-active`` on the first line, then the progress file (JSON) if any."""
+    lines = [line for line in output if line.strip()]
+    active_state = lines[0].strip() if lines else "unknown"
+    progress = None
+    if len(lines) > 1:
+        try:
+            progress = json.loads("\n".join(lines[1:]))
+        except ValueError:
+            progress = None  # caught mid-write; the next poll reads it
+    return {
+        "active": active_state in ("active", "activating", "reloading"),
+        "unit_state": active_state,
+        "progress": progress,
+    }
+
+
+def job_command(unit: str, progress_path: str) -> StringCommand:
+    return StringCommand(
+        "(",
+        "systemctl", "is-active", QuoteString(unit), "||", "true", ";",
+        "!", "test", "-f", QuoteString(progress_path), "||", "cat", QuoteString(progress_path),
+        ")",
+    )
+
+
+class WeightsJob(FactBase[dict[str, Any]]):
+    """
+    The download unit of one model and its progress file (written by the agent).
+
+    .. code:: python
+
+        {"active": True, "unit_state": "active",
+         "progress": {"job_id": "...", "state": "downloading", "revision": "...",
+                      "bytes_done": 1234, "bytes_total": 5678, "files_done": 3,
+                      "files_total": 66, "rate_bps": 104857600, "error": None, ...}}
+    """
+
+    @override
+    def requires_command(self, *args, **kwargs) -> str:
+        return "systemctl"
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"active": False, "unit_state": "unknown", "progress": None}
+
+    @override
+    def command(self, unit: str, progress_path: str) -> StringCommand:
+        return job_command(unit, progress_path)
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_job(output)
+
+
+class WeightsTools(FactBase[dict[str, Any]]):
+    """
+    The weights tools venv: its huggingface_hub, the agent script's sha256, and the token path
+    huggingface_hub uses by default on this host (the host's own token).
+
+    .. code:: python
+
+        {"path": "/opt/specfleet/tools", "huggingface_hub": "2.4.0",
+         "agent_sha256": "ab12...", "default_token_path": "/root/.cache/huggingface/token",
+         "default_token_exists": True}
+
+    ``None`` when the venv has no python.
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        python = f"{path.rstrip('/')}/bin/python"
+        return StringCommand(
+            "!", "test", "-x", QuoteString(python), "||",
+            QuoteString(python), "-c", QuoteString(_TOOLS_SCRIPT), QuoteString(path),
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return parse_json_output(output)
+
+
+class WeightsPlan(FactBase[dict[str, Any]]):
+    """
+    What a download would do, asked of the Hub (or ``HF_ENDPOINT``) by the agent on the host:
+    the resolved revision, the files with sizes and hashes, the bytes still missing and the free
+    space. ``None`` while the tools are not installed. A Hub error is ``{"error": {...}}``.
+
+    .. code:: python
+
+        {"repo_id": "z-lab/Kimi-K2.6-DFlash", "revision": "9a8b...", "requested": "main",
+         "files": [{"path": "model.safetensors", "size": 6979321856, "blob_id": "...",
+                    "sha256": "..."}],
+         "total_bytes": 6979330000, "missing": ["model.safetensors"],
+         "missing_bytes": 6979321856, "free_bytes": 636727205888,
+         "total_disk_bytes": 1000000000000}
+    """
+
+    @override
+    def command(self, python: str, agent: str, job_json: str) -> StringCommand:
+        return StringCommand(
+            "!", "test", "-x", QuoteString(python), "||", "!", "test", "-f", QuoteString(agent),
+            "||", QuoteString(python), QuoteString(agent), "plan", QuoteString(job_json),
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return parse_json_output(output)

@@ -1,0 +1,491 @@
+"""Fetch model weights onto hosts: pinned, disk-checked, verified, resumable, detached."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import gevent
+from pyinfra import host, logger
+from pyinfra.api import (
+    FileUploadCommand,
+    FunctionCommand,
+    QuoteString,
+    StringCommand,
+    operation,
+)
+from pyinfra.facts.files import File, Sha256File
+
+from deploys.errors import SpecfleetError
+from deploys.settings import Settings, settings_for_host
+from facts.weights import (
+    WeightsJob,
+    WeightsPlan,
+    WeightsState,
+    WeightsTools,
+    job_command,
+    parse_job,
+)
+from operations.weights_agent import GIB, disk_preflight, fmt_gib, job_id
+
+TOOLS_PATH = "/opt/specfleet/tools"
+AGENT_NAME = "weights_agent.py"
+AGENT_SOURCE_PATH = Path(__file__).with_name(AGENT_NAME)
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+# ----------------------------------------------------------------------------------------------
+# Paths and small pure helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def model_root(settings: Settings, which: str) -> str:
+    """``<models_root>/<dir_name>``: the folder that holds the revisions of one model."""
+    return f"{settings.models_root.rstrip('/')}/{getattr(settings, which).dir_name}"
+
+
+def model_path(settings: Settings, which: str, revision: str | None = None) -> str:
+    """The path to give SGLang: a revision's folder, or the ``current`` link (flipped only
+    after a complete verification)."""
+    return f"{model_root(settings, which)}/{revision or 'current'}"
+
+
+def control_token_path(settings: Settings) -> str:
+    """Where a token given on the control machine goes on the host (never the host's own)."""
+    return f"{settings.state_dir.rstrip('/')}/hf/token"
+
+
+def read_control_token(token_file: str | None, environ: dict | None = None) -> str | None:
+    """The token given on the control machine: ``token_file`` first, then ``HF_TOKEN``."""
+    env = os.environ if environ is None else environ
+    if token_file:
+        path = os.path.expanduser(token_file)
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as e:
+            raise SpecfleetError(
+                f"weights.token_file {token_file} cannot be read on the control machine "
+                f"({e.strerror})",
+                fix="point weights.token_file at a file holding the token, or unset it",
+            ) from None
+        if not text:
+            raise SpecfleetError(f"weights.token_file {token_file} is empty",
+                                 fix="write the token into it (one line)")
+        return text
+    token = (env.get("HF_TOKEN") or "").strip()
+    return token or None
+
+
+def unit_name(root: str) -> str:
+    return "specfleet-weights-" + _UNIT_SAFE.sub("_", os.path.basename(root.rstrip("/")))
+
+
+def format_progress(p: dict) -> str:
+    """One progress line from the agent's progress file."""
+    total = p.get("bytes_total") or 0
+    done = p.get("bytes_done") or 0
+    pct = f" ({100 * done / total:.0f} %)" if total else ""
+    line = (
+        f"{p.get('repo_id')}@{(p.get('revision') or p.get('requested') or '?')[:12]} "
+        f"{p.get('state')}: {fmt_gib(done)} of {fmt_gib(total)}{pct}, "
+        f"{p.get('files_done', 0)}/{p.get('files_total', 0)} files"
+    )
+    rate = p.get("rate_bps") or 0
+    if rate and p.get("state") == "downloading":
+        line += f", {rate / 1e6:.1f} MB/s"
+        if total > done:
+            line += f", ETA {int((total - done) / rate // 60)} min"
+    if p.get("xet_disabled"):
+        line += ", HF_HUB_DISABLE_XET=1"
+    return line
+
+
+def agent_source() -> str:
+    return AGENT_SOURCE_PATH.read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# Operations
+# ----------------------------------------------------------------------------------------------
+
+
+@operation()
+def tools(
+    path: str = TOOLS_PATH,
+    python: str = "python3",
+    index_url: str | None = None,
+    find_links: str | None = None,
+    trusted_hosts: list[str] | None = None,
+    requirement: str = "huggingface_hub",
+):
+    """
+    Install the weights agent and ``huggingface_hub`` into a small venv on the host.
+
+    + path: the tools venv
+    + python: the Python that creates it
+    + index_url/find_links/trusted_hosts: where pip finds ``huggingface_hub`` (a fleet's
+      wheelhouse); with ``find_links`` and no ``index_url`` pip uses no index
+    + requirement: the pip requirement for huggingface_hub
+
+    **Example:**
+
+    .. code:: python
+
+        weights.tools(name="Weights tools", find_links="http://10.250.1.1:8000/")
+    """
+    info = host.get_fact(WeightsTools, path=path)
+    changed = False
+    if info is None:
+        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))
+        changed = True
+    if info is None or not info.get("huggingface_hub"):
+        pip = [QuoteString(f"{path}/bin/pip"), "install", "--quiet", "--disable-pip-version-check"]
+        if index_url:
+            pip += ["--index-url", QuoteString(index_url)]
+        elif find_links:
+            pip += ["--no-index"]
+        if find_links:
+            pip += ["--find-links", QuoteString(find_links)]
+        for trusted in trusted_hosts or []:
+            pip += ["--trusted-host", QuoteString(trusted)]
+        yield StringCommand(*pip, QuoteString(requirement))
+        changed = True
+    source = agent_source()
+    if (info or {}).get("agent_sha256") != hashlib.sha256(source.encode()).hexdigest():
+        yield FileUploadCommand(StringIO(source), f"{path}/{AGENT_NAME}")
+        changed = True
+    if not changed:
+        host.noop(f"weights tools in {path} are installed (huggingface_hub "
+                  f"{info['huggingface_hub']})")
+
+
+@operation()
+def token(path: str, token_file: str | None = None):
+    """
+    Put the token given on the control machine into its own 0600 file on the host.
+
+    + path: the file on the host (never huggingface_hub's default path: the host's own token
+      there is left alone)
+    + token_file: a file on the control machine holding the token; else ``HF_TOKEN``
+
+    The token is uploaded from memory: it appears in no command line, no output at any
+    verbosity and no ``--diff`` (only its sha256 is compared). With no token given, nothing.
+    """
+    secret = read_control_token(token_file)
+    if secret is None:
+        host.noop("no Hugging Face token given on the control machine")
+        return
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    info = host.get_fact(File, path=path)
+    if info and info.get("mode") == 600 and host.get_fact(Sha256File, path=path) == digest:
+        host.noop(f"token file {path} is up to date")
+        return
+    folder = os.path.dirname(path)
+    yield StringCommand("install", "-d", "-m", "700", QuoteString(folder))
+    # Create it 0600 before a byte is written, then fill it from memory.
+    yield StringCommand("(", "umask", "077", "&&", ":", ">", QuoteString(path), ")")
+    yield StringCommand("chmod", "600", QuoteString(path))
+    yield FileUploadCommand(StringIO(secret + "\n"), path)
+    yield StringCommand("chmod", "600", QuoteString(path))
+
+
+@operation()
+def snapshot(
+    repo_id: str,
+    root: str,
+    revision: str | None = None,
+    follow_branch: bool = False,
+    allow_patterns: list[str] | None = None,
+    ignore_patterns: list[str] | None = None,
+    verify: str = "fast",
+    endpoint: str | None = None,
+    token_path: str | None = None,
+    tools_path: str = TOOLS_PATH,
+    stall_minutes: float = 10.0,
+    margin_percent: float = 2.0,
+    margin_min_gib: float = 10.0,
+    prune: bool = False,
+    keep: list[str] | None = None,
+    poll_seconds: float = 5.0,
+    state_dir: str = "/var/lib/specfleet",
+    max_workers: int = 4,
+):
+    """
+    Fetch one revision of a Hugging Face repository into ``root/<revision>``, verified.
+
+    + repo_id: the repository, e.g. ``moonshotai/Kimi-K2.6``
+    + root: the folder of this model's revisions (``root/current`` links the verified one)
+    + revision: a 40-hex commit; a branch or tag only with ``follow_branch=True``
+    + follow_branch: follow a branch; a branch that moved shows as a change with its size
+    + allow_patterns/ignore_patterns: huggingface_hub's file patterns
+    + verify: ``fast`` (size + mtime against the manifest) or ``deep`` (re-hash every file)
+    + endpoint: ``HF_ENDPOINT`` (a mirror), else the Hub
+    + token_path: the token file the agent uses on the host (``HF_TOKEN_PATH``); else
+      huggingface_hub's default path there (the host's own token)
+    + tools_path: the venv of ``weights.tools``
+    + stall_minutes: no progress for this long: retry without Xet, then fail
+    + margin_percent/margin_min_gib: the disk margin, max(P % of the bytes missing, M GiB)
+    + prune: remove other revisions of this model under ``root`` (never ``revision`` or ``keep``)
+    + poll_seconds: how often the progress file is read
+
+    The download runs detached on the host (a transient ``systemd-run`` unit), so a dropped
+    SSH session does not stop it; a re-run attaches to it. Every finished file is verified
+    (sha256 for LFS files, the git blob id for others) and kept: a re-run resumes.
+
+    **Example:**
+
+    .. code:: python
+
+        weights.snapshot(
+            name="Fetch the drafter",
+            repo_id="z-lab/Kimi-K2.6-DFlash",
+            revision="0123456789abcdef0123456789abcdef01234567",
+            root="/srv/models/z-lab--Kimi-K2.6-DFlash",
+            token_path="/var/lib/specfleet/hf/token",
+        )
+    """
+    if verify not in ("fast", "deep"):
+        raise SpecfleetError(f"weights verify={verify!r} for {repo_id}", host=host.name,
+                             fix='use verify="fast" or verify="deep"')
+    if revision is None:
+        if not follow_branch:
+            raise SpecfleetError(
+                f"no revision is pinned for {repo_id}", host=host.name,
+                fix="pin the revision to a 40-hex commit, or set follow_branch=True to follow "
+                "main on purpose",
+            )
+        revision = "main"
+    if not follow_branch and not _COMMIT.match(revision):
+        raise SpecfleetError(
+            f"revision {revision!r} of {repo_id} is not a commit", host=host.name,
+            fix="pin a 40-hex commit, or set follow_branch=True to follow the branch on purpose",
+        )
+    root = root.rstrip("/")
+    keep = list(keep or [])
+    unit = unit_name(root)
+    work = f"{state_dir.rstrip('/')}/weights"
+    progress_path = f"{work}/{os.path.basename(root)}.progress.json"
+    job_path = f"{work}/{os.path.basename(root)}.job.json"
+    python = f"{tools_path.rstrip('/')}/bin/python"
+    agent = f"{tools_path.rstrip('/')}/{AGENT_NAME}"
+    job: dict[str, Any] = {
+        "repo_id": repo_id, "revision": revision, "root": root,
+        "allow_patterns": allow_patterns, "ignore_patterns": ignore_patterns,
+        "verify": verify, "endpoint": endpoint, "token_path": token_path,
+        "stall_minutes": stall_minutes, "margin_percent": margin_percent,
+        "margin_min_gib": margin_min_gib, "prune": prune, "keep": keep,
+        "max_workers": max_workers, "progress_path": progress_path, "host": host.name,
+    }
+    job["job_id"] = job_id(job)
+
+    state = host.get_fact(WeightsState, path=root)
+    running = host.get_fact(WeightsJob, unit=unit, progress_path=progress_path)
+    attach = running["active"] and (running["progress"] or {}).get("job_id") == job["job_id"]
+
+    if not attach and not follow_branch and verify == "fast":
+        rev = state["revisions"].get(revision)
+        if _is_fast_ok(rev, allow_patterns, ignore_patterns):
+            yield from _converge_links(root, revision, state, prune, keep, repo_id, rev)
+            return
+
+    if not attach:
+        plan = host.get_fact(WeightsPlan, python=python, agent=agent, job_json=json.dumps(job))
+        if plan is not None and "error" in plan:
+            err = plan["error"]
+            raise SpecfleetError(err["message"], host=host.name, fix=err.get("fix"))
+        if plan is not None:
+            resolved = plan["revision"]
+            rev = state["revisions"].get(resolved)
+            if verify == "fast" and _is_fast_ok(rev, allow_patterns, ignore_patterns):
+                yield from _converge_links(root, resolved, state, prune, keep, repo_id, rev)
+                return
+            if follow_branch and state["current"] and state["current"] != resolved:
+                host.log_styled(
+                    f"{repo_id}: {revision} moved from {state['current'][:12]} to "
+                    f"{resolved[:12]}: {fmt_gib(plan['missing_bytes'])} to download",
+                    fg="yellow", log_func=logger.warning,
+                )
+            _preflight(plan, root, margin_percent, margin_min_gib)
+        elif running["active"]:
+            host.log_styled(f"{unit} is running another job; it will be replaced", fg="yellow")
+
+    if not attach:
+        if running["active"]:
+            yield StringCommand("systemctl", "stop", QuoteString(unit))
+        yield StringCommand("install", "-d", "-m", "755", QuoteString(work))
+        yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
+        yield StringCommand(
+            "(", "systemctl", "reset-failed", QuoteString(unit), ">/dev/null", "2>&1", "||",
+            "true", ")", "&&", "rm", "-f", QuoteString(progress_path), "&&",
+            "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
+            QuoteString(f"--description=specfleet weights {repo_id}"),
+            "--property=TimeoutStopSec=30", "--property=Nice=5",
+            "--", QuoteString(python), QuoteString(agent), "run", QuoteString(job_path),
+        )
+    else:
+        host.log_styled(f"attaching to the running download {unit}", fg="cyan")
+    yield FunctionCommand(_wait, (), {
+        "unit": unit, "progress_path": progress_path, "job_id": job["job_id"],
+        "poll_seconds": poll_seconds,
+    })
+
+
+def _is_fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None) -> bool:
+    return bool(
+        rev
+        and rev["complete"]
+        and not rev["changed"]
+        and not rev["missing"]
+        and rev.get("allow_patterns") == allow
+        and rev.get("ignore_patterns") == ignore
+    )
+
+
+def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: list[str],
+                    repo_id: str, rev: dict):
+    changed = False
+    if state["current"] != revision:
+        yield StringCommand(
+            "ln", "-sfn", QuoteString(revision), QuoteString(f"{root}/current.tmp"), "&&",
+            "mv", "-T", QuoteString(f"{root}/current.tmp"), QuoteString(f"{root}/current"),
+        )
+        changed = True
+    if prune:
+        for other in sorted(state["revisions"]):
+            if other != revision and other not in keep:
+                yield StringCommand("rm", "-rf", QuoteString(f"{root}/{other}"))
+                changed = True
+    if not changed:
+        host.noop(f"{repo_id}@{revision[:12]} is complete ({rev['files']} files, "
+                  f"{fmt_gib(rev['bytes'])}; sizes and mtimes match the manifest)")
+
+
+def _free_space(root: str, plan: dict) -> int:
+    """Free bytes on root's filesystem: facts.disk.FreeSpace, else the agent's own statvfs."""
+    try:
+        from facts.disk import FreeSpace
+    except ImportError:
+        return int(plan["free_bytes"])
+    info = host.get_fact(FreeSpace, path=root)
+    if info and info.get("free_bytes") is not None:
+        return int(info["free_bytes"])
+    return int(plan["free_bytes"])
+
+
+def _preflight(plan: dict, root: str, margin_percent: float, margin_min_gib: float) -> None:
+    result = disk_preflight(
+        plan["missing_bytes"], _free_space(root, plan), margin_percent=margin_percent,
+        margin_min_gib=margin_min_gib, host=host.name, path=root,
+    )
+    for warning in result["warnings"]:
+        host.log_styled(warning, fg="yellow", log_func=logger.warning)
+    if not result["ok"]:
+        raise SpecfleetError(result["problem"], host=host.name, fix=result["fix"])
+
+
+def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
+    """Poll the agent's progress file until its job ends; show progress; fail with its error."""
+    last_line = ""
+    events_seen = 0
+    gone_since = None
+    while True:
+        ok, output = host.run_shell_command(job_command(unit, progress_path), print_output=False,
+                                            print_input=False)
+        info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
+        p = info["progress"] if (info["progress"] or {}).get("job_id") == job_id else None
+        if p is not None:
+            events = p.get("events") or []
+            for ev in events[events_seen:]:
+                host.log_styled(ev["text"], fg="cyan")
+            events_seen = len(events)
+            line = format_progress(p)
+            if line != last_line:
+                host.log(line)
+                last_line = line
+            if p.get("state") == "done":
+                return True
+            if p.get("state") == "failed":
+                err = p.get("error") or {}
+                msg = SpecfleetError(err.get("message", "download failed"), host=host.name,
+                                     fix=err.get("fix")).render()
+                host.log_styled(msg, fg="red", log_func=logger.error)
+                return False
+        if not info["active"]:
+            gone_since = gone_since or time.monotonic()
+            if time.monotonic() - gone_since > max(3 * poll_seconds, 10):
+                msg = SpecfleetError(
+                    f"the download unit {unit} ended without a result", host=host.name,
+                    fix=f"see `journalctl -u {unit}` on the host; a re-run resumes",
+                ).render()
+                host.log_styled(msg, fg="red", log_func=logger.error)
+                return False
+        else:
+            gone_since = None
+        gevent.sleep(poll_seconds)
+
+
+@operation()
+def model(which: str = "target", verify: str | None = None):
+    """
+    Fetch the target or the drafter of the host's settings (``specfleet`` host data).
+
+    + which: ``target`` or ``drafter``
+    + verify: override ``weights.verify`` (``fast`` or ``deep``)
+
+    Uses the token given on the control machine (put there by ``weights.token``) when there is
+    one, else the host's own token file. Run ``weights.tools`` and ``weights.token`` first.
+    """
+    if which not in ("target", "drafter"):
+        raise SpecfleetError(f"weights.model which={which!r}", host=host.name,
+                             fix='use which="target" or which="drafter"')
+    s = settings_for_host(host)
+    src = getattr(s, which)
+    w = s.weights
+    token_path = w.host_token_path
+    if read_control_token(w.token_file) is not None:
+        token_path = control_token_path(s)
+    yield from snapshot._inner(
+        repo_id=src.repo_id,
+        root=model_root(s, which),
+        revision=src.revision,
+        follow_branch=src.follow_branch,
+        allow_patterns=src.allow_patterns,
+        ignore_patterns=src.ignore_patterns,
+        verify=verify or w.verify,
+        endpoint=w.hf_endpoint,
+        token_path=token_path,
+        stall_minutes=w.stall_minutes,
+        margin_percent=w.margin_percent,
+        margin_min_gib=w.margin_min_gib,
+        prune=w.prune_other_revisions,
+        poll_seconds=w.poll_seconds,
+        state_dir=s.state_dir,
+    )
+
+
+@operation()
+def host_tools():
+    """``weights.tools`` with the host's settings (pip sources of ``sglang``)."""
+    s = settings_for_host(host)
+    yield from tools._inner(
+        index_url=s.sglang.index_url,
+        find_links=s.sglang.find_links,
+        trusted_hosts=s.sglang.trusted_hosts,
+    )
+
+
+@operation()
+def host_token():
+    """``weights.token`` with the host's settings."""
+    s = settings_for_host(host)
+    yield from token._inner(path=control_token_path(s), token_file=s.weights.token_file)
+
+
+__all__ = ["GIB", "model", "model_path", "model_root", "snapshot", "token", "tools"]
