@@ -278,8 +278,13 @@ def make_plan(
 
     # -- SGLang ----------------------------------------------------------------------------------
     install, row, predicted_kind = _sglang(facts, settings, predicted, error)
-    version = install.get("version") or settings.sglang.version
     features = install.get("features") or {}
+    pr20547 = bool(features.get("dflash_pr20547"))
+    version = install.get("version") or (
+        "(unknown version)" if not predicted_kind else settings.sglang.version
+    )
+    if pr20547:
+        version = f"PR#20547 build {version}"
     registry = set(install.get("attention_backends") or [])
     src: ReasonKind = "predicted" if predicted_kind else "rule"
     if predicted_kind:
@@ -308,7 +313,6 @@ def make_plan(
             "install sglang >= 0.5.11 (set specfleet sglang.version, e.g. '0.5.23'), or a build "
             "of sgl-project/sglang PR#20547",
         )
-    pr20547 = bool(features.get("dflash_pr20547"))
 
     # -- tensor parallel -------------------------------------------------------------------------
     if ov.tp_size is not None:
@@ -642,10 +646,15 @@ def _sglang(facts, settings: Settings, predicted: bool, error) -> tuple[dict, An
             f"{settings.sglang.version}",
         )
     features = install.get("features") or {}
+    pr = bool(features.get("dflash_pr20547"))
     try:
-        row = versions.row_for_install(install.get("version"), bool(features.get("dflash_pr20547")))
+        if install.get("version") is None and not pr:
+            raise ValueError("no version")
+        row = versions.row_for_install(install.get("version"), pr)
     except ValueError:
-        row = versions.version_row(settings.sglang.version)
+        # An install whose version cannot be read: go by the DFLASH worker it has.
+        stand_in = {"v1": "0.5.11", "v2": "0.5.14"}.get(features.get("dflash") or "", "0")
+        row = versions.version_row(stand_in)
     return dict(install), row, False
 
 
