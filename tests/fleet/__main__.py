@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from tests.fleet import wheelhouse
+from tests.fleet import rootfs, wheelhouse
 from tests.fleet.core import Fleet, FleetError, list_fleets, parse_hosts
 
 DEFAULT_HOSTS = "h1:h200x2:disk=64G,h2:h200x2:disk=593G,h3:nogpu:disk=8G"
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--name", required=True)
     sub.add_parser("list", help="names of the fleets on this machine")
     sub.add_parser("wheelhouse", help="download the wheelhouse (once) and list it")
+    sub.add_parser("prepare", help="build the rootfs and the wheelhouse (once; cached)")
     ssh = sub.add_parser("ssh", help="run a command on a host (or print the ssh command)")
     ssh.add_argument("--name", required=True)
     ssh.add_argument("host")
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             d = wheelhouse.ensure_wheelhouse()
             print(d)
             print("\n".join(wheelhouse.contents()))
+        elif a.cmd == "prepare":
+            print(rootfs.ensure_rootfs())
+            print(wheelhouse.ensure_wheelhouse())
         elif a.cmd == "ssh":
             fleet = Fleet.attach(a.name)
             if not a.command:
