@@ -1,0 +1,180 @@
+"""Pure parts of the weights feature: preflight, hashes, patterns, errors, facts' parsers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from deploys.errors import SpecfleetError
+from facts.weights import WeightsJob, WeightsPlan, WeightsState, parse_job
+from operations.weights import format_progress, read_control_token, unit_name
+from operations.weights_agent import (
+    GIB,
+    classify_error,
+    disk_preflight,
+    git_blob_id,
+    job_id,
+    select_files,
+)
+
+# CT200: Kimi K2.6 (554.3 GiB) + the DFlash drafter (6.5 GiB) onto 593 GiB free.
+CT200_TARGET = int(554.3 * GIB)
+CT200_DRAFTER = int(6.5 * GIB)
+CT200_FREE = 593 * GIB
+
+
+def test_ct200_fits_with_low_headroom_warning():
+    r = disk_preflight(CT200_TARGET + CT200_DRAFTER, CT200_FREE, host="ct200",
+                       path="/srv/models")
+    assert r["ok"] is True
+    # 2 % of 560.8 GiB = 11.2 GiB, above the 10 GiB floor.
+    assert r["margin_bytes"] == int((CT200_TARGET + CT200_DRAFTER) * 0.02)
+    assert 5.0 < r["headroom_percent"] < 6.0
+    assert len(r["warnings"]) == 1
+    assert "low disk headroom at ct200:/srv/models" in r["warnings"][0]
+    assert r["problem"] is None
+
+
+def test_margin_floor_is_10_gib_for_small_downloads():
+    r = disk_preflight(CT200_DRAFTER, 16 * GIB)
+    assert r["margin_bytes"] == 10 * GIB
+    assert r["ok"] is False  # 6.5 + 10 > 16
+    r = disk_preflight(CT200_DRAFTER, 17 * GIB)
+    assert r["ok"] is True
+
+
+def test_too_small_names_numbers_host_and_path():
+    r = disk_preflight(CT200_TARGET, 500 * GIB, host="gpu7", path="/srv/models/x")
+    assert r["ok"] is False
+    assert "gpu7:/srv/models/x" in r["problem"]
+    assert "554.3 GiB still to download" in r["problem"]
+    assert "500.0 GiB free" in r["problem"]
+    assert "/srv/models/x" in r["fix"]
+
+
+def test_margin_is_configurable():
+    assert disk_preflight(100 * GIB, 105 * GIB, margin_percent=1, margin_min_gib=1)["ok"]
+    assert not disk_preflight(100 * GIB, 105 * GIB)["ok"]
+
+
+def test_nothing_missing_always_fits():
+    r = disk_preflight(0, 0)
+    assert r["ok"] and r["margin_bytes"] == 0 and not r["warnings"]
+
+
+def test_git_blob_id_matches_git(tmp_path):
+    data = b"hello\x00world\n" * 100
+    (tmp_path / "f").write_bytes(data)
+    want = subprocess.run(["git", "hash-object", str(tmp_path / "f")], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert git_blob_id(data) == want
+
+
+def test_select_files_like_huggingface_hub():
+    from huggingface_hub.utils import filter_repo_objects
+
+    paths = ["config.json", "model-1.safetensors", "sub/tok.json", "sub/x.bin", "README.md"]
+    for allow, ignore in [(None, None), (["*.json"], None), (["sub/"], ["*.bin"]),
+                          (None, ["*.safetensors", "sub/*"]), (["*.md", "*.json"], ["sub/*"])]:
+        want = list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=ignore))
+        assert select_files(paths, allow, ignore) == want, (allow, ignore)
+
+
+def test_job_id_is_stable_and_sensitive():
+    a = {"repo_id": "x/y", "revision": "a" * 40, "keep": []}
+    assert job_id(a) == job_id(dict(reversed(list(a.items()))))
+    assert job_id(a) != job_id({**a, "revision": "b" * 40})
+
+
+class _Resp:
+    def __init__(self, code):
+        self.status_code = code
+
+
+def _err(name, code):
+    cls = type(name, (Exception,), {})
+    e = cls("boom")
+    e.response = _Resp(code)
+    return e
+
+
+@pytest.mark.parametrize("name,code,kind", [
+    ("GatedRepoError", 403, "gated"),
+    ("GatedRepoError", 401, "gated"),
+    ("RepositoryNotFoundError", 401, "not_found"),
+    ("RevisionNotFoundError", 404, "revision_not_found"),
+    ("HfHubHTTPError", 500, "http"),
+])
+def test_classify_error_names_the_repo(name, code, kind):
+    e = classify_error(_err(name, code), "z-lab/Kimi-K2.6-DFlash", "main", "https://hf.co", True)
+    assert e["kind"] == kind
+    assert "z-lab/Kimi-K2.6-DFlash" in e["message"] + e["fix"]
+
+
+def test_classify_network_error():
+    e = classify_error(ConnectionError("refused"), "a/b", "main", "http://mirror:1", False)
+    assert e["kind"] == "network" and "http://mirror:1" in e["message"]
+
+
+def test_control_token_from_file_then_env(tmp_path):
+    f = tmp_path / "tok"
+    f.write_text("hf_file\n")
+    assert read_control_token(str(f), {"HF_TOKEN": "hf_env"}) == "hf_file"
+    assert read_control_token(None, {"HF_TOKEN": "hf_env"}) == "hf_env"
+    assert read_control_token(None, {}) is None
+    with pytest.raises(SpecfleetError, match="cannot be read"):
+        read_control_token(str(tmp_path / "missing"), {})
+
+
+def test_unit_name_is_systemd_safe():
+    assert unit_name("/srv/models/moonshotai--Kimi-K2.6") == "specfleet-weights-moonshotai--Kimi-K2.6"
+    assert unit_name("/srv/models/a b") == "specfleet-weights-a_b"
+
+
+def test_parse_job_and_progress_line():
+    prog = {"job_id": "j", "repo_id": "a/b", "revision": "c" * 40, "state": "downloading",
+            "bytes_done": 3 * GIB, "bytes_total": 12 * GIB, "files_done": 2, "files_total": 8,
+            "rate_bps": 100_000_000}
+    info = parse_job(["active", json.dumps(prog, indent=1)])
+    assert info["active"] and info["progress"]["job_id"] == "j"
+    line = format_progress(info["progress"])
+    assert "3.0 GiB of 12.0 GiB (25 %)" in line and "2/8 files" in line and "100.0 MB/s" in line
+    assert parse_job(["inactive"]) == {"active": False, "unit_state": "inactive",
+                                       "progress": None}
+    assert parse_job(["active", "{cut"])["progress"] is None
+
+
+def test_fact_commands_quote_paths():
+    cmd = WeightsState().command(path="/srv/models/a b").get_raw_value()
+    assert "'/srv/models/a b'" in cmd
+    cmd = WeightsJob().command(unit="u", progress_path="/x y.json").get_raw_value()
+    assert "'/x y.json'" in cmd
+    cmd = WeightsPlan().command(python="/p/bin/python", agent="/p/a.py",
+                                job_json='{"a": 1}').get_raw_value()
+    assert "'{\"a\": 1}'" in cmd
+
+
+def test_state_fact_script_reads_a_tree(tmp_path):
+    """The state fact's command run for real (locally) over a manifest it must check."""
+    sha = "a" * 40
+    rev = tmp_path / sha
+    (rev / ".specfleet").mkdir(parents=True)
+    (rev / "w.safetensors").write_bytes(b"x" * 10)
+    (rev / "c.json").write_bytes(b"{}")
+    st = (rev / "w.safetensors").stat()
+    manifest = {"revision": sha, "complete": True, "bytes": 12, "files": {
+        "w.safetensors": {"size": 10, "mtime_ns": st.st_mtime_ns},
+        "c.json": {"size": 2, "mtime_ns": 1},
+        "gone.json": {"size": 1, "mtime_ns": 1},
+    }}
+    (rev / ".specfleet" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "current").symlink_to(sha)
+    cmd = WeightsState().command(path=str(tmp_path)).get_raw_value()
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout
+    fact = WeightsState().process(out.splitlines())
+    assert fact["current"] == sha
+    r = fact["revisions"][sha]
+    assert r["complete"] and r["files"] == 3
+    assert r["changed"] == ["c.json"] and r["missing"] == ["gone.json"]
