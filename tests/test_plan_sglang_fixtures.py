@@ -10,9 +10,10 @@ for pr20547 a git clone of modal-labs/sglang in $SPECFLEET_PR20547_GIT)::
 
     .venv/bin/python -m tests.test_plan_sglang_fixtures --write
 
-The tests below re-read the sources when they are present and compare with the fixtures, so a
-fixture cannot drift from what the code says. When facts.sglang exists, its parser is the one to
-use; until then ``extract`` reads the same files the facts contract names.
+The values are what facts.sglang.SGLangInstall computes: its host-side collector is run (python -I)
+on a minimal copy of each tree, then its parser. ``extract`` below is an independent reading of the
+same files; a test checks that both agree. The tests re-read the sources when they are present
+(the wheel cache, the PR#20547 clone) and compare with the fixtures, so a fixture cannot drift.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -91,23 +93,67 @@ def _location(version: str) -> str:
     return "/opt/specfleet/sglang/lib/python3.11/site-packages/sglang"
 
 
-def from_wheel(version: str) -> dict | None:
+def via_fact(read: Reader, names: list[str], location: str) -> dict | None:
+    """The value facts.sglang.SGLangInstall computes for this tree: its real host-side collector
+    run (python -I) on a minimal copy of the tree (the listed directories' entries, empty, plus
+    the files it reads), then its parser. None where facts.sglang does not exist yet."""
+    try:
+        from facts import sglang as fact
+    except ImportError:
+        return None
+    request = json.loads(fact.collect_request())
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = Path(tmp) / "sglang"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        for rel in request["dirs"]:
+            prefix = f"sglang/{rel}/"
+            for name in names:
+                if name.startswith(prefix):
+                    first, _, rest = name[len(prefix) :].partition("/")
+                    if not first:
+                        continue
+                    target = pkg / rel / first
+                    if rest or name.endswith("/"):
+                        target.mkdir(parents=True, exist_ok=True)
+                    elif not target.exists():
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.touch()
+        for rel in [*request["texts"], *request["lines"]]:
+            text = read(f"sglang/{rel}")
+            if text is not None:
+                (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+                (pkg / rel).write_text(text)
+        out = subprocess.run(
+            [sys.executable, "-I", "-c", fact.COLLECT, fact.collect_request(), tmp],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    value = fact.parse_collected_output(out.stdout.splitlines())
+    if value is not None:
+        value["location"] = location
+    return value
+
+
+def _zip_source(version: str):
     wheels = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
     if not wheels:
         return None
-    with zipfile.ZipFile(wheels[0]) as zf:
-        names = zf.namelist()
+    zf = zipfile.ZipFile(wheels[0])
 
-        def read(name: str) -> str | None:
-            try:
-                return zf.read(name).decode("utf-8")
-            except KeyError:
-                return None
+    def read(name: str) -> str | None:
+        try:
+            return zf.read(name).decode("utf-8")
+        except KeyError:
+            return None
 
-        return extract(read, names, _location(version))
+    return read, zf.namelist()
 
 
-def from_pr20547() -> dict | None:
+def _git_source():
     if not (PR20547_GIT / "HEAD").exists() and not (PR20547_GIT / ".git").exists():
         return None
     git = ["git", "-C", str(PR20547_GIT)]
@@ -118,7 +164,6 @@ def from_pr20547() -> dict | None:
     )
     if listing.returncode != 0:
         return None
-    names = [n[len("python/") :] for n in listing.stdout.splitlines()]
 
     def read(name: str) -> str | None:
         out = subprocess.run(
@@ -126,15 +171,28 @@ def from_pr20547() -> dict | None:
         )
         return out.stdout if out.returncode == 0 else None
 
-    # version is None: the source tree has no sglang/_version.py (setuptools-scm writes it at
-    # build time, from upstream tags this mirror lacks).
-    return extract(read, names, _location("pr20547"))
+    return read, [n[len("python/") :] for n in listing.stdout.splitlines()]
 
 
-SOURCES: dict[str, Callable[[], dict | None]] = {
-    **{v: (lambda v=v: from_wheel(v)) for v in RELEASES},
-    "pr20547": from_pr20547,
+SOURCES: dict[str, Callable[[], tuple[Reader, list[str]] | None]] = {
+    **{v: (lambda v=v: _zip_source(v)) for v in RELEASES},
+    "pr20547": _git_source,
 }
+
+
+def from_source(name: str) -> dict | None:
+    """The fixture value: what facts.sglang makes of the source; this file's own reading where
+    facts.sglang is absent. The PR#20547 tree has no _version.py (setuptools-scm writes it when a
+    git install is built, from upstream tags this mirror lacks), so its version is None."""
+    source = SOURCES[name]()
+    if source is None:
+        return None
+    read, names = source
+    location = _location(name)
+    value = via_fact(read, names, location) or extract(read, names, location)
+    if name == "pr20547":
+        value["version"] = None
+    return value
 
 
 def load(name: str) -> dict:
@@ -143,10 +201,26 @@ def load(name: str) -> dict:
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fixture_matches_source(name):
-    fact = SOURCES[name]()
+    fact = from_source(name)
     if fact is None:
         pytest.skip(f"source for {name} not here (wheel cache / PR#20547 clone)")
     assert load(name) == fact
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_fact_parser_agrees_with_independent_reading(name):
+    """facts.sglang (host collector + parser) and this file's reading agree on every field."""
+    source = SOURCES[name]()
+    if source is None:
+        pytest.skip(f"source for {name} not here (wheel cache / PR#20547 clone)")
+    read, names = source
+    by_fact = via_fact(read, names, "L")
+    if by_fact is None:
+        pytest.skip("facts.sglang not here")
+    mine = extract(read, names, "L")
+    if name == "pr20547":
+        by_fact["version"] = mine["version"] = None
+    assert by_fact == mine
 
 
 @pytest.mark.parametrize("name", RELEASES)
@@ -182,14 +256,15 @@ def _write() -> int:
         "head of sgl-project/sglang PR#20547); version null: the source tree has no _version.py "
         "(setuptools-scm writes it when a git install is built)",
     }
-    for name, source in SOURCES.items():
-        fact = source()
+    for name in SOURCES:
+        fact = from_source(name)
         if fact is None:
             print(f"skip {name}: source not here", file=sys.stderr)
             continue
         doc = {
-            "note": notes[name] + "; made by tests/test_plan_sglang_fixtures.py --write. "
-            "location is where settings.venv puts it on a fleet host.",
+            "note": notes[name] + "; made by tests/test_plan_sglang_fixtures.py --write: the "
+            "value facts.sglang.SGLangInstall computes (its host collector run on the tree's "
+            "files). location is where settings.venv puts it on a fleet host.",
             "fact": fact,
         }
         (FIXTURES / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
