@@ -1,0 +1,202 @@
+"""Facts about the SGLang in a Python environment, read from its files, never by importing it."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
+
+SPEC = "srt/speculative"
+REGISTRY = "srt/layers/attention/attention_registry.py"
+
+# What the host sends back, paths relative to the package directory. The host only lists and
+# reads; every decision is made by ``parse_install`` here.
+DIRS = [SPEC, "srt/models", "srt/layers/quantization"]
+TEXTS = [f"{SPEC}/spec_info.py", REGISTRY]
+LINES = {
+    "_version.py": ["__version__"],
+    "version.py": ["__version__"],
+    "srt/environ.py": ["SGLANG_ENABLE_DFLASH_SPEC_V2", "DDTREE"],
+    "srt/models/kimi_k25.py": ["class KimiK25ForConditionalGeneration"],
+    "srt/models/deepseek_v2.py": ["class DeepseekV3ForCausalLM"],
+    "srt/models/deepseek_v3.py": ["class DeepseekV3ForCausalLM"],
+}
+
+# Runs in the target interpreter with -I (no cwd, no PYTHONPATH, no user site). find_spec of a
+# top-level name locates the package without executing its __init__ (which imports torch).
+# argv[1]: the request as JSON; argv[2] (tests only): a directory to search first.
+COLLECT = r"""
+import importlib.metadata as md, importlib.util as iu, json, os, sys
+req = json.loads(sys.argv[1])
+if len(sys.argv) > 2:
+    sys.path.insert(0, sys.argv[2])
+try:
+    spec = iu.find_spec("sglang")
+except (ImportError, ValueError):
+    spec = None
+locs = list(spec.submodule_search_locations or []) if spec else []
+if not locs:
+    print("null")
+    sys.exit(0)
+loc = locs[0]
+try:
+    version = md.version("sglang")
+except md.PackageNotFoundError:
+    version = None
+def read(rel):
+    try:
+        with open(os.path.join(loc, rel), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+out = {"location": loc, "dist_version": version, "dirs": {}, "texts": {}, "lines": {}}
+for rel in req["dirs"]:
+    path = os.path.join(loc, rel)
+    out["dirs"][rel] = sorted(os.listdir(path)) if os.path.isdir(path) else None
+for rel in req["texts"]:
+    out["texts"][rel] = read(rel)
+for rel, needles in req["lines"].items():
+    text = read(rel)
+    out["lines"][rel] = None if text is None else [
+        line for line in text.splitlines() if any(n in line for n in needles)
+    ]
+print(json.dumps(out))
+"""
+
+_DECORATOR = re.compile(r"""@register_attention_backend\(\s*["']([^"']+)["']""")
+# `__version__ = version = '0.5.11'` (vcs-versioning), or a plain literal assignment.
+_VERSION = re.compile(r"""^__version__\s*=\s*(?:\w+\s*=\s*)?['"]([^'"]+)['"]\s*$""")
+
+
+def collect_request() -> str:
+    """The JSON request the host-side collector is given."""
+    return json.dumps({"dirs": DIRS, "texts": TEXTS, "lines": LINES}, separators=(",", ":"))
+
+
+def enum_members(source: str, class_name: str) -> list[str]:
+    """The member names of ``class class_name(Enum)`` in ``source``, in source order."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            names = []
+            for stmt in node.body:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+                if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                    targets = [stmt.target]
+                names += [t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()]
+            return names
+    return []
+
+
+def attention_backends(registry_source: str) -> list[str]:
+    """The names registered with ``@register_attention_backend("...")``, sorted."""
+    return sorted(set(_DECORATOR.findall(registry_source)))
+
+
+def parse_install(collected: dict | None) -> dict | None:
+    """Build the ``SGLangInstall`` value from what the host-side collector sent back."""
+    if not collected:
+        return None
+    dirs = collected.get("dirs") or {}
+    texts = collected.get("texts") or {}
+    lines = collected.get("lines") or {}
+
+    def has(rel_dir: str, name: str) -> bool:
+        return name in (dirs.get(rel_dir) or [])
+
+    def found(rel: str, needle: str) -> bool:
+        return any(needle in line for line in lines.get(rel) or [])
+
+    version = collected.get("dist_version")
+    if not version:
+        for rel in ("_version.py", "version.py"):
+            match = next(
+                (m for m in map(_VERSION.search, lines.get(rel) or []) if m is not None), None
+            )
+            if match:
+                version = match.group(1)
+                break
+
+    speculative = dirs.get(SPEC) or []
+    algorithms = enum_members(texts.get(f"{SPEC}/spec_info.py") or "", "SpeculativeAlgorithm")
+    v2 = has(SPEC, "dflash_worker_v2.py")
+    v1 = has(SPEC, "dflash_worker.py")
+    return {
+        "version": version,
+        "location": collected.get("location"),
+        "features": {
+            "dflash": "v2" if v2 else "v1" if v1 else None,
+            "dflash_pr20547": v2 and found("srt/environ.py", "SGLANG_ENABLE_DFLASH_SPEC_V2"),
+            "ddtree": "DDTREE" in algorithms
+            or any(name.startswith("ddtree") for name in speculative),
+            "kimi_k25_model": found(
+                "srt/models/kimi_k25.py", "class KimiK25ForConditionalGeneration"
+            ),
+            "deepseek_v3_model": found("srt/models/deepseek_v2.py", "class DeepseekV3ForCausalLM")
+            or found("srt/models/deepseek_v3.py", "class DeepseekV3ForCausalLM"),
+            "compressed_tensors_quant": has("srt/layers/quantization", "compressed_tensors"),
+        },
+        "speculative_algorithms": algorithms,
+        "attention_backends": attention_backends(texts.get(REGISTRY) or ""),
+    }
+
+
+def parse_collected_output(output: list[str]) -> dict | None:
+    """The collector prints one JSON line (``null`` when SGLang is not installed)."""
+    text = "\n".join(output).strip()
+    if not text:
+        return None
+    return parse_install(json.loads(text))
+
+
+class SGLangInstall(FactBase[dict | None]):
+    """
+    Returns the SGLang installed for ``python`` (a venv's ``bin/python``), read from its files
+    without importing it, or ``None`` where the interpreter or SGLang is absent.
+
+    + python: the interpreter whose environment is inspected
+
+    .. code:: python
+
+        {
+            "version": "0.5.11",
+            "location": "/opt/specfleet/sglang/lib/python3.11/site-packages/sglang",
+            "features": {
+                "dflash": "v1",  # None | "v1" (dflash_worker.py) | "v2" (dflash_worker_v2.py)
+                "dflash_pr20547": False,
+                "ddtree": False,
+                "kimi_k25_model": True,
+                "deepseek_v3_model": True,
+                "compressed_tensors_quant": True,
+            },
+            "speculative_algorithms": ["DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE"],
+            "attention_backends": ["aiter", "ascend", ..., "trtllm_mla", "wave"],
+        }
+    """
+
+    @override
+    def command(self, python: str = DEFAULT_PYTHON) -> StringCommand:
+        return StringCommand(
+            "!",
+            "test",
+            "-x",
+            QuoteString(python),
+            "||",
+            QuoteString(python),
+            "-I",
+            "-c",
+            QuoteString(COLLECT),
+            QuoteString(collect_request()),
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict | None:
+        return parse_collected_output(output)
