@@ -1,0 +1,159 @@
+"""Facts about the specfleet SGLang server's systemd unit and its files."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+UNIT_PROPERTIES = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "UnitFileState",
+    "NeedDaemonReload",
+    "NRestarts",
+    "MainPID",
+)
+
+FILE_MARK = "##file "
+MARKER_MARK = "##restart-pending"
+
+
+class ServiceState(FactBase[dict[str, Any]]):
+    """
+    The state of one systemd unit, the files it is built from and its restart-pending marker, read
+    with one command. A file that does not exist is left out of ``files``; ``restart_pending`` is
+    the marker's text (why a restart is pending) or None when there is no marker.
+
+    .. code:: python
+
+        {
+            "load_state": "loaded",
+            "active_state": "active",
+            "sub_state": "running",
+            "result": "success",
+            "unit_file_state": "enabled",
+            "need_daemon_reload": False,
+            "n_restarts": 0,
+            "main_pid": 4242,
+            "files": {
+                "/etc/systemd/system/specfleet-sglang.service": {
+                    "mode": 644, "user": "root", "group": "root",
+                    "sha1": "0b5c5a5c4f8e0d6c7b2f1c8a9e3d2b1a0f9e8d7c",
+                },
+            },
+            "restart_pending": "the unit changed",
+        }
+    """
+
+    @override
+    def requires_command(self, *args, **kwargs) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, service: str, paths: list[str] | None = None, marker: str | None = None):
+        props = " ".join(f"-p {p}" for p in UNIT_PROPERTIES)
+        parts = [f"systemctl show {shlex.quote(service)} {props}"]
+        for path in paths or []:
+            q = shlex.quote(path)
+            parts.append(
+                f"if test -e {q}; then echo {shlex.quote(FILE_MARK + path)}; "
+                f"stat -c '%a %U %G' {q}; sha1sum < {q}; fi"
+            )
+        if marker:
+            q = shlex.quote(marker)
+            parts.append(f"if test -e {q}; then echo '{MARKER_MARK}'; head -c 2048 {q}; echo; fi")
+        return "; ".join(parts)
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_service_state(output)
+
+
+def parse_service_state(output: list[str]) -> dict[str, Any]:
+    props: dict[str, str] = {}
+    files: dict[str, dict[str, Any]] = {}
+    marker: list[str] | None = None
+    current: str | None = None
+    file_lines: list[str] = []
+
+    def close_file() -> None:
+        if current is None:
+            return
+        info: dict[str, Any] = {"mode": None, "user": None, "group": None, "sha1": None}
+        if file_lines:
+            bits = file_lines[0].split()
+            if len(bits) == 3:
+                info["mode"] = int(bits[0]) if bits[0].isdigit() else None
+                info["user"], info["group"] = bits[1], bits[2]
+        if len(file_lines) > 1:
+            info["sha1"] = file_lines[1].split()[0]
+        files[current] = info
+
+    for line in output:
+        if line.startswith(FILE_MARK):
+            close_file()
+            current, file_lines = line[len(FILE_MARK) :], []
+        elif line == MARKER_MARK:
+            close_file()
+            current = None
+            marker = []
+        elif marker is not None:
+            marker.append(line)
+        elif current is not None:
+            file_lines.append(line)
+        elif "=" in line:
+            key, _, value = line.partition("=")
+            props[key] = value
+    close_file()
+
+    def as_int(value: str | None) -> int:
+        return int(value) if value and value.isdigit() else 0
+
+    return {
+        "load_state": props.get("LoadState", "not-found"),
+        "active_state": props.get("ActiveState", "inactive"),
+        "sub_state": props.get("SubState", "dead"),
+        "result": props.get("Result", ""),
+        "unit_file_state": props.get("UnitFileState", ""),
+        "need_daemon_reload": props.get("NeedDaemonReload") == "yes",
+        "n_restarts": as_int(props.get("NRestarts")),
+        "main_pid": as_int(props.get("MainPID")),
+        "files": files,
+        "restart_pending": (" ".join(" ".join(marker).split()) or "a restart is pending")
+        if marker is not None
+        else None,
+    }
+
+
+class FirstJson(FactBase[Any]):
+    """
+    The parsed content of the first of ``paths`` that exists (a model's ``config.json``), or None.
+
+    .. code:: python
+
+        {"architectures": ["DFlashDraftModel"], "block_size": 8, ...}
+    """
+
+    @override
+    def command(self, paths: list[str]) -> str:
+        tests = "; ".join(
+            f"if test -f {shlex.quote(p)}; then cat {shlex.quote(p)}; exit 0; fi" for p in paths
+        )
+        return f"sh -c {shlex.quote(tests + '; exit 0')}"
+
+    @override
+    def process(self, output: list[str]) -> Any:
+        import json
+
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None

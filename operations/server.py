@@ -1,0 +1,680 @@
+"""Run the SGLang server under systemd: a unit from the plan, restart only on change, readiness."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.util import get_template
+from pyinfra.operations import files
+
+from deploys.errors import SpecfleetError
+from deploys.settings import Settings, settings_for_host
+from facts.server import ServiceState
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+UNIT_TEMPLATE = TEMPLATES / "sglang.service.j2"
+ENV_TEMPLATE = TEMPLATES / "sglang.env.j2"
+GATE_SCRIPT = TEMPLATES / "readiness_gate.py"
+
+# The unit's supervision. A crash loop stops after START_LIMIT_BURST starts in the interval; with
+# RESTART_SEC between them, a server that dies at import fails the unit in about 15 s.
+START_LIMIT_INTERVAL_S = 300
+START_LIMIT_BURST = 3
+RESTART_SEC = 5
+# SGLang drains in-flight requests on SIGTERM; a 1T model's workers need time to exit.
+TIMEOUT_STOP_S = 180
+LIMIT_NOFILE = 1048576
+
+# Where each cache goes under <models_root>/.cache, and the variable that moves it there. Each
+# default is under $HOME (read in the 0.5.11 wheel: srt/environ.py SGLANG_DG_CACHE_DIR and
+# SGLANG_CACHE_DIR, srt/compilation/compiler_interface.py TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR,
+# custom_all_reduce_utils.py ~/.cache/sglang), so a service without them recompiles DeepGEMM
+# kernels (10-20 min) after every reinstall of root's home, or never keeps them at all.
+CACHE_ENV = (
+    ("SGLANG_DG_CACHE_DIR", "deep_gemm"),
+    ("SGLANG_CACHE_DIR", "sglang"),
+    ("TRITON_CACHE_DIR", "triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+    ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+    ("CUDA_CACHE_PATH", "nv/ComputeCache"),
+    ("XDG_CACHE_HOME", "xdg"),
+)
+
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_JINJA = {"trim_blocks": True, "lstrip_blocks": True}
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure helpers: paths, quoting, rendering
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerPaths:
+    """Where a specfleet server's files live on the host."""
+
+    unit_name: str
+    unit: str
+    env: str
+    secret: str
+    marker: str
+    gate: str
+    cache_root: str
+
+
+def server_paths(settings: Settings) -> ServerPaths:
+    name = settings.service_name
+    return ServerPaths(
+        unit_name=f"{name}.service",
+        unit=f"/etc/systemd/system/{name}.service",
+        env=f"/etc/specfleet/{name}.env",
+        # SGLang reads `--config FILE.yaml` (0.5.11, 0.5.14, 0.5.23): the API key goes there, so it
+        # is in no argv, no unit and no diff. The directory is 0700.
+        secret=f"/etc/specfleet/secrets/{name}.yaml",
+        marker=posixpath.join(settings.state_dir, f"{name}.restart-pending"),
+        gate=posixpath.join(settings.state_dir, "bin", "specfleet-readiness-gate"),
+        cache_root=posixpath.join(settings.models_root, ".cache"),
+    )
+
+
+def systemd_escape(text: str) -> str:
+    """Text for a unit setting that expands specifiers (``%``) but is not split into words."""
+    if "\n" in text or "\0" in text:
+        raise ValueError(f"a unit setting cannot hold a newline or NUL: {text!r}")
+    return text.replace("%", "%%")
+
+
+def systemd_quote(word: str, expand_env: bool = True) -> str:
+    """One word of an ``ExecStart=`` (or ``Environment=``) line, quoted so systemd reads it back.
+
+    systemd expands ``%`` specifiers on the whole line, splits words with C-style unquoting and, for
+    ``ExecStart=``, expands ``$VAR`` in each word. So ``%`` becomes ``%%``, ``$`` becomes ``$$``
+    (``expand_env``), and any word that is not plainly safe is double-quoted with C escapes.
+    """
+    if "\0" in word:
+        raise ValueError(f"an argument cannot hold a NUL byte: {word!r}")
+    if word == ";":
+        # A lone ; separates commands; \; is the literal.
+        return "\\;"
+    if _SAFE_WORD.fullmatch(word):
+        return word
+    out = ['"']
+    for ch in word:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "%":
+            out.append("%%")
+        elif ch == "$" and expand_env:
+            out.append("$$")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def exec_start(argv: list[str]) -> str:
+    """The value of ``ExecStart=``: the words quoted, one flag (and its value) per line."""
+    if not argv:
+        raise ValueError("the plan's argv is empty")
+    if not argv[0].startswith("/"):
+        raise ValueError(f"the plan's argv[0] is not an absolute path: {argv[0]!r}")
+    lines: list[list[str]] = [[systemd_quote(argv[0])]]
+    for word in argv[1:]:
+        if word.startswith("--"):
+            lines.append([])
+        lines[-1].append(systemd_quote(word))
+    return " \\\n    ".join(" ".join(line) for line in lines)
+
+
+def env_line(key: str, value: str) -> str:
+    """One ``KEY="value"`` line of an EnvironmentFile, as systemd's env-file parser reads it."""
+    if not _ENV_KEY.fullmatch(key):
+        raise ValueError(f"not an environment variable name: {key!r}")
+    if "\n" in value or "\0" in value or "\r" in value:
+        raise ValueError(f"environment variable {key} holds a newline or NUL")
+    escaped = re.sub(r'(["\\`$])', r"\\\1", value)
+    return f'{key}="{escaped}"'
+
+
+def cache_env(settings: Settings) -> dict[str, str]:
+    root = server_paths(settings).cache_root
+    return {key: posixpath.join(root, sub) for key, sub in CACHE_ENV}
+
+
+def server_env(plan_env: dict[str, str], settings: Settings) -> dict[str, str]:
+    """The server's environment: the cache directories, then the plan's env (which wins)."""
+    env = cache_env(settings)
+    env.update(plan_env)
+    return env
+
+
+def secret_yaml(api_key: str) -> str:
+    """The ``--config`` YAML holding the API key (a JSON string is a YAML double-quoted scalar)."""
+    import json
+
+    if not api_key or any(ord(c) < 32 or ord(c) > 126 for c in api_key):
+        raise ValueError("the API key must be printable ASCII")
+    return "# Managed by specfleet. The SGLang API key, read through --config.\n" + (
+        f"api-key: {json.dumps(api_key)}\n"
+    )
+
+
+def argv_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in argv (``--flag V`` or ``--flag=V``), the last one winning."""
+    value = None
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith(flag + "="):
+            value = word[len(flag) + 1 :]
+    return value
+
+
+def with_secret_config(argv: list[str], secret_path: str | None) -> list[str]:
+    """The argv the unit runs: the plan's, plus ``--config SECRET.yaml`` given an API key."""
+    if secret_path is None:
+        return list(argv)
+    if "--config" in argv:
+        raise ValueError("the plan already passes --config; the API key cannot be added to it")
+    return [*argv, "--config", secret_path]
+
+
+def build_info(settings: Settings, install: dict[str, Any] | None, weights: dict | None = None):
+    """What the running server is built from: SGLang version, patch state, weights revisions.
+
+    It is rendered into the unit, so a new version or revision changes the unit and restarts the
+    server. ``weights`` may give the revisions resolved on the host ({"target": sha, ...}).
+    """
+    weights = weights or {}
+    version = (install or {}).get("version") or f"{settings.sglang.version} (not installed yet)"
+    features = (install or {}).get("features") or {}
+    patch = (install or {}).get("patch")
+    if not patch:
+        if features.get("dflash_pr20547"):
+            patch = "pr20547"
+            if settings.patch.sha256:
+                patch += f" sha256:{settings.patch.sha256[:16]}"
+        else:
+            patch = "none"
+    if settings.sglang.kind == "git":
+        version += f" git:{settings.sglang.git_ref}"
+
+    def rev(name: str) -> str:
+        src = getattr(settings, name)
+        return weights.get(name) or src.revision or "unpinned"
+
+    return {
+        "sglang": _one_line(version),
+        "patch": _one_line(str(patch)),
+        "target": _one_line(f"{settings.target.repo_id}@{rev('target')}"),
+        "drafter": _one_line(f"{settings.drafter.repo_id}@{rev('drafter')}"),
+    }
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def unit_context(
+    argv: list[str],
+    env: dict[str, str],
+    settings: Settings,
+    build: dict[str, str],
+    predicted: str | None = None,
+) -> dict[str, Any]:
+    """Everything the unit and env templates read, already quoted for systemd."""
+    paths = server_paths(settings)
+    secret = paths.secret if settings.api_key else None
+    full_env = server_env(env, settings)
+    build_env = "SPECFLEET_BUILD=" + " ".join(f"{k}={v}" for k, v in build.items())
+    return {
+        "service_name": settings.service_name,
+        "predicted": predicted,
+        "build": build,
+        "build_env": systemd_quote(build_env, expand_env=False),
+        "description": systemd_escape(
+            f"{settings.target.repo_id} + {settings.drafter.repo_id}"
+        ),
+        "start_limit_interval_s": START_LIMIT_INTERVAL_S,
+        "start_limit_burst": START_LIMIT_BURST,
+        "restart_sec": RESTART_SEC,
+        "timeout_stop_s": TIMEOUT_STOP_S,
+        "limit_nofile": LIMIT_NOFILE,
+        "env_path": systemd_escape(paths.env),
+        "working_directory": systemd_escape(settings.models_root),
+        "exec_start": exec_start(with_secret_config(argv, secret)),
+        "cache_root": paths.cache_root,
+        "env_lines": [env_line(k, v) for k, v in full_env.items()],
+    }
+
+
+def render(template: Path, context: dict[str, Any]) -> str:
+    """Render a template exactly as ``files.template`` does."""
+    return get_template(str(template), dict(_JINJA)).render(context)
+
+
+def sha1_text(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()  # noqa: S324 (compared with sha1sum)
+
+
+def short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------------------------------
+# Execute-time inputs: the plan from the facts as they are now
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CurrentPlan:
+    argv: list[str]
+    env: dict[str, str]
+    build: dict[str, str]
+    # Why the plan is predicted (SGLang or the drafter not on the host yet), or None.
+    predicted: str | None
+    rendered: str
+
+
+def current_plan(settings: Settings) -> CurrentPlan:
+    """The plan for this host from its facts as they are now (call it inside an operation).
+
+    Before the software and weights steps have run (a fresh host under ``--dry``), the plan is
+    predicted from the settings and ``deploys.versions``, and says so.
+    """
+    from deploys.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
+    from facts.gpu import Gpus, GpuTopology
+    from facts.server import FirstJson
+    from facts.sglang import SGLangInstall
+
+    python = posixpath.join(settings.venv, "bin", "python")
+    install = host.get_fact(SGLangInstall, python=python)
+    facts = {GPUS: host.get_fact(Gpus), TOPOLOGY: host.get_fact(GpuTopology), SGLANG: install}
+    drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
+    drafter_config = host.get_fact(
+        FirstJson,
+        paths=[
+            posixpath.join(drafter_dir, "config.json"),
+            posixpath.join(drafter_dir, "current", "config.json"),
+        ],
+    )
+    missing = []
+    if install is None:
+        missing.append(f"SGLang is not installed in {settings.venv} yet")
+    if drafter_config is None:
+        missing.append(f"the drafter's config.json is not in {drafter_dir} yet")
+    predicted = "; ".join(missing) or None
+    try:
+        plan = make_plan(
+            facts, settings, drafter_config, predicted=install is None, host=host.name
+        )
+    except PlanError as exc:
+        raise exc.for_host(host.name) from None
+    weights = {}
+    for name in ("target", "drafter"):
+        src = getattr(settings, name)
+        if src.revision is None or src.follow_branch:
+            from facts.weights import WeightsState
+
+            current = host.get_fact(
+                WeightsState, path=posixpath.join(settings.models_root, src.dir_name)
+            ).get("current")
+            if current:
+                weights[name] = current
+    return CurrentPlan(
+        argv=list(plan.argv),
+        env=dict(plan.env),
+        build=build_info(settings, install, weights),
+        predicted=predicted,
+        rendered=plan.render(),
+    )
+
+
+def _settings(settings: Settings | None) -> Settings:
+    return settings if settings is not None else settings_for_host(host)
+
+
+def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:
+    st = host.get_fact(ServiceState, service=paths.unit_name, paths=files_, marker=paths.marker)
+    if st is None:
+        raise SpecfleetError(
+            "systemctl is not on this host: the SGLang server runs as a systemd unit",
+            host=host.name,
+            fix="run specfleet on a host booted with systemd",
+        )
+    return st
+
+
+def _marker_command(paths: ServerPaths, reason: str) -> StringCommand:
+    script = 'mkdir -p "$(dirname "$1")" && printf "%s\\n" "$2" > "$1"'
+    return StringCommand(
+        "sh", "-c", QuoteString(script), "specfleet", QuoteString(paths.marker), QuoteString(reason)
+    )
+
+
+def _systemctl(*args: str) -> StringCommand:
+    return StringCommand("systemctl", *[QuoteString(a) for a in args])
+
+
+def _file_matches(st: dict[str, Any], path: str, text: str, mode: int) -> bool:
+    info = st["files"].get(path)
+    return (
+        info is not None
+        and info["sha1"] == sha1_text(text)
+        and info["mode"] == mode
+        and (info["user"], info["group"]) == ("root", "root")
+    )
+
+
+def _secret_commands(paths: ServerPaths, text: str) -> list[StringCommand]:
+    """Write the API key file through stdin: it never sits in a temp file, an argv or a diff."""
+    script = (
+        'umask 077 && mkdir -p "$(dirname "$1")" && chmod 700 "$(dirname "$1")" '
+        '&& cat > "$1.tmp" && chown root:root "$1.tmp" && mv -f "$1.tmp" "$1"'
+    )
+    return [
+        StringCommand(
+            "sh", "-c", QuoteString(script), "specfleet", QuoteString(paths.secret), _stdin=text
+        )
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Operations
+# --------------------------------------------------------------------------------------------------
+
+
+@operation()
+def unit(settings: Settings | None = None, present: bool = True):
+    """
+    Render the SGLang server's systemd unit and environment file from the plan, computed now.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + present: whether the unit should exist; ``False`` stops, disables and removes it
+
+    The plan is made here, at execution time, from the host's facts as they are then (after the
+    software and weights steps of the same run). Under ``--dry`` on a fresh host it is predicted
+    from the settings and the version table, and the unit says so.
+
+    ``ExecStart`` is the plan's argv, quoted for systemd. The environment file (mode 0600) holds the
+    plan's env and the JIT/DeepGEMM cache directories under ``<models_root>/.cache``. The unit
+    carries the SGLang version, its patch state and the weights revisions, so a change of any of
+    them changes the unit. An API key (``settings.api_key``) goes to a 0600 YAML file that SGLang
+    reads with ``--config``; it never appears in an argv, the unit or a diff.
+
+    When any of these files changes, a restart-pending marker is written on the host *before* the
+    files, so a run that fails between here and the restart still restarts on the next run.
+
+    **Example:**
+
+    .. code:: python
+
+        unit = server.unit(name="Render the SGLang unit")
+        server.restart_pending(name="Restart for new software or weights",
+                               _if=any_changed(software, weights))
+        server.service(name="Run the SGLang server", running=True, enabled=True)
+    """
+    s = _settings(settings)
+    paths = server_paths(s)
+    st = _state(paths, [paths.unit, paths.env, paths.secret])
+
+    if not present:
+        yield from _absent(paths, st)
+        return
+
+    current = current_plan(s)
+    if current.predicted:
+        if state.is_executing:
+            raise SpecfleetError(
+                f"cannot write the unit from a predicted plan: {current.predicted}",
+                host=host.name,
+                fix="run the SGLang install and the weights steps before server.unit "
+                "(deploys/kimi_k26.py does it in that order)",
+            )
+        host.log(f"{current.rendered}\n  (predicted: {current.predicted})", logger.info)
+
+    try:
+        ctx = unit_context(current.argv, current.env, s, current.build, current.predicted)
+        secret = secret_yaml(s.api_key) if s.api_key else None
+    except ValueError as exc:
+        raise SpecfleetError(
+            f"the plan cannot be written as a systemd unit: {exc}",
+            host=host.name,
+            fix="change the offending value in the settings (plan.extra_args / extra_env)",
+        ) from None
+
+    changes: list[Any] = []
+    changed: list[str] = []
+    for template, dest, mode, what in (
+        (UNIT_TEMPLATE, paths.unit, 644, "the unit"),
+        (ENV_TEMPLATE, paths.env, 600, "the environment file"),
+    ):
+        if not _file_matches(st, dest, render(template, ctx), mode):
+            changed.append(what)
+            changes += list(
+                files.template._inner(
+                    src=str(template),
+                    dest=dest,
+                    user="root",
+                    group="root",
+                    mode=mode,
+                    jinja_env_kwargs=dict(_JINJA),
+                    **ctx,
+                )
+            )
+    if secret is not None and not _file_matches(st, paths.secret, secret, 600):
+        changed.append("the API key")
+        host.log(f"API key file {paths.secret} will change (sha256 {short_hash(secret)}...)")
+        changes += _secret_commands(paths, secret)
+    elif secret is None and paths.secret in st["files"]:
+        changed.append("the API key (removed)")
+        changes.append(StringCommand("rm", "-f", QuoteString(paths.secret)))
+
+    if not changes:
+        host.noop(f"unit {paths.unit_name} is up to date")
+        return
+    yield _marker_command(paths, f"{', '.join(changed)} changed")
+    yield StringCommand("mkdir", "-p", QuoteString(paths.cache_root))
+    yield from changes
+
+
+def _absent(paths: ServerPaths, st: dict[str, Any]):
+    present = [p for p in (paths.unit, paths.env, paths.secret) if p in st["files"]]
+    loaded = st["load_state"] not in ("not-found", "")
+    if not present and not loaded and st["restart_pending"] is None:
+        host.noop(f"unit {paths.unit_name} is absent")
+        return
+    if st["active_state"] in ("active", "activating", "reloading", "deactivating"):
+        yield _systemctl("stop", paths.unit_name)
+    if st["unit_file_state"] in ("enabled", "enabled-runtime", "linked"):
+        yield _systemctl("disable", paths.unit_name)
+    if st["active_state"] == "failed":
+        yield _systemctl("reset-failed", paths.unit_name)
+    yield StringCommand(
+        "rm", "-f", *[QuoteString(p) for p in (paths.unit, paths.env, paths.secret, paths.marker)]
+    )
+    yield _systemctl("daemon-reload")
+
+
+@operation()
+def restart_pending(settings: Settings | None = None, reason: str = "the software or weights"):
+    """
+    Mark the SGLang server for a restart by the next ``server.service``, even across failed runs.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + reason: what changed, kept in the marker and shown when the restart happens
+
+    Gate it on the steps whose change needs a restart, with ``_if=any_changed(...)``: it always
+    writes the marker when it runs.
+
+    **Example:**
+
+    .. code:: python
+
+        server.restart_pending(
+            name="Restart for new software or weights",
+            reason="the software or weights",
+            _if=any_changed(software, weights),
+        )
+    """
+    paths = server_paths(_settings(settings))
+    yield _marker_command(paths, f"{reason} changed")
+
+
+@operation()
+def service(
+    settings: Settings | None = None,
+    running: bool = True,
+    enabled: bool | None = True,
+    ready: bool = True,
+):
+    """
+    Run the SGLang server unit: reload, enable, (re)start only when something changed, then gate.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + running: whether the server should be running
+    + enabled: whether the unit should start at boot (``None`` leaves it as it is)
+    + ready: after a (re)start, wait for readiness (``server.ready``) before clearing the marker
+
+    It restarts only when the restart-pending marker is there (written by ``server.unit`` when the
+    unit, env or key changed, or by ``server.restart_pending``), and starts a stopped server. The
+    marker is removed only after the server passed the readiness gate, so a run that fails before
+    then restarts on the next run instead of reporting "no change" over a stale server.
+    """
+    s = _settings(settings)
+    paths = server_paths(s)
+    st = _state(paths, [paths.unit])
+    pending = st["restart_pending"]
+    if paths.unit not in st["files"]:
+        if state.is_executing and running:
+            raise SpecfleetError(
+                f"there is no unit file {paths.unit}",
+                host=host.name,
+                fix="run server.unit before server.service",
+            )
+        # --dry on a fresh host: server.unit will have written it by the time this executes.
+        pending = pending or "the unit is new"
+
+    commands: list[Any] = []
+    if pending or st["need_daemon_reload"] or st["load_state"] != "loaded":
+        commands.append(_systemctl("daemon-reload"))
+    if enabled is True and st["unit_file_state"] != "enabled":
+        commands.append(_systemctl("enable", paths.unit_name))
+    elif enabled is False and st["unit_file_state"] == "enabled":
+        commands.append(_systemctl("disable", paths.unit_name))
+
+    active = st["active_state"] in ("active", "activating", "reloading")
+    if running:
+        start = None
+        if pending:
+            start = "restart"
+            host.log(f"restarting {paths.unit_name}: {pending}", logger.info)
+        elif not active:
+            start = "start"
+        if start:
+            if st["active_state"] == "failed" or st["result"] == "start-limit-hit":
+                commands.append(_systemctl("reset-failed", paths.unit_name))
+            commands.append(_systemctl(start, paths.unit_name))
+            if ready:
+                commands += list(_ready(settings=s))
+            commands.append(StringCommand("rm", "-f", QuoteString(paths.marker)))
+    elif active or st["active_state"] == "deactivating":
+        commands.append(_systemctl("stop", paths.unit_name))
+
+    if not commands:
+        host.noop(
+            f"service {paths.unit_name} is {'running' if running else 'stopped'}"
+            + (f" and {'enabled' if enabled else 'disabled'}" if enabled is not None else "")
+        )
+        return
+    yield from commands
+
+
+@operation()
+def ready(
+    settings: Settings | None = None,
+    timeout_s: float | None = None,
+    model_path: str | None = None,
+):
+    """
+    Wait until the SGLang server serves: poll from the host, fail fast, quote the journal.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + timeout_s: the budget in seconds; default ``settings.readiness_timeout_s`` (3600)
+    + model_path: the ``model_path`` ``/get_model_info`` must report; default: the running
+      server's own ``--model-path``
+
+    A small script uploaded to the host polls ``/health_generate`` then ``/get_model_info`` on the
+    address the unit's process was started with, printing progress as it goes. It fails at once
+    when systemd reports the unit failed (``start-limit-hit`` included) or stopped, or when the
+    port is served by a process outside the unit, and the error quotes the unit's last journal
+    lines (with any API key redacted).
+    """
+    yield from _ready(settings=settings, timeout_s=timeout_s, model_path=model_path)
+
+
+def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):
+    s = _settings(settings)
+    paths = server_paths(s)
+    budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
+    yield from files.put._inner(
+        src=str(GATE_SCRIPT), dest=paths.gate, user="root", group="root", mode=755
+    )
+    argv = [
+        "python3", paths.gate, "--unit", paths.unit_name, "--host", s.listen_host,
+        "--port", str(s.port), "--timeout", str(int(budget)),
+    ]
+    if s.api_key:
+        argv += ["--secret-file", paths.secret]
+    if model_path:
+        argv += ["--model-path", model_path]
+    command = StringCommand(*[QuoteString(a) for a in argv])
+    yield FunctionCommand(_run_gate, (command, paths.unit_name, budget), {})
+
+
+def _run_gate(state, host, command: StringCommand, unit_name: str, budget: float) -> bool:
+    """Run the gate on the host, its progress printed live; on failure log the journal excerpt."""
+    # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's command too.
+    connector_args: dict[str, Any] = {}
+    if host.executing_op_hash:
+        global_args = state.get_op_data_for_host(host, host.executing_op_hash).global_arguments
+        connector_args = {k: v for k, v in global_args.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    connector_args["_timeout"] = int(budget) + 120
+    ok, output = host.run_shell_command(
+        command, print_output=True, print_input=False, **connector_args
+    )
+    if ok:
+        return True
+    lines = output.output_lines if output else []
+    problem = next(
+        (ln.split("FAILED", 1)[1].lstrip(" :") for ln in lines if "gate: FAILED" in ln),
+        "the readiness gate failed: " + (lines[-1] if lines else "no output"),
+    )
+    journal = [ln[2:] for ln in lines if ln.startswith("| ")]
+    excerpt = "\n".join(f"    | {ln}" for ln in journal)
+    error = SpecfleetError(
+        f"{unit_name} is not ready: {problem}"
+        + (f"\n  last journal lines:\n{excerpt}" if journal else ""),
+        host=host.name,
+        fix=f"read `journalctl -u {unit_name}` on the host; fix the cause (settings, software, "
+        f"weights) and run again: the restart is still pending",
+    )
+    host.log_styled(error.render(), fg="red", log_func=logger.error)
+    return False

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""specfleet readiness gate, run ON the host (the server binds 127.0.0.1). Python 3 stdlib only.
+
+Waits until the unit's server answers GET /health_generate with 200 and GET /get_model_info
+reports the model path the unit was started with, printing a progress line now and then.
+Fails fast when systemd reports the unit failed (start-limit-hit included) or stopped, and then
+prints the last lines of the unit's journal.
+
+Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage.
+Every line starts with "gate:"; journal lines start with "| ".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+SECRET_PATTERNS = (
+    re.compile(r"((?:admin_)?api_key=)'[^']*'"),
+    re.compile(r'((?:admin_)?api_key=)"[^"]*"'),
+    re.compile(r"""(["']?(?:admin[_-])?api[_-]key["']?\s*[:=]\s*)["'][^"']*["']"""),
+    re.compile(r"(--(?:admin-)?api-key[ =])\S+"),
+)
+
+
+def say(text: str) -> None:
+    print(f"gate: {text}", flush=True)
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    cmd = ["systemctl", "show", unit] + [f"-p{p}" for p in PROPS]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def cmdline(pid: str) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [w.decode(errors="replace") for w in raw.split(b"\0")[:-1]]
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    value = None
+    for i, word in enumerate(argv):
+        if word == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith(name + "="):
+            value = word[len(name) + 1 :]
+    return value
+
+
+def read_api_key(path: str | None) -> str | None:
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("api-key", "api_key") and value.strip():
+                value = value.strip()
+                return json.loads(value) if value.startswith('"') else value
+    return None
+
+
+def http_get(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
+    req = urllib.request.Request(url)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback)
+            return resp.status, resp.read(65536).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(4096).decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, str(reason)
+
+
+def listener_pids(port: int) -> set[int]:
+    """The pids holding a listening TCP socket on ``port`` (read from /proc, no ss needed)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    bits = line.split()
+                    if len(bits) < 10 or bits[3] != "0A":  # 0A: LISTEN
+                        continue
+                    if int(bits[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(bits[9])
+        except OSError:
+            continue
+    pids = set()
+    if not inodes:
+        return pids
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    pids.add(int(pid))
+                    break
+        except OSError:
+            continue
+    return pids
+
+
+def in_unit(pid: int, unit: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return any(line.rstrip().endswith("/" + unit) or f"/{unit}/" in line for line in f)
+    except OSError:
+        return False
+
+
+def redact(line: str, key: str | None) -> str:
+    if key:
+        line = line.replace(key, "<redacted>")
+    for pattern in SECRET_PATTERNS:
+        line = pattern.sub(r"\1<redacted>", line)
+    return line
+
+
+def journal_tail(unit: str, since: float, lines: int, key: str | None) -> list[str]:
+    time.sleep(0.5)  # let journald take the dying process's last lines
+    cmd = [
+        "journalctl", "-u", unit, "--no-pager", "-o", "cat", "-n", str(lines),
+        f"--since=@{int(since)}",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    out = [redact(line, key) for line in res.stdout.splitlines() if line.strip()]
+    return out or [f"(journalctl printed nothing: {res.stderr.strip() or 'no lines'})"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--unit", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model-path", help="expected model_path; default: the running --model-path")
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--poll", type=float, default=2.0)
+    p.add_argument("--report-every", type=float, default=15.0)
+    p.add_argument("--secret-file")
+    p.add_argument("--journal-lines", type=int, default=40)
+    args = p.parse_args()
+
+    since = time.time() - 10
+    start = time.monotonic()
+    key = read_api_key(args.secret_file)
+    say(f"waiting for {args.unit} to serve; budget {args.timeout:.0f} s")
+    last_report = -1e9
+    last_status = None
+
+    def fail(problem: str, status: int = 1) -> int:
+        say(f"FAILED after {time.monotonic() - start:.0f} s: {problem}")
+        say(f"last journal lines of {args.unit}:")
+        for line in journal_tail(args.unit, since, args.journal_lines, key):
+            print(f"| {line}", flush=True)
+        return status
+
+    while True:
+        elapsed = time.monotonic() - start
+        st = unit_state(args.unit)
+        active, sub, result = st.get("ActiveState"), st.get("SubState"), st.get("Result")
+        restarts = st.get("NRestarts", "0")
+        if st.get("LoadState") != "loaded":
+            return fail(f"{args.unit} is not loaded ({st.get('LoadState')})")
+        if active == "failed" or result == "start-limit-hit":
+            return fail(
+                f"systemd reports {args.unit} {active} (result {result}, "
+                f"exit status {st.get('ExecMainStatus')}, {restarts} restarts)"
+            )
+        if active in ("inactive", "deactivating"):
+            return fail(f"{args.unit} is {active} ({sub}); nothing is starting it")
+
+        argv = cmdline(st.get("MainPID", "0")) if st.get("MainPID", "0") != "0" else []
+        host = flag(argv, "--host") or args.host
+        if host in ("0.0.0.0", "", "*"):
+            host = "127.0.0.1"
+        elif host in ("::", "[::]"):
+            host = "::1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        port = int(flag(argv, "--port") or args.port)
+        base = f"http://{host}:{port}"
+
+        status = "process restarting" if sub == "auto-restart" or not argv else None
+        if status is None:
+            code, body = http_get(base + "/health_generate", key, timeout=60)
+            if code == 200:
+                code, body = http_get(base + "/get_model_info", key, timeout=30)
+                if code == 404:
+                    code, body = http_get(base + "/model_info", key, timeout=30)
+                try:
+                    info = json.loads(body) if code == 200 else None
+                except ValueError:
+                    info = None
+                if info is None:
+                    status = f"/get_model_info gave {code}: {body[:120]}"
+                else:
+                    want = args.model_path or flag(argv, "--model-path")
+                    got = info.get("model_path")
+                    owners = listener_pids(port)
+                    if owners and not any(in_unit(pid, args.unit) for pid in owners):
+                        return fail(
+                            f"port {port} is served by pid {sorted(owners)}, a process outside "
+                            f"{args.unit}; another server holds the port"
+                        )
+                    if want is not None and got != want:
+                        return fail(f"the server serves model_path {got!r}, expected {want!r}")
+                    say(
+                        f"READY after {elapsed:.0f} s: {base} serves {got} "
+                        f"({restarts} restarts)"
+                    )
+                    return 0
+            else:
+                status = f"/health_generate {code if code is not None else body}"
+        if elapsed > args.timeout:
+            return fail(
+                f"not ready within the budget of {args.timeout:.0f} s (last: {status}); "
+                f"raise settings.readiness_timeout_s if the model needs longer",
+                status=2,
+            )
+        if status != last_status or elapsed - last_report >= args.report_every:
+            say(f"{elapsed:4.0f} s: {args.unit} {active}/{sub}, {status}, {restarts} restarts")
+            last_report, last_status = elapsed, status
+        time.sleep(args.poll)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

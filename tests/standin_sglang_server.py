@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""STAND-IN for `python -m sglang.launch_server`, for tests only (no GPU here, so the real one
+cannot come up). Python 3 stdlib only: it is uploaded to fleet hosts, which have no packages.
+
+It speaks the part of SGLang's HTTP API that specfleet's readiness gate and users probe:
+GET /health, /health_generate (503 while "loading", then 200), /get_model_info, /model_info,
+/v1/models, /get_server_info. It honours --host, --port, --model-path, --api-key and SGLang's
+--config FILE.yaml (the way specfleet passes the API key), and ignores every other flag.
+
+Its own options come first and are named --standin-*:
+  --standin-record PATH   write {"argv": [exact argv from /proc/self/cmdline], "env": {...},
+                          "cwd": ..., "pid": ...} to PATH (JSON) at start
+  --standin-load-s N      answer 503 on /health_generate for N seconds ("loading the model")
+  --standin-exit N        exit with status N right after recording (a server that crashes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def exact_argv() -> list[str]:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return [w.decode() for w in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return [sys.executable, *sys.argv]
+
+
+def read_config(path: str) -> dict[str, str]:
+    """The flat `key: value` subset of YAML that SGLang's --config takes (values may be JSON)."""
+    if not path.endswith((".yaml", ".yml")):
+        raise SystemExit(f"Config file must be YAML format, got: {path}")
+    out = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#") or ":" not in line:
+                continue
+            key, _, value = line.partition(":")
+            value = value.strip()
+            out[key.strip()] = json.loads(value) if value.startswith('"') else value
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="standin_sglang_server")
+    p.add_argument("--standin-record")
+    p.add_argument("--standin-load-s", type=float, default=0.0)
+    p.add_argument("--standin-exit", type=int)
+    p.add_argument("--model-path", "--model", dest="model_path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--api-key")
+    p.add_argument("--config")
+    p.add_argument("--served-model-name")
+    args, _rest = p.parse_known_args()
+
+    api_key = args.api_key
+    if args.config:
+        conf = read_config(args.config)
+        api_key = conf.get("api-key", conf.get("api_key", api_key))
+
+    if args.standin_record:
+        record = {
+            "argv": exact_argv(),
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "pid": os.getpid(),
+            "api_key_sha_prefix": None,
+        }
+        if api_key:
+            import hashlib
+
+            record["api_key_sha_prefix"] = hashlib.sha256(api_key.encode()).hexdigest()[:12]
+        tmp = args.standin_record + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, args.standin_record)
+
+    if args.standin_exit is not None:
+        print(f"standin: exiting with status {args.standin_exit} as asked", flush=True)
+        return args.standin_exit
+
+    started = time.monotonic()
+    served = args.served_model_name or args.model_path
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: object | None = None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = self.path.split("?", 1)[0]
+            loading = time.monotonic() - started < args.standin_load_s
+            # As SGLang's auth middleware: /health* is always open, the rest needs the key.
+            if path.startswith("/health"):
+                return self._send(503 if loading else 200)
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(401, {"error": "Unauthorized"})
+            if path in ("/get_model_info", "/model_info"):
+                return self._send(
+                    200,
+                    {
+                        "model_path": args.model_path,
+                        "tokenizer_path": args.model_path,
+                        "is_generation": True,
+                        "weight_version": "default",
+                    },
+                )
+            if path == "/v1/models":
+                return self._send(
+                    200,
+                    {"object": "list", "data": [{"id": served, "object": "model",
+                                                 "owned_by": "sglang", "root": served}]},
+                )
+            if path in ("/get_server_info", "/server_info"):
+                return self._send(200, {"version": "standin", "model_path": args.model_path})
+            return self._send(404, {"detail": "Not Found"})
+
+        def log_message(self, fmt: str, *a: object) -> None:
+            print(f"standin: {self.address_string()} {fmt % a}", flush=True)
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"standin: serving {args.model_path} on {args.host}:{args.port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
