@@ -252,21 +252,20 @@ def snapshot(
         )
     """
     if verify not in ("fast", "deep"):
-        raise SpecfleetError(f"weights verify={verify!r} for {repo_id}", host=host.name,
-                             fix='use verify="fast" or verify="deep"')
-    if revision is None:
-        if not follow_branch:
-            raise SpecfleetError(
-                f"no revision is pinned for {repo_id}", host=host.name,
-                fix="pin the revision to a 40-hex commit, or set follow_branch=True to follow "
-                "main on purpose",
-            )
-        revision = "main"
+        yield from _fail(f"weights verify={verify!r} for {repo_id}",
+                         'use verify="fast" or verify="deep"')
+        return
+    if revision is None and not follow_branch:
+        yield from _fail(f"no revision is pinned for {repo_id}",
+                         "pin the revision to a 40-hex commit, or set follow_branch=True to "
+                         "follow main on purpose")
+        return
+    revision = revision or "main"
     if not follow_branch and not _COMMIT.match(revision):
-        raise SpecfleetError(
-            f"revision {revision!r} of {repo_id} is not a commit", host=host.name,
-            fix="pin a 40-hex commit, or set follow_branch=True to follow the branch on purpose",
-        )
+        yield from _fail(f"revision {revision!r} of {repo_id} is not a commit",
+                         "pin a 40-hex commit, or set follow_branch=True to follow the branch "
+                         "on purpose")
+        return
     root = root.rstrip("/")
     keep = list(keep or [])
     unit = unit_name(root)
@@ -298,8 +297,8 @@ def snapshot(
     if not attach:
         plan = host.get_fact(WeightsPlan, python=python, agent=agent, job_json=json.dumps(job))
         if plan is not None and "error" in plan:
-            err = plan["error"]
-            raise SpecfleetError(err["message"], host=host.name, fix=err.get("fix"))
+            yield from _fail(plan["error"]["message"], plan["error"].get("fix"))
+            return
         if plan is not None:
             resolved = plan["revision"]
             rev = state["revisions"].get(resolved)
@@ -312,7 +311,10 @@ def snapshot(
                     f"{resolved[:12]}: {fmt_gib(plan['missing_bytes'])} to download",
                     fg="yellow", log_func=logger.warning,
                 )
-            _preflight(plan, root, margin_percent, margin_min_gib)
+            problem = _preflight(plan, root, margin_percent, margin_min_gib)
+            if problem:
+                yield from _fail(*problem)
+                return
         elif running["active"]:
             host.log_styled(f"{unit} is running another job; it will be replaced", fg="yellow")
 
@@ -379,7 +381,8 @@ def _free_space(root: str, plan: dict) -> int:
     return int(plan["free_bytes"])
 
 
-def _preflight(plan: dict, root: str, margin_percent: float, margin_min_gib: float) -> None:
+def _preflight(plan: dict, root: str, margin_percent: float,
+               margin_min_gib: float) -> tuple[str, str] | None:
     result = disk_preflight(
         plan["missing_bytes"], _free_space(root, plan), margin_percent=margin_percent,
         margin_min_gib=margin_min_gib, host=host.name, path=root,
@@ -387,7 +390,22 @@ def _preflight(plan: dict, root: str, margin_percent: float, margin_min_gib: flo
     for warning in result["warnings"]:
         host.log_styled(warning, fg="yellow", log_func=logger.warning)
     if not result["ok"]:
-        raise SpecfleetError(result["problem"], host=host.name, fix=result["fix"])
+        return result["problem"], result["fix"]
+    return None
+
+
+def _fail(problem: str, fix: str | None):
+    """Fail this host with a SpecfleetError: raised while planning (``--dry``, the prompt), a
+    failing step while executing, so that pyinfra fails the one host without a traceback."""
+    if not host.state.is_executing:
+        raise SpecfleetError(problem, host=host.name, fix=fix)
+    # host.log_styled prefixes the host's name.
+    yield FunctionCommand(_report, (SpecfleetError(problem, fix=fix).render(),), {})
+
+
+def _report(state, host, message: str) -> bool:
+    host.log_styled(message, fg="red", log_func=logger.error)
+    return False
 
 
 def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
@@ -413,7 +431,7 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
                 return True
             if p.get("state") == "failed":
                 err = p.get("error") or {}
-                msg = SpecfleetError(err.get("message", "download failed"), host=host.name,
+                msg = SpecfleetError(err.get("message", "download failed"),
                                      fix=err.get("fix")).render()
                 host.log_styled(msg, fg="red", log_func=logger.error)
                 return False
@@ -421,7 +439,7 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
             gone_since = gone_since or time.monotonic()
             if time.monotonic() - gone_since > max(3 * poll_seconds, 10):
                 msg = SpecfleetError(
-                    f"the download unit {unit} ended without a result", host=host.name,
+                    f"the download unit {unit} ended without a result",
                     fix=f"see `journalctl -u {unit}` on the host; a re-run resumes",
                 ).render()
                 host.log_styled(msg, fg="red", log_func=logger.error)
