@@ -504,6 +504,14 @@ def make_plan(
         )
     if mfs is not None:
         b.flag("--mem-fraction-static", _num(mfs))
+        if size is not None and total and size > mfs * total:
+            b.why(
+                "kv-cache-room",
+                "none",
+                f"the weights ({size / GIB:.0f} GiB) exceed mem-fraction-static x GPU memory "
+                f"({mfs * total / GIB:.0f} GiB): SGLang will find no room for the KV cache",
+                "info",
+            )
 
     # -- all-reduce over PCIe --------------------------------------------------------------------
     topo = facts.get(TOPOLOGY)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -657,3 +658,60 @@ def test_cli_human_rendering(tmp_path):
     bad = run_cli("--facts", str(tmp_path / "facts.json"))
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: SGLang is not installed")
+
+
+# --------------------------------------------------------------------------------------------------
+# CT200: the real target's inventory entry (never contacted), on the rtx6000x8 capture
+# --------------------------------------------------------------------------------------------------
+
+
+def ct200_settings():
+    inventory = runpy.run_path(str(ROOT / "inventories" / "ct200.py"))
+    ((name, data),) = inventory["ct200"]
+    return settings_from_dict(data["specfleet"], host=name)
+
+
+def test_ct200_plan():
+    facts = host_facts("rtx6000x8", sglang="0.5.11")
+    plan = make_plan(facts, ct200_settings(), DRAFTER_CONFIG, host="ct200")
+    assert plan.argv == [
+        "/root/venv_sglang211/bin/python", "-m", "sglang.launch_server",
+        "--model-path", "/root/models/moonshotai--Kimi-K2.6",
+        "--trust-remote-code",
+        "--tp-size", "8",
+        "--attention-backend", "triton",
+        "--speculative-algorithm", "DFLASH",
+        "--speculative-draft-model-path", "/root/models/z-lab--Kimi-K2.6-DFlash",
+        "--speculative-num-draft-tokens", "8",
+        "--speculative-draft-attention-backend", "flashinfer",
+        "--speculative-dflash-draft-window-size", "4096",
+        "--mem-fraction-static", "0.85",
+        "--disable-custom-all-reduce",
+        "--reasoning-parser", "kimi_k2",
+        "--tool-call-parser", "kimi_k2",
+        "--host", "127.0.0.1",
+        "--port", "30000",
+    ]  # fmt: skip
+    assert plan.env == BASE_ENV
+    assert plan.reason("custom-all-reduce").why.startswith("PCIe-only (8 GPUs")
+    assert plan.reason("kv-cache-room") is None
+    # Before SGLang is installed (--dry), the prediction is the same launch.
+    dry = make_plan(host_facts("rtx6000x8", sglang=None), ct200_settings(), predicted=True)
+    assert (dry.argv, dry.env) == (plan.argv, plan.env)
+
+
+def test_sm120_mem_fraction_override_above_085_is_flagged():
+    facts = host_facts("rtx6000x8", sglang="0.5.11")
+    plan = make_plan(facts, settings(plan={"mem_fraction_static": 0.9}), DRAFTER_CONFIG)
+    reason = plan.reason("mem-fraction-static")
+    assert reason.kind == "override"
+    assert "above 0.85 has been seen to OOM on SM120" in reason.why
+
+
+def test_kv_cache_room_reported():
+    # 8x H100 80GB: 637 GiB for 561 GiB of weights; at 0.85 the weights alone overflow.
+    facts = host_facts("h100x8", "b200x8", sglang="0.5.23")
+    plan = make_plan(facts, settings(plan={"mem_fraction_static": 0.85}), DRAFTER_CONFIG)
+    assert plan.reason("kv-cache-room").why.startswith(
+        "the weights (561 GiB) exceed mem-fraction-static x GPU memory (542 GiB)"
+    )
