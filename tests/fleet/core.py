@@ -155,6 +155,10 @@ def _used_indexes(exclude: str) -> set[int]:
     return used
 
 
+def _systemd_is_pid1() -> bool:
+    return Path("/run/systemd/system").is_dir()
+
+
 def _link_exists(name: str) -> bool:
     return Path(f"/sys/class/net/{name}").exists()
 
@@ -399,13 +403,18 @@ class Fleet:
             _run(["ip", "-n", ns, "addr", "add", f"{h['ip']}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             argv = [
-                "systemd-nspawn", "--boot", "--volatile=overlay", "--register=no", "--keep-unit",
+                "systemd-nspawn", "--boot", "--volatile=overlay", "--register=no",
                 f"--directory={root}", f"--machine=sf{self.state['idx']}-{host}",
                 f"--hostname={host}", f"--network-namespace-path=/run/netns/{ns}",
                 f"--bind-ro={ak}:/root/.ssh/authorized_keys",
                 f"--tmpfs=/srv/models:mode=0755,size={h['disk']}",
                 "--console=read-only",
             ]
+            if not _systemd_is_pid1():
+                # No systemd here to make a scope for each host: nspawn stays in our cgroup.
+                # (Where systemd is PID 1, --keep-unit would put every host in one unit, and it
+                # is refused from a login session: there nspawn makes its own scope.)
+                argv.insert(4, "--keep-unit")
             if h["gpu"] != NO_GPU:
                 argv += [
                     f"--bind-ro={STANDIN_NVIDIA_SMI}:/usr/local/bin/nvidia-smi",
