@@ -8,8 +8,12 @@ software operation uses the compressed-tensors specifier. On a host where SGLang
 facts read from the installed files win over this table.
 
 Rows are keyed by ``packaging`` specifiers and looked up with ``packaging`` versions, never by
-string comparison. Sources: the released wheels, unpacked and read (see the comments on each
-row), and /work/shared/reference/sglang.md sections 2 and 4.
+string comparison. Bounds are written as ``X.dev0`` so that pre-releases, dev builds and git
+installs of a release (``0.5.14rc1``, ``0.5.14.dev12+g1234``) fall in that release's row: a plain
+``<0.5.14`` would leave them out of the row below and ``>=0.5.14`` out of the row above.
+
+Sources: the released wheels, unpacked and read (see the comments on each row; the checks are
+tests/test_plan_versions.py), and /work/shared/reference/sglang.md sections 2 and 4.
 """
 
 from __future__ import annotations
@@ -60,24 +64,24 @@ class CTRow:
 
 COMPRESSED_TENSORS: tuple[CTRow, ...] = (
     CTRow(
-        SpecifierSet(">=0.5.23"),
+        SpecifierSet(">=0.5.23.dev0"),
         SpecifierSet("==0.18.0"),
         "sglang 0.5.23 pins compressed-tensors==0.18.0 in its own requirements",
     ),
     CTRow(
-        SpecifierSet(">=0.5.16,<0.5.23"),
+        SpecifierSet(">=0.5.16.dev0,<0.5.23.dev0"),
         SpecifierSet(f">=0.15.0.1,<0.19,{_CT_AVOID}"),
         "no wheel between 0.5.15 and 0.5.23 was read; the 0.5.11-0.5.15 window is assumed",
     ),
     CTRow(
-        SpecifierSet(">=0.5.11,<0.5.16"),
+        SpecifierSet(">=0.5.11.dev0,<0.5.16.dev0"),
         SpecifierSet(f">=0.15.0.1,<0.19,{_CT_AVOID}"),
         "sglang leaves compressed-tensors unpinned; >=0.10 has nvfp4_pack_quantized, 0.14.x "
         "needs transformers<5, 0.15.0.1 was current at 0.5.11's release, 0.18.0 is what sglang "
         "pinned later",
     ),
     CTRow(
-        SpecifierSet("<0.5.11"),
+        SpecifierSet("<0.5.11.dev0"),
         SpecifierSet(f">=0.10,<0.19,{_CT_AVOID}"),
         "pre-DFLASH sglang; only the nvfp4_pack_quantized floor and the 0.14.x conflict are known",
     ),
@@ -207,7 +211,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         # by arg_utils._field_to_cli_name ("--" + name.replace("_", "-")): spec.py has
         # speculative_draft_window_size, parallel.py tp_size (alias --tensor-parallel-size).
         # --speculative-dflash-draft-window-size is gone. 0.5.16-0.5.22 were not read.
-        sglang=SpecifierSet(">=0.5.16"),
+        sglang=SpecifierSet(">=0.5.16.dev0"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_23,
         speculative_algorithms=_ALGOS_0_5_23,
@@ -222,7 +226,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         # default path). server_args.py declares speculative_draft_window_size as a field and
         # keeps --speculative-dflash-draft-window-size as a hidden DeprecatedAliasStoreAction.
         # 0.5.15.post1 per sglang.md section 2.
-        sglang=SpecifierSet(">=0.5.14,<0.5.16"),
+        sglang=SpecifierSet(">=0.5.14.dev0,<0.5.16.dev0"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_14,
         speculative_algorithms=_ALGOS_0_5_12,
@@ -232,7 +236,7 @@ VERSIONS: tuple[VersionRow, ...] = (
     ),
     VersionRow(
         # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).
-        sglang=SpecifierSet(">=0.5.12,<0.5.14"),
+        sglang=SpecifierSet(">=0.5.12.dev0,<0.5.14.dev0"),
         dflash="v1",
         attention_backends=_BACKENDS_0_5_11,
         speculative_algorithms=_ALGOS_0_5_12,
@@ -244,7 +248,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         # Read from the 0.5.11 wheel: server_args.py add_argument("--speculative-dflash-draft-
         # window-size") and the DFLASH block in __post_init__ that rejects dp attention and
         # forces disable_overlap_schedule ("spec v2 is not supported yet").
-        sglang=SpecifierSet(">=0.5.11,<0.5.12"),
+        sglang=SpecifierSet(">=0.5.11.dev0,<0.5.12.dev0"),
         dflash="v1",
         attention_backends=_BACKENDS_0_5_11,
         speculative_algorithms=_ALGOS_0_5_11,
@@ -254,7 +258,7 @@ VERSIONS: tuple[VersionRow, ...] = (
     ),
     VersionRow(
         # sglang.md: 0.5.10.post1 has no DFLASH; same registry as 0.5.11.
-        sglang=SpecifierSet("<0.5.11"),
+        sglang=SpecifierSet("<0.5.11.dev0"),
         dflash=None,
         attention_backends=_BACKENDS_0_5_11,
         speculative_algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE"),
