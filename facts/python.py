@@ -1,0 +1,137 @@
+"""Facts about the distributions installed in a Python environment (importlib.metadata)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+from facts.sglang import DEFAULT_PYTHON
+
+# The distributions a deploy asks about by default (canonical names, PEP 503).
+PACKAGES = [
+    "sglang",
+    "sglang-kernel",
+    "sgl-kernel",
+    "torch",
+    "transformers",
+    "compressed-tensors",
+    "flashinfer-python",
+    "huggingface-hub",
+]
+
+# Runs in the target interpreter with -I. argv[1]: the names as JSON; argv[2] (tests only): a
+# directory to search first. Prints every installed distribution's name and version, and the raw
+# direct_url.json of those that have one; the choosing happens in ``parse_packages``.
+COLLECT = r"""
+import importlib.metadata as md, json, platform, sys
+if len(sys.argv) > 2:
+    sys.path.insert(0, sys.argv[2])
+dists = {}
+for dist in md.distributions():
+    name = dist.metadata["Name"]
+    if not name or name in dists:
+        continue
+    dists[name] = {"version": dist.version, "direct_url": dist.read_text("direct_url.json")}
+print(json.dumps({"python": platform.python_version(), "names": json.loads(sys.argv[1]),
+                  "dists": dists}))
+"""
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalisation: ``Compressed_Tensors`` -> ``compressed-tensors``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _direct_url(raw: str | None) -> dict | None:
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    vcs = data.get("vcs_info") or {}
+    return {"url": data.get("url"), "commit": vcs.get("commit_id")}
+
+
+def parse_packages(collected: dict) -> dict:
+    """Build the ``Packages`` value from what the host-side collector sent back."""
+    names = [canonical(n) for n in collected.get("names") or PACKAGES]
+    dists = {canonical(k): v for k, v in (collected.get("dists") or {}).items()}
+    value: dict = {name: (dists.get(name) or {}).get("version") for name in names}
+    value["python_version"] = collected.get("python")
+    value["direct_urls"] = {
+        name: url
+        for name, info in sorted(dists.items())
+        if (url := _direct_url(info.get("direct_url"))) is not None
+    }
+    return value
+
+
+def empty_value(names: list[str] | None = None) -> dict:
+    value: dict = {canonical(n): None for n in names or PACKAGES}
+    value.update(python_version=None, direct_urls={})
+    return value
+
+
+class Packages(FactBase[dict]):
+    """
+    Returns the versions of selected distributions installed for ``python`` (None when not
+    installed; everything None, and ``python_version`` None, when the interpreter is absent), and
+    the direct URL (``pip install git+...``, local paths) of every distribution installed from one.
+
+    + python: the interpreter whose environment is inspected
+    + names: distribution names to report (default: sglang, sglang-kernel, sgl-kernel, torch,
+      transformers, compressed-tensors, flashinfer-python, huggingface-hub)
+
+    .. code:: python
+
+        {
+            "sglang": "0.5.11",
+            "torch": "2.11.0",
+            "transformers": "5.6.0",
+            "compressed-tensors": None,
+            ...,
+            "python_version": "3.11.2",
+            "direct_urls": {
+                "sglang": {"url": "https://github.com/sgl-project/sglang", "commit": "e67a0d4..."},
+            },
+        }
+    """
+
+    @staticmethod
+    def default() -> dict:
+        return empty_value()
+
+    @override
+    def command(
+        self, python: str = DEFAULT_PYTHON, names: list[str] | None = None
+    ) -> StringCommand:
+        wanted = json.dumps([canonical(n) for n in names or PACKAGES])
+        return StringCommand(
+            "if",
+            "test",
+            "-x",
+            QuoteString(python),
+            ";",
+            "then",
+            QuoteString(python),
+            "-I",
+            "-c",
+            QuoteString(COLLECT),
+            QuoteString(wanted),
+            ";",
+            "else",
+            "echo",
+            QuoteString(json.dumps({"python": None, "names": json.loads(wanted), "dists": {}})),
+            ";",
+            "fi",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        return parse_packages(json.loads("\n".join(output)))
