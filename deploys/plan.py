@@ -268,6 +268,16 @@ def make_plan(
     rule = arch_rule(major, minor)
     names = sorted({str(g.get("name", "?")) for g in gpus})
     b.why("gpus", f"{len(gpus)}x {', '.join(names)} ({sm})", "from facts.gpu.Gpus")
+    if rule is None and ov.attention_backend and ov.draft_attention_backend:
+        # No rule for this arch, but both backends are given: the plan follows them.
+        rule = ArchRule(
+            family=sm,
+            target=(ov.attention_backend,),
+            target_why="",
+            draft=(ov.draft_attention_backend,),
+            draft_why="",
+            mem_fraction_why=f"{sm}: no rule, left to SGLang's own default",
+        )
     if rule is None:
         raise error(
             f"no usable attention backend for {sm} ({', '.join(names)}): specfleet's rules cover "
@@ -391,10 +401,15 @@ def make_plan(
                 f"install an SGLang whose attention registry has {prefs[0]}, or set "
                 "plan.attention_backend",
             )
-        why = rule.target_why
         if rule is SM120 and att == ov.sm120_target_backend and att != "triton":
-            why = f"plan.sm120_target_backend chose {att} on SM120"
-        b.why("attention-backend", att, why, src)
+            b.why(
+                "attention-backend",
+                att,
+                f"plan.sm120_target_backend chose {att} (rule: triton)",
+                "override",
+            )
+        else:
+            b.why("attention-backend", att, rule.target_why, src)
     b.flag("--attention-backend", att)
 
     # -- speculative decoding: DFLASH ------------------------------------------------------------

@@ -715,3 +715,27 @@ def test_kv_cache_room_reported():
     assert plan.reason("kv-cache-room").why.startswith(
         "the weights (561 GiB) exceed mem-fraction-static x GPU memory (542 GiB)"
     )
+
+
+def test_sm120_flashinfer_target_choice():
+    facts = host_facts("rtx6000x8", sglang="0.5.14")
+    plan = make_plan(facts, settings(plan={"sm120_target_backend": "flashinfer"}), DRAFTER_CONFIG)
+    assert plan.argv[plan.argv.index("--attention-backend") + 1] == "flashinfer"
+    reason = plan.reason("attention-backend")
+    assert (reason.kind, reason.why) == (
+        "override",
+        "plan.sm120_target_backend chose flashinfer (rule: triton)",
+    )
+
+
+def test_unknown_arch_with_both_backends_given():
+    # The real H200 capture with an A100's compute capability (8.0), both backends overridden.
+    lines = (NVIDIA / "h200x2" / "query-gpu.csv").read_text().splitlines()
+    facts = host_facts("h200x2", sglang="0.5.23")
+    facts["facts.gpu.Gpus"] = parse_query_gpu([ln.replace(", 9.0,", ", 8.0,") for ln in lines])
+    s = settings(plan={"attention_backend": "triton", "draft_attention_backend": "flashinfer"})
+    plan = make_plan(facts, s, DRAFTER_CONFIG, weights_bytes=1)
+    argv = plan.argv
+    assert argv[argv.index("--attention-backend") + 1] == "triton"
+    assert argv[argv.index("--speculative-draft-attention-backend") + 1] == "flashinfer"
+    assert "--mem-fraction-static" not in argv
