@@ -739,3 +739,16 @@ def test_unknown_arch_with_both_backends_given():
     assert argv[argv.index("--attention-backend") + 1] == "triton"
     assert argv[argv.index("--speculative-draft-attention-backend") + 1] == "flashinfer"
     assert "--mem-fraction-static" not in argv
+
+
+def test_topology_unknown_disables_custom_all_reduce():
+    # h100x8 has no `nvidia-smi topo -m` capture: the stand-in fails that command, as a host whose
+    # nvidia-smi cannot print the matrix would, and GpuTopology carries the error.
+    facts = host_facts("h100x8", "h100x8", sglang="0.5.23")
+    assert facts["facts.gpu.GpuTopology"]["error"]
+    plan = make_plan(facts, settings(), DRAFTER_CONFIG)
+    assert "--disable-custom-all-reduce" in plan.argv
+    reason = plan.reason("custom-all-reduce")
+    assert reason.kind == "assumed" and reason.why.startswith("GPU topology unknown with 8 GPUs")
+    del facts["facts.gpu.GpuTopology"]
+    assert make_plan(facts, settings(), DRAFTER_CONFIG).argv == plan.argv
