@@ -10,9 +10,11 @@ CLI, one host, no connection to it::
     python -m deploys.plan --facts FACTS.json [--settings SETTINGS.json]
         [--drafter-config CONFIG.json] [--weights-bytes N] [--predicted] [--json]
 
-``FACTS.json`` maps fact names to values as ``pyinfra ... fact --json`` prints them
-(``facts.gpu.Gpus``, ``facts.gpu.GpuTopology``, ``facts.sglang.SGLangInstall``, ...); it may also
-carry ``drafter_config`` (the drafter's config.json) and ``weights_bytes``.
+``FACTS.json`` maps fact names (``facts.gpu.Gpus``, ``facts.gpu.GpuTopology``,
+``facts.sglang.SGLangInstall``, ...) to one host's values, or is the output of
+``pyinfra INVENTORY fact NAME... --json`` itself, {fact: {host: value}} (``--host`` picks one host
+where there are several). It may also carry ``drafter_config`` (the drafter's config.json) and
+``weights_bytes``.
 """
 
 from __future__ import annotations
@@ -700,6 +702,43 @@ def _load_json(path: str, what: str) -> Any:
         raise _InputError(f"{what} {path} is not JSON: {exc}") from None
 
 
+# A key every value of these facts has: tells a fact's own value from pyinfra's {host: value}.
+_VALUE_KEYS = {GPUS: "gpus", TOPOLOGY: "links", SGLANG: "features"}
+
+
+def one_host_facts(facts: dict[str, Any], host: str | None = None) -> dict[str, Any]:
+    """``facts`` as {fact: value} for one host.
+
+    Takes either that shape or the one ``pyinfra INVENTORY fact NAME... --json`` prints,
+    {fact: {host: value}}; from the latter it picks ``host``, or the only host there is.
+    """
+    per_host = {
+        name: value
+        for name, value in facts.items()
+        if name.startswith("facts.")
+        and isinstance(value, dict)
+        and (name not in _VALUE_KEYS or _VALUE_KEYS[name] not in value)
+        and all(v is None or isinstance(v, (dict, list)) for v in value.values())
+    }
+    if not per_host or (set(per_host) != {k for k in facts if k.startswith("facts.")}):
+        return facts
+    hosts = sorted({h for value in per_host.values() for h in value})
+    if host is None:
+        if len(hosts) != 1:
+            raise _InputError(
+                f"the facts file holds facts of {len(hosts)} hosts ({', '.join(hosts)}): "
+                "choose one with --host"
+            )
+        host = hosts[0]
+    if host not in hosts:
+        raise _InputError(f"the facts file has no host {host!r} (it has: {', '.join(hosts)})")
+    out = {k: v for k, v in facts.items() if k not in per_host}
+    for name, value in per_host.items():
+        if host in value:
+            out[name] = value[host]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from deploys.settings import settings_from_dict
 
@@ -731,11 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = _load_json(args.facts, "facts file")
         if not isinstance(facts, dict):
             raise _InputError(f"facts file {args.facts} must hold a JSON object of fact names")
-        # `pyinfra fact --json` prints {host: {fact: value}}; accept one host's mapping as well.
-        if not any(k.startswith("facts.") for k in facts) and len(facts) == 1:
-            only = next(iter(facts.values()))
-            if isinstance(only, dict) and any(k.startswith("facts.") for k in only):
-                facts = only
+        facts = one_host_facts(facts, args.host)
         settings_data = _load_json(args.settings, "settings file") if args.settings else None
         if settings_data is not None and not isinstance(settings_data, dict):
             raise _InputError(f"settings file {args.settings} must hold a JSON object")

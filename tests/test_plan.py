@@ -600,16 +600,54 @@ def test_cli_json_ok(tmp_path):
     assert data["argv"][-2:] == ["--port", "30005"]
 
 
-def test_cli_pyinfra_fact_json_shape_and_drafter_file(tmp_path):
-    # `pyinfra INVENTORY fact ... --json` prints {host: {fact: value}}.
-    facts = {"h1": host_facts("h200x2", sglang="0.5.14")}
+def pyinfra_fact_json(profile: str, tmp: Path) -> dict:
+    """What `pyinfra @local fact facts.gpu.Gpus facts.gpu.GpuTopology --json` prints on a host
+    whose nvidia-smi replays ``profile`` (the fleet's stand-in, put on PATH)."""
+    shim = tmp / "bin" / "nvidia-smi"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    shim.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{shim.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "STANDIN_NVIDIA_SMI_PROFILE": str(NVIDIA / profile),
+        "STANDIN_NVIDIA_SMI_RUNTIME": str(tmp / "runtime"),
+    }
+    pyinfra = Path(sys.executable).parent / "pyinfra"
+    out = subprocess.run(
+        [str(pyinfra), "@local", "fact", "facts.gpu.Gpus", "facts.gpu.GpuTopology", "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_cli_takes_pyinfra_fact_json_output(tmp_path):
+    facts = pyinfra_fact_json("rtx6000x8", tmp_path)
+    assert set(facts["facts.gpu.Gpus"]) == {"@local"}
+    facts["facts.sglang.SGLangInstall"] = {"@local": load_sglang("0.5.11")}
     (tmp_path / "facts.json").write_text(json.dumps(facts))
     (tmp_path / "config.json").write_text(json.dumps({"block_size": 4}))
     out = run_cli("--facts", str(tmp_path / "facts.json"), "--drafter-config",
-                  str(tmp_path / "config.json"), "--weights-bytes", "1", "--json")  # fmt: skip
+                  str(tmp_path / "config.json"), "--json")  # fmt: skip
     assert out.returncode == 0, out.stderr
     argv = json.loads(out.stdout)["argv"]
+    expected = make_plan(
+        host_facts("rtx6000x8", sglang="0.5.11"), settings(), {"block_size": 4}
+    ).argv
+    assert argv == expected
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+    # Two hosts in one file: --host picks one, without it the CLI asks for it.
+    for name in list(facts):
+        facts[name]["h2"] = facts[name]["@local"]
+    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    out = run_cli("--facts", str(tmp_path / "facts.json"), "--json")
+    assert out.returncode == 2
+    assert json.loads(out.stdout)["error"] == (
+        "the facts file holds facts of 2 hosts (@local, h2): choose one with --host"
+    )
+    out = run_cli("--facts", str(tmp_path / "facts.json"), "--host", "h2", "--json")
+    assert out.returncode == 0, out.stdout
 
 
 def test_cli_error_exit_2(tmp_path):
