@@ -215,8 +215,12 @@ class Fleet:
         return url + "simple/" if url else None
 
     def pip_args(self) -> list[str]:
-        """The pip arguments that install from the fleet's wheelhouse and nothing else."""
-        return ["--no-index", "--find-links", self.wheelhouse_url, "--trusted-host", self.bridge_ip]
+        """The pip arguments that install from the fleet's wheelhouse and nothing else.
+        (No pip cache: every byte a host writes is RAM.)"""
+        if not self.wheelhouse_url:
+            raise FleetError(f"fleet {self.name} was booted without a wheelhouse")
+        return ["--no-index", "--find-links", self.wheelhouse_url, "--trusted-host", self.bridge_ip,
+                "--no-cache-dir"]
 
     def ip(self, host: str) -> str:
         try:
