@@ -126,38 +126,64 @@ def test_hosts_are_bookworm_with_the_promised_tools(fleet):
     assert len([x for x in lines[2:] if x]) == 5, r.stdout + r.stderr
 
 
-def test_nvidia_smi_standin_answers_per_profile(fleet):
-    for spec in fleet.specs:
-        if spec.gpu == NO_GPU:
-            r = fleet.run(spec.name, "command -v nvidia-smi")
-            assert r.returncode != 0 and r.stdout == "", "a nogpu host has no nvidia-smi"
-            continue
-        d = FIXTURES_NVIDIA / spec.gpu
-        cmds = json.loads((d / "commands.json").read_text())
-        if cmds.get("any"):  # an error profile answers everything with the same real error
-            r = fleet.run(spec.name, "nvidia-smi")
-            assert r.returncode == int(cmds["any"].get("exit", 0))
-            continue
-        for entry in cmds["commands"]:
-            if entry["kind"] != "verbatim" or not entry.get("stdout"):
-                continue
-            r = fleet.run(spec.name, ["nvidia-smi", *entry["argv"]])
-            assert r.returncode == entry.get("exit", 0)
-            assert r.stdout == (d / entry["stdout"]).read_text(), (spec.name, entry["argv"])
-        r = fleet.run(spec.name, "nvidia-smi --query-gpu=index,name,compute_cap,memory.total,"
-                                 "driver_version,pci.bus_id --format=csv,nounits")
+def check_standin(fleet: Fleet, spec: HostSpec) -> None:
+    """Over SSH, the host's nvidia-smi answers what its profile's captures say."""
+    if spec.gpu == NO_GPU:
+        r = fleet.run(spec.name, "command -v nvidia-smi")
+        assert r.returncode != 0 and r.stdout == "", "a nogpu host has no nvidia-smi"
+        return
+    d = FIXTURES_NVIDIA / spec.gpu
+    cmds = json.loads((d / "commands.json").read_text())
+    if cmds.get("any"):  # an error profile answers everything with the same real error
+        for argv in ([], ["--query-gpu=index,name", "--format=csv"]):
+            r = fleet.run(spec.name, ["nvidia-smi", *argv])
+            assert r.returncode == int(cmds["any"]["exit"]), (spec.gpu, r)
+            assert r.stdout == (d / cmds["any"]["stdout"]).read_text()
+        return
+    for entry in cmds["commands"]:
+        r = fleet.run(spec.name, ["nvidia-smi", *entry["argv"]])
+        assert r.returncode == entry.get("exit", 0), (spec.gpu, entry["argv"], r.stderr)
+        if entry.get("stdout"):
+            assert r.stdout == (d / entry["stdout"]).read_text(), (spec.gpu, entry["argv"])
+    if cmds.get("query_gpu"):
+        r = fleet.run(spec.name, "nvidia-smi --query-gpu=index,name,memory.total "
+                                 "--format=csv,noheader,nounits")
         assert r.returncode == 0, r.stderr
-        header, *rows = r.stdout.splitlines()
-        assert header == ("index, name, compute_cap, memory.total [MiB], driver_version, "
-                          "pci.bus_id")
         real = list(csv.DictReader(io.StringIO((d / cmds["query_gpu"]["table"]).read_text()),
                                    skipinitialspace=True))
-        assert [r.split(", ")[3] for r in rows] == [
-            g["memory.total [MiB]"].removesuffix(" MiB") for g in real]
-        assert [r.split(", ")[1] for r in rows] == [g["name"] for g in real]
+        assert r.stdout.splitlines() == [
+            f"{g['index']}, {g['name']}, {g['memory.total [MiB]'].removesuffix(' MiB')}"
+            for g in real]
+    if cmds.get("query_compute_apps") is not False:
         r = fleet.run(spec.name, "nvidia-smi --query-compute-apps=pid,used_memory "
                                  "--format=csv,noheader,nounits")
         assert (r.returncode, r.stdout) == (0, ""), "idle GPUs list no processes"
+
+
+def test_nvidia_smi_standin_answers_per_profile(fleet):
+    for spec in fleet.specs:
+        check_standin(fleet, spec)
+    h1 = fleet.run("h1", "nvidia-smi --query-gpu=index,name,compute_cap,memory.total,"
+                         "driver_version,pci.bus_id --format=csv,nounits")
+    assert h1.stdout == (
+        "index, name, compute_cap, memory.total [MiB], driver_version, pci.bus_id\n"
+        "0, NVIDIA H200, 9.0, 143771, 580.159.04, 00000000:00:06.0\n"
+        "1, NVIDIA H200, 9.0, 143771, 580.159.04, 00000000:00:07.0\n"
+    )
+
+
+def test_every_other_profile_boots_and_answers(fleet, make_fleet):
+    """One short-lived host per profile the session fleet lacks (error profiles included)."""
+    rest = [p for p in PROFILES if p not in {s.gpu for s in fleet.specs}]
+    if not rest:
+        pytest.skip("the session fleet already covers every profile")
+    other = make_fleet("profiles", [HostSpec(f"p{i}", gpu=p, disk="1G")
+                                    for i, p in enumerate(rest, 1)], wheelhouse_needed=False)
+    try:
+        for spec in other.specs:
+            check_standin(other, spec)
+    finally:
+        other.down()
 
 
 def test_standin_can_be_told_a_gpu_is_busy(fleet):
