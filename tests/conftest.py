@@ -51,7 +51,7 @@ def make_fleet(_fleets):
     """``make_fleet(name, [HostSpec, ...]) -> Fleet``, torn down at the end of the session."""
 
     def make(name: str, specs: list[HostSpec], **kw) -> Fleet:
-        f = Fleet.up(_session_name(name), specs, **kw)
+        f = Fleet.up(_session_name(name), specs, owner_pid=os.getpid(), **kw)
         _fleets.append(f)
         return f
 

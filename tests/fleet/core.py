@@ -316,8 +316,12 @@ class Fleet:
 
     @classmethod
     def up(cls, name: str, specs: Iterable[HostSpec], wheelhouse_needed: bool = True,
-           timeout: float = 180) -> Fleet:
-        """Boot a fleet (tearing down an older fleet of the same name first)."""
+           timeout: float = 180, owner_pid: int | None = None) -> Fleet:
+        """Boot a fleet (tearing down an older fleet of the same name first).
+
+        With ``owner_pid`` (pytest passes its own), the fleet is reaped by the next ``up`` on this
+        machine once that process is gone, even if it died without tearing down.
+        """
         specs = list(specs)
         if not NAME_RE.match(name):
             raise FleetError(f"fleet name {name!r}: use [a-z0-9-], at most 31 chars")
@@ -333,13 +337,14 @@ class Fleet:
             if shutil.which(tool) is None:
                 raise FleetError(f"{tool} is not installed (apt-get install systemd-container "
                                  "iproute2 openssh-client)")
+        reap_orphans()
         root = rootfs.ensure_rootfs()
         wheels = wheelhouse.ensure_wheelhouse() if wheelhouse_needed else None
         with _lock(STATE_ROOT / f".{name}.lock"):
             if (STATE_ROOT / name / "state.json").exists():
                 _log(f"tearing down the older fleet {name}")
                 cls.attach(name).down()
-            fleet = cls._create(name, specs, root, wheels)
+            fleet = cls._create(name, specs, root, wheels, owner_pid)
         try:
             fleet._wait_ready(timeout)
         except BaseException:
@@ -348,7 +353,8 @@ class Fleet:
         return fleet
 
     @classmethod
-    def _create(cls, name: str, specs: list[HostSpec], root: Path, wheels: Path | None) -> Fleet:
+    def _create(cls, name: str, specs: list[HostSpec], root: Path, wheels: Path | None,
+                owner_pid: int | None) -> Fleet:
         with _lock(STATE_ROOT / ".alloc.lock"):
             used = _used_indexes(exclude=name)
             idx = next((i for i in _idx_candidates(name)
@@ -362,6 +368,7 @@ class Fleet:
                 "name": name, "idx": idx, "subnet": f"10.250.{idx}.0/24",
                 "bridge": f"sfbr{idx}", "bridge_ip": f"10.250.{idx}.1", "rootfs": str(root),
                 "created": time.time(), "tag": os.environ.get("SPECFLEET_FLEET_TAG", ""),
+                "owner_pid": owner_pid,
                 "hosts": {}, "wheelhouse": None,
             }
             for n, s in enumerate(specs, start=1):
@@ -551,3 +558,21 @@ class Fleet:
 
 def list_fleets() -> list[str]:
     return sorted(p.parent.name for p in STATE_ROOT.glob("*/state.json"))
+
+
+def reap_orphans() -> list[str]:
+    """Tear down fleets whose owner process (a pytest run) has died without tearing them down."""
+    reaped = []
+    for name in list_fleets():
+        try:
+            fleet = Fleet.attach(name)
+        except (FleetError, ValueError, OSError):
+            continue
+        owner = fleet.state.get("owner_pid")
+        if owner and not _alive(owner):
+            with _lock(STATE_ROOT / f".{name}.lock"):
+                if (STATE_ROOT / name / "state.json").exists():
+                    _log(f"reaping fleet {name}: its owner process {owner} is gone")
+                    Fleet.attach(name).down()
+                    reaped.append(name)
+    return reaped
