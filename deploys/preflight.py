@@ -1,0 +1,186 @@
+"""Preflight: every reason a host cannot take the deploy, found before anything changes.
+
+A pure function over the facts of one host; ``operations.preflight.checks`` gathers them and
+fails the host with the first problem. Each problem says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from deploys.plan import SGLANG, PlanError, make_plan
+from deploys.settings import Settings
+from operations.weights_agent import disk_preflight
+
+GPU_PROCESSES = "facts.gpu.GpuProcesses"
+FREE_SPACE = "facts.disk.FreeSpace"
+TOKEN = "facts.hf.Token"
+PORTS = "facts.net.ListeningPorts"
+SERVICE = "facts.server.ServiceState"
+
+
+@dataclass(frozen=True)
+class Problem:
+    check: str
+    problem: str
+    fix: str
+
+    def render(self) -> str:
+        return f"preflight {self.check}: {self.problem}\n  fix: {self.fix}"
+
+
+@dataclass
+class Preflight:
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check(
+    facts: Mapping[str, Any],
+    settings: Settings,
+    *,
+    control_token: bool = False,
+    missing_weights_bytes: int | None = None,
+    wheel_error: str | None = None,
+    drafter_config: Mapping[str, Any] | None = None,
+) -> Preflight:
+    """Every preflight check on one host's facts.
+
+    ``facts`` holds the values of ``facts.probe.default_specs`` plus ``facts.server.ServiceState``
+    of the specfleet unit. ``missing_weights_bytes`` is what the weights step would still fetch
+    (None: unknown here, checked again by the weights step before any byte moves).
+    ``wheel_error`` is pip's answer when asked for the pinned SGLang on this host's interpreter
+    (None: a wheel resolves, or SGLang is already installed at that version).
+    """
+    result = Preflight()
+    install = facts.get(SGLANG)
+    predicted = install is None
+
+    # GPUs, arch, TP size, memory, DFLASH: the planner knows every way a plan can fail.
+    try:
+        make_plan(facts, settings, drafter_config, predicted=predicted)
+        result.passed.append("a launch plan exists for these GPUs and this SGLang")
+    except PlanError as exc:
+        result.problems.append(Problem("plan", exc.problem, exc.fix or ""))
+
+    _check_busy(facts, settings, result)
+    _check_disk(facts, settings, missing_weights_bytes, result)
+    _check_token(facts, settings, control_token, result)
+    if wheel_error:
+        result.problems.append(
+            Problem(
+                "sglang-wheel",
+                f"no SGLang {settings.sglang.version} wheel for this host's interpreter: "
+                f"{wheel_error.strip()}",
+                "use an SGLang version with a wheel for this Python and glibc (sglang.version), "
+                "or point sglang.index_url / sglang.find_links at a wheelhouse that has one",
+            )
+        )
+    elif install is None:
+        result.passed.append(f"an SGLang {settings.sglang.version} wheel resolves for this host")
+    return result
+
+
+def _our_pids(facts: Mapping[str, Any]) -> set[int]:
+    service = facts.get(SERVICE) or {}
+    pid = service.get("main_pid") or 0
+    return {int(pid)} if pid else set()
+
+
+def _ours_active(facts: Mapping[str, Any]) -> bool:
+    service = facts.get(SERVICE) or {}
+    return service.get("active_state") in ("active", "activating", "reloading")
+
+
+def _check_busy(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
+    processes = (facts.get(GPU_PROCESSES) or {}).get("processes") or []
+    ours = _our_pids(facts)
+    # While our own server runs, its tensor-parallel workers hold every GPU: that is not "busy".
+    foreign = [] if _ours_active(facts) else [p for p in processes if p.get("pid") not in ours]
+    if foreign:
+        listed = ", ".join(
+            f"pid {p.get('pid')} ({p.get('used_memory_mib', '?')} MiB)" for p in foreign[:4]
+        )
+        result.problems.append(
+            Problem(
+                "gpus-busy",
+                f"the GPUs are already in use by processes outside {settings.service_name}: "
+                f"{listed}",
+                "stop those processes (nvidia-smi shows them), e.g. a hand-started server, "
+                "then run again",
+            )
+        )
+    else:
+        result.passed.append("no foreign process holds the GPUs")
+
+    listeners = [p for p in facts.get(PORTS) or [] if p.get("port") == settings.port]
+    strangers = [p for p in listeners if p.get("pid") not in ours]
+    if strangers and not (_ours_active(facts) and not any(p.get("pid") for p in strangers)):
+        who = ", ".join(
+            f"{p.get('process') or '?'} (pid {p.get('pid') or '?'}) on {p.get('address')}"
+            for p in strangers
+        )
+        result.problems.append(
+            Problem(
+                "port-taken",
+                f"port {settings.port} is already taken by a process that is not "
+                f"{settings.service_name}: {who}",
+                "stop that process, or give this host another port (specfleet port = ...)",
+            )
+        )
+    else:
+        result.passed.append(f"port {settings.port} is free or ours")
+
+
+def _check_disk(
+    facts: Mapping[str, Any], settings: Settings, missing: int | None, result: Preflight
+) -> None:
+    space = facts.get(FREE_SPACE) or {}
+    if missing is None or space.get("free_bytes") is None:
+        result.warnings.append(
+            "disk: the bytes still missing are not known yet; the weights step checks them "
+            "against the free space before any byte moves"
+        )
+        return
+    verdict = disk_preflight(
+        missing,
+        int(space["free_bytes"]),
+        margin_percent=settings.weights.margin_percent,
+        margin_min_gib=settings.weights.margin_min_gib,
+        path=settings.models_root,
+    )
+    result.warnings.extend(verdict["warnings"])
+    if verdict["ok"]:
+        result.passed.append("the missing weights fit on the models disk")
+    else:
+        result.problems.append(Problem("disk", verdict["problem"], verdict["fix"]))
+
+
+def _check_token(
+    facts: Mapping[str, Any], settings: Settings, control_token: bool, result: Preflight
+) -> None:
+    gated = [s.repo_id for s in (settings.target, settings.drafter) if s.gated]
+    if not gated:
+        return
+    token = facts.get(TOKEN) or {}
+    if control_token or token.get("exists"):
+        where = "the control machine" if control_token else token.get("path")
+        result.passed.append(f"a Hugging Face token for the gated {', '.join(gated)} ({where})")
+        return
+    result.problems.append(
+        Problem(
+            "token",
+            f"{', '.join(gated)} is gated and there is no Hugging Face token: none at "
+            f"{token.get('path') or '~/.cache/huggingface/token'} on the host and none given "
+            "on the control machine",
+            "export HF_TOKEN (or set weights.token_file) on the control machine, for an account "
+            "that was granted access to the repo on its Hugging Face page",
+        )
+    )

@@ -1,0 +1,203 @@
+"""Preflight checks and the per-host run lock, before anything on a host changes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import posixpath
+import socket
+import sys
+import time
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from deploys import preflight as pure
+from deploys.errors import SpecfleetError
+from deploys.settings import Settings, settings_for_host
+from facts.preflight import RunLock, SGLangWheel
+from facts.probe import default_specs, gather
+from facts.server import ServiceState
+from operations.util import fails_host
+from operations.weights import read_control_token
+
+
+def lock_path(settings: Settings) -> str:
+    return posixpath.join(settings.state_dir, "run.lock")
+
+
+def _me() -> dict[str, Any]:
+    return {
+        "owner": f"{os.environ.get('USER', 'root')}@{socket.gethostname()}",
+        "control_host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)),
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_verdict(held: dict | None, me: dict, alive) -> tuple[str, str | None]:
+    """What to do with the lock a host holds: ("take"|"ours"|"stale"|"busy", message). Pure."""
+    if not held:
+        return "take", None
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("started") or 0))
+    who = f"{held.get('owner', 'unknown')} (pid {held.get('pid', '?')}, since {since})"
+    if held.get("control_host") == me["control_host"] and held.get("pid") == me["pid"]:
+        return "ours", None
+    if held.get("control_host") == me["control_host"] and isinstance(held.get("pid"), int):
+        if not alive(held["pid"]):
+            return "stale", f"a lock left by a dead run of {who} is cleared and taken over"
+    return "busy", f"another specfleet run holds this host: {who}: {held.get('command', '')}"
+
+
+@operation()
+@fails_host
+def lock(settings: Settings | None = None, present: bool = True):
+    """
+    Hold the per-host run lock, so that two runs never change one host at once.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + present: take the lock (``True``) or release it (``False``)
+
+    A lock left by a run on this control machine whose process is gone is reported and taken
+    over; one held from elsewhere fails the host with the way to clear it.
+    """
+    s = settings or settings_for_host(host)
+    path = lock_path(s)
+    held = host.get_fact(RunLock, path=path)
+    me = _me()
+    if not present:
+        if held and lock_verdict(held, me, _alive)[0] == "ours":
+            yield StringCommand("rm", "-f", QuoteString(path))
+        else:
+            host.noop(f"run lock {path} is not held by this run")
+        return
+    verdict, message = lock_verdict(held, me, _alive)
+    if verdict == "ours":
+        host.noop(f"run lock {path} is held by this run")
+        return
+    if verdict == "busy":
+        raise SpecfleetError(
+            message,
+            host=host.name,
+            fix=f"wait for that run to end; if it is dead, clear the lock: "
+            f"ssh root@{host.name} rm -f {path}",
+        )
+    if verdict == "stale":
+        host.log(message, logger.warning)
+    yield StringCommand("mkdir", "-p", QuoteString(s.state_dir))
+    yield StringCommand(
+        "printf", "%s\\n", QuoteString(json.dumps(me)), ">", QuoteString(path)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _hub_files(endpoint: str | None, repo_id: str, revision: str, token: str | None, allow, ignore):
+    """(resolved commit, {path: size}) of a repo at a revision, asked from the control machine."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import filter_repo_objects
+
+    api = HfApi(endpoint=endpoint, token=token or False)
+    sha = api.model_info(repo_id, revision=revision).sha
+    entries = [e for e in api.list_repo_tree(repo_id, revision=sha, recursive=True)
+               if getattr(e, "size", None) is not None and hasattr(e, "lfs")]
+    kept = filter_repo_objects(
+        entries, allow_patterns=list(allow) if allow else None,
+        ignore_patterns=list(ignore) if ignore else None, key=lambda e: e.path,
+    )
+    return sha, {e.path: e.size for e in kept}
+
+
+def missing_weights_bytes(s: Settings) -> int | None:
+    """Bytes the weights step would still fetch, from the Hub's metadata; None if unknown."""
+    from facts.weights import WeightsState
+
+    token = read_control_token(s.weights.token_file)
+    total = 0
+    for src in (s.target, s.drafter):
+        if src.revision is None:
+            return None
+        try:
+            sha, files = _hub_files(
+                s.weights.hf_endpoint, src.repo_id, src.revision, token,
+                tuple(src.allow_patterns or ()), tuple(src.ignore_patterns or ()),
+            )
+        except Exception:  # noqa: BLE001 - any Hub trouble: the weights step checks again
+            return None
+        state = host.get_fact(WeightsState, path=posixpath.join(s.models_root, src.dir_name))
+        have = (state.get("revisions") or {}).get(sha) or {}
+        if not have.get("complete"):
+            total += sum(files.values())
+    return total
+
+
+def _pip_source_args(s: Settings) -> list[str]:
+    args: list[str] = []
+    if s.sglang.index_url:
+        args += ["--index-url", s.sglang.index_url]
+    if s.sglang.find_links:
+        args += ["--find-links", s.sglang.find_links]
+        if not s.sglang.index_url:
+            args.append("--no-index")
+    for trusted in s.sglang.trusted_hosts:
+        args += ["--trusted-host", trusted]
+    return args
+
+
+@operation()
+@fails_host
+def checks(settings: Settings | None = None):
+    """
+    Check that this host can take the deploy, before anything on it changes.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    Fails the host with what is wrong and how to fix it: no GPU or a broken nvidia-smi (quoting
+    it), fewer GPUs than the TP size, an arch with no usable backend, too little GPU memory,
+    GPUs busy or the port taken by a process outside our unit, too little disk for the weights
+    still missing, no token for a gated repo, an SGLang without DFLASH, no SGLang wheel for this
+    interpreter or glibc. Warnings (low disk headroom) are printed and do not fail.
+    """
+    s = settings or settings_for_host(host)
+    venv_python = posixpath.join(s.venv, "bin", "python")
+    specs = default_specs(
+        python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path
+    )
+    specs[pure.SERVICE] = (ServiceState, {"service": f"{s.service_name}.service"})
+    facts = gather(host, specs)
+    install = facts.get(pure.SGLANG)
+    wheel_error = None
+    if s.sglang.kind == "index" and (install is None or install.get("version") != s.sglang.version):
+        python = venv_python if (facts.get("facts.python.Packages") or {}).get(
+            "python_version") else s.python
+        wheel_error = host.get_fact(
+            SGLangWheel, python=python, requirement=f"sglang=={s.sglang.version}",
+            pip_args=_pip_source_args(s),
+        )
+    result = pure.check(
+        facts,
+        s,
+        control_token=read_control_token(s.weights.token_file) is not None,
+        missing_weights_bytes=missing_weights_bytes(s),
+        wheel_error=wheel_error,
+    )
+    for warning in result.warnings:
+        host.log(f"preflight: {warning}", logger.warning)
+    if result.problems:
+        first, *rest = result.problems
+        more = "".join(f"\n{p.render()}" for p in rest)
+        raise SpecfleetError(f"{first.render()}{more}", host=host.name, fix=None)
+    host.noop(f"preflight passes ({len(result.passed)} checks)")
+    yield from ()

@@ -1,0 +1,49 @@
+"""Helpers shared by specfleet's operations."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand
+
+from deploys.errors import SpecfleetError
+
+
+def fail_step(error: SpecfleetError) -> FunctionCommand:
+    """A command that fails this one host with ``error``'s problem and fix, and no traceback.
+
+    pyinfra fails a host whose ``FunctionCommand`` returns False, and goes on with the others;
+    an exception raised in an operation body would instead abort the whole run.
+    """
+    message = SpecfleetError(error.problem, fix=error.fix).render()
+    return FunctionCommand(_report_failure, (message,), {})
+
+
+def _report_failure(state: Any, host: Any, message: str) -> bool:
+    host.log_styled(message, fg="red", log_func=logger.error)
+    return False
+
+
+def fails_host(func):
+    """Turn a ``SpecfleetError`` raised by an operation body into ``fail_step``.
+
+    While planning (``--dry``) the problem is printed and the host shows a change that fails;
+    while executing, the host fails at that step and the other hosts go on.
+    """
+
+    @functools.wraps(func)
+    def body(*args: Any, **kwargs: Any):
+        try:
+            yield from func(*args, **kwargs)
+        except SpecfleetError as exc:
+            if not host.state.is_executing:
+                host.log_styled(
+                    f"would fail: {SpecfleetError(exc.problem, fix=exc.fix).render()}",
+                    fg="red",
+                    log_func=logger.warning,
+                )
+            yield fail_step(exc)
+
+    return body
