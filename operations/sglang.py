@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 from io import StringIO
 from typing import Any
 
-from facts.python import Packages
-from facts.sglang import SGLangInstall
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from deploys.errors import SpecfleetError
+from facts.python import Packages
+from facts.sglang import SGLangInstall
 from operations.sglang_support import (
     CONFLICT_FIX,
     GitRemoteRefs,
@@ -38,6 +39,7 @@ from operations.sglang_support import (
     restore_script,
     script_command,
     short,
+    site_packages,
     split_git_url,
     venv_python,
 )
@@ -49,6 +51,28 @@ def _say(message: str) -> None:
     """Why an operation changes something: "would ..." while preparing, as-is while executing."""
     prefix = "" if host.state.is_executing else "would: "
     host.log(f"{prefix}{message}", logger.info)
+
+
+def _fails_host(func):
+    """A ``SpecfleetError`` raised while executing fails this one host, without a traceback: a
+    failing step that prints the problem and the fix. While planning (``--dry``) it is raised."""
+
+    @functools.wraps(func)
+    def body(*args: Any, **kwargs: Any):
+        try:
+            yield from func(*args, **kwargs)
+        except SpecfleetError as exc:
+            if not host.state.is_executing:
+                raise
+            message = SpecfleetError(exc.problem, fix=exc.fix).render()
+            yield FunctionCommand(_report_error, (message,), {})
+
+    return body
+
+
+def _report_error(state: Any, host: Any, message: str) -> bool:
+    host.log_styled(message, fg="red", log_func=logger.error)
+    return False
 
 
 def _warn(message: str) -> None:
@@ -109,6 +133,7 @@ def _patch_restore_steps(venv: str, marker: dict | None):
 
 
 @operation()
+@_fails_host
 def installed(
     venv: str,
     version: str | None = None,
@@ -198,15 +223,17 @@ def installed(
         host.noop(decision.reason)
         return
 
+    # Every reason is said before the first yield: ``--dry`` stops there.
     if not has_python:
         _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
-        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv))
     else:
-        host.noop(f"venv {venv} exists, reused")
+        _say(f"reuses venv {venv}")
     _say(decision.reason)
     if marker:
         _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
-        yield from _patch_restore_steps(venv, marker)
+    if not has_python:
+        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv))
+    yield from _patch_restore_steps(venv, marker)
     if decision.action == "reinstall":
         yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
     requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
@@ -219,6 +246,7 @@ def installed(
 
 
 @operation()
+@_fails_host
 def compressed_tensors(
     venv: str,
     specifier: str | None = None,
@@ -299,6 +327,7 @@ def compressed_tensors(
 
 
 @operation()
+@_fails_host
 def pr20547(
     venv: str,
     source: str | None = None,
@@ -368,16 +397,19 @@ def pr20547(
         return
     _say(decision.reason)
     d = patch_state_dir(venv)
+    # Commands are gathered first so that every reason is said before the first yield (--dry).
+    commands: list[Any] = []
     for step in decision.steps:
         if step == "restore":
-            yield script_command(restore_script(d))
+            commands.append(script_command(restore_script(d)))
         elif step == "drop-marker":
-            yield StringCommand("rm", "-rf", "--", QuoteString(d))
+            commands.append(StringCommand("rm", "-rf", "--", QuoteString(d)))
         elif step == "apply":
-            yield from _apply(
+            commands += _apply_commands(
                 venv, install, source or "", sha256, on_conflict,
                 precheck="restore" not in decision.steps,
             )  # fmt: skip
+    yield from commands
 
 
 def _filtered(source: str, sha256: str | None):
@@ -418,16 +450,16 @@ def _predict_patch(venv: str, source: str | None, sha256: str | None, sglang_ver
     )
 
 
-def _apply(
+def _apply_commands(
     venv: str,
     install: dict,
     source: str,
     sha256: str | None,
     on_conflict: str,
     precheck: bool,
-):
-    site = install.get("location")
+) -> list[Any]:
     version = install.get("version") or "?"
+    site = site_packages(install.get("location"))
     if not site:
         raise SpecfleetError(
             f"the SGLang facts give no install location in {venv}",
@@ -445,21 +477,23 @@ def _apply(
                 raise SpecfleetError(message, host=host.name, fix=CONFLICT_FIX)
             _warn(message)
             host.noop(f"SGLang {version} keeps DFLASH v1 (PR#20547 {short(sha256)} conflicts)")
-            return
+            return []
     d = patch_state_dir(venv)
-    yield StringCommand("rm", "-rf", "--", QuoteString(d), "&&", "mkdir", "-p", QuoteString(d))
-    yield FileUploadCommand(StringIO(patch.text), f"{d}/applied.diff")
-    yield script_command(apply_script(d, site, patch))
     connector_args = {
         k: v
         for k, v in (host.current_op_global_arguments or {}).items()
         if k in CONNECTOR_ARGUMENT_KEYS
     }
-    yield FunctionCommand(
-        _verify_or_roll_back,
-        (venv, version, site, sha256 or "", on_conflict, connector_args),
-        {},
-    )
+    return [
+        StringCommand("rm", "-rf", "--", QuoteString(d), "&&", "mkdir", "-p", QuoteString(d)),
+        FileUploadCommand(StringIO(patch.text), f"{d}/applied.diff"),
+        script_command(apply_script(d, site, patch)),
+        FunctionCommand(
+            _verify_or_roll_back,
+            (venv, version, site, sha256 or "", on_conflict, connector_args),
+            {},
+        ),
+    ]
 
 
 def _verify_or_roll_back(

@@ -8,6 +8,7 @@ venv exists, what commit a git ref names, and the state of an applied PR#20547 p
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 import shlex
 import urllib.parse
@@ -44,6 +45,15 @@ def venv_python(venv: str) -> str:
 
 def patch_state_dir(venv: str) -> str:
     return f"{venv.rstrip('/')}/{PATCH_STATE_DIR}"
+
+
+def site_packages(location: str | None) -> str | None:
+    """The directory that holds the ``sglang`` package, from SGLangInstall's ``location`` (the
+    package directory itself)."""
+    if not location:
+        return None
+    loc = location.rstrip("/")
+    return posixpath.dirname(loc) if posixpath.basename(loc) == "sglang" else loc
 
 
 def short(sha: str | None) -> str:
@@ -92,9 +102,10 @@ def split_git_url(git_url: str) -> tuple[str, str]:
 
 
 def git_requirement(git_url: str, commit: str) -> str:
-    """The pip requirement that installs ``sglang`` from ``git_url`` at ``commit``."""
+    """The pip requirement that installs ``sglang`` from ``git_url`` at ``commit``: a bare VCS URL
+    (pip 23.0's PEP 508 parser rejects ``sglang @ git+file:///...``)."""
     base, frag = split_git_url(git_url)
-    return f"sglang @ git+{base}@{commit}{frag}"
+    return f"git+{base}@{commit}{frag}"
 
 
 def parse_ls_remote(lines: list[str], ref: str) -> str | None:

@@ -304,7 +304,7 @@ def test_git_requirement_and_ls_remote():
         "#subdirectory=python",
     )
     assert s.git_requirement(url, "c" * 40) == (
-        f"sglang @ git+https://github.com/sgl-project/sglang.git@{'c' * 40}#subdirectory=python"
+        f"git+https://github.com/sgl-project/sglang.git@{'c' * 40}#subdirectory=python"
     )
     lines = [
         f"{'1' * 40}\trefs/heads/main",
