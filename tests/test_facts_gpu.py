@@ -278,3 +278,55 @@ def test_pyinfra_cli_fact_on_local_without_gpu():
     start = done.stdout.index("{")
     value = json.loads(done.stdout[start : done.stdout.rindex("}") + 1])
     assert value == {"facts.gpu.Gpus": {"@local": {"gpus": [], "error": None}}}
+
+
+# --- the facts as run on a real H200 machine (tests/fixtures/nvidia/h200x2-busy) ---------------
+
+DEVICE = NVIDIA / "h200x2-busy"
+
+
+def pyinfra_json_values(path: Path) -> dict:
+    """``{fact: value}`` from the ``pyinfra ... fact X --json`` outputs saved in ``path``."""
+    values = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            for fact, by_host in json.loads(line).items():
+                values[fact] = by_host["@local"]
+    return values
+
+
+def raw_fact_outputs() -> dict[str, list[str]]:
+    """Each fact command's stdout as captured on the device, keyed by the command."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in (DEVICE / "fact-commands-raw.txt").read_text().split("\n"):
+        if line.startswith("### sh -c "):
+            current = sections.setdefault(line[len("### sh -c ") :].strip("'"), [])
+        elif current is not None:
+            current.append(line)
+    return {cmd: out[:-1] if out and out[-1] == "" else out for cmd, out in sections.items()}
+
+
+def test_device_pyinfra_values_match_parsers_on_raw_output():
+    printed = pyinfra_json_values(DEVICE / "pyinfra-gpu-facts.txt")
+    raw = raw_fact_outputs()
+    for fact in (gpu.Gpus(), gpu.GpuTopology(), gpu.GpuProcesses()):
+        command = fact.command().replace("\\n", "\\\\n")
+        assert fact.process(raw[command]) == printed[fact.name]
+    assert printed["facts.gpu.Gpus"]["gpus"][1]["pci_bus_id"] == "00000000:00:07.0"
+    assert printed["facts.gpu.GpuTopology"]["nvlink_all_pairs"] is True
+    busy = pyinfra_json_values(DEVICE / "pyinfra-gpu-processes-busy.txt")
+    assert busy["facts.gpu.GpuProcesses"] == {
+        "processes": [{"pid": 719, "used_memory_mib": 10758}],
+        "error": None,
+    }
+
+
+def test_commands_on_device_capture_profile(tmp_path):
+    gpus = run_fact(gpu.Gpus(), tmp_path, "h200x2-busy")
+    assert [(g["sm"], g["memory_mib"]) for g in gpus["gpus"]] == [(90, 143771)] * 2
+    assert run_fact(gpu.GpuTopology(), tmp_path, "h200x2-busy")["nvlink_all_pairs"] is True
+    assert run_fact(gpu.GpuProcesses(), tmp_path, "h200x2-busy") == {
+        "processes": [{"pid": 719, "used_memory_mib": 10758}],
+        "error": None,
+    }
