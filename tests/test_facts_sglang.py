@@ -120,9 +120,12 @@ def collect(tree: Path, python: str = sys.executable) -> dict | None:
 
 
 def wheel_path(version: str) -> Path:
-    found = sorted(WHEELS.glob(f"sglang-{version}-cp311-*.whl"))
-    if found:
-        return found[0]
+    from tests.fleet.wheelhouse import WHEELHOUSE_DIR  # the fleet's wheels, when already there
+
+    for directory in (WHEELS, WHEELHOUSE_DIR):
+        found = sorted(directory.glob(f"sglang-{version}-cp311-*.whl"))
+        if found:
+            return found[0]
     WHEELS.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [
