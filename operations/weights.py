@@ -182,7 +182,8 @@ def token(path: str, token_file: str | None = None):
     if secret is None:
         host.noop("no Hugging Face token given on the control machine")
         return
-    digest = hashlib.sha256(secret.encode()).hexdigest()
+    content = secret + "\n"
+    digest = hashlib.sha256(content.encode()).hexdigest()
     info = host.get_fact(File, path=path)
     if info and info.get("mode") == 600 and host.get_fact(Sha256File, path=path) == digest:
         host.noop(f"token file {path} is up to date")
@@ -192,7 +193,7 @@ def token(path: str, token_file: str | None = None):
     # Create it 0600 before a byte is written, then fill it from memory.
     yield StringCommand("(", "umask", "077", "&&", ":", ">", QuoteString(path), ")")
     yield StringCommand("chmod", "600", QuoteString(path))
-    yield FileUploadCommand(StringIO(secret + "\n"), path)
+    yield FileUploadCommand(StringIO(content), path)
     yield StringCommand("chmod", "600", QuoteString(path))
 
 

@@ -12,7 +12,8 @@ Config (a JSON file, re-read on every request so a test can change it while it r
      "gated": {"org/name": ["<sha256 of an allowed token>"]},
      "rate_bps": 0,                          # 0 = unlimited
      "stall": ["shard-2.safetensors"],       # hang after half of these files...
-     "stall_count": 1}                       # ...for this many GETs in all (then serve them)
+     "stall_count": 1,                       # ...for this many GETs in all (then serve them)
+     "epoch": 3}                             # stalls are counted per epoch
 
 Usage: python -m tests.standin_hub --root ROOT --host IP --port PORT --config CFG --log LOG
 The log has one line per request (method, path, status, "auth" when a token was sent; never the
@@ -34,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _stall_lock = threading.Lock()
-_stalls_done = [0]
+_stalls_done: dict[str, int] = {}  # per "epoch" of the config: a new config starts again at 0
 _sha_cache: dict[tuple[str, str], str] = {}
 
 
@@ -239,9 +240,10 @@ class Handler(BaseHTTPRequestHandler):
         cfg = self.hub.config()
         stall_at = None
         if any(fnmatch.fnmatch(fpath, p) for p in cfg.get("stall", [])):
+            epoch = str(cfg.get("epoch"))
             with _stall_lock:
-                if _stalls_done[0] < int(cfg.get("stall_count", 1)):
-                    _stalls_done[0] += 1
+                if _stalls_done.get(epoch, 0) < int(cfg.get("stall_count", 1)):
+                    _stalls_done[epoch] = _stalls_done.get(epoch, 0) + 1
                     stall_at = (end - start + 1) // 2
         rate = float(cfg.get("rate_bps") or 0)
         data = git(repo, "cat-file", "blob", oid)[start:end + 1]

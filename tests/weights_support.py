@@ -106,7 +106,8 @@ class StandinHub:
         )
 
     def configure(self, **cfg) -> None:
-        base = {"lfs": ["*.safetensors"]}
+        self.epoch = getattr(self, "epoch", 0) + 1
+        base = {"lfs": ["*.safetensors"], "epoch": self.epoch}
         self.config_path.write_text(json.dumps({**base, **cfg}))
 
     def wait(self, repo_id: str) -> None:
@@ -115,10 +116,11 @@ class StandinHub:
     def log_lines(self) -> list[str]:
         return self.log_path.read_text().splitlines() if self.log_path.exists() else []
 
-    def gets(self, path_suffix: str) -> int:
+    def gets(self, repo_id: str, path: str) -> int:
+        """How many GETs of ``path`` in ``repo_id`` the hub served (at any revision)."""
         return sum(1 for line in self.log_lines()
-                   if line.startswith("GET ") and "/resolve/" in line
-                   and line.split()[1].endswith("/" + path_suffix))
+                   if line.startswith(f"GET /{repo_id}/resolve/")
+                   and line.split()[1].endswith("/" + path))
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -192,7 +194,8 @@ def pyinfra(inventory_path: Path, *flags: str, env: Mapping[str, str] | None = N
     """``pyinfra -y INVENTORY tests/weights_deploy.py`` with a clean HF environment."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     e.update(env or {})
-    argv = [PYINFRA, "-y", *flags]
+    # --dry shows planned changes only with change detection, which -y skips.
+    argv = [PYINFRA, *(() if "--dry" in flags else ("-y",)), *flags]
     if limit:
         argv += ["--limit", limit]
     argv += [str(inventory_path), deploy]
