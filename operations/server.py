@@ -67,7 +67,6 @@ class ServerPaths:
     env: str
     secret: str
     marker: str
-    gate: str
     cache_root: str
 
 
@@ -81,7 +80,6 @@ def server_paths(settings: Settings) -> ServerPaths:
         # is in no argv, no unit and no diff. The directory is 0700.
         secret=f"/etc/specfleet/secrets/{name}.yaml",
         marker=posixpath.join(settings.state_dir, f"{name}.restart-pending"),
-        gate=posixpath.join(settings.state_dir, "bin", "specfleet-readiness-gate"),
         cache_root=posixpath.join(settings.models_root, ".cache"),
     )
 
@@ -490,7 +488,8 @@ def unit(settings: Settings | None = None, present: bool = True):
     if not changes:
         host.noop(f"unit {paths.unit_name} is up to date")
         return
-    yield _marker_command(paths, f"{', '.join(changed)} changed")
+    what = changed[0] if len(changed) == 1 else ", ".join(changed[:-1]) + " and " + changed[-1]
+    yield _marker_command(paths, f"{what} changed")
     yield StringCommand("mkdir", "-p", QuoteString(paths.cache_root))
     yield from changes
 
@@ -585,7 +584,8 @@ def service(
         start = None
         if pending:
             start = "restart"
-            host.log(f"restarting {paths.unit_name}: {pending}", logger.info)
+            verb = "restarting" if state.is_executing else "will restart"
+            host.log(f"{verb} {paths.unit_name}: {pending}", logger.info)
         elif not active:
             start = "start"
         if start:
@@ -621,11 +621,11 @@ def ready(
     + model_path: the ``model_path`` ``/get_model_info`` must report; default: the running
       server's own ``--model-path``
 
-    A small script uploaded to the host polls ``/health_generate`` then ``/get_model_info`` on the
-    address the unit's process was started with, printing progress as it goes. It fails at once
-    when systemd reports the unit failed (``start-limit-hit`` included) or stopped, or when the
-    port is served by a process outside the unit, and the error quotes the unit's last journal
-    lines (with any API key redacted).
+    A small script run on the host (its source sent on stdin) polls ``/health_generate`` then
+    ``/get_model_info`` on the address the unit's process was started with, printing progress.
+    It fails at once when systemd reports the unit failed (``start-limit-hit`` included) or
+    stopped, or when the port is served by a process outside the unit, and the error quotes the
+    unit's last journal lines (with any API key redacted).
     """
     yield from _ready(settings=settings, timeout_s=timeout_s, model_path=model_path)
 
@@ -634,47 +634,63 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):
     s = _settings(settings)
     paths = server_paths(s)
     budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
-    yield from files.put._inner(
-        src=str(GATE_SCRIPT), dest=paths.gate, user="root", group="root", mode=755
-    )
+    # The gate runs as `python3 - ARGS` with its source on stdin: nothing to upload or diff.
     argv = [
-        "python3", paths.gate, "--unit", paths.unit_name, "--host", s.listen_host,
+        "python3", "-", "--unit", paths.unit_name, "--host", s.listen_host,
         "--port", str(s.port), "--timeout", str(int(budget)),
     ]
     if s.api_key:
         argv += ["--secret-file", paths.secret]
     if model_path:
         argv += ["--model-path", model_path]
-    command = StringCommand(*[QuoteString(a) for a in argv])
-    yield FunctionCommand(_run_gate, (command, paths.unit_name, budget), {})
+    yield FunctionCommand(_run_gate, (argv, paths.unit_name, budget), {})
 
 
-def _run_gate(state, host, command: StringCommand, unit_name: str, budget: float) -> bool:
-    """Run the gate on the host, its progress printed live; on failure log the journal excerpt."""
-    # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's command too.
+JOURNAL_LINES = 30
+
+
+def _run_gate(state, host, argv: list[str], unit_name: str, budget: float) -> bool:
+    """Run the gate on the host, its progress printed live; on failure, quote the journal."""
+    # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's commands too.
     connector_args: dict[str, Any] = {}
     if host.executing_op_hash:
         global_args = state.get_op_data_for_host(host, host.executing_op_hash).global_arguments
         connector_args = {k: v for k, v in global_args.items() if k in CONNECTOR_ARGUMENT_KEYS}
     connector_args["_timeout"] = int(budget) + 120
+    connector_args["_stdin"] = GATE_SCRIPT.read_text()
     ok, output = host.run_shell_command(
-        command, print_output=True, print_input=False, **connector_args
+        StringCommand(*[QuoteString(a) for a in argv]),
+        print_output=True,
+        print_input=False,
+        **connector_args,
     )
     if ok:
         return True
     lines = output.output_lines if output else []
-    problem = next(
-        (ln.split("FAILED", 1)[1].lstrip(" :") for ln in lines if "gate: FAILED" in ln),
-        "the readiness gate failed: " + (lines[-1] if lines else "no output"),
-    )
-    journal = [ln[2:] for ln in lines if ln.startswith("| ")]
+    since = next((m.group(1) for ln in lines if (m := re.search(r"since @(\d+)", ln))), None)
+    failed = next((ln.split("FAILED ", 1)[1] for ln in lines if "gate: FAILED " in ln), None)
+    last = lines[-1] if lines else "no output"
+    problem = f"not ready {failed}" if failed else f"the gate failed: {last}"
+    journal: list[str] = []
+    if since is not None:
+        connector_args["_timeout"] = 60
+        _, out = host.run_shell_command(
+            StringCommand(
+                *[QuoteString(a) for a in argv],
+                "--journal-since", since, "--journal-lines", str(JOURNAL_LINES),
+            ),
+            print_output=False,
+            print_input=False,
+            **connector_args,
+        )
+        journal = [ln[2:] for ln in (out.output_lines if out else []) if ln.startswith("| ")]
     excerpt = "\n".join(f"    | {ln}" for ln in journal)
     error = SpecfleetError(
-        f"{unit_name} is not ready: {problem}"
-        + (f"\n  last journal lines:\n{excerpt}" if journal else ""),
+        f"{unit_name} {problem}"
+        + (f"\n  last {len(journal)} journal lines of {unit_name}:\n{excerpt}" if journal else ""),
         host=host.name,
-        fix=f"read `journalctl -u {unit_name}` on the host; fix the cause (settings, software, "
-        f"weights) and run again: the restart is still pending",
+        fix=f"read `journalctl -u {unit_name}` on the host, fix the cause (settings, software, "
+        "weights) and run again: the restart stays pending until the server is ready",
     )
-    host.log_styled(error.render(), fg="red", log_func=logger.error)
+    logger.error(error.render())
     return False

@@ -3,11 +3,12 @@
 
 Waits until the unit's server answers GET /health_generate with 200 and GET /get_model_info
 reports the model path the unit was started with, printing a progress line now and then.
-Fails fast when systemd reports the unit failed (start-limit-hit included) or stopped, and then
-prints the last lines of the unit's journal.
+Fails fast when systemd reports the unit failed (start-limit-hit included) or stopped, or when
+the port is served by a process outside the unit. With --journal-lines N it then prints the last
+N lines of the unit's journal since the gate began (API keys redacted), each starting "| ".
 
 Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage.
-Every line starts with "gate:"; journal lines start with "| ".
+Every other line starts with "gate:"; the first says "since @EPOCH", the host time the gate began.
 """
 
 from __future__ import annotations
@@ -136,12 +137,10 @@ def redact(line: str, key: str | None) -> str:
 
 def journal_tail(unit: str, since: float, lines: int, key: str | None) -> list[str]:
     time.sleep(0.5)  # let journald take the dying process's last lines
-    cmd = [
-        "journalctl", "-u", unit, "--no-pager", "-o", "cat", "-n", str(lines),
-        f"--since=@{int(since)}",
-    ]
+    # With --since, journalctl's -n counts from the start of the range: cut the tail here.
+    cmd = ["journalctl", "-u", unit, "--no-pager", "-o", "cat", f"--since=@{int(since)}"]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    out = [redact(line, key) for line in res.stdout.splitlines() if line.strip()]
+    out = [redact(line, key) for line in res.stdout.splitlines() if line.strip()][-lines:]
     return out or [f"(journalctl printed nothing: {res.stderr.strip() or 'no lines'})"]
 
 
@@ -155,21 +154,29 @@ def main() -> int:
     p.add_argument("--poll", type=float, default=2.0)
     p.add_argument("--report-every", type=float, default=15.0)
     p.add_argument("--secret-file")
-    p.add_argument("--journal-lines", type=int, default=40)
+    p.add_argument("--journal-lines", type=int, default=0)
+    p.add_argument("--journal-since", type=float, help="only print the journal tail since EPOCH")
     args = p.parse_args()
 
-    since = time.time() - 10
+    if args.journal_since is not None:
+        key = read_api_key(args.secret_file)
+        for line in journal_tail(args.unit, args.journal_since, args.journal_lines or 30, key):
+            print(f"| {line}", flush=True)
+        return 0
+
+    since = time.time() - 3
     start = time.monotonic()
     key = read_api_key(args.secret_file)
-    say(f"waiting for {args.unit} to serve; budget {args.timeout:.0f} s")
+    say(f"waiting for {args.unit} to serve; budget {args.timeout:.0f} s; since @{since:.0f}")
     last_report = -1e9
     last_status = None
 
     def fail(problem: str, status: int = 1) -> int:
         say(f"FAILED after {time.monotonic() - start:.0f} s: {problem}")
-        say(f"last journal lines of {args.unit}:")
-        for line in journal_tail(args.unit, since, args.journal_lines, key):
-            print(f"| {line}", flush=True)
+        if args.journal_lines:
+            say(f"last journal lines of {args.unit}:")
+            for line in journal_tail(args.unit, since, args.journal_lines, key):
+                print(f"| {line}", flush=True)
         return status
 
     while True:
