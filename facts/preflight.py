@@ -8,7 +8,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-WHEEL_OK = "##specfleet-wheel-ok"
+WHEEL_OK = "specfleet-wheel-ok"
 
 
 def parse_wheel_check(output: list[str]) -> str | None:

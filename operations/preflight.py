@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from deploys import preflight as pure
@@ -62,6 +62,24 @@ def lock_verdict(held: dict | None, me: dict, alive) -> tuple[str, str | None]:
     return "busy", f"another specfleet run holds this host: {who}: {held.get('command', '')}"
 
 
+TAKEN = "specfleet-lock-taken"
+
+
+def _take_command(path: str, me: dict) -> StringCommand:
+    # noclobber makes the create atomic: of two runs, exactly one writes the file.
+    return StringCommand(
+        "mkdir", "-p", QuoteString(posixpath.dirname(path)), "&&",
+        "(", "set", "-C;", "echo", QuoteString(json.dumps(me)), ">", QuoteString(path), ")",
+        "2>/dev/null", "&&", "echo", TAKEN, "||", "cat", QuoteString(path),
+    )
+
+
+def _holder(lines: list[str]) -> dict | None:
+    if any(line.strip() == TAKEN for line in lines):
+        return None
+    return RunLock().process(lines) or {"owner": "unknown"}
+
+
 @operation()
 @fails_host
 def lock(settings: Settings | None = None, present: bool = True):
@@ -71,36 +89,44 @@ def lock(settings: Settings | None = None, present: bool = True):
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
     + present: take the lock (``True``) or release it (``False``)
 
-    A lock left by a run on this control machine whose process is gone is reported and taken
-    over; one held from elsewhere fails the host with the way to clear it.
+    The lock file records the owner, control machine, pid, time and command. A lock left by a
+    run on this control machine whose process is gone is reported and taken over; one held from
+    elsewhere fails the host with the way to clear it. Taking and releasing the lock is run
+    bookkeeping, not a change to the host, so it never shows as one: a converged host reports
+    no change.
     """
     s = settings or settings_for_host(host)
     path = lock_path(s)
-    held = host.get_fact(RunLock, path=path)
     me = _me()
+    if not state.is_executing:
+        verdict, message = lock_verdict(host.get_fact(RunLock, path=path), me, _alive)
+        if verdict == "busy":
+            raise SpecfleetError(message, host=host.name, fix=_clear_fix(path))
+        host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
+        return
     if not present:
-        if held and lock_verdict(held, me, _alive)[0] == "ours":
-            yield StringCommand("rm", "-f", QuoteString(path))
-        else:
-            host.noop(f"run lock {path} is not held by this run")
+        host.run_shell_command(StringCommand(
+            "!", "grep", "-q", QuoteString(f'"pid": {me["pid"]},'), QuoteString(path), "||",
+            "rm", "-f", QuoteString(path),
+        ))
+        host.noop(f"run lock {path} is released")
         return
+    _, output = host.run_shell_command(_take_command(path, me))
+    held = _holder(output.stdout_lines)
     verdict, message = lock_verdict(held, me, _alive)
-    if verdict == "ours":
-        host.noop(f"run lock {path} is held by this run")
-        return
     if verdict == "busy":
-        raise SpecfleetError(
-            message,
-            host=host.name,
-            fix=f"wait for that run to end; if it is dead, clear the lock: "
-            f"ssh root@{host.name} rm -f {path}",
-        )
+        raise SpecfleetError(message, host=host.name, fix=_clear_fix(path))
     if verdict == "stale":
         host.log(message, logger.warning)
-    yield StringCommand("mkdir", "-p", QuoteString(s.state_dir))
-    yield StringCommand(
-        "printf", "%s\\n", QuoteString(json.dumps(me)), ">", QuoteString(path)
-    )
+        host.run_shell_command(
+            StringCommand("echo", QuoteString(json.dumps(me)), ">", QuoteString(path))
+        )
+    host.noop(f"run lock {path} is held by this run")
+    yield from ()
+
+
+def _clear_fix(path: str) -> str:
+    return f"wait for that run to end; if it is dead, clear the lock on the host: rm -f {path}"
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,190 @@
+"""The local demo fleet: `deploys/kimi_k26.py` end to end on real Debian hosts.
+
+    python -m tests.demo [up|run|down]      (the README's first command runs `.ci/demo`)
+
+What is real: the hosts (systemd-nspawn, sshd, systemd), pyinfra over SSH, SGLang 0.5.11 wheels
+from PyPI (installed --no-deps: no torch here), huggingface_hub downloading through a hub on the
+fleet bridge, systemd units, the readiness gate. What stands in, and why:
+- `nvidia-smi` replays real captures of each machine type (there is no GPU here);
+- the hub is `tests/standin_hub.py`, serving small git repos shaped like Kimi K2.6 and its
+  gated DFlash drafter (no route to the Hub here);
+- the SGLang server is `tests/standin_sglang_server.py`, started through the test-only
+  `launcher` setting with the plan's exact flags (the real one needs GPUs and torch).
+
+The CT200-like host mirrors CT200: 8x RTX PRO 6000 (SM120, PCIe), an existing venv at
+/root/venv_sglang211 with SGLang 0.5.11 reused in place, a token already at huggingface_hub's
+default path, and 593 GiB of free space faked with a tmpfs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.fleet import Fleet, HostSpec
+from tests.weights_support import StandinHub, make_repo, random_bytes
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+DEPLOY = "deploys/kimi_k26.py"
+STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
+TARGET = "demo/Kimi-K2.6-mini"
+DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
+# The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
+DEMO_TOKEN = "hf_demo_" + "0" * 24
+
+HOSTS = [
+    HostSpec("ct200", gpu="rtx6000x8", disk="593G"),
+    HostSpec("b200", gpu="b200x8", disk="64G"),
+    HostSpec("h100", gpu="h100x8", disk="64G"),
+]
+
+
+def target_files() -> dict[str, bytes]:
+    """A scaled-down Kimi K2.6: its config shape and two safetensors shards of a few MiB."""
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2"},
+        "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"},
+    }
+    return {
+        "config.json": json.dumps(config, indent=1).encode(),
+        "model-00001-of-00002.safetensors": random_bytes(3 << 20, "t1"),
+        "model-00002-of-00002.safetensors": random_bytes(2 << 20, "t2"),
+        "model.safetensors.index.json": b'{"weight_map": {}}',
+    }
+
+
+def drafter_files() -> dict[str, bytes]:
+    config = {"architectures": ["DFlashDraftModel"], "block_size": 8,
+              "dflash_config": {"block_size": 8, "mask_token_id": 163838}}
+    return {"config.json": json.dumps(config, indent=1).encode(),
+            "model.safetensors": random_bytes(1 << 20, "d1")}
+
+
+@dataclass
+class Demo:
+    fleet: Fleet
+    hub: StandinHub
+    workdir: Path
+    revisions: dict[str, str]
+    inventory: Path = field(default=None)  # type: ignore[assignment]
+
+    def settings(self, host: str, **over) -> dict:
+        data = {
+            "target": {"repo_id": TARGET, "revision": self.revisions[TARGET]},
+            "drafter": {"repo_id": DRAFTER, "revision": self.revisions[DRAFTER], "gated": True},
+            "sglang": {
+                "version": "0.5.11", "find_links": self.fleet.wheelhouse_url,
+                "trusted_hosts": [self.fleet.bridge_ip], "no_deps": True,
+            },
+            "weights": {"hf_endpoint": self.hub.url, "poll_seconds": 0.5},
+            "readiness_timeout_s": 120.0,
+            "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json"],
+        }
+        if host == "ct200":
+            data.update(venv="/root/venv_sglang211", models_root="/srv/models")
+        for key, value in over.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return data
+
+    def write_inventory(self, path: Path | None = None, **per_host_over) -> Path:
+        path = path or self.workdir / "demo_inventory.py"
+        host_data = {
+            h: {"specfleet": self.settings(h, **per_host_over.get(h, {}))}
+            for h in self.fleet.hosts
+        }
+        self.fleet.write_inventory(path, host_data=host_data)
+        if path == self.workdir / "demo_inventory.py":
+            self.inventory = path
+        return path
+
+    def pyinfra(self, *args: str, inventory: Path | None = None, token: bool = True,
+                timeout: float = 900, capture: bool = True) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        if token:
+            env["HF_TOKEN"] = DEMO_TOKEN
+        argv = [PYINFRA, *args, str(inventory or self.inventory), DEPLOY]
+        return subprocess.run(argv, cwd=REPO_ROOT, env=env, timeout=timeout,
+                              capture_output=capture, text=True)
+
+    def down(self) -> None:
+        self.hub.stop()
+        self.fleet.down()
+
+
+def prepare_hosts(fleet: Fleet) -> None:
+    """What the demo hosts have before specfleet touches them (as CT200 does)."""
+    pip = " ".join(fleet.pip_args())
+    for name in fleet.hosts:
+        fleet.run(name, "mkdir -p /opt/specfleet-standin", check=True)
+        fleet.put(name, REPO_ROOT / "tests" / "standin_sglang_server.py", STANDIN)
+    if "ct200" in fleet.hosts:
+        fleet.run(
+            "ct200",
+            "python3 -m venv /root/venv_sglang211 && /root/venv_sglang211/bin/pip install -q "
+            f"--disable-pip-version-check --no-deps {pip} sglang==0.5.11 && "
+            "mkdir -p /root/.cache/huggingface && umask 077 && "
+            f"printf %s {DEMO_TOKEN} > /root/.cache/huggingface/token",
+            check=True,
+            timeout=600,
+        )
+
+
+def up(name: str = "demo", hosts: list[HostSpec] | None = None,
+       workdir: Path | None = None) -> Demo:
+    workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
+    fleet = Fleet.up(name, hosts or HOSTS)
+    mirrors = workdir / "mirrors"
+    revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
+                 DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}
+    hub = StandinHub(mirrors, fleet.bridge_ip, workdir)
+    token_hash = hashlib.sha256(DEMO_TOKEN.encode()).hexdigest()
+    hub.configure(gated={DRAFTER: [token_hash]})
+    hub.wait(TARGET)
+    prepare_hosts(fleet)
+    demo = Demo(fleet, hub, workdir, revisions)
+    demo.write_inventory()
+    return demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", action="store_true", help="leave the fleet running afterwards")
+    args = parser.parse_args(argv)
+    print("==> booting the demo fleet (3 Debian hosts: CT200-like 8x RTX PRO 6000, 8x B200, "
+          "8x H100) and the stand-in hub", flush=True)
+    demo = up()
+    try:
+        print(f"==> inventory: {demo.inventory}", flush=True)
+        print("==> pyinfra --dry: what would change, and the launch plan each host would get",
+              flush=True)
+        demo.pyinfra("--dry", capture=False)
+        print("==> pyinfra -y: the deploy", flush=True)
+        first = demo.pyinfra("-y", capture=False)
+        print("==> pyinfra -y again: a converged fleet changes nothing", flush=True)
+        second = demo.pyinfra("-y", capture=False)
+        for name in demo.fleet.hosts:
+            res = demo.fleet.run(name, "curl -s http://127.0.0.1:30000/get_model_info")
+            print(f"    {name}: /get_model_info -> {res.stdout.strip()}")
+        return 0 if first.returncode == 0 and second.returncode == 0 else 1
+    finally:
+        if args.keep:
+            print(f"==> left running: python -m tests.fleet down --name {demo.fleet.name}")
+        else:
+            demo.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
