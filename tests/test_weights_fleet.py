@@ -266,11 +266,27 @@ def _start(env, name: str, repo: str, **over) -> subprocess.Popen:
                             text=True)
 
 
+def _read_until(p: subprocess.Popen, text: str, timeout: float = 60) -> str:
+    """The output of ``p`` up to the first line holding ``text`` (or all of it)."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    out, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline and text not in out:
+        if sel.select(timeout=1):
+            line = p.stdout.readline()
+            if not line:
+                break
+            out += line
+    return out
+
+
 def test_dropped_session_and_killed_download_resume(env):
     fleet, hub = env["fleet"], env["hub"]
     rev = env["repos"]["resume"]
     unit = "specfleet-weights-testorg--resume"
-    hub.configure(rate_bps=400_000)  # 1 MB shards take 2.5 s each
+    hub.configure(rate_bps=250_000)  # 1 MB shards take 4 s each
     try:
         # 1. The control machine goes away mid-download: the unit goes on.
         p = _start(env, "resume", "resume", weights={"poll_seconds": 0.3})
@@ -280,11 +296,11 @@ def test_dropped_session_and_killed_download_resume(env):
         assert fleet.run("h1", f"systemctl is-active {unit}").stdout.strip() == "active"
         # 2. A re-run attaches to it.
         p = _start(env, "resume", "resume", weights={"poll_seconds": 0.3})
-        _wait_verified(env, "resume", rev, 3)
+        out = _read_until(p, "attaching to the running download")
+        assert "attaching to the running download" in out, out
+        _wait_verified(env, "resume", rev, 4)
         p.send_signal(signal.SIGKILL)
         p.wait()
-        out = p.stdout.read()
-        assert "attaching to the running download" in out, out
         # 3. The download itself is killed half-way.
         fleet.run("h1", f"systemctl kill --signal=KILL {unit}", check=True)
         time.sleep(1)
