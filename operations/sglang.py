@@ -28,6 +28,7 @@ from operations.sglang_support import (
     decide_pr20547,
     direct_url,
     filter_patch,
+    forget_script,
     git_requirement,
     has_v2_worker,
     is_commit,
@@ -129,7 +130,7 @@ def _patch_restore_steps(venv: str, marker: dict | None):
     if marker.get("partial") or marker.get("reverse_applies"):
         yield script_command(restore_script(d))
     else:
-        yield StringCommand("rm", "-rf", "--", QuoteString(d))
+        yield script_command(forget_script(d))
 
 
 @operation()
@@ -403,12 +404,11 @@ def pr20547(
         if step == "restore":
             commands.append(script_command(restore_script(d)))
         elif step == "drop-marker":
-            commands.append(StringCommand("rm", "-rf", "--", QuoteString(d)))
+            commands.append(script_command(forget_script(d)))
         elif step == "apply":
             commands += _apply_commands(
-                venv, install, source or "", sha256, on_conflict,
-                precheck="restore" not in decision.steps,
-            )  # fmt: skip
+                venv, install, source or "", sha256, on_conflict, precheck=decision.precheck
+            )
     yield from commands
 
 

@@ -34,7 +34,14 @@ V2_BUILTIN_SINCE = "0.5.14"
 # GNU patch options shared by every check and apply: strip a/ b/, never ask, never reverse a patch
 # on its own, no .orig files, rejects thrown away.
 PATCH_OPTS = ("-p1", "--forward", "--batch", "--no-backup-if-mismatch", "--reject-file=-")
-REVERSE_OPTS = ("-p1", "--reverse", "--batch", "--no-backup-if-mismatch", "--reject-file=-")
+REVERSE_OPTS = (
+    "-p1",
+    "--reverse",
+    "--forward",
+    "--batch",
+    "--no-backup-if-mismatch",
+    "--reject-file=-",
+)
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -236,6 +243,9 @@ class PatchDecision:
     steps: tuple[str, ...]
     reason: str
     warning: str | None = None
+    # Whether the files are as the facts saw them when "apply" runs, so that a dry run made now
+    # (before any step) says whether it applies.
+    precheck: bool = True
 
     @property
     def noop(self) -> bool:
@@ -267,10 +277,27 @@ def decide_pr20547(
             applied_sha = marker.get("sha256")
         else:
             steps.append("drop-marker")
+            leftovers = marker.get("leftovers") or []
             warning = (
                 f"the PR#20547 marker ({short(marker.get('sha256'))}) no longer matches the files "
                 "on disk (SGLang was reinstalled?); forgets it"
             )
+            if leftovers:
+                warning += (
+                    f" and removes the {len(leftovers)} files it had added, which pip does not "
+                    f"know: {', '.join(leftovers[:4])}"
+                )
+                # The facts saw those leftovers (a v2 worker file, say): they cannot be trusted
+                # until the files are gone, so apply again and let the verify step decide.
+                if present and source:
+                    return PatchDecision(
+                        ("drop-marker", "apply"),
+                        f"SGLang {version} keeps leftovers of an earlier PR#20547; removes them "
+                        f"and applies PR#20547 ({short(sha256)})",
+                        warning,
+                        precheck=False,
+                    )
+                return PatchDecision(("drop-marker",), "PR#20547 patch is not applied", warning)
 
     if not present:
         if applied_sha:
@@ -289,6 +316,7 @@ def decide_pr20547(
             ("restore", "apply"),
             f"PR#20547 patch {short(applied_sha)} is applied but settings pin {short(sha256)}; "
             "replaces it",
+            precheck=False,
         )
     features = (install or {}).get("features") or {}
     if has_v2_worker(features):
@@ -305,6 +333,8 @@ def decide_pr20547(
         (*steps, "apply"),
         f"SGLang {version} has no DFlash v2 worker; applies PR#20547 ({short(sha256)})",
         warning,
+        # A half-applied patch is restored first: the files change before "apply".
+        precheck="restore" not in steps,
     )
 
 
@@ -711,6 +741,10 @@ def apply_script(state_dir: str, site: str, patch: FilteredPatch) -> str:
             f"  {restore_files_script()}",
             "  exit 1",
             "fi",
+            # What it added, by content: after an out-of-band reinstall these are the leftovers.
+            f'sha256sum -- {created} > "$d/created.sha256"'
+            if created
+            else ': > "$d/created.sha256"',
         ]
     )
 
@@ -739,6 +773,29 @@ def restore_script(state_dir: str) -> str:
             'if [ -f "$d/backup.tar" ] && [ -f "$d/site" ]; then',
             '  cd "$(cat "$d/site")"',
             f"  {restore_files_script()}",
+            "fi",
+            'rm -rf -- "$d"',
+        ]
+    )
+
+
+def forget_script(state_dir: str) -> str:
+    """Forget a marker whose patch is no longer on disk (SGLang reinstalled under it): remove the
+    files it added that are still exactly as it added them (pip does not know them), then the
+    state directory. Files pip has replaced since are left alone."""
+    d = _q(state_dir)
+    return "\n".join(
+        [
+            "set -e",
+            f"d={d}",
+            'if [ -f "$d/created.sha256" ] && [ -f "$d/site" ]; then',
+            '  cd "$(cat "$d/site")"',
+            '  sha256sum -c "$d/created.sha256" 2>/dev/null | sed -n "s/: OK$//p" | '
+            'while IFS= read -r f; do rm -f -- "$f"; '
+            'b=$(basename "$f" .py); rm -f -- "$(dirname "$f")/__pycache__/$b".*.pyc; done',
+            '  if [ -f "$d/created_dirs" ]; then while IFS= read -r p; do [ -n "$p" ] || continue; '
+            '[ -d "$p" ] || continue; rmdir --ignore-fail-on-non-empty -- "$p/__pycache__" "$p" '
+            '2>/dev/null || true; done < "$d/created_dirs"; fi',
             "fi",
             'rm -rf -- "$d"',
         ]
@@ -805,7 +862,8 @@ class GitRemoteRefs(FactBase[list[str]]):
 class PatchState(FactBase[dict | None]):
     """An applied PR#20547 in a venv: the marker's sha256, the site it patched, and whether the
     applied diff still reverses cleanly there (``patch -R --dry-run``). None if no patch was
-    applied; ``partial`` for an apply that never reached its marker.
+    applied; ``partial`` for an apply that never reached its marker; ``leftovers``, for a marker
+    that no longer reverses, the files it added that are still exactly as it added them.
 
     .. code:: python
 
@@ -824,7 +882,11 @@ class PatchState(FactBase[dict | None]):
             'if [ -f "$d/sha256" ]; then '
             'echo "sha256=$(cat "$d/sha256")"; echo "site=$(cat "$d/site")"; '
             f'if (cd "$(cat "$d/site")" && patch --dry-run {rev} -i "$d/applied.diff") '
-            ">/dev/null 2>&1; then echo reverse=ok; else echo reverse=fail; fi; "
+            ">/dev/null 2>&1; then echo reverse=ok; else echo reverse=fail; "
+            'if [ -f "$d/created.sha256" ]; then (cd "$(cat "$d/site")" && '
+            'sha256sum -c "$d/created.sha256" 2>/dev/null '
+            '| sed -n "s/^\\(.*\\): OK$/leftover=\\1/p"); '
+            "fi; fi; "
             'elif [ -d "$d" ]; then echo partial=1; '
             'if [ -f "$d/conflict" ]; then sed "s/^/conflict:/" "$d/conflict"; fi; fi'
         )
@@ -834,7 +896,7 @@ class PatchState(FactBase[dict | None]):
             return None
         out: dict[str, Any] = {
             "sha256": None, "site": None, "reverse_applies": False, "partial": False,
-            "conflict": [],
+            "conflict": [], "leftovers": [],
         }  # fmt: skip
         for line in output:
             if line.startswith("sha256="):
@@ -845,6 +907,8 @@ class PatchState(FactBase[dict | None]):
                 out["reverse_applies"] = line.strip() == "reverse=ok"
             elif line.startswith("partial="):
                 out["partial"] = True
+            elif line.startswith("leftover="):
+                out["leftovers"].append(line[len("leftover=") :])
             elif line.startswith("conflict:"):
                 out["conflict"].append(line[len("conflict:") :])
         return out

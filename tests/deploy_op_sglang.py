@@ -2,7 +2,7 @@
 each host's settings (host data ``specfleet``).
 
 Host data ``sglang_test`` narrows it for one test: ``{"ops": ["installed", ...],
-"pr20547_present": False}``. Without it this is exactly ``operations.sglang.ensure_software``.
+"pr20547_present": False, "installed_present": False}``. Without it this is exactly ``operations.sglang.ensure_software``.
 """
 
 from pyinfra import host
@@ -14,8 +14,9 @@ settings = settings_for_host(host)
 opts = host.data.get("sglang_test") or {}
 ops = opts.get("ops")
 present = opts.get("pr20547_present", True)
+installed_present = opts.get("installed_present", True)
 
-if ops is None and present:
+if ops is None and present and installed_present:
     sglang.ensure_software(settings)
 else:
     sg = settings.sglang
@@ -35,6 +36,7 @@ else:
                 python=settings.python,
                 git_url=sg.git_url if git else None,
                 git_ref=sg.git_ref if git else None,
+                present=installed_present,
                 **source,
             )
         elif op == "compressed_tensors":

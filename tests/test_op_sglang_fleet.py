@@ -167,10 +167,12 @@ def deploy(fleet, tmp_path, host: str, data: dict, *flags: str, test: dict | Non
     return Run(proc, time.monotonic() - start)
 
 
-def tree_sha(fleet, host: str, venv: str) -> str:
+def tree_sha(fleet, host: str, venv: str, sources_only: bool = False) -> str:
+    """The sha256 of every file of the installed package (bytes and paths)."""
+    skip = "-not -name '*.pyc' " if sources_only else ""
     r = fleet.run(
         host,
-        f"cd {shlex.quote(venv)}/{SITE} && find sglang -type f -print0 | sort -z "
+        f"cd {shlex.quote(venv)}/{SITE} && find sglang -type f {skip}-print0 | sort -z "
         "| xargs -0 sha256sum | sha256sum",
         check=True,
     )
@@ -286,6 +288,45 @@ def test_upgrade_removes_the_patch_first(sw, tmp_path):
     assert not exists(sw, "h2", f"{venv}/.specfleet/pr20547")
     worker = sw.run("h2", f"cat {venv}/{SITE}/sglang/srt/speculative/dflash_worker_v2.py").stdout
     assert "test-authored" not in worker and "class DFlashWorkerV2" in worker
+
+
+def test_reinstall_under_the_patch_then_uninstall(sw, tmp_path):
+    """pip reinstalls SGLang behind our back: the marker no longer reverses, the worker file the
+    patch added is left over (not in RECORD). The op removes it and applies again. Uninstalling
+    SGLang removes the patch first."""
+    venv = "/opt/sf-stale"
+    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
+    data = settings(sw, venv, patch)
+    ops = {"ops": ["installed", "pr20547"]}
+    first = deploy(sw, tmp_path, "h1", data, test=ops)
+    assert first.rc == 0, first.output
+    # Sources only: a reinstall recompiles the .pyc files, with new timestamps inside.
+    patched = tree_sha(sw, "h1", venv, sources_only=True)
+    pip = " ".join(shlex.quote(a) for a in sw.pip_args())
+    sw.run(
+        "h1",
+        f"{venv}/bin/pip install -q --no-deps --force-reinstall {pip} sglang==0.5.11",
+        check=True,
+        timeout=600,
+    )
+    worker = f"{venv}/{SITE}/sglang/srt/speculative/dflash_worker_v2.py"
+    assert exists(sw, "h1", worker)  # the leftover
+
+    again = deploy(sw, tmp_path, "h1", data, test=ops)
+    assert again.rc == 0, again.output
+    assert "no longer matches the files on disk" in again.output
+    assert again.status("sglang.installed", "h1") == "No changes"
+    assert again.status("sglang.pr20547", "h1") == "Success", again.output
+    assert tree_sha(sw, "h1", venv, sources_only=True) == patched
+    settled = deploy(sw, tmp_path, "h1", data, test=ops)
+    assert settled.status("sglang.pr20547", "h1") == "No changes", settled.output
+
+    gone = deploy(sw, tmp_path, "h1", data, test={"ops": ["installed"], "installed_present": False})
+    assert gone.rc == 0 and gone.status("sglang.installed", "h1") == "Success", gone.output
+    assert "sglang" not in pip_versions(sw, "h1", venv)
+    assert not exists(sw, "h1", worker) and not exists(sw, "h1", f"{venv}/.specfleet/pr20547")
+    none = deploy(sw, tmp_path, "h1", data, test={"ops": ["installed"], "installed_present": False})
+    assert none.status("sglang.installed", "h1") == "No changes", none.output
 
 
 def test_existing_venv_is_reused_and_compressed_tensors_moves_into_range(sw, tmp_path):

@@ -391,3 +391,47 @@ def test_venv_fact_parses_its_own_command_output(tmp_path):
     (venv / "bin").mkdir(parents=True)
     os.symlink(shutil.which("python3"), venv / "bin/python")
     assert fact.process(sh(fact.command(str(venv))).stdout.splitlines())["python"].startswith("3.")
+
+
+@needs_patch
+def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp_path):
+    site = make_site(tmp_path)
+    before = tree_hash(site)
+    fp = s.filter_patch(PATCH)
+    venv = tmp_path / "venv"
+    d = venv / s.PATCH_STATE_DIR
+    d.mkdir(parents=True)
+    (d / "applied.diff").write_text(fp.text)
+    assert sh(s.apply_script(str(d), str(site), fp)).returncode == 0
+    (d / "sha256").write_text("ab" * 32 + "\n")
+    # pip reinstalls SGLang under the patch: environ.py is the release's again, the added worker
+    # is not in RECORD and stays. A file pip would own (same path, other bytes) is not ours.
+    (site / "sglang/srt/environ.py").write_text(ENVIRON)
+    fact = s.PatchState()
+    state = fact.process(sh(fact.command(str(venv))).stdout.splitlines())
+    assert state["reverse_applies"] is False
+    assert state["leftovers"] == ["sglang/srt/speculative/dflash_worker_v2.py"]
+
+    install = {**V1, "features": {"dflash": "v2", "dflash_pr20547": False}}  # the leftover's doing
+    d1 = s.decide_pr20547(install, state, present=True, source="p.diff", sha256=SHA)
+    assert d1.steps == ("drop-marker", "apply") and d1.precheck is False
+    assert "dflash_worker_v2.py" in d1.warning
+    d2 = s.decide_pr20547(install, state, present=False, source=None, sha256=None)
+    assert d2.steps == ("drop-marker",)
+
+    assert sh(s.forget_script(str(d))).returncode == 0
+    assert tree_hash(site) == before and not d.exists()
+
+
+@needs_patch
+def test_forget_keeps_a_file_that_is_no_longer_ours(tmp_path):
+    site = make_site(tmp_path)
+    fp = s.filter_patch(PATCH)
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "applied.diff").write_text(fp.text)
+    assert sh(s.apply_script(str(d), str(site), fp)).returncode == 0
+    worker = site / "sglang/srt/speculative/dflash_worker_v2.py"
+    worker.write_text("# shipped by a newer SGLang\n")
+    assert sh(s.forget_script(str(d))).returncode == 0
+    assert worker.read_text() == "# shipped by a newer SGLang\n" and not d.exists()
