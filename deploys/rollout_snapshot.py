@@ -1,0 +1,5 @@
+"""Rollout step: a rollback point on each host before it is changed (python -m deploys.rollout)."""
+
+from operations import rollback
+
+rollback.snapshot(name="Keep a rollback point")

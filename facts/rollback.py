@@ -1,0 +1,111 @@
+"""Facts about a host's rollback point: what was kept before a change, and what is there now."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+# The files of a server that a rollback point keeps, by the name they have in it.
+FILE_KEYS = ("unit", "env", "secret")
+# Where an applied PR#20547 keeps its marker, relative to the venv (operations.sglang_support).
+PATCH_MARKER = ".specfleet/pr20547/sha256"
+ABSENT = "-"
+
+
+class RollbackState(FactBase[dict[str, Any]]):
+    """
+    A rollback point kept on the host (``directory``) beside the state it would return to, read
+    with one command: the sha1 of the unit, env and secret files, the PR#20547 marker's sha256,
+    and the venv's ``pip freeze``, each as saved and as it is now, plus the wheels in the cache.
+    ``saved`` is None until a rollback point exists; a file that was absent when it was taken is
+    ``None`` in ``saved``, as it is in ``current`` while it does not exist.
+
+    + directory: the rollback point's folder (``<state_dir>/rollback/<service>``)
+    + unit, env, secret: the live paths of the server's files
+    + venv: the SGLang venv
+    + wheels: the wheel cache folder
+
+    .. code:: python
+
+        {
+            "saved": {"unit": "0b5c...", "env": "9e1d...", "secret": None, "patch": None,
+                      "freeze": ["compressed-tensors==0.9.4", "sglang==0.5.11"],
+                      "taken": "2026-11-30T15:20:01+00:00"},
+            "current": {"unit": "77aa...", "env": "9e1d...", "secret": None, "patch": None,
+                        "freeze": ["compressed-tensors==0.9.4", "sglang==0.5.14"],
+                        "freeze_error": None},
+            "wheels": ["sglang-0.5.11-py3-none-any.whl"],
+        }
+    """
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return parse_rollback_state([])
+
+    @override
+    def command(
+        self, directory: str, unit: str, env: str, secret: str, venv: str, wheels: str
+    ) -> str:
+        d = shlex.quote(directory)
+        py = shlex.quote(f"{venv.rstrip('/')}/bin/python")
+        marker = shlex.quote(f"{venv.rstrip('/')}/{PATCH_MARKER}")
+        parts = []
+        for key, path in zip(FILE_KEYS, (unit, env, secret), strict=True):
+            for side, q in (("cur", shlex.quote(path)), ("saved", f"{d}/{key}")):
+                parts.append(
+                    f'if test -e {q}; then echo "{side}.{key}=$(sha1sum < {q} | cut -c1-40)"; fi'
+                )
+        parts += [
+            f"if test -e {marker}; then echo \"cur.patch=$(cat {marker})\"; fi",
+            f"if test -e {d}/patch/sha256; then echo \"saved.patch=$(cat {d}/patch/sha256)\"; fi",
+            f"if test -e {d}/taken; then echo \"saved.taken=$(cat {d}/taken)\"; fi",
+            f"if test -e {d}/freeze.txt; then sed 's/^/saved.freeze:/' {d}/freeze.txt; fi",
+            # pip's own answer: direct references (git, file) come out as `name @ url`.
+            f"if test -x {py}; then {py} -m pip freeze --disable-pip-version-check "
+            f"> /tmp/.specfleet-freeze.$$ 2>&1 && sed 's/^/cur.freeze:/' /tmp/.specfleet-freeze.$$ "
+            f"|| sed 's/^/cur.freeze-error:/' /tmp/.specfleet-freeze.$$; "
+            "rm -f /tmp/.specfleet-freeze.$$; fi",
+            f"if test -d {shlex.quote(wheels)}; then ls -1 {shlex.quote(wheels)} "
+            "| sed 's/^/wheel:/'; fi",
+        ]
+        return "; ".join(parts)
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_rollback_state(output)
+
+
+def parse_rollback_state(output: list[str]) -> dict[str, Any]:
+    """``RollbackState``'s output -> its value (pure)."""
+    cur: dict[str, Any] = {k: None for k in (*FILE_KEYS, "patch")}
+    cur["freeze"], cur["freeze_error"] = [], None
+    saved: dict[str, Any] = {k: None for k in (*FILE_KEYS, "patch", "taken")}
+    saved["freeze"] = []
+    wheels: list[str] = []
+    errors: list[str] = []
+    for line in output:
+        if line.startswith("cur.freeze:"):
+            cur["freeze"].append(line[len("cur.freeze:") :])
+        elif line.startswith("cur.freeze-error:"):
+            errors.append(line[len("cur.freeze-error:") :])
+        elif line.startswith("saved.freeze:"):
+            saved["freeze"].append(line[len("saved.freeze:") :])
+        elif line.startswith("wheel:"):
+            wheels.append(line[len("wheel:") :])
+        elif "=" in line and line.split("=", 1)[0] in (
+            *(f"cur.{k}" for k in (*FILE_KEYS, "patch")),
+            *(f"saved.{k}" for k in (*FILE_KEYS, "patch", "taken")),
+        ):
+            key, value = line.split("=", 1)
+            side, name = key.split(".", 1)
+            (cur if side == "cur" else saved)[name] = value.strip() or None
+    if errors:
+        cur["freeze_error"] = "\n".join(errors)
+    return {
+        "saved": saved if saved["taken"] else None,
+        "current": cur,
+        "wheels": sorted(wheels),
+    }

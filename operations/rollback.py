@@ -1,0 +1,443 @@
+"""Keep a rollback point on the host before a change, and return to it: unit, pins, patch."""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+
+from deploys.errors import SpecfleetError
+from deploys.settings import Settings, settings_for_host
+from facts.rollback import FILE_KEYS, RollbackState
+from operations import sglang as sglang_ops
+from operations.server import ServerPaths, server_paths
+from operations.sglang_support import patch_state_dir, restore_script
+
+# The distributions specfleet's software step changes; their wheels are kept in the cache so that
+# a rollback reinstalls the old pins even where the index no longer serves them.
+MANAGED = ("sglang", "compressed-tensors")
+SECRET_KEY = "secret"
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure decisions
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RollbackPaths:
+    directory: str
+    wheels: str
+
+    def file(self, key: str) -> str:
+        return posixpath.join(self.directory, key)
+
+
+def rollback_paths(settings: Settings) -> RollbackPaths:
+    root = posixpath.join(settings.state_dir, "rollback")
+    return RollbackPaths(
+        directory=posixpath.join(root, settings.service_name),
+        wheels=posixpath.join(root, "wheels"),
+    )
+
+
+def live_files(paths: ServerPaths) -> dict[str, str]:
+    return {"unit": paths.unit, "env": paths.env, "secret": paths.secret}
+
+
+def pin_name(line: str) -> str | None:
+    """The canonical distribution name of one ``pip freeze`` line (None for comments, ``-e``)."""
+    line = line.strip()
+    if not line or line.startswith(("#", "-")):
+        return None
+    for sep in (" @ ", "==", "==="):
+        if sep in line:
+            return canonicalize_name(line.split(sep, 1)[0].strip())
+    return None
+
+
+def parse_pins(lines: list[str]) -> dict[str, str]:
+    """``pip freeze`` lines -> {canonical name: line}."""
+    out = {}
+    for line in lines:
+        name = pin_name(line)
+        if name:
+            out[name] = line.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class PinChanges:
+    install: list[str]
+    uninstall: list[str]
+
+    @property
+    def empty(self) -> bool:
+        return not self.install and not self.uninstall
+
+    def names(self) -> set[str]:
+        return {pin_name(p) or p for p in self.install} | set(self.uninstall)
+
+
+def pin_changes(saved: list[str], current: list[str]) -> PinChanges:
+    """What returns the venv from ``current`` to ``saved`` (both ``pip freeze`` output): the saved
+    pins that differ or are missing, and the distributions that were not there."""
+    s, c = parse_pins(saved), parse_pins(current)
+    install = [line for name, line in sorted(s.items()) if c.get(name) != line]
+    uninstall = sorted(name for name in c if name not in s)
+    return PinChanges(install, uninstall)
+
+
+def missing_wheels(freeze: list[str], wheels: list[str], managed=MANAGED) -> list[str]:
+    """The ``name==version`` pins of the managed distributions with no wheel in the cache."""
+    have = set()
+    for filename in wheels:
+        try:
+            name, version, _, _ = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            continue
+        have.add((canonicalize_name(name), str(version)))
+    out = []
+    for name, line in sorted(parse_pins(freeze).items()):
+        if name not in {canonicalize_name(m) for m in managed} or "==" not in line:
+            continue
+        version = line.split("==", 1)[1].strip()
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            version = str(Version(version))
+        except InvalidVersion:
+            continue
+        if (name, version) not in have:
+            out.append(line)
+    return out
+
+
+def drift(state: dict[str, Any]) -> list[str]:
+    """How the host differs from its rollback point (empty: the point is current)."""
+    saved, cur = state.get("saved"), state["current"]
+    if saved is None:
+        return ["there is no rollback point yet"]
+    out = []
+    for key in (*FILE_KEYS, "patch"):
+        if saved.get(key) != cur.get(key):
+            out.append({"unit": "the unit", "env": "the environment file",
+                        "secret": "the API key file", "patch": "the PR#20547 patch state"}[key])
+    if not pin_changes(saved["freeze"], cur["freeze"]).empty:
+        out.append("the package pins")
+    return out
+
+
+def file_restores(state: dict[str, Any]) -> list[tuple[str, str]]:
+    """``[(key, "copy" | "remove"), ...]``: what puts the unit, env and secret back as saved."""
+    saved, cur = state["saved"], state["current"]
+    out = []
+    for key in FILE_KEYS:
+        if saved[key] == cur[key]:
+            continue
+        out.append((key, "remove" if saved[key] is None else "copy"))
+    return out
+
+
+def pip_source_args(settings: Settings, wheels: str) -> list[str]:
+    """pip's source arguments: the wheel cache first, then the settings' index or find-links."""
+    sg = settings.sglang
+    args = ["--no-input", "--disable-pip-version-check", "--find-links", wheels]
+    if sg.index_url:
+        args += ["--index-url", sg.index_url]
+    elif sg.find_links:
+        args += ["--no-index"]
+    if sg.find_links:
+        args += ["--find-links", sg.find_links]
+    for trusted in sg.trusted_hosts:
+        args += ["--trusted-host", trusted]
+    return args
+
+
+# --------------------------------------------------------------------------------------------------
+# Shell scripts
+# --------------------------------------------------------------------------------------------------
+
+
+def snapshot_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str:
+    """Take a rollback point in a new folder, then swap it in: a failed copy keeps the old one."""
+    q = shlex.quote
+    d = q(rp.directory)
+    py = q(f"{venv.rstrip('/')}/bin/python")
+    patch_dir = q(patch_state_dir(venv))
+    lines = [
+        "set -e",
+        "umask 077",
+        f"d={d}",
+        'mkdir -p "$(dirname "$d")"',
+        'rm -rf "$d.new" && mkdir -p "$d.new"',
+    ]
+    for key in FILE_KEYS:
+        lines.append(f'if test -e {q(live[key])}; then cp -p {q(live[key])} "$d.new/{key}"; fi')
+    lines += [
+        f"if test -x {py}; then {py} -m pip freeze --disable-pip-version-check "
+        '> "$d.new/freeze.txt"; fi',
+        f'if test -e {patch_dir}/sha256; then cp -a {patch_dir} "$d.new/patch"; fi',
+        'date -u +%Y-%m-%dT%H:%M:%S+00:00 > "$d.new/taken"',
+        'rm -rf "$d.old"',
+        'if test -e "$d"; then mv "$d" "$d.old"; fi',
+        'mv "$d.new" "$d"',
+        'rm -rf "$d.old"',
+    ]
+    return "\n".join(lines)
+
+
+def reapply_patch_script(saved_patch: str, venv: str) -> str:
+    """Put an applied PR#20547 back from the rollback point: its mapped diff onto the (restored)
+    site-packages, and its state folder (backup, created files, marker) beside the venv."""
+    from operations.sglang_support import PATCH_OPTS
+
+    q = shlex.quote
+    opts = " ".join(PATCH_OPTS)
+    return "\n".join(
+        [
+            "set -e",
+            f"s={q(saved_patch)}",
+            f"d={q(patch_state_dir(venv))}",
+            'cd "$(cat "$s/site")"',
+            f'if ! out=$(patch --dry-run {opts} -i "$s/applied.diff" 2>&1); then',
+            '  echo "the saved PR#20547 patch does not apply to the restored SGLang:" >&2',
+            '  echo "$out" >&2; exit 1',
+            "fi",
+            'rm -rf "$d" && mkdir -p "$(dirname "$d")"',
+            'cp -a "$s" "$d.tmp" && rm -f "$d.tmp/sha256" && mv "$d.tmp" "$d"',
+            f'patch {opts} -i "$d/applied.diff" > /dev/null',
+            'cp "$s/sha256" "$d/sha256"',
+        ]
+    )
+
+
+def _sh(script: str) -> StringCommand:
+    return StringCommand("sh", "-c", QuoteString(script))
+
+
+# --------------------------------------------------------------------------------------------------
+# Operations
+# --------------------------------------------------------------------------------------------------
+
+
+def _settings(settings: Settings | None) -> Settings:
+    return settings if settings is not None else settings_for_host(host)
+
+
+def _state(s: Settings) -> dict[str, Any]:
+    rp = rollback_paths(s)
+    live = live_files(server_paths(s))
+    return host.get_fact(
+        RollbackState,
+        directory=rp.directory,
+        unit=live["unit"],
+        env=live["env"],
+        secret=live["secret"],
+        venv=s.venv,
+        wheels=rp.wheels,
+    )
+
+
+def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
+    if state["saved"] is None:
+        raise SpecfleetError(
+            f"there is no rollback point in {rollback_paths(s).directory}",
+            host=host.name,
+            fix="take one with rollback.snapshot before changing the host "
+            "(python -m deploys.rollout does it for every host it changes)",
+        )
+    return state["saved"]
+
+
+@operation()
+def snapshot(settings: Settings | None = None):
+    """
+    Keep a rollback point on the host: the server's unit, env and secret files, the venv's
+    ``pip freeze``, the PR#20547 patch state, and wheels of the managed pins.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    The point lives in ``<state_dir>/rollback/<service_name>/`` (mode 0700: it may hold the API
+    key file) and is replaced only when the host differs from it, so a second run changes nothing.
+    Wheels of the installed ``sglang`` and ``compressed-tensors`` go to
+    ``<state_dir>/rollback/wheels`` (``pip download`` from the configured index or find-links),
+    so that ``rollback.pins`` can reinstall them later.
+
+    **Example:**
+
+    .. code:: python
+
+        rollback.snapshot(name="Keep a rollback point")
+    """
+    s = _settings(settings)
+    rp = rollback_paths(s)
+    state = _state(s)
+    cur = state["current"]
+    if cur["freeze_error"]:
+        raise SpecfleetError(
+            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
+            host=host.name,
+            fix=f"check that {s.venv}/bin/python -m pip works",
+        )
+    reasons = drift(state)
+    missing = missing_wheels(cur["freeze"], state["wheels"])
+    if not reasons and not missing:
+        host.noop(f"rollback point {rp.directory} is current")
+        return
+    if reasons:
+        host.log(f"rollback point: keeps {', '.join(reasons)}", logger.info)
+        yield _sh(snapshot_script(rp, live_files(server_paths(s)), s.venv))
+    if missing:
+        argv = [
+            posixpath.join(s.venv, "bin", "python"), "-m", "pip", "download", "--no-deps",
+            "--dest", rp.wheels, *pip_source_args(s, rp.wheels), *missing,
+        ]  # fmt: skip
+        yield FunctionCommand(_cache_wheels, (rp.wheels, argv), {})
+
+
+def _cache_wheels(state: Any, host: Any, wheels: str, argv: list[str]) -> bool:
+    """Fill the wheel cache; a failure is a warning (a rollback then needs the index)."""
+    connector_args: dict[str, Any] = {}
+    if host.executing_op_hash:
+        global_args = state.get_op_data_for_host(host, host.executing_op_hash).global_arguments
+        connector_args = {k: v for k, v in global_args.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    ok, output = host.run_shell_command(
+        StringCommand("mkdir", "-p", QuoteString(wheels), "&&", *[QuoteString(a) for a in argv]),
+        print_output=False,
+        **connector_args,
+    )
+    if not ok:
+        last = (output.output_lines if output else ["no output"]) or ["no output"]
+        host.log(
+            f"wheel cache: pip download failed ({last[-1]}); a rollback will need the index",
+            logger.warning,
+        )
+    return True
+
+
+@operation()
+def pins(settings: Settings | None = None):
+    """
+    Reinstall the venv's package pins as kept in the rollback point, where they differ.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    Pins that differ are reinstalled with ``--no-deps`` from the wheel cache first, then the
+    configured index or find-links; distributions that were not there are uninstalled. An applied
+    PR#20547 is removed first when SGLang itself changes (its files are not in pip's RECORD).
+    """
+    s = _settings(settings)
+    state = _state(s)
+    saved = _need_point(s, state)
+    cur = state["current"]
+    if cur["freeze_error"]:
+        raise SpecfleetError(
+            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
+            host=host.name,
+            fix=f"check that {s.venv}/bin/python -m pip works",
+        )
+    changes = pin_changes(saved["freeze"], cur["freeze"])
+    if changes.empty:
+        host.noop(f"the pins in {s.venv} are as kept")
+        return
+    rp = rollback_paths(s)
+    py = QuoteString(posixpath.join(s.venv, "bin", "python"))
+    host.log(
+        "rollback: reinstalls "
+        + (", ".join(changes.install) or "nothing")
+        + (f"; uninstalls {', '.join(changes.uninstall)}" if changes.uninstall else ""),
+        logger.info,
+    )
+    if cur["patch"] and "sglang" in changes.names():
+        yield _sh(restore_script(patch_state_dir(s.venv)))
+    if changes.uninstall:
+        yield StringCommand(
+            py, "-m", "pip", "uninstall", "--yes", *[QuoteString(n) for n in changes.uninstall]
+        )
+    if changes.install:
+        yield StringCommand(
+            py, "-m", "pip", "install", "--no-deps",
+            *[QuoteString(a) for a in pip_source_args(s, rp.wheels)],
+            *[QuoteString(p) for p in changes.install],
+        )  # fmt: skip
+
+
+@operation()
+def patch(settings: Settings | None = None):
+    """
+    Put the PR#20547 patch state back as kept in the rollback point.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    A patch applied since is removed (``sglang.pr20547(present=False)``); a patch that was applied
+    then is applied again from the rollback point's own copy (its mapped diff and backup), so the
+    control machine needs no copy of an old patch.
+    """
+    s = _settings(settings)
+    state = _state(s)
+    saved = _need_point(s, state)
+    cur = state["current"]
+    if saved["patch"] == cur["patch"]:
+        host.noop(
+            "PR#20547 is not applied, as kept" if not cur["patch"]
+            else f"PR#20547 {cur['patch'][:12]} is applied, as kept"
+        )
+        return
+    if saved["patch"] is None:
+        yield from sglang_ops.pr20547._inner(venv=s.venv, present=False)
+        return
+    host.log(f"rollback: applies PR#20547 {saved['patch'][:12]} again", logger.info)
+    if cur["patch"]:
+        yield _sh(restore_script(patch_state_dir(s.venv)))
+    yield _sh(reapply_patch_script(posixpath.join(rollback_paths(s).directory, "patch"), s.venv))
+
+
+@operation()
+def files(settings: Settings | None = None):
+    """
+    Put the server's unit, env and secret files back as kept in the rollback point.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    A file that did not exist then is removed. When anything changes, the server's
+    restart-pending marker is written first, so ``server.service`` restarts onto the old unit.
+    """
+    s = _settings(settings)
+    state = _state(s)
+    _need_point(s, state)
+    steps = file_restores(state)
+    if not steps:
+        host.noop("the unit, env and secret files are as kept")
+        return
+    paths = server_paths(s)
+    rp = rollback_paths(s)
+    live = live_files(paths)
+    host.log(
+        "rollback: " + ", ".join(f"{'restores' if a == 'copy' else 'removes'} {live[k]}"
+                                 for k, a in steps),
+        logger.info,
+    )
+    # The restart-pending marker first, as server.unit does: server.service restarts onto it.
+    yield StringCommand(
+        "sh", "-c", QuoteString('mkdir -p "$(dirname "$1")" && printf "%s\\n" "$2" > "$1"'),
+        "specfleet", QuoteString(paths.marker), QuoteString("the rollback"),
+    )  # fmt: skip
+    for key, action in steps:
+        dest = live[key]
+        if action == "remove":
+            yield StringCommand("rm", "-f", QuoteString(dest))
+            continue
+        mode = "700" if key == SECRET_KEY else "755"
+        yield StringCommand(
+            "mkdir", "-p", "-m", mode, QuoteString(posixpath.dirname(dest)), "&&",
+            "cp", "-p", QuoteString(rp.file(key)), QuoteString(dest + ".specfleet-tmp"), "&&",
+            "mv", "-f", QuoteString(dest + ".specfleet-tmp"), QuoteString(dest),
+        )  # fmt: skip
+    yield StringCommand("systemctl", "daemon-reload")
