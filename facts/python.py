@@ -114,9 +114,11 @@ class Packages(FactBase[dict]):
         wanted = json.dumps([canonical(n) for n in names or PACKAGES])
         return StringCommand(
             "if",
-            "test",
-            "-x",
+            # command -v: the interpreter may be a path (a venv's bin/python) or a bare name.
+            "command",
+            "-v",
             QuoteString(python),
+            ">/dev/null",
             ";",
             "then",
             QuoteString(python),

@@ -186,9 +186,11 @@ class SGLangInstall(FactBase[dict | None]):
     def command(self, python: str = DEFAULT_PYTHON) -> StringCommand:
         return StringCommand(
             "!",
-            "test",
-            "-x",
+            # command -v: the interpreter may be a path (a venv's bin/python) or a bare name.
+            "command",
+            "-v",
             QuoteString(python),
+            ">/dev/null",
             "||",
             QuoteString(python),
             "-I",

@@ -143,6 +143,18 @@ def test_packages_missing_interpreter(tmp_path):
     assert value["torch"] is None and value["direct_urls"] == {}
 
 
+def test_packages_and_sglang_accept_a_bare_interpreter_name():
+    """`python=python3` (as on the device run) is looked up on PATH, not tested as a path."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    bare = os.path.basename(sys.executable)
+    value = run(python.Packages(), env=env, python=bare)
+    assert value["python_version"] == ".".join(map(str, sys.version_info[:3]))
+    assert value["huggingface-hub"]
+    from facts.sglang import SGLangInstall
+
+    assert run(SGLangInstall(), env=env, python=bare) is None
+
+
 # A PEP 517 backend with no dependencies (this venv's setuptools cannot build wheels offline).
 TINY_BACKEND = """
 import base64, hashlib, os, zipfile
