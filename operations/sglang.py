@@ -229,7 +229,12 @@ def installed(
         _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
     else:
         _say(f"reuses venv {venv}")
-    _say(decision.reason)
+    where = ""
+    if not git_url:
+        where = f" from {index_url}" if index_url else ""
+        where += f" (find-links {find_links})" if find_links else ""
+        where = where or " from PyPI"
+    _say(decision.reason + where + (" without dependencies (tests)" if no_deps else ""))
     if marker:
         _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
     if not has_python:

@@ -405,6 +405,26 @@ def test_patch_that_leaves_the_feature_missing_is_rolled_back(sw, tmp_path):
     assert tree_sha(sw, "h2", venv) == before
 
 
+def test_a_patch_with_the_wrong_sha256_fails_the_host_cleanly(sw, tmp_path):
+    venv = "/opt/sf-sha"
+    install_only(sw, tmp_path, "h2", venv)
+    before = tree_sha(sw, "h2", venv)
+    source, _ = write_patch(tmp_path, "pr20547.diff", make_patch())
+    wrong = (source, "0" * 64)
+    for flags in (("-y",), ("--dry",)):
+        run = deploy(
+            sw, tmp_path, "h2", settings(sw, venv, wrong), *flags, test={"ops": ["pr20547"]}
+        )
+        assert run.rc != 0, run.output
+        assert f"the patch from {source} has sha256" in run.output
+        assert "settings pin 0000000000000000000000000000000000000000000000000000000000000000" in (
+            run.output
+        )
+        assert "fix: check that patch.source is the intended diff" in run.output
+        assert "Traceback" not in run.output
+    assert tree_sha(sw, "h2", venv) == before
+
+
 def test_dry_run_on_a_fresh_host_says_what_and_why(sw, tmp_path):
     venv = "/opt/sf-dry"
     patch = write_patch(tmp_path, "pr20547.diff", make_patch())
