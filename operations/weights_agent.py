@@ -339,13 +339,14 @@ def expected_hash(f: dict) -> tuple[str, str]:
     return "git", f["blob_id"]
 
 
-def plan(job: dict, since: float | None = None) -> dict:
+def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None = None) -> dict:
     """What is there, what is missing, how much space there is. Never raises for hub errors.
 
     With ``verify="deep"`` only files verified at or after ``since`` (this run) count as there.
+    ``listing`` (revision, files) skips asking the Hub again.
     """
     try:
-        sha, files = remote_files(job)
+        sha, files = listing or remote_files(job)
     except Exception as e:  # noqa: BLE001 - every hub error becomes a clear message
         return {"error": classify_error(e, job["repo_id"], job["revision"], endpoint_of(job),
                                         has_token(job))}
@@ -398,11 +399,17 @@ def emit(event: dict) -> None:
         sys.stdout.flush()
 
 
-def cmd_fetch(job: dict, disable_xet: bool, since: float | None) -> int:
+def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
+              listing_path: str | None = None) -> int:
     setup_env(job, disable_xet)
     from huggingface_hub import hf_hub_download
 
-    p = plan(job, since)
+    listing = None
+    if listing_path:
+        data = read_json(listing_path)
+        if data and data.get("revision") and data.get("files") is not None:
+            listing = (data["revision"], data["files"])
+    p = plan(job, since, listing)
     if "error" in p:
         emit({"event": "error", **p["error"]})
         return EXIT_FAILED
@@ -540,7 +547,7 @@ def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress,
     if disable_xet:
         env["HF_HUB_DISABLE_XET"] = "1"
     argv = [sys.executable, os.path.abspath(__file__), "fetch", job_path,
-            f"--since={prog.data['started_at']}"]
+            f"--since={prog.data['started_at']}", f"--listing={prog.path}.listing"]
     if disable_xet:
         argv.append("--no-xet")
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
@@ -610,7 +617,10 @@ def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress,
                 child.kill()
                 child.wait()
             return "stall", None
-        time.sleep(poll)
+        try:
+            child.wait(timeout=poll)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def flip_current(root: str, sha: str) -> None:
@@ -640,6 +650,7 @@ def cmd_run(job: dict, job_path: str) -> int:
         print(f"failed: {p['error']['message']}", flush=True)
         return 1
     sha = p["revision"]
+    write_json_atomic(f"{prog.path}.listing", {"revision": sha, "files": p["files"]})
     rev_dir = os.path.join(job["root"], sha)
     sizes = {f["path"]: f["size"] for f in p["files"]}
     done = set(sizes) - set(p["missing"])
@@ -728,8 +739,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(plan(job)))
         return 0
     if argv[0] == "fetch":
-        since = [float(a.split("=", 1)[1]) for a in argv if a.startswith("--since=")]
-        return cmd_fetch(job, "--no-xet" in argv, since[0] if since else None)
+        opts = dict(a[2:].split("=", 1) for a in argv[2:] if "=" in a)
+        since = float(opts["since"]) if "since" in opts else None
+        return cmd_fetch(job, "--no-xet" in argv, since, opts.get("listing"))
     return cmd_run(job, argv[1])
 
 
