@@ -155,6 +155,24 @@ def _used_indexes(exclude: str) -> set[int]:
     return used
 
 
+# systemd in each host takes ~7 inotify instances; the kernel's default of 128 per user (all hosts
+# are root) stops the ~18th host with "Failed to allocate manager object: Too many open files".
+KERNEL_MINIMUMS = {
+    "fs/inotify/max_user_instances": 8192,
+    "fs/inotify/max_user_watches": 524288,
+}
+
+
+def _raise_kernel_limits() -> None:
+    for key, minimum in KERNEL_MINIMUMS.items():
+        path = Path("/proc/sys") / key
+        try:
+            if int(path.read_text()) < minimum:
+                path.write_text(str(minimum))
+        except (OSError, ValueError) as e:
+            _log(f"could not raise {key} to {minimum} ({e}); many hosts may fail to boot")
+
+
 def _systemd_is_pid1() -> bool:
     return Path("/run/systemd/system").is_dir()
 
@@ -338,6 +356,7 @@ class Fleet:
                 raise FleetError(f"{tool} is not installed (apt-get install systemd-container "
                                  "iproute2 openssh-client)")
         reap_orphans()
+        _raise_kernel_limits()
         root = rootfs.ensure_rootfs()
         wheels = wheelhouse.ensure_wheelhouse() if wheelhouse_needed else None
         with _lock(STATE_ROOT / f".{name}.lock"):
