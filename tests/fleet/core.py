@@ -469,29 +469,46 @@ class Fleet:
         self.state["wheelhouse"] = {"pid": proc.pid, "url": url, "dir": str(wheels)}
         self._save()
 
+    def _console_tail(self, host: str, chars: int = 1500) -> str:
+        try:
+            text = (self.dir / f"{host}.log").read_text(errors="replace")
+        except OSError:
+            return "(no console log)"
+        return re.sub(r"\x1b\[[0-9;]*m", "", text)[-chars:]
+
     def _wait_ready(self, timeout: float) -> None:
         """Wait until every host accepts SSH and systemd has finished booting."""
         deadline = time.time() + timeout
-        pending = set(self.hosts)
+        pending = {h: "not started" for h in self.hosts}
         while pending:
             for host in sorted(pending):
                 h = self.state["hosts"][host]
                 if not _alive(h["pid"]):
-                    log = (self.dir / f"{host}.log").read_text(errors="replace")[-2000:]
-                    raise FleetError(f"host {host}: systemd-nspawn exited during boot:\n{log}")
+                    raise FleetError(f"host {host}: systemd-nspawn exited during boot; console:\n"
+                                     + self._console_tail(host))
                 try:
-                    r = self.run(host, "systemctl is-system-running --wait", timeout=30)
+                    r = self.run(host, "timeout 20 systemctl is-system-running --wait >/dev/null;"
+                                       " systemctl is-system-running", timeout=40)
                 except subprocess.TimeoutExpired:
+                    pending[host] = "ssh command timed out"
                     continue
+                state = r.stdout.strip()
                 if r.returncode == 255:  # ssh itself failed: not up yet
+                    pending[host] = f"ssh: {r.stderr.strip()[-200:]}"
+                    continue
+                if state in ("initializing", "starting"):
+                    pending[host] = f"systemd still {state}"
                     continue
                 h["ready_s"] = round(time.time() - h["booted_at"], 2)
-                h["systemd_state"] = r.stdout.strip()
-                pending.discard(host)
+                h["systemd_state"] = state
+                del pending[host]
             if pending:
                 if time.time() > deadline:
-                    raise FleetError(f"hosts {sorted(pending)} not reachable after {timeout:.0f}s"
-                                     f" (logs in {self.dir})")
+                    details = "\n".join(
+                        f"--- {host}: {why}; console:\n{self._console_tail(host)}"
+                        for host, why in sorted(pending.items()))
+                    raise FleetError(f"hosts {sorted(pending)} not ready after {timeout:.0f}s:\n"
+                                     + details)
                 time.sleep(0.5)
         self._save()
         if self.wheelhouse_url:
