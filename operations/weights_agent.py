@@ -512,6 +512,10 @@ class Progress:
         self.write()
 
     def update(self, **kw) -> None:
+        if "state" in kw and kw["state"] != self.data.get("state"):
+            # seconds since the start at which each state began
+            self.data.setdefault("timeline", {})[kw["state"]] = round(
+                time.time() - self.data["started_at"], 3)
         self.data.update(kw)
         self.data["updated_at"] = now()
         self.write()

@@ -89,6 +89,7 @@ def main() -> int:
         prog = json.loads(fleet.run(
             "h1", "cat /var/lib/specfleet/weights/bench--big.progress.json").stdout)
         unit_s = prog["updated_at"] - prog["started_at"]
+        print(f"unit timeline (s from start): {prog.get('timeline')}")
         link_bps = LINK_MBIT * 1e6 / 8
         rate = total / unit_s
         print(f"download: {total / 1e6:.1f} MB in {unit_s:.2f} s (unit) = {rate / 1e6:.2f} MB/s;"
