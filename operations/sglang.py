@@ -37,6 +37,7 @@ from operations.sglang_support import (
     parse_ls_remote,
     parse_patch_failures,
     patch_state_dir,
+    pinned_install_script,
     restore_script,
     script_command,
     short,
@@ -309,25 +310,14 @@ def compressed_tensors(
         host.noop(decision.reason)
         return
     _say(decision.reason)
-    py = shlex.quote(venv_python(venv))
-    source = shlex.join(_source_argv(index_url, find_links, trusted_hosts, no_deps))
-    requirement = shlex.quote(f"compressed-tensors{spec}")
-    check = (
-        "echo 'pip check skipped: no_deps (tests) leaves the dependencies out'"
-        if no_deps
-        else f"{py} -m pip check"
-    )
-    script = "\n".join(
-        [
-            "set -e",
-            "c=$(mktemp)",
-            'trap \'rm -f "$c" "$c.all"\' EXIT',
-            # The venv's current pins minus compressed-tensors: torch/transformers cannot move.
-            f'{py} -m pip list --format=freeze --disable-pip-version-check > "$c.all"',
-            'grep -viE \'^compressed[-_.]tensors==\' "$c.all" > "$c" || true',
-            f'{py} -m pip install {source} --constraint "$c" {requirement}',
-            check,
-        ]
+    if no_deps:
+        _say("skips pip check: no_deps (tests) leaves the dependencies out")
+    script = pinned_install_script(
+        venv_python(venv),
+        _source_argv(index_url, find_links, trusted_hosts, no_deps),
+        "compressed-tensors",
+        str(spec),
+        check=not no_deps,
     )
     yield script_command(script)
 

@@ -802,6 +802,40 @@ def forget_script(state_dir: str) -> str:
     )
 
 
+def pinned_install_script(
+    python: str, pip_args: list[str], dist: str, specifier: str, check: bool = True
+) -> str:
+    """Install ``dist`` within ``specifier`` while every other distribution in the environment
+    stays where it is: a constraints file of the current pins (``pip list --format=freeze``
+    minus ``dist``). Then ``pip check``, failing only on problems the install brought: problems
+    that were there before (a venv with extras missing, say) are printed, not fatal."""
+    py = _q(python)
+    name_re = "[-_.]".join(re.escape(part) for part in re.split(r"[-_.]+", dist))
+    lines = [
+        "set -e",
+        "c=$(mktemp)",
+        'trap \'rm -f "$c" "$c.all" "$c.before" "$c.after"\' EXIT',
+        f'{py} -m pip list --format=freeze --disable-pip-version-check > "$c.all"',
+        f'grep -viE {_q(f"^{name_re}==")} "$c.all" > "$c" || true',
+    ]
+    if check:
+        lines.append(f'{py} -m pip check > "$c.before" 2>&1 || true')
+    lines.append(
+        f'{py} -m pip install {shlex.join(pip_args)} --constraint "$c" {_q(dist + specifier)}'
+    )
+    if check:
+        lines += [
+            f'if ! {py} -m pip check > "$c.after" 2>&1; then',
+            '  new=$(grep -vxF -f "$c.before" "$c.after" || true)',
+            '  if [ -n "$new" ]; then',
+            f'    echo "pip check: installing {dist} broke:" >&2; echo "$new" >&2; exit 1',
+            "  fi",
+            '  echo "pip check: only problems that were there before:"; cat "$c.after"',
+            "fi",
+        ]
+    return "\n".join(lines)
+
+
 def script_command(script: str) -> StringCommand:
     return StringCommand("sh", "-c", QuoteString(script))
 

@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -435,3 +436,101 @@ def test_forget_keeps_a_file_that_is_no_longer_ours(tmp_path):
     worker.write_text("# shipped by a newer SGLang\n")
     assert sh(s.forget_script(str(d))).returncode == 0
     assert worker.read_text() == "# shipped by a newer SGLang\n" and not d.exists()
+
+
+# --- the constrained install + pip check, with real pip in a throwaway venv ------------------------
+
+
+def tiny_wheel(where: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A minimal pure-Python wheel (a stand-in distribution: only pip's resolver is under test)."""
+    import base64
+    import zipfile
+
+    mod = name.replace("-", "_")
+    dist = f"{mod}-{version}"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    files = {
+        f"{mod}/__init__.py": f"VERSION = {version!r}\n",
+        f"{dist}.dist-info/METADATA": meta,
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(where / f"{dist}-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            data = text.encode()
+            z.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{path},sha256={digest.decode()},{len(data)}")
+        record.append(f"{dist}.dist-info/RECORD,,")
+        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+
+
+# pip without this machine's own configuration (find-links, constraints): only the test's wheels.
+PIP_ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+
+@pytest.fixture(scope="module")
+def venv_and_wheels(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pinned")
+    wheels = root / "wheels"
+    wheels.mkdir()
+    tiny_wheel(wheels, "sf-torch", "2.11.0")
+    tiny_wheel(wheels, "sf-torch", "2.14.1")
+    tiny_wheel(wheels, "sf-broken", "1.0", ("sf-absent>=1",))
+    tiny_wheel(wheels, "sf-ct", "0.9.4", ("sf-torch",))
+    tiny_wheel(wheels, "sf-ct", "0.18.0", ("sf-torch",))
+    tiny_wheel(wheels, "sf-ct", "0.19.0", ("sf-torch>=2.14",))
+    tiny_wheel(wheels, "sf-ct", "0.19.1", ("sf-absent>=1",))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=PIP_ENV)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "-f", str(wheels)]
+    subprocess.run([*pip, "sf-torch==2.11.0", "sf-ct==0.9.4"], check=True, env=PIP_ENV)
+    # A problem that was there before: pip check reports it, the op must not blame itself.
+    subprocess.run([*pip, "--no-deps", "sf-broken"], check=True, env=PIP_ENV)
+    return venv, wheels
+
+
+def _pinned(venv: Path, wheels: Path, spec: str) -> subprocess.CompletedProcess:
+    script = s.pinned_install_script(
+        str(venv / "bin/python"), ["--no-index", "--find-links", str(wheels)], "sf-ct", spec
+    )
+    return sh(script, env=PIP_ENV)
+
+
+def _versions(venv: Path) -> dict[str, str]:
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True, text=True, check=True, env=PIP_ENV,
+    ).stdout  # fmt: skip
+    return dict(line.split("==") for line in out.split())
+
+
+def test_pinned_install_moves_only_the_pinned_dist_and_checks(venv_and_wheels):
+    venv, wheels = venv_and_wheels
+    # 0.19.0 would need sf-torch 2.14: the constraints hold torch, so the resolver refuses.
+    r = _pinned(venv, wheels, "==0.19.0")
+    assert r.returncode != 0
+    assert _versions(venv)["sf-torch"] == "2.11.0" and _versions(venv)["sf-ct"] == "0.9.4"
+    # Into range: the newest that fits the pins, torch unmoved; the old pip check problem is
+    # reported, not fatal.
+    r = _pinned(venv, wheels, ">=0.10,<0.19.1")
+    assert r.returncode == 0, r.stderr
+    assert _versions(venv)["sf-ct"] == "0.18.0" and _versions(venv)["sf-torch"] == "2.11.0"
+    assert "only problems that were there before" in r.stdout and "sf-broken" in r.stdout
+    # A problem the install brings (forced in with --no-deps here) fails it.
+    script = s.pinned_install_script(
+        str(venv / "bin/python"),
+        ["--no-index", "--find-links", str(wheels), "--no-deps"],
+        "sf-ct",
+        "==0.19.1",
+    )
+    r = sh(script, env=PIP_ENV)
+    assert r.returncode == 1
+    assert "pip check: installing sf-ct broke:" in r.stderr and "sf-absent" in r.stderr
