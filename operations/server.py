@@ -16,7 +16,9 @@ from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
 from deploys.errors import SpecfleetError
+from deploys.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from deploys.settings import Settings, settings_for_host
+from facts.probe import gather
 from facts.server import ServiceState
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -291,58 +293,96 @@ class CurrentPlan:
     rendered: str
 
 
-def current_plan(settings: Settings) -> CurrentPlan:
-    """The plan for this host from its facts as they are now (call it inside an operation).
+SERVICE = "facts.server.ServiceState"
+DRAFTER_CONFIG = "drafter_config"
+
+
+def _weights_key(name: str) -> str:
+    return f"weights_{name}"
+
+
+def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
+    """The facts the unit needs, for one ``facts.probe.Probe`` command (one SSH round trip)."""
+    paths = server_paths(settings)
+    drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
+    specs: dict[str, Any] = {
+        SERVICE: (ServiceState, {"service": paths.unit_name, "paths": files_,
+                                 "marker": paths.marker}),
+        GPUS: ("facts.gpu.Gpus", {}),
+        TOPOLOGY: ("facts.gpu.GpuTopology", {}),
+        SGLANG: (
+            "facts.sglang.SGLangInstall",
+            {"python": posixpath.join(settings.venv, "bin", "python")},
+        ),
+        DRAFTER_CONFIG: (
+            "facts.server.FirstJson",
+            {"paths": [posixpath.join(drafter_dir, "config.json"),
+                       posixpath.join(drafter_dir, "current", "config.json")]},
+        ),
+    }
+    for name in ("target", "drafter"):
+        src = getattr(settings, name)
+        if src.revision is None or src.follow_branch:
+            # Not pinned in the settings: the revision the weights step left on the host.
+            specs[_weights_key(name)] = (
+                "facts.weights.WeightsState",
+                {"path": posixpath.join(settings.models_root, src.dir_name)},
+            )
+    return specs
+
+
+def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = "") -> CurrentPlan:
+    """The plan and build info from the facts of ``host_specs`` (pure: no I/O).
 
     Before the software and weights steps have run (a fresh host under ``--dry``), the plan is
-    predicted from the settings and ``deploys.versions``, and says so.
+    predicted from the settings and ``deploys.versions``, and says why.
     """
-    from deploys.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
-    from facts.gpu import Gpus, GpuTopology
-    from facts.server import FirstJson
-    from facts.sglang import SGLangInstall
-
-    python = posixpath.join(settings.venv, "bin", "python")
-    install = host.get_fact(SGLangInstall, python=python)
-    facts = {GPUS: host.get_fact(Gpus), TOPOLOGY: host.get_fact(GpuTopology), SGLANG: install}
-    drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
-    drafter_config = host.get_fact(
-        FirstJson,
-        paths=[
-            posixpath.join(drafter_dir, "config.json"),
-            posixpath.join(drafter_dir, "current", "config.json"),
-        ],
-    )
+    install = facts.get(SGLANG)
+    drafter_config = facts.get(DRAFTER_CONFIG)
     missing = []
     if install is None:
         missing.append(f"SGLang is not installed in {settings.venv} yet")
     if drafter_config is None:
+        drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
         missing.append(f"the drafter's config.json is not in {drafter_dir} yet")
-    predicted = "; ".join(missing) or None
     try:
         plan = make_plan(
-            facts, settings, drafter_config, predicted=install is None, host=host.name
+            {k: facts.get(k) for k in (GPUS, TOPOLOGY, SGLANG)},
+            settings,
+            drafter_config,
+            predicted=install is None,
+            host=host_name or None,
         )
     except PlanError as exc:
-        raise exc.for_host(host.name) from None
+        raise exc.for_host(host_name) if host_name else exc from None
     weights = {}
     for name in ("target", "drafter"):
-        src = getattr(settings, name)
-        if src.revision is None or src.follow_branch:
-            from facts.weights import WeightsState
-
-            current = host.get_fact(
-                WeightsState, path=posixpath.join(settings.models_root, src.dir_name)
-            ).get("current")
-            if current:
-                weights[name] = current
+        current = (facts.get(_weights_key(name)) or {}).get("current")
+        if current:
+            weights[name] = current
     return CurrentPlan(
         argv=list(plan.argv),
         env=dict(plan.env),
         build=build_info(settings, install, weights),
-        predicted=predicted,
+        predicted="; ".join(missing) or None,
         rendered=plan.render(),
     )
+
+
+def current_plan(settings: Settings) -> CurrentPlan:
+    """The plan for this host from its facts as they are now (call it inside an operation)."""
+    return plan_from_facts(settings, _gather(settings, []), host.name)
+
+
+def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
+    facts = gather(host, host_specs(settings, files_))
+    if facts.get(SERVICE) is None:
+        raise SpecfleetError(
+            "systemctl is not on this host: the SGLang server runs as a systemd unit",
+            host=host.name,
+            fix="run specfleet on a host booted with systemd",
+        )
+    return facts
 
 
 def _settings(settings: Settings | None) -> Settings:
@@ -431,13 +471,16 @@ def unit(settings: Settings | None = None, present: bool = True):
     """
     s = _settings(settings)
     paths = server_paths(s)
-    st = _state(paths, [paths.unit, paths.env, paths.secret])
+    files_ = [paths.unit, paths.env, paths.secret]
 
     if not present:
-        yield from _absent(paths, st)
+        yield from _absent(paths, _state(paths, files_))
         return
 
-    current = current_plan(s)
+    # One command reads the unit's state and everything the plan needs, as they are now.
+    facts = _gather(s, files_)
+    st = facts[SERVICE]
+    current = plan_from_facts(s, facts, host.name)
     if current.predicted:
         if state.is_executing:
             raise SpecfleetError(

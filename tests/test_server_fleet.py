@@ -217,8 +217,11 @@ def test_success_path_runs_exactly_the_plans_argv_and_env(srv, tmp_path):
     assert srv.run("h1", "test -e /var/lib/specfleet/sf-ok.restart-pending").returncode == 1
 
     # A second run changes nothing: no op reports a change and the server keeps its pid.
-    again = deploy(srv, tmp_path, data)
+    again = deploy(srv, tmp_path, data, DEPLOY, "--debug")
     assert again.rc == 0 and again.ops == {"unit": "No changes", "service": "No changes"}, again
+    # And it costs two remote commands: one probe for the unit op, one fact for the service op.
+    commands = [ln for ln in again.out.splitlines() if "Running command on h1:" in ln]
+    assert len(commands) == 2, "\n".join(commands)
     assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
 
 

@@ -248,3 +248,24 @@ def test_parse_service_state():
 def test_argv_value():
     assert server.argv_value(["x", "--model-path", "/a", "--model-path=/b"], "--model-path") == "/b"
     assert server.argv_value(["x"], "--model-path") is None
+
+
+def test_plan_from_facts_predicts_on_a_fresh_host_and_reads_host_revisions():
+    s = _settings(drafter={"repo_id": "z-lab/Kimi-K2.6-DFlash", "revision": "main",
+                           "follow_branch": True})
+    facts = _facts()
+    fresh = server.plan_from_facts(s, {GPUS: facts[GPUS], TOPOLOGY: facts[TOPOLOGY]})
+    assert fresh.predicted.startswith("SGLang is not installed in /opt/specfleet/sglang yet")
+    assert "the drafter's config.json is not in" in fresh.predicted
+    assert fresh.build["drafter"] == "z-lab/Kimi-K2.6-DFlash@main"
+
+    facts[server.DRAFTER_CONFIG] = {"block_size": 8}
+    facts["weights_drafter"] = {"current": "a" * 40}
+    done = server.plan_from_facts(s, facts)
+    assert done.predicted is None
+    assert done.build["drafter"] == "z-lab/Kimi-K2.6-DFlash@" + "a" * 40
+    assert done.argv == make_plan(facts, s, {"block_size": 8}).argv
+    # Only the unpinned drafter's revision is read from the host.
+    assert "weights_drafter" in server.host_specs(s, []) and "weights_target" not in (
+        server.host_specs(s, [])
+    )
