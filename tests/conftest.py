@@ -18,24 +18,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fleet import Fleet, HostSpec
-from tests.fleet.core import FIXTURES_NVIDIA
-
-# Preferred second GPU profile, if its captures exist (the facts helper adds them).
-SECOND_GPU_PROFILES = ["rtx6000x8", "b200x8", "h100x8", "h100"]
+from tests.fleet.core import default_specs
 
 
 def _session_name(name: str) -> str:
     return f"{name[:20]}-{os.getpid()}"
-
-
-def default_specs() -> list[HostSpec]:
-    second = next((p for p in SECOND_GPU_PROFILES
-                   if (FIXTURES_NVIDIA / p / "commands.json").is_file()), "h200x2")
-    return [
-        HostSpec("h1", gpu="h200x2", disk="64G"),
-        HostSpec("h2", gpu=second, disk="593G"),
-        HostSpec("h3", gpu="nogpu", disk="8G"),
-    ]
 
 
 @pytest.fixture(scope="session")

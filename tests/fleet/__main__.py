@@ -8,9 +8,9 @@ import os
 import sys
 
 from tests.fleet import rootfs, wheelhouse
-from tests.fleet.core import Fleet, FleetError, list_fleets, parse_hosts
+from tests.fleet.core import Fleet, FleetError, default_specs, list_fleets, parse_hosts
 
-DEFAULT_HOSTS = "h1:h200x2:disk=64G,h2:h200x2:disk=593G,h3:nogpu:disk=8G"
+DEFAULT_HOSTS = ",".join(f"{s.name}:{s.gpu}:disk={s.disk}" for s in default_specs())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,6 +79,22 @@ class HostSpec:
             )
 
 
+# Preferred second GPU profile of the default fleet, in order, if its captures exist.
+SECOND_GPU_PROFILES = ["rtx6000x8", "b200x8", "h100x8"]
+
+
+def default_specs() -> list[HostSpec]:
+    """The default 3-host fleet: h1 h200x2 64G, h2 another GPU profile 593G (CT200's free
+    space), h3 nogpu 8G."""
+    second = next((p for p in SECOND_GPU_PROFILES
+                   if (FIXTURES_NVIDIA / p / "commands.json").is_file()), "h200x2")
+    return [
+        HostSpec("h1", gpu="h200x2", disk="64G"),
+        HostSpec("h2", gpu=second, disk="593G"),
+        HostSpec("h3", gpu=NO_GPU, disk="8G"),
+    ]
+
+
 def parse_hosts(spec: str) -> list[HostSpec]:
     """``h1:h200x2:disk=64G,h2:nogpu:disk=8G`` -> [HostSpec, ...]."""
     hosts = []
