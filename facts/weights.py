@@ -220,3 +220,27 @@ class WeightsPlan(FactBase[dict[str, Any]]):
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:
         return parse_json_output(output)
+
+
+class WeightsDeepCheck(FactBase[dict[str, Any]]):
+    """
+    Every file of a complete revision re-hashed on the host against its manifest (sha256 for
+    LFS files, the git blob id for others); no Hub needed. Slow: it reads every byte. ``None``
+    while the tools are not installed.
+
+    .. code:: python
+
+        {"checked": 66, "bad": {"model-00002-of-00064.safetensors": "sha256 ab.. != cd.."},
+         "error": None}
+    """
+
+    @override
+    def command(self, python: str, agent: str, path: str) -> StringCommand:
+        return StringCommand(
+            "!", "test", "-x", QuoteString(python), "||", "!", "test", "-f", QuoteString(agent),
+            "||", QuoteString(python), QuoteString(agent), "check", QuoteString(path),
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return parse_json_output(output)

@@ -25,6 +25,7 @@ from pyinfra.facts.files import File, Sha256File
 from deploys.errors import SpecfleetError
 from deploys.settings import Settings, settings_for_host
 from facts.weights import (
+    WeightsDeepCheck,
     WeightsJob,
     WeightsPlan,
     WeightsState,
@@ -226,7 +227,8 @@ def snapshot(
     + revision: a 40-hex commit; a branch or tag only with ``follow_branch=True``
     + follow_branch: follow a branch; a branch that moved shows as a change with its size
     + allow_patterns/ignore_patterns: huggingface_hub's file patterns
-    + verify: ``fast`` (size + mtime against the manifest) or ``deep`` (re-hash every file)
+    + verify: ``fast`` (size + mtime against the manifest) or ``deep`` (re-hash every file on
+      the host; a clean deep check is no change, a corrupt file is fetched again)
     + endpoint: ``HF_ENDPOINT`` (a mirror), else the Hub
     + token_path: the token file the agent uses on the host (``HF_TOKEN_PATH``); else
       huggingface_hub's default path there (the host's own token)
@@ -289,11 +291,27 @@ def snapshot(
     running = host.get_fact(WeightsJob, unit=unit, progress_path=progress_path)
     attach = running["active"] and (running["progress"] or {}).get("job_id") == job["job_id"]
 
-    if not attach and not follow_branch and verify == "fast":
+    if not attach and not follow_branch:
         rev = state["revisions"].get(revision)
         if _is_fast_ok(rev, allow_patterns, ignore_patterns):
-            yield from _converge_links(root, revision, state, prune, keep, repo_id, rev)
-            return
+            if verify == "fast":
+                yield from _converge_links(root, revision, state, prune, keep, repo_id, rev)
+                return
+            # Deep: re-hash on the host while executing (not while planning: it reads every
+            # byte); a clean check is no change, so nothing restarts for it.
+            if host.state.is_executing:
+                check = host.get_fact(WeightsDeepCheck, python=python, agent=agent,
+                                      path=f"{root}/{revision}")
+                if check and check["checked"] and not check["bad"]:
+                    yield from _converge_links(root, revision, state, prune, keep, repo_id, rev,
+                                               "every file re-hashed and matches the manifest")
+                    return
+                if check and check["bad"]:
+                    for path, why in sorted(check["bad"].items()):
+                        host.log_styled(f"{path}: corrupt ({why}), fetching it again",
+                                        fg="yellow", log_func=logger.warning)
+                    job.update(verify="fast", suspect=sorted(check["bad"]))
+                    job["job_id"] = job_id({k: v for k, v in job.items() if k != "job_id"})
 
     if not attach:
         plan = host.get_fact(WeightsPlan, python=python, agent=agent, job_json=json.dumps(job))
@@ -352,7 +370,8 @@ def _is_fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | N
 
 
 def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: list[str],
-                    repo_id: str, rev: dict):
+                    repo_id: str, rev: dict,
+                    how: str = "sizes and mtimes match the manifest"):
     changed = False
     if state["current"] != revision:
         yield StringCommand(
@@ -367,7 +386,7 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
                 changed = True
     if not changed:
         host.noop(f"{repo_id}@{revision[:12]} is complete ({rev['files']} files, "
-                  f"{fmt_gib(rev['bytes'])}; sizes and mtimes match the manifest)")
+                  f"{fmt_gib(rev['bytes'])}; {how})")
 
 
 def _free_space(root: str, plan: dict) -> int:

@@ -17,6 +17,8 @@ the *path* of a token file):
                           manifest, the ``current`` link, prune
     agent.py fetch JOB    (child of ``run``) hash or download every file still missing; print
                           one JSON event per line on stdout
+    agent.py check DIR    re-hash a complete revision against its manifest (no Hub needed);
+                          print {"checked": N, "bad": {path: why}}
 
 On the host, revisions live side by side:
 
@@ -355,6 +357,10 @@ def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None
         verified = read_verified(rev_dir, since) if since else {}
     else:
         verified = read_verified(rev_dir)
+        # Files a deep check found bad: their old entries no longer count (until re-verified).
+        for path in job.get("suspect") or []:
+            if path in verified and not (since and verified[path].get("at", 0) >= since):
+                del verified[path]
     missing = []
     missing_bytes = 0
     for f in files:
@@ -729,9 +735,34 @@ def cmd_run(job: dict, job_path: str) -> int:
     return 0
 
 
+def cmd_check(rev_dir: str) -> dict:
+    """Re-hash every file of a complete revision against its manifest (no Hub needed)."""
+    manifest = read_json(os.path.join(rev_dir, STATE_DIR, MANIFEST))
+    if not manifest or not manifest.get("complete"):
+        return {"checked": 0, "bad": {}, "error": "no complete manifest"}
+    bad = {}
+    for path, e in sorted(manifest["files"].items()):
+        full = os.path.join(rev_dir, path)
+        try:
+            size = os.path.getsize(full)
+        except OSError:
+            bad[path] = "missing"
+            continue
+        if size != e["size"]:
+            bad[path] = f"size {size} != {e['size']}"
+            continue
+        got = hash_file(full, e["hash_kind"], e["size"])
+        if got != e["hash"]:
+            bad[path] = f"{e['hash_kind']} {got} != {e['hash']}"
+    return {"checked": len(manifest["files"]), "bad": bad, "error": None}
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "check":
+        print(json.dumps(cmd_check(argv[1])))
+        return 0
     if len(argv) < 2 or argv[0] not in ("plan", "run", "fetch"):
-        sys.stderr.write("usage: weights_agent.py plan|run|fetch JOB.json\n")
+        sys.stderr.write("usage: weights_agent.py plan|run|fetch JOB.json | check REVISION_DIR\n")
         return 2
     if argv[1].startswith("{"):
         job = json.loads(argv[1])  # a job inline (plan only); it never holds a secret

@@ -178,3 +178,27 @@ def test_state_fact_script_reads_a_tree(tmp_path):
     r = fact["revisions"][sha]
     assert r["complete"] and r["files"] == 3
     assert r["changed"] == ["c.json"] and r["missing"] == ["gone.json"]
+
+
+def test_agent_check_rehashes_against_the_manifest(tmp_path):
+    import hashlib
+
+    from operations.weights_agent import cmd_check
+
+    rev = tmp_path / ("b" * 40)
+    (rev / ".specfleet").mkdir(parents=True)
+    good, other = b"weights" * 1000, b'{"a": 1}'
+    (rev / "w.safetensors").write_bytes(good)
+    (rev / "c.json").write_bytes(other)
+    files = {
+        "w.safetensors": {"size": len(good), "hash_kind": "sha256",
+                          "hash": hashlib.sha256(good).hexdigest()},
+        "c.json": {"size": len(other), "hash_kind": "git", "hash": git_blob_id(other)},
+    }
+    (rev / ".specfleet" / "manifest.json").write_text(
+        json.dumps({"complete": True, "files": files}))
+    assert cmd_check(str(rev)) == {"checked": 2, "bad": {}, "error": None}
+    (rev / "w.safetensors").write_bytes(b"X" + good[1:])  # same size, other bytes
+    bad = cmd_check(str(rev))["bad"]
+    assert list(bad) == ["w.safetensors"] and bad["w.safetensors"].startswith("sha256 ")
+    assert cmd_check(str(tmp_path / "nope"))["error"] == "no complete manifest"

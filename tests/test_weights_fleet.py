@@ -158,7 +158,16 @@ def test_deep_verify_catches_a_corrupted_shard(env):
     out = deep.stdout + deep.stderr
     assert deep.returncode == 0, out
     assert "model-00002-of-00002.safetensors: corrupt (sha256" in out
+    assert op_status(out, "h1") == "Success"
     assert env["fleet"].run("h1", f"sha256sum {shard}").stdout.split()[0] == want
+    # Only the corrupt shard was fetched again.
+    assert env["hub"].gets("testorg/deep", "model-00002-of-00002.safetensors") == 2
+    assert env["hub"].gets("testorg/deep", "model-00001-of-00002.safetensors") == 1
+    # A clean deep check is no change (so nothing downstream restarts for it).
+    clean = deploy(env, "deep", "deep", weights={"verify": "deep"}, flags=("-v",))
+    out = clean.stdout + clean.stderr
+    assert op_status(out, "h1") == "No changes", out
+    assert "every file re-hashed and matches the manifest" in out
 
 
 def test_too_small_disk_fails_before_any_byte(env):
