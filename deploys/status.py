@@ -1,0 +1,17 @@
+"""What each host is running, read-only: the Monday-morning view of a fleet.
+
+    pyinfra INVENTORY deploys/status.py [--limit HOST]
+
+Per host: the SGLang version and PR#20547 state, each model's revision and manifest state, the
+unit's hash against the one the launch plan would render now, and health (``/health_generate``
+and ``/get_model_info`` probed from the host). A table at the end gives each host's verdict:
+"in sync, healthy", or "drift: ..." naming what a ``deploys/kimi_k26.py`` run would change.
+It changes nothing: every host reports "No changes".
+"""
+
+from pyinfra import host
+
+from deploys.settings import settings_for_host
+from operations import status
+
+status.report(name="Status (read-only)", settings=settings_for_host(host))

@@ -1,0 +1,296 @@
+"""A read-only look at each host as it is: software, weights, the unit against the plan, health.
+
+``deploys/status.py`` runs ``report`` on every host and prints a table at the end. Nothing here
+changes a host: every host reports "No changes".
+"""
+
+from __future__ import annotations
+
+import atexit
+import posixpath
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import operation
+
+from deploys.errors import SpecfleetError
+from deploys.settings import Settings, settings_for_host
+from facts.probe import gather
+from facts.status import Health
+from operations.server import (
+    ENV_TEMPLATE,
+    SERVICE,
+    UNIT_TEMPLATE,
+    host_specs,
+    plan_from_facts,
+    render,
+    secret_yaml,
+    server_paths,
+    sha1_text,
+    unit_context,
+)
+from operations.sglang_support import PatchState
+
+SGLANG = "facts.sglang.SGLangInstall"
+PATCH = "status_patch"
+HEALTH = "status_health"
+
+
+def _weights(name: str) -> str:
+    return f"status_weights_{name}"
+
+
+def _short(rev: str | None) -> str:
+    return rev[:10] if rev else "-"
+
+
+@dataclass
+class HostStatus:
+    """One host as it is, in words, and every way it differs from what a deploy would make."""
+
+    host: str
+    sglang: str = "-"
+    patch: str = "-"
+    target: str = "-"
+    drafter: str = "-"
+    unit: str = "-"
+    health: str = "-"
+    drift: list[str] = field(default_factory=list)
+    healthy: bool = False
+
+    @property
+    def verdict(self) -> str:
+        state = "healthy" if self.healthy else self.health
+        if not self.drift:
+            return f"in sync, {state}"
+        return f"drift: {', '.join(self.drift)}; {state}"
+
+
+def sglang_status(settings: Settings, install: dict | None, patch: dict | None, st: HostStatus):
+    """The SGLang version and the PR#20547 state, against the settings (pure)."""
+    want = settings.sglang.version
+    if not install:
+        st.sglang = "not installed"
+        st.drift.append(f"SGLang not installed in {settings.venv}")
+        return
+    have = install.get("version") or "?"
+    st.sglang = have
+    if settings.sglang.kind == "index" and have != want:
+        st.sglang = f"{have} (want {want})"
+        st.drift.append(f"SGLang {have}, want {want}")
+    features = install.get("features") or {}
+    if patch:
+        sha = (patch.get("sha256") or "")[:12]
+        if patch.get("partial"):
+            st.patch = "PR#20547 half-applied"
+            st.drift.append("PR#20547 half-applied")
+        elif patch.get("reverse_applies"):
+            st.patch = f"PR#20547 applied ({sha})"
+            if settings.patch.sha256 and not settings.patch.sha256.startswith(sha):
+                st.drift.append("PR#20547 applied is not the pinned patch")
+        else:
+            st.patch = f"PR#20547 marker stale ({sha})"
+            st.drift.append("PR#20547 marker no longer matches the files")
+    elif features.get("dflash_pr20547"):
+        st.patch = "PR#20547 built in"
+    else:
+        st.patch = f"none (DFLASH {features.get('dflash') or 'absent'})"
+        if settings.patch.source and features.get("dflash") != "v2":
+            st.drift.append("PR#20547 not applied")
+
+
+def weights_status(settings: Settings, name: str, state: dict | None, st: HostStatus) -> str:
+    """One model's revision on the host and its manifest state, against the settings (pure)."""
+    src = getattr(settings, name)
+    state = state or {}
+    current = state.get("current")
+    want = src.revision if src.revision and not src.follow_branch else None
+    if not current:
+        st.drift.append(f"{name} weights absent")
+        return "absent"
+    rev = (state.get("revisions") or {}).get(current) or {}
+    words = _short(current)
+    if not rev.get("complete"):
+        words += " incomplete"
+        st.drift.append(f"{name} weights incomplete")
+    elif rev.get("changed") or rev.get("missing"):
+        n = len(rev.get("changed") or []) + len(rev.get("missing") or [])
+        words += f" {n} files changed"
+        st.drift.append(f"{name} weights: {n} files changed or missing since verified")
+    else:
+        words += f" ok ({rev.get('files', 0)} files)"
+    if want and current != want:
+        words += f" (want {_short(want)})"
+        st.drift.append(f"{name} weights at {_short(current)}, want {_short(want)}")
+    return words
+
+
+def unit_status(settings: Settings, service: dict | None, expected: dict[str, str] | None,
+                plan_problem: str | None, st: HostStatus) -> None:
+    """The unit files' hashes against what the plan would render now, and the marker (pure).
+
+    ``expected`` maps each file path to the text a deploy would write there now."""
+    paths = server_paths(settings)
+    files = (service or {}).get("files") or {}
+    if paths.unit not in files:
+        st.unit = "absent"
+        st.drift.append("no unit")
+        return
+    have = files[paths.unit].get("sha1") or ""
+    st.unit = have[:10]
+    if plan_problem:
+        st.unit += " (no plan)"
+        st.drift.append(f"no plan: {plan_problem}")
+    elif expected is not None:
+        differ = []
+        for path, what in ((paths.unit, "unit"), (paths.env, "env"), (paths.secret, "api key")):
+            text = expected.get(path)
+            info = files.get(path)
+            if text is None and info is None:
+                continue
+            if text is None or info is None or info.get("sha1") != sha1_text(text):
+                differ.append(what)
+        if differ:
+            st.unit += " != plan"
+            st.drift.append(" and ".join(differ) + (" differs" if len(differ) == 1 else " differ"))
+    if (service or {}).get("restart_pending"):
+        st.drift.append(f"restart pending ({service['restart_pending']})")
+
+
+def health_status(settings: Settings, service: dict | None, health: dict | None,
+                  model_path: str, st: HostStatus) -> None:
+    """Whether the server answers, with the right model (pure)."""
+    active = (service or {}).get("active_state") or "unknown"
+    health = health or {}
+    code = health.get("health_code")
+    where = f"{settings.listen_host}:{settings.port}"
+    if code is None:
+        st.health = f"down ({active}, nothing on {where})"
+    elif code != 200:
+        st.health = f"unhealthy (/health_generate {code}, {active})"
+    elif health.get("model_path") != model_path:
+        st.health = f"wrong model ({health.get('model_path')} on {where})"
+    elif active != "active":
+        st.health = f"answering, but the unit is {active}"
+    else:
+        st.health = "healthy"
+        st.healthy = True
+
+
+def status_specs(settings: Settings) -> dict[str, Any]:
+    """Every fact the status needs, for one ``facts.probe.Probe`` command."""
+    paths = server_paths(settings)
+    specs = host_specs(settings, [paths.unit, paths.env, paths.secret])
+    specs[PATCH] = (PatchState, {"venv": settings.venv})
+    for name in ("target", "drafter"):
+        src = getattr(settings, name)
+        specs[_weights(name)] = (
+            "facts.weights.WeightsState",
+            {"path": posixpath.join(settings.models_root, src.dir_name)},
+        )
+    specs[HEALTH] = (Health, {
+        "host": settings.listen_host, "port": settings.port,
+        "secret_file": paths.secret if settings.api_key else None,
+    })
+    return specs
+
+
+def host_status(settings: Settings, facts: dict[str, Any], host_name: str = "") -> HostStatus:
+    """The status of one host from the facts of ``status_specs`` (pure: no I/O)."""
+    st = HostStatus(host=host_name)
+    sglang_status(settings, facts.get(SGLANG), facts.get(PATCH), st)
+    st.target = weights_status(settings, "target", facts.get(_weights("target")), st)
+    st.drafter = weights_status(settings, "drafter", facts.get(_weights("drafter")), st)
+    expected = None
+    problem = None
+    try:
+        current = plan_from_facts(settings, facts, host_name)
+        if current.predicted:
+            problem = current.predicted
+        else:
+            ctx = unit_context(current.argv, current.env, settings, current.build)
+            paths = server_paths(settings)
+            expected = {
+                paths.unit: render(UNIT_TEMPLATE, ctx),
+                paths.env: render(ENV_TEMPLATE, ctx),
+            }
+            if settings.api_key:
+                expected[paths.secret] = secret_yaml(settings.api_key)
+    except (SpecfleetError, ValueError) as exc:
+        problem = getattr(exc, "problem", None) or str(exc)
+    unit_status(settings, facts.get(SERVICE), expected, problem, st)
+    model = posixpath.join(settings.models_root.rstrip("/") or "/", settings.target.dir_name)
+    health_status(settings, facts.get(SERVICE), facts.get(HEALTH), model, st)
+    return st
+
+
+COLUMNS = ("host", "sglang", "patch", "target", "drafter", "unit", "health")
+
+
+def format_table(rows: list[HostStatus]) -> str:
+    """A compact table: one line per host, then each host's verdict (pure)."""
+    header = [c.upper() for c in COLUMNS]
+    cells = [[str(getattr(r, c)) for c in COLUMNS] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+    out = [line(header), *(line(c) for c in cells), ""]
+    width = max(len(r.host) for r in rows) if rows else 0
+    out += [f"{r.host.ljust(width)}  {r.verdict}" for r in rows]
+    return "\n".join(out)
+
+
+# Rows of this run, by host, printed once when pyinfra exits.
+ROWS: dict[str, HostStatus] = {}
+_REGISTERED: list[bool] = []
+
+
+def _print_table() -> None:
+    if not ROWS:
+        return
+    rows = [ROWS[name] for name in sorted(ROWS)]
+    sys.stdout.write("--> Status:\n" + "\n".join(
+        f"    {line}" if line else "" for line in format_table(rows).splitlines()) + "\n")
+    sys.stdout.flush()
+
+
+def _record(st: HostStatus) -> None:
+    ROWS[st.host] = st
+    if not _REGISTERED:
+        _REGISTERED.append(True)
+        atexit.register(_print_table)
+
+
+@operation()
+def report(settings: Settings | None = None):
+    """
+    Report this host as it is, changing nothing: the SGLang version and PR#20547 state, each
+    model's revision and manifest state, the unit's hash against the one the plan would render
+    now, and health (``/health_generate`` and ``/get_model_info`` probed from the host).
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    Prints one line per host while it runs and a table when pyinfra exits.
+
+    **Example:**
+
+    .. code:: python
+
+        status.report(name="Status (read-only)")
+    """
+    s = settings if settings is not None else settings_for_host(host)
+    try:
+        facts = gather(host, status_specs(s))
+    except SpecfleetError as exc:
+        st = HostStatus(host=host.name, health="unknown", drift=[f"facts failed: {exc.problem}"])
+    else:
+        st = host_status(s, facts, host.name)
+    _record(st)
+    host.log(f"status: {st.verdict}", logger.warning if st.drift or not st.healthy
+             else logger.info)
+    host.noop("status read; nothing changes")
+    yield from ()
