@@ -105,10 +105,7 @@ def lock(settings: Settings | None = None, present: bool = True):
         host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
         return
     if not present:
-        host.run_shell_command(StringCommand(
-            "!", "grep", "-q", QuoteString(f'"pid": {me["pid"]},'), QuoteString(path), "||",
-            "rm", "-f", QuoteString(path),
-        ))
+        host.run_shell_command(_release_command(path, me["pid"]))
         host.noop(f"run lock {path} is released")
         return
     _, output = host.run_shell_command(_take_command(path, me))
@@ -123,6 +120,14 @@ def lock(settings: Settings | None = None, present: bool = True):
         )
     host.noop(f"run lock {path} is held by this run")
     yield from ()
+
+
+def _release_command(path: str, pid: int) -> StringCommand:
+    """Remove the lock only if this run (``pid``) holds it."""
+    return StringCommand(
+        "!", "grep", "-q", QuoteString(f'"pid": {pid},'), QuoteString(path), "||",
+        "rm", "-f", QuoteString(path),
+    )
 
 
 def _clear_fix(path: str) -> str:
@@ -222,6 +227,10 @@ def checks(settings: Settings | None = None):
     for warning in result.warnings:
         host.log(f"preflight: {warning}", logger.warning)
     if result.problems:
+        if state.is_executing:
+            # The host fails here and runs nothing more: a lock left behind would block the
+            # next run from another control machine until someone removed it by hand.
+            host.run_shell_command(_release_command(lock_path(s), os.getpid()))
         first, *rest = result.problems
         more = "".join(f"\n{p.render()}" for p in rest)
         raise SpecfleetError(f"{first.render()}{more}", host=host.name, fix=None)
