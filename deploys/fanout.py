@@ -1,0 +1,317 @@
+"""Download once per fleet, spread host to host over the LAN: the rollout's prefetch with fan-out.
+
+    python -m deploys.fanout INVENTORY [--order h1,h2,...] [--degree 2] [--port 22113]
+        [--limit h1 --limit h2 ...] [--report FILE.json]
+
+For each model (target, drafter), the hosts that want the same revision from the same place form
+a **swarm**. Its first host (``--order``, else inventory order; the drafter's swarm starts one
+host further on, so that two hosts share the upstream work) is the **seed**: it downloads from
+upstream (the Hub or ``weights.hf_endpoint``) as ``weights.model`` always does. The others copy
+from peers, in a tree of ``degree`` children per host: host *i* of the swarm copies from host
+``(i-1)//degree``, then from that one's own source, up to the seed. A copy is pipelined: a peer
+takes each file as soon as its source has verified it, so the fleet finishes a little after the
+seed, and the upstream link carries each byte once.
+
+The copy is rsync over ssh with keys made for this run on the control machine (kept in memory
+and in a 0600 file under a 0700 temporary folder, removed at the end):
+- one client key pair: its private half goes to each receiver in a 0600 file for the one pull,
+  deleted when the pull ends; its public half is accepted by each serving peer's **ephemeral
+  sshd** (its own port, its own host key made here, a ``systemd-run`` unit that stops itself
+  after a day), only from that peer's receivers (``from=``) and only for a read-only rsync under
+  the models root (``restrict``, forced command ``fanout_agent.py serve`` -> ``rrsync -ro``);
+- a host key per serving peer: receivers pin it (``StrictHostKeyChecking=yes``), no trust on
+  first use.
+
+Every copied file is hashed on the receiver against the Hub's sha256 (LFS) or git blob id, as
+the weights agent does; a mismatch is deleted and fetched from upstream by ``weights.model``,
+which runs on every host after the copy, writes the manifest and flips ``current``. At the end
+the sshd units stop and every key, known_hosts and job file is removed (by the prefetch deploy,
+and by a cleanup run when a host failed before that step).
+
+The rollout (``deploys/rollout.py``) runs this as its prefetch stage when ``rollout.fanout`` is
+set (the default) or ``--fanout`` is given: ``run_prefetch(inventory, hosts, order, runner)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deploys.errors import SpecfleetError
+
+HERE = Path(__file__).resolve().parent
+PREFETCH_DEPLOY = HERE / "fanout_prefetch.py"
+CLEANUP_DEPLOY = HERE / "fanout_cleanup.py"
+PLAN_ENV = "SPECFLEET_FANOUT_PLAN"
+DEFAULT_DEGREE = 2
+MODELS = ("target", "drafter")
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure: swarms and the tree
+# --------------------------------------------------------------------------------------------------
+
+
+def swarm_key(settings: Any, which: str) -> tuple:
+    """Hosts with equal keys want the same bytes from the same place at the same path."""
+    src = getattr(settings, which)
+    return (
+        src.repo_id, src.revision, src.follow_branch,
+        tuple(src.allow_patterns) if src.allow_patterns is not None else None,
+        tuple(src.ignore_patterns) if src.ignore_patterns is not None else None,
+        settings.models_root.rstrip("/"), src.dir_name, settings.weights.hf_endpoint,
+    )
+
+
+def tree_sources(index: int, degree: int) -> list[int]:
+    """The swarm positions host ``index`` copies from, nearest first, ending at the seed (0)."""
+    out = []
+    while index > 0:
+        index = (index - 1) // degree
+        out.append(index)
+    return out
+
+
+def ordered(hosts: Sequence[str], order: Sequence[str] | None) -> list[str]:
+    order = [h for h in (order or []) if h in hosts]
+    return order + [h for h in hosts if h not in order]
+
+
+def plan_fanout(
+    hosts: Sequence[str],
+    addresses: Mapping[str, str],
+    keys: Mapping[str, Mapping[str, tuple]],
+    order: Sequence[str] | None = None,
+    degree: int = DEFAULT_DEGREE,
+) -> dict[str, Any]:
+    """Who copies what from whom. Pure.
+
+    ``keys[which][host]`` is the host's ``swarm_key`` for that model. Returns::
+
+        {"hosts": {host: {"address": ip, "models": {which: {"role": "seed"|"peer",
+                                                              "sources": [{"host","address"}]}},
+                          "receivers": [ip, ...]}},     # whom this host serves (from=)
+         "swarms": [{"which", "hosts": [...], "seed"}]}
+    """
+    if degree < 1:
+        raise SpecfleetError(f"fan-out degree {degree}", fix="use 1 or more peers per host")
+    seq = ordered(list(hosts), order)
+    plan: dict[str, Any] = {
+        "hosts": {h: {"address": addresses[h], "models": {}, "receivers": []} for h in seq},
+        "swarms": [],
+    }
+    for m, which in enumerate(MODELS):
+        groups: dict[tuple, list[str]] = {}
+        for h in seq:
+            groups.setdefault(keys[which][h], []).append(h)
+        for members in groups.values():
+            shift = m % len(members)
+            members = members[shift:] + members[:shift]
+            plan["swarms"].append({"which": which, "hosts": members, "seed": members[0]})
+            for i, h in enumerate(members):
+                srcs = [members[j] for j in tree_sources(i, degree)]
+                plan["hosts"][h]["models"][which] = {
+                    "role": "seed" if i == 0 else "peer",
+                    "sources": [{"host": s, "address": addresses[s]} for s in srcs],
+                }
+                for s in srcs:
+                    rec = plan["hosts"][s]["receivers"]
+                    if addresses[h] not in rec:
+                        rec.append(addresses[h])
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys (made here, for one run)
+# --------------------------------------------------------------------------------------------------
+
+
+def make_keypair(comment: str) -> tuple[str, str]:
+    """A new ed25519 key pair: (private key in OpenSSH PEM, public key line)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+    return private, f"{public} {comment}"
+
+
+def add_keys(plan: dict[str, Any], port: int, rollout_id: str) -> dict[str, Any]:
+    """The plan with this run's keys: one client pair, one host key per serving peer."""
+    plan = json.loads(json.dumps(plan))
+    plan["rollout_id"] = rollout_id
+    plan["port"] = port
+    plan["private_key"], plan["public_key"] = make_keypair(f"specfleet-fanout-{rollout_id}")
+    plan["servers"] = {}
+    for h, info in plan["hosts"].items():
+        if info["receivers"]:
+            priv, pub = make_keypair(f"specfleet-fanout-host-{h}-{rollout_id}")
+            info["host_private_key"] = priv
+            plan["servers"][h] = {"address": info["address"], "port": port,
+                                  "host_public_key": pub}
+    return plan
+
+
+def load_plan(path: str | None = None) -> dict[str, Any]:
+    """The plan of this run, for the prefetch deploy (``SPECFLEET_FANOUT_PLAN``)."""
+    path = path or os.environ.get(PLAN_ENV)
+    if not path:
+        raise SpecfleetError(
+            f"no fan-out plan ({PLAN_ENV} is not set)",
+            fix="run the fan-out prefetch through `python -m deploys.fanout INVENTORY` or the "
+            "rollout, not pyinfra directly",
+        )
+    return json.loads(Path(path).read_text())
+
+
+# --------------------------------------------------------------------------------------------------
+# I/O: the inventory, the runs
+# --------------------------------------------------------------------------------------------------
+
+
+def load_inventory(inventory: str) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """The inventory's hosts (in order), the address each is reached at, and its Settings."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    from deploys.settings import settings_for_host
+
+    ctx_state.set(State())
+    inv = make_inventory(inventory, cwd=os.getcwd())
+    hosts, addresses, settings = [], {}, {}
+    for host in inv:
+        hosts.append(host.name)
+        addresses[host.name] = resolve_address(host.data.get("ssh_hostname") or host.name)
+        settings[host.name] = settings_for_host(host)
+    return hosts, addresses, settings
+
+
+def resolve_address(name: str) -> str:
+    """An IP address for ``from=`` and for peers to connect to."""
+    import ipaddress
+    import socket
+
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        raise SpecfleetError(
+            f"cannot resolve {name} to an address for the fan-out", host=name,
+            fix="give the host's IP as ssh_hostname in the inventory, or run with --no-fanout",
+        ) from None
+
+
+def run_prefetch(
+    inventory: str,
+    hosts: Sequence[str],
+    order: Sequence[str] | None = None,
+    runner: Callable[..., Any] | None = None,
+    degree: int = DEFAULT_DEGREE,
+    port: int | None = None,
+    name: str = "prefetch",
+    plan_out: dict | None = None,
+) -> Any:
+    """The prefetch stage with fan-out on ``hosts``: one pyinfra run of the prefetch deploy
+    (``runner(inventory, deploy, hosts, name)``, the rollout's ``run_pyinfra`` by default),
+    then a cleanup run if some host did not get through it. Returns the prefetch's StepRun.
+    ``plan_out`` (a dict) receives the plan without its keys."""
+    from operations.fanout import DEFAULT_PORT
+
+    if runner is None:
+        from deploys.rollout import run_pyinfra as runner
+    all_hosts, addresses, settings = load_inventory(inventory)
+    hosts = [h for h in all_hosts if h in set(hosts)]
+    keys = {w: {h: swarm_key(settings[h], w) for h in hosts} for w in MODELS}
+    plan = plan_fanout(hosts, addresses, keys, order, degree)
+    if plan_out is not None:
+        plan_out.update(json.loads(json.dumps(plan)))
+    rollout_id = secrets.token_hex(6)
+    full = add_keys(plan, port or DEFAULT_PORT, rollout_id)
+    for sw in plan["swarms"]:
+        print(f"fanout: {sw['which']} {' -> '.join(sw['hosts'][:1])} seeds "
+              f"{', '.join(sw['hosts'][1:]) or 'no peers'} (degree {degree})", file=sys.stderr)
+    tmp = tempfile.mkdtemp(prefix="specfleet-fanout-")
+    os.chmod(tmp, 0o700)
+    plan_path = os.path.join(tmp, "plan.json")
+    fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(full, f)
+    old = os.environ.get(PLAN_ENV)
+    os.environ[PLAN_ENV] = plan_path
+    try:
+        step = runner(inventory, str(PREFETCH_DEPLOY), hosts, name)
+        if any(not r.passed for r in step.results.values()):
+            runner(inventory, str(CLEANUP_DEPLOY), hosts, f"{name} cleanup")
+        return step
+    finally:
+        if old is None:
+            os.environ.pop(PLAN_ENV, None)
+        else:
+            os.environ[PLAN_ENV] = old
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m deploys.fanout",
+        description="Fetch the weights of every host in an inventory: once from upstream per "
+        "model, then host to host over the LAN (verified; upstream for what fails).",
+    )
+    p.add_argument("inventory")
+    p.add_argument("--order", help="hosts in this order first (the first seeds the target)")
+    p.add_argument("--degree", type=int, default=DEFAULT_DEGREE,
+                   help="peers each host serves (the tree's fan-out)")
+    p.add_argument("--port", type=int, help="the ephemeral sshd's port on serving peers")
+    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument("--report", help="write the per-host results and the plan as JSON here")
+    a = p.parse_args(argv)
+    from deploys.rollout import run_pyinfra
+
+    try:
+        hosts, _, _ = load_inventory(a.inventory)
+        if a.limit:
+            unknown = sorted(set(a.limit) - set(hosts))
+            if unknown:
+                raise SpecfleetError(f"--limit names hosts not in the inventory: {unknown}",
+                                     fix=f"use host names of the inventory: {', '.join(hosts)}")
+            hosts = [h for h in hosts if h in a.limit]
+        order = [h.strip() for h in a.order.split(",") if h.strip()] if a.order else None
+        plan: dict[str, Any] = {}
+        step = run_prefetch(a.inventory, hosts, order, run_pyinfra, a.degree, a.port,
+                            plan_out=plan)
+    except SpecfleetError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 3
+    width = max(len(h) for h in hosts)
+    for h in hosts:
+        r = step.results[h]
+        why = "; ".join(r.why) if r.why else ""
+        print(f"{h.ljust(width)}  {r.status:<11} {why}".rstrip())
+    if a.report:
+        Path(a.report).write_text(json.dumps({
+            "seconds": step.seconds, "plan": plan,
+            "hosts": {h: {"status": r.status, "why": r.why} for h, r in step.results.items()},
+        }, indent=2))
+    return 0 if all(r.passed for r in step.results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""After a fan-out prefetch in which some host failed: stop every fan-out sshd and pull, and
+remove keys, known_hosts and jobs on every host (deploys/fanout.py runs it)."""
+
+from pyinfra import host
+
+from deploys.settings import settings_for_host
+from operations import fanout
+
+state_dir = settings_for_host(host).state_dir
+fanout.serve(name="Stop serving weights", present=False, state_dir=state_dir)
+fanout.cleanup(name="Remove fan-out keys and jobs", state_dir=state_dir)

@@ -1,0 +1,50 @@
+"""The rollout's prefetch stage with fan-out (run by ``deploys.fanout.run_prefetch``, which
+passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see deploys/fanout.py).
+
+1. the weights tools, the fan-out agent and the token on every host;
+2. an ephemeral sshd on each host that serves peers;
+3. per model: the seed downloads from upstream while its peers copy from it, pipelined and in
+   a tree (one operation, so all hosts run it at once), then ``weights.model`` on every host
+   verifies, fetches from upstream whatever the peers could not give, writes the manifest;
+4. the sshd units stop; keys, known_hosts and jobs are removed.
+"""
+
+from pyinfra import host
+
+from deploys.fanout import MODELS, load_plan
+from deploys.settings import settings_for_host
+from operations import fanout, weights
+
+settings = settings_for_host(host)
+plan = load_plan()
+me = plan["hosts"][host.name]
+serving = bool(me["receivers"])
+
+weights.host_tools(name="Weights tools")
+fanout.agent(name="Fan-out agent")
+weights.host_token(name="Hugging Face token")
+fanout.serve(
+    name="Serve weights to peers (ephemeral sshd)",
+    present=serving,
+    port=plan["port"],
+    public_key=plan["public_key"] if serving else None,
+    host_private_key=me.get("host_private_key"),
+    receivers=me["receivers"],
+    models_root=settings.models_root,
+    state_dir=settings.state_dir,
+)
+for which in MODELS:
+    role = me["models"][which]
+    fanout.model(
+        name=f"{which.capitalize()} weights from upstream (seed) or peers",
+        which=which,
+        role=role["role"],
+        rollout_id=plan["rollout_id"],
+        sources=role["sources"],
+        port=plan["port"],
+        private_key=plan["private_key"] if role["role"] == "peer" else None,
+        servers=plan["servers"],
+    )
+    weights.model(name=f"{which.capitalize()} weights verified", which=which)
+fanout.serve(name="Stop serving weights", present=False, state_dir=settings.state_dir)
+fanout.cleanup(name="Remove fan-out keys and jobs", state_dir=settings.state_dir)

@@ -1,0 +1,411 @@
+"""Download once per fleet, spread host to host over the LAN: the host side of a fan-out.
+
+A fan-out plan (``deploys.fanout``) names, per model, one **seed** host that downloads from
+upstream (the Hub or ``HF_ENDPOINT``) with ``weights.model``, and **peers** that copy from hosts
+that already hold verified files (rsync over ssh), pipelined behind the seed's download and in a
+tree. The ops here:
+
+- ``agent``: the fan-out agent (``operations/fanout_agent.py``) next to the weights agent;
+- ``serve``: an ephemeral sshd on a serving peer (its own port, host key and authorized keys,
+  a transient ``systemd-run`` unit with a lifetime limit); the rollout's public key may only run
+  ``fanout_agent.py serve`` (read-only rsync under the models root, and a status), and only
+  from the receivers' addresses (``from=``); ``present=False`` stops it and removes every file;
+- ``model``: a seed runs ``weights.model``; a peer uploads its copy of the rollout's private key
+  (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress. The key is
+  removed by the agent when the pull ends. Whatever the peers could not give (a failed or
+  corrupt copy) is left to ``weights.model``, run next on every host: it verifies the copy and
+  fetches the rest from upstream;
+- ``cleanup``: remove a pull's leftovers (keys, jobs) and stop its units.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import time
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import gevent
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import Sha256File
+
+from deploys.settings import Settings, settings_for_host
+from facts.fanout import FanoutLeftovers, FanoutServe
+from facts.weights import WeightsJob, WeightsState, job_command, parse_job
+from operations import weights
+from operations.fanout_agent import pull_progress_path
+from operations.weights_agent import fmt_gib
+
+AGENT_NAME = "fanout_agent.py"
+AGENT_SOURCE_PATH = Path(__file__).with_name(AGENT_NAME)
+SERVE_UNIT = "specfleet-fanout-sshd"
+DEFAULT_PORT = 22113
+# The ephemeral sshd stops by itself after this long, whatever happens to the control machine.
+SERVE_MAX_SECONDS = 24 * 3600
+_UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure: paths and the files of the ephemeral sshd
+# ----------------------------------------------------------------------------------------------
+
+
+def fanout_dir(state_dir: str) -> str:
+    return f"{state_dir.rstrip('/')}/fanout"
+
+
+def serve_dir(state_dir: str) -> str:
+    return f"{fanout_dir(state_dir)}/sshd"
+
+
+def pull_unit(dir_name: str) -> str:
+    return "specfleet-fanout-pull-" + _UNIT_SAFE.sub("_", dir_name)
+
+
+def control_dir(dir_name: str) -> str:
+    """The pull unit's RuntimeDirectory, for ssh's connection sharing (short: a socket path)."""
+    return "/run/sf-fanout-" + hashlib.sha256(dir_name.encode()).hexdigest()[:8]
+
+
+def serve_command(tools_path: str, models_root: str, state_dir: str) -> str:
+    """The only command the rollout's key may run on a serving peer."""
+    tools = tools_path.rstrip("/")
+    return shlex.join([f"{tools}/bin/python", f"{tools}/{AGENT_NAME}", "serve",
+                       models_root.rstrip("/"), state_dir.rstrip("/")])
+
+
+def authorized_keys(public_key: str, from_addresses: list[str], command: str) -> str:
+    """One ``authorized_keys`` line: the rollout's key, from the receivers only, forced to
+    ``command``, with every forwarding and the pty off (``restrict``)."""
+    if not from_addresses:
+        raise ValueError("a served key needs at least one receiver address")
+    for a in from_addresses:
+        if not re.fullmatch(r"[0-9A-Za-z.:_-]+", a):
+            raise ValueError(f"receiver address {a!r} cannot go into from=")
+    if '"' in command or "\\" in command:
+        raise ValueError("the forced command must not hold quotes or backslashes")
+    return (f'from="{",".join(from_addresses)}",restrict,command="{command}" '
+            f"{public_key.strip()}\n")
+
+
+def sshd_config(port: int, directory: str, command: str) -> str:
+    """The ephemeral sshd's whole configuration: key-only root login forced to ``command``."""
+    return "\n".join([
+        "# specfleet fan-out: an ephemeral sshd serving model weights to peers (read-only).",
+        f"Port {int(port)}",
+        f"HostKey {directory}/host_key",
+        f"AuthorizedKeysFile {directory}/authorized_keys",
+        "AuthorizedPrincipalsFile none",
+        "PidFile none",
+        "AllowUsers root",
+        "PermitRootLogin forced-commands-only",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "HostbasedAuthentication no",
+        "UsePAM no",
+        "PermitTTY no",
+        "X11Forwarding no",
+        "AllowTcpForwarding no",
+        "AllowStreamLocalForwarding no",
+        "AllowAgentForwarding no",
+        "PermitTunnel no",
+        "PermitUserRC no",
+        "PermitUserEnvironment no",
+        "StrictModes yes",
+        "UseDNS no",
+        "MaxStartups 64:30:128",
+        "MaxSessions 32",
+        "LogLevel INFO",
+        f"ForceCommand {command}",
+        "",
+    ])
+
+
+def known_hosts(servers: dict[str, dict]) -> str:
+    """``known_hosts`` of a receiver: each serving peer's ephemeral host key, at its port."""
+    lines = []
+    for info in servers.values():
+        lines.append(f"[{info['address']}]:{int(info['port'])} {info['host_public_key'].strip()}")
+    return "".join(line + "\n" for line in sorted(lines))
+
+
+def agent_source() -> str:
+    return AGENT_SOURCE_PATH.read_text()
+
+
+def format_pull(p: dict) -> str:
+    line = (f"{p.get('repo_id')}@{(p.get('revision') or p.get('requested') or '?')[:12]} "
+            f"{p.get('state')}: {p.get('files_done', 0)}/{p.get('files_total', 0)} files, "
+            f"{fmt_gib(p.get('bytes_from_peers') or 0)} from peers")
+    by = p.get("by_source") or {}
+    if by:
+        line += " (" + ", ".join(f"{h} {fmt_gib(n)}" for h, n in sorted(by.items())) + ")"
+    if p.get("corrupt"):
+        line += f", {len(p['corrupt'])} corrupt copies left for upstream"
+    return line
+
+
+def _secret_upload(path: str, content: str):
+    """Create ``path`` 0600 before a byte is written, then fill it from memory (only a hash
+    would ever show; pyinfra prints no content of a FileUploadCommand)."""
+    yield StringCommand("install", "-d", "-m", "700", QuoteString(os.path.dirname(path)))
+    yield StringCommand("(", "umask", "077", "&&", ":", ">", QuoteString(path), ")")
+    yield StringCommand("chmod", "600", QuoteString(path))
+    yield FileUploadCommand(StringIO(content), path)
+    yield StringCommand("chmod", "600", QuoteString(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# Operations
+# ----------------------------------------------------------------------------------------------
+
+
+@operation()
+def agent(tools_path: str = weights.TOOLS_PATH):
+    """
+    Put the fan-out agent next to the weights agent (``weights.tools`` first).
+
+    + tools_path: the weights tools venv
+    """
+    dest = f"{tools_path.rstrip('/')}/{AGENT_NAME}"
+    source = agent_source()
+    if host.get_fact(Sha256File, path=dest) == hashlib.sha256(source.encode()).hexdigest():
+        host.noop(f"fan-out agent {dest} is installed")
+        return
+    yield FileUploadCommand(StringIO(source), dest)
+
+
+@operation()
+def serve(
+    present: bool = True,
+    port: int = DEFAULT_PORT,
+    public_key: str | None = None,
+    host_private_key: str | None = None,
+    receivers: list[str] | None = None,
+    models_root: str = "/srv/models",
+    state_dir: str = "/var/lib/specfleet",
+    tools_path: str = weights.TOOLS_PATH,
+    max_seconds: int = SERVE_MAX_SECONDS,
+):
+    """
+    An ephemeral sshd that serves this host's verified weights to its peers, read-only.
+
+    + present: run it (``False``: stop it and remove its keys and config)
+    + port: its TCP port (not the host's own sshd)
+    + public_key: the rollout's public key (OpenSSH format)
+    + host_private_key: its own host key, made for the rollout (receivers pin its public half)
+    + receivers: the addresses the key is accepted from (``from=``)
+    + models_root/state_dir/tools_path: what the forced command serves and where it runs
+    + max_seconds: the unit stops by itself after this long (``RuntimeMaxSec``)
+    """
+    directory = serve_dir(state_dir)
+    info = host.get_fact(FanoutServe, unit=SERVE_UNIT, digest_path=f"{directory}/digest")
+    if not present:
+        there = host.get_fact(Sha256File, path=f"{directory}/sshd_config")
+        if not info["active"] and there is None:
+            host.noop("no fan-out sshd on this host")
+            return
+        if info["active"]:
+            yield StringCommand("systemctl", "stop", SERVE_UNIT)
+        yield StringCommand("rm", "-rf", QuoteString(directory))
+        return
+    if not (public_key and host_private_key and receivers):
+        raise ValueError("fanout.serve needs public_key, host_private_key and receivers")
+    command = serve_command(tools_path, models_root, state_dir)
+    config = sshd_config(port, directory, command)
+    keys = authorized_keys(public_key, receivers, command)
+    digest = hashlib.sha256((config + keys + host_private_key).encode()).hexdigest()
+    if info["active"] and info["digest"] == digest:
+        host.noop(f"fan-out sshd serves {len(receivers)} peers on port {port}")
+        return
+    if info["active"]:
+        yield StringCommand("systemctl", "stop", SERVE_UNIT)
+    yield StringCommand("rm", "-rf", QuoteString(directory))
+    yield from _secret_upload(f"{directory}/host_key", host_private_key.strip() + "\n")
+    yield FileUploadCommand(StringIO(keys), f"{directory}/authorized_keys")
+    yield FileUploadCommand(StringIO(config), f"{directory}/sshd_config")
+    yield FileUploadCommand(StringIO(digest + "\n"), f"{directory}/digest")
+    yield StringCommand("chmod", "600", QuoteString(f"{directory}/authorized_keys"),
+                        QuoteString(f"{directory}/sshd_config"))
+    yield StringCommand("/usr/sbin/sshd", "-t", "-f", QuoteString(f"{directory}/sshd_config"))
+    yield StringCommand(
+        "(", "systemctl", "reset-failed", SERVE_UNIT, ">/dev/null", "2>&1", "||", "true", ")",
+        "&&", "mkdir", "-p", "-m", "755", "/run/sshd", "&&",
+        "systemd-run", "--quiet", "--collect", f"--unit={SERVE_UNIT}",
+        QuoteString("--description=specfleet fan-out: serve weights to peers"),
+        f"--property=RuntimeMaxSec={int(max_seconds)}",
+        "--", "/usr/sbin/sshd", "-D", "-e", "-f", QuoteString(f"{directory}/sshd_config"),
+    )
+    # Wait until it listens (a receiver may connect at once).
+    yield (f"for i in $(seq 100); do ss -Hltn 'sport = :{int(port)}' | grep -q LISTEN && "
+           f"exit 0; sleep 0.1; done; systemctl status {SERVE_UNIT} --no-pager; exit 1")
+
+
+def _fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None) -> bool:
+    return bool(rev and rev["complete"] and not rev["changed"] and not rev["missing"]
+                and rev.get("allow_patterns") == allow and rev.get("ignore_patterns") == ignore)
+
+
+def model_job(s: Settings, which: str, *, rollout_id: str, sources: list[dict], port: int,
+              token_path: str | None) -> dict[str, Any]:
+    """The pull agent's job for ``which`` (no secret: the key is a path)."""
+    src = getattr(s, which)
+    root = weights.model_root(s, which)
+    dir_name = os.path.basename(root)
+    fdir = fanout_dir(s.state_dir)
+    return {
+        "rollout_id": rollout_id, "repo_id": src.repo_id,
+        "revision": src.revision or "main", "root": root,
+        "allow_patterns": src.allow_patterns, "ignore_patterns": src.ignore_patterns,
+        "endpoint": s.weights.hf_endpoint, "token_path": token_path,
+        "sources": sources, "port": port,
+        "key_path": f"{fdir}/{dir_name}.key", "known_hosts": f"{fdir}/{dir_name}.known_hosts",
+        "control_dir": control_dir(dir_name),
+        "progress_path": pull_progress_path(s.state_dir, dir_name),
+        "stall_seconds": s.weights.stall_minutes * 60, "poll_seconds": min(
+            s.weights.poll_seconds, 1.0),
+    }
+
+
+@operation()
+def model(
+    which: str = "target",
+    role: str = "seed",
+    rollout_id: str = "",
+    sources: list[dict] | None = None,
+    port: int = DEFAULT_PORT,
+    private_key: str | None = None,
+    servers: dict[str, dict] | None = None,
+):
+    """
+    The target or the drafter of the host's settings, from upstream or from peers.
+
+    + which: ``target`` or ``drafter``
+    + role: ``seed`` (``weights.model``: from upstream) or ``peer`` (copy from ``sources``)
+    + rollout_id: the fan-out this pull belongs to
+    + sources: the peers to copy from, in order: ``[{"host", "address"}]``
+    + port: the port of the peers' ephemeral sshd
+    + private_key: the rollout's private key (put in a 0600 file for this pull only)
+    + servers: ``{host: {"address", "port", "host_public_key"}}``, pinned in known_hosts
+
+    A peer that already holds a complete, unchanged copy does nothing. Run ``weights.model``
+    after it on every host: it verifies the copy, fetches what peers could not give from
+    upstream, writes the manifest and flips ``current``.
+    """
+    if role == "seed":
+        yield from weights.model._inner(which=which)
+        return
+    if role != "peer":
+        raise ValueError(f"fanout.model role={role!r}: use seed or peer")
+    s = settings_for_host(host)
+    src = getattr(s, which)
+    root = weights.model_root(s, which)
+    state = host.get_fact(WeightsState, path=root)
+    if src.revision and not src.follow_branch:
+        rev = state["revisions"].get(src.revision)
+        if _fast_ok(rev, src.allow_patterns, src.ignore_patterns):
+            host.noop(f"{src.repo_id}@{src.revision[:12]} is already here ({rev['files']} files, "
+                      f"{fmt_gib(rev['bytes'])})")
+            return
+    if not (sources and private_key and servers):
+        raise ValueError("fanout.model role=peer needs sources, private_key and servers")
+    token_path = s.weights.host_token_path
+    if weights.read_control_token(s.weights.token_file) is not None:
+        token_path = weights.control_token_path(s)
+    job = model_job(s, which, rollout_id=rollout_id, sources=sources, port=port,
+                    token_path=token_path)
+    dir_name = os.path.basename(root)
+    unit = pull_unit(dir_name)
+    job_path = f"{fanout_dir(s.state_dir)}/{dir_name}.pull-job.json"
+    python = f"{weights.TOOLS_PATH}/bin/python"
+    agent_path = f"{weights.TOOLS_PATH}/{AGENT_NAME}"
+    running = host.get_fact(WeightsJob, unit=unit, progress_path=job["progress_path"])
+    if running["active"]:
+        yield StringCommand("systemctl", "stop", unit)
+    yield from _secret_upload(job["key_path"], private_key.strip() + "\n")
+    yield FileUploadCommand(StringIO(known_hosts(servers)), job["known_hosts"])
+    yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
+    yield StringCommand(
+        "(", "systemctl", "reset-failed", unit, ">/dev/null", "2>&1", "||", "true", ")", "&&",
+        "rm", "-f", QuoteString(job["progress_path"]), "&&",
+        "systemd-run", "--quiet", "--collect", f"--unit={unit}",
+        QuoteString(f"--description=specfleet fan-out: {src.repo_id} from peers"),
+        "--property=TimeoutStopSec=30", "--property=Nice=5",
+        f"--property=RuntimeDirectory={os.path.basename(job['control_dir'])}",
+        "--property=RuntimeDirectoryMode=0700",
+        "--", QuoteString(python), QuoteString(agent_path), "pull", QuoteString(job_path),
+    )
+    yield FunctionCommand(_wait, (), {
+        "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
+        "poll_seconds": job["poll_seconds"],
+    })
+
+
+def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
+          poll_seconds: float) -> bool:
+    """Poll the pull's progress until it ends. A pull never fails the host: what it could not
+    copy, ``weights.model`` fetches from upstream."""
+    last_line, events_seen, gone_since = "", 0, None
+    while True:
+        ok, output = host.run_shell_command(job_command(unit, progress_path),
+                                            print_output=False, print_input=False)
+        info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
+        p = info["progress"] if (info["progress"] or {}).get("rollout_id") == rollout_id else None
+        if p is not None:
+            events = p.get("events") or []
+            for ev in events[events_seen:]:
+                host.log_styled(ev["text"], fg="cyan")
+            events_seen = len(events)
+            line = format_pull(p)
+            if line != last_line:
+                host.log(line)
+                last_line = line
+            if p.get("state") in ("done", "partial", "failed") and not info["active"]:
+                if p["state"] != "done":
+                    host.log_styled(
+                        f"peer copy {p['state']}: {(p.get('error') or {}).get('message', '')} "
+                        "the weights step fetches the rest from upstream",
+                        fg="yellow", log_func=logger.warning)
+                return True
+        if not info["active"]:
+            gone_since = gone_since or time.monotonic()
+            if time.monotonic() - gone_since > max(3 * poll_seconds, 10):
+                host.log_styled(f"the pull unit {unit} ended without a result (see journalctl "
+                                f"-u {unit}); the weights step fetches from upstream",
+                                fg="yellow", log_func=logger.warning)
+                return True
+        else:
+            gone_since = None
+        gevent.sleep(poll_seconds)
+
+
+@operation()
+def cleanup(state_dir: str = "/var/lib/specfleet"):
+    """
+    Remove what a fan-out left on this host: pull units, keys, known_hosts, jobs, the sshd.
+
+    + state_dir: specfleet's state folder on the host
+    """
+    fdir = fanout_dir(state_dir)
+    listing = host.get_fact(FanoutLeftovers, path=fdir)
+    if not listing["units"] and not listing["files"]:
+        host.noop("no fan-out leftovers")
+        return
+    for unit in listing["units"]:
+        yield StringCommand("systemctl", "stop", QuoteString(unit))
+    if listing["files"]:
+        # Progress files (*.pull.json) stay: they are the record of where the bytes came from.
+        yield StringCommand(
+            "find", QuoteString(fdir), "-mindepth", "1", "-maxdepth", "1", "!", "-name",
+            QuoteString("*.pull.json"), "-exec", "rm", "-rf", "{}", "+",
+        )
+
+
+__all__ = ["agent", "cleanup", "model", "serve"]
