@@ -52,7 +52,7 @@ ON_CONFLICT = ("keep-v1", "fail")
 def _say(message: str) -> None:
     """Why an operation changes something: "would ..." while preparing, as-is while executing."""
     prefix = "" if host.state.is_executing else "would: "
-    host.log(f"{prefix}{message}", logger.info)
+    logger.info(f"{host.print_prefix}{prefix}{message}")
 
 
 def _fails_host(func):
@@ -78,7 +78,7 @@ def _report_error(state: Any, host: Any, message: str) -> bool:
 
 
 def _warn(message: str) -> None:
-    host.log(message, logger.warning)
+    logger.warning(f"{host.print_prefix}{message}")
 
 
 def _check_venv_path(venv: str) -> None:
