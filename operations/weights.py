@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import time
 from io import StringIO
 from pathlib import Path
@@ -176,8 +177,8 @@ def token(path: str, token_file: str | None = None):
       there is left alone)
     + token_file: a file on the control machine holding the token; else ``HF_TOKEN``
 
-    The token is uploaded from memory: it appears in no command line, no output at any
-    verbosity and no ``--diff`` (only its sha256 is compared). With no token given, nothing.
+    The token goes through stdin: it appears in no command line, no output at any verbosity
+    and no ``--diff`` (only its sha256 is compared). With no token given, nothing.
     """
     secret = read_control_token(token_file)
     if secret is None:
@@ -191,11 +192,13 @@ def token(path: str, token_file: str | None = None):
         return
     folder = os.path.dirname(path)
     yield StringCommand("install", "-d", "-m", "700", QuoteString(folder))
-    # Create it 0600 before a byte is written, then fill it from memory.
-    yield StringCommand("(", "umask", "077", "&&", ":", ">", QuoteString(path), ")")
-    yield StringCommand("chmod", "600", QuoteString(path))
-    yield FileUploadCommand(StringIO(content), path)
-    yield StringCommand("chmod", "600", QuoteString(path))
+    # The token goes through the command's stdin (never logged, unlike argv), into a file that
+    # is 0600 before its first byte, then renamed over the old one: no temporary file in /tmp
+    # as a sudo upload would use.
+    tmp = f"{path}.new"
+    script = (f"umask 077 && cat > {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)} "
+              f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}")
+    yield StringCommand("sh", "-c", QuoteString(script), _stdin=content)
 
 
 @operation()

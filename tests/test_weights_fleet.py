@@ -216,7 +216,7 @@ def test_gated_repo_errors_and_token_never_leaks(env):
         # The right token, with -vvv and --diff, while every argv on the host is recorded.
         with argv_recorder(fleet, "h1") as argv_log:
             r = deploy(env, "gated3", "gated", run_env={"HF_TOKEN": TOKEN},
-                       flags=("-vvv", "--diff"))
+                       flags=("-vvv", "--diff", "--debug"))
             argv = fleet.run("h1", f"cat {argv_log}").stdout
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
@@ -225,7 +225,7 @@ def test_gated_repo_errors_and_token_never_leaks(env):
         assert len(argv.splitlines()) > 100  # the recorder did record
         unit = "specfleet-weights-testorg--gated"
         where = {
-            "pyinfra -vvv --diff output": out,
+            "pyinfra -vvv --diff --debug output": out,
             "argv of every process on the host": argv,
             "unit files": fleet.run("h1", "cat /run/systemd/transient/specfleet-weights-* "
                                     "/etc/systemd/system/specfleet-* 2>/dev/null; "
