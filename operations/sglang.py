@@ -215,9 +215,11 @@ def installed(
             commit = parse_ls_remote(host.get_fact(GitRemoteRefs, url=repo, ref=git_ref), git_ref)
             if commit is None:
                 raise SpecfleetError(
-                    f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host)",
+                    f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host found "
+                    "nothing)",
                     host=host.name,
-                    fix="check sglang.git_url and sglang.git_ref, and that the host reaches it",
+                    fix="check sglang.git_url and sglang.git_ref, that git is installed on the "
+                    "host and that the host reaches the repository",
                 )
 
     decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)

@@ -884,8 +884,9 @@ class GitRemoteRefs(FactBase[list[str]]):
         return "git"
 
     def command(self, url: str, ref: str) -> StringCommand:
+        # No prompt for credentials: a private URL fails instead of hanging the deploy.
         return StringCommand(
-            "git", "ls-remote", "--", QuoteString(url), QuoteString(ref),
+            "GIT_TERMINAL_PROMPT=0", "git", "ls-remote", "--", QuoteString(url), QuoteString(ref),
             QuoteString(f"{ref}^{{}}"),
         )  # fmt: skip
 

@@ -544,3 +544,15 @@ def test_git_install_keys_on_the_commit(sw, tmp_path):
     assert second in direct and first not in direct
     settled = deploy(sw, tmp_path, "h1", data, test=ops)
     assert settled.status("sglang.installed", "h1") == "No changes", settled.output
+
+    data["sglang"]["git_ref"] = "no-such-branch"
+    wrong = deploy(sw, tmp_path, "h1", data, test=ops)
+    assert wrong.rc != 0 and wrong.status("sglang.installed", "h1") == "Error", wrong.output
+    assert f"git ref 'no-such-branch' is not in file://{repo}" in wrong.output
+    assert "Traceback" not in wrong.output
+    assert (
+        second
+        in sw.run(
+            "h1", f"cat {venv}/{SITE}/sglang-0.5.11.dev1.dist-info/direct_url.json", check=True
+        ).stdout
+    )
