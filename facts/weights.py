@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from operations.weights_agent import pids_using
+
 # Run on the host by the system python3: read each revision's manifest and compare every file's
 # size and mtime with it (the fast re-check: no hashing). Prints one JSON object.
-_STATE_SCRIPT = r"""
+_STATE_SCRIPT = inspect.getsource(pids_using) + r"""
 import json, os, sys
 root = sys.argv[1]
+want_in_use = len(sys.argv) > 2
 out = {"path": root, "current": None, "revisions": {}}
 if os.path.isdir(root):
     link = os.path.join(root, "current")
@@ -24,7 +28,8 @@ if os.path.isdir(root):
             continue
         if len(name) != 40 or any(c not in "0123456789abcdef" for c in name):
             continue
-        rev = {"complete": False, "files": 0, "bytes": 0, "changed": [], "missing": []}
+        rev = {"complete": False, "files": 0, "bytes": 0, "changed": [], "missing": [],
+               "in_use": pids_using(d) if want_in_use else []}
         try:
             with open(os.path.join(d, ".specfleet", "manifest.json")) as f:
                 m = json.load(f)
@@ -81,6 +86,8 @@ class WeightsState(FactBase[dict[str, Any]]):
     """
     The revisions of one model under its root, each checked fast against its manifest (size and
     mtime of every file; nothing is hashed), and the revision the ``current`` link points to.
+    With ``in_use``, the processes using each revision (``in_use`` pids; see
+    ``operations.weights_agent.pids_using``).
 
     .. code:: python
 
@@ -89,7 +96,8 @@ class WeightsState(FactBase[dict[str, Any]]):
             "current": "3f1c...40 hex",
             "revisions": {
                 "3f1c...": {"complete": True, "files": 66, "bytes": 595171160064,
-                            "changed": [], "missing": [], "verified_at": 1796050619.1,
+                            "changed": [], "missing": [], "in_use": [],
+                            "verified_at": 1796050619.1,
                             "allow_patterns": None, "ignore_patterns": None},
             },
         }
@@ -104,8 +112,10 @@ class WeightsState(FactBase[dict[str, Any]]):
         return {"path": None, "current": None, "revisions": {}}
 
     @override
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("python3", "-c", QuoteString(_STATE_SCRIPT), QuoteString(path))
+    def command(self, path: str, in_use: bool = False) -> StringCommand:
+        extra = ["in-use"] if in_use else []
+        return StringCommand("python3", "-c", QuoteString(_STATE_SCRIPT), QuoteString(path),
+                             *extra)
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:

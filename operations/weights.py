@@ -290,7 +290,7 @@ def snapshot(
     }
     job["job_id"] = job_id(job)
 
-    state = host.get_fact(WeightsState, path=root)
+    state = host.get_fact(WeightsState, path=root, in_use=prune)
     running = host.get_fact(WeightsJob, unit=unit, progress_path=progress_path)
     attach = running["active"] and (running["progress"] or {}).get("job_id") == job["job_id"]
 
@@ -382,14 +382,20 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
             "mv", "-T", QuoteString(f"{root}/current.tmp"), QuoteString(f"{root}/current"),
         )
         changed = True
+    kept = []
     if prune:
-        for other in sorted(state["revisions"]):
-            if other != revision and other not in keep:
-                yield StringCommand("rm", "-rf", QuoteString(f"{root}/{other}"))
-                changed = True
+        for other, info in sorted(state["revisions"].items()):
+            if other == revision or other in keep:
+                continue
+            if info.get("in_use"):
+                kept.append(f"{other[:12]} (in use by pid {info['in_use'][0]})")
+                continue
+            yield StringCommand("rm", "-rf", QuoteString(f"{root}/{other}"))
+            changed = True
     if not changed:
+        also = f"; keeping {', '.join(kept)}" if kept else ""
         host.noop(f"{repo_id}@{revision[:12]} is complete ({rev['files']} files, "
-                  f"{fmt_gib(rev['bytes'])}; {how})")
+                  f"{fmt_gib(rev['bytes'])}; {how}){also}")
 
 
 def _free_space(root: str, plan: dict) -> int:

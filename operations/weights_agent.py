@@ -640,12 +640,52 @@ def flip_current(root: str, sha: str) -> None:
     os.replace(tmp, link)
 
 
+def pids_using(rev_dir: str) -> list[int]:
+    """Processes that use a revision: a file open or mapped under it, their cwd in it, or its
+    commit in their argv or environment (an SGLang unit names the revision it serves)."""
+    import os as _os
+
+    rev_dir = _os.path.realpath(rev_dir)
+    sha = _os.path.basename(rev_dir).encode()
+    users = []
+    for pid in _os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == _os.getpid():
+            continue
+        base = f"/proc/{pid}"
+        found = False
+        for name in ("cmdline", "environ"):
+            try:
+                with open(f"{base}/{name}", "rb") as f:
+                    found = found or sha in f.read()
+            except OSError:
+                pass
+        try:
+            links = [_os.readlink(f"{base}/cwd")]
+            links += [_os.readlink(f"{base}/fd/{fd}") for fd in _os.listdir(f"{base}/fd")]
+        except OSError:
+            links = []
+        found = found or any(x == rev_dir or x.startswith(rev_dir + "/") for x in links)
+        if not found:
+            try:
+                with open(f"{base}/maps") as f:
+                    found = (" " + rev_dir + "/") in f.read()
+            except OSError:
+                pass
+        if found:
+            users.append(int(pid))
+    return users
+
+
 def prune(root: str, keep: set[str], note) -> None:
     for name in sorted(os.listdir(root)):
         full = os.path.join(root, name)
         if name in keep or name == CURRENT or os.path.islink(full) or not os.path.isdir(full):
             continue
         if len(name) == 40 and all(c in "0123456789abcdef" for c in name):
+            users = pids_using(full)
+            if users:
+                note(f"keeping revision {name}: in use by pid {', '.join(map(str, users))}")
+                continue
             note(f"pruning revision {name}")
             shutil.rmtree(full)
 

@@ -202,3 +202,32 @@ def test_agent_check_rehashes_against_the_manifest(tmp_path):
     bad = cmd_check(str(rev))["bad"]
     assert list(bad) == ["w.safetensors"] and bad["w.safetensors"].startswith("sha256 ")
     assert cmd_check(str(tmp_path / "nope"))["error"] == "no complete manifest"
+
+
+def test_pids_using_sees_cwd_open_files_and_argv(tmp_path):
+    import os
+    import subprocess as sp
+    import sys
+    import time
+
+    from operations.weights_agent import pids_using
+
+    sha = os.urandom(20).hex()  # unique: other processes must not name it
+    rev = tmp_path / sha
+    rev.mkdir()
+    (rev / "w.bin").write_bytes(b"x")
+    assert pids_using(str(rev)) == []
+    holders = [
+        sp.Popen(["sleep", "30"], cwd=rev),
+        sp.Popen(["sh", "-c", "exec 3<w.bin; cd /; exec sleep 30"], cwd=rev),
+        sp.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--model-path",
+                  f"/srv/x/{sha}"], cwd="/"),
+    ]
+    try:
+        time.sleep(0.3)
+        assert {h.pid for h in holders} <= set(pids_using(str(rev)))
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert pids_using(str(rev)) == []

@@ -372,10 +372,23 @@ def test_follow_branch_shows_a_moved_branch_and_prunes(env):
     out = dry.stdout + dry.stderr
     assert f"main moved from {first[:12]} to {second[:12]}" in out, out
     assert fleet.run("h1", "readlink /srv/models/testorg--follow/current").stdout.strip() == first
+    # A server still runs on the first revision (it names it, like an SGLang unit does).
+    fleet.run("h1", "systemd-run --quiet --unit=standin-server-follow "
+              f"--setenv=SPECFLEET_TARGET_REVISION={first} sleep 600", check=True)
+    try:
+        r = deploy(env, "follow", "follow", **over)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        cur = fleet.run("h1", "readlink /srv/models/testorg--follow/current").stdout.strip()
+        assert cur == second
+        assert f"keeping revision {first}: in use by pid" in out
+        assert set(fleet.run("h1", "ls /srv/models/testorg--follow").stdout.split()) == {
+            first, second, "current"}
+    finally:
+        fleet.run("h1", "systemctl stop standin-server-follow")
+    # Once nothing uses it, the old revision is pruned; never the one in use.
     r = deploy(env, "follow", "follow", **over)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert fleet.run("h1", "readlink /srv/models/testorg--follow/current").stdout.strip() == second
-    # The old revision was pruned, never the one in use.
     assert set(fleet.run("h1", "ls /srv/models/testorg--follow").stdout.split()) == {
         second, "current"}
     again = deploy(env, "follow", "follow", **over)
