@@ -180,6 +180,13 @@ def test_too_small_disk_fails_before_any_byte(env):
     assert "still to download" in out and "MiB free" in out and "fix:" in out
     assert "Traceback" not in out
     assert env["fleet"].run("h2", "ls -A /srv/models").stdout.strip() == ""
+    # --dry (change detection) says so too, before anything runs.
+    dry = deploy(env, "small", "tiny", hosts=("h2",), weights={"margin_min_gib": 0.0001},
+                 flags=("--dry",))
+    out = dry.stdout + dry.stderr
+    assert dry.returncode != 0
+    assert "not enough disk space at h2:/srv/models/testorg--tiny" in out
+    assert "Traceback" not in out
     assert not any("/resolve/" in line for line in hub.log_lines()[before:])
 
 
