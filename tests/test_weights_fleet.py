@@ -68,6 +68,7 @@ def env(make_fleet, tmp_path_factory):
     finally:
         hub.stop()
         olah.stop()
+        fleet.down()  # now, not at the session's end: hosts are RAM and inotify instances
 
 
 def deploy(env, name: str, repo: str, per_host: dict | None = None, hosts=("h1",),
