@@ -34,6 +34,7 @@ HOSTS = ("h1", "h2", "h3", "h4")
 SERVICE = "sf-roll"
 PORT = 30100
 UNIT = f"/etc/systemd/system/{SERVICE}.service"
+ENV = f"/etc/specfleet/{SERVICE}.env"
 STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 RECORD = f"/run/standin/{SERVICE}.json"
 VENV = "/opt/specfleet/sglang"
@@ -145,7 +146,9 @@ def rollout(env, per_host: dict[str, dict], *flags: str, during=None) -> Result:
 
 
 def unit_sha(env, host: str) -> str:
-    return env["fleet"].run(host, f"sha1sum {UNIT} | cut -c1-40", check=True).stdout.strip()
+    """The hash of the unit and its environment file together."""
+    return env["fleet"].run(host, f"cat {UNIT} {ENV} | sha1sum | cut -c1-40",
+                            check=True).stdout.strip()
 
 
 def healthy(env, host: str) -> bool:
