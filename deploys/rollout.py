@@ -249,28 +249,45 @@ def parse_step(stdout: str, stderr_lines: list[str], hosts: Sequence[str]) -> di
     return out
 
 
+STATUS_WORDS = ("Success", "No changes", "Connected", "Skipped", "Ready:", "Loading:")
+
+
 def _why(lines: list[str], host: str) -> list[str]:
-    """The error lines pyinfra and specfleet printed for ``host`` (the last few)."""
-    keep = []
+    """Why ``host`` failed, from pyinfra's log: the name of the operation that failed and the last
+    lines the host printed in it (progress lines of the readiness gate left out), with the fix a
+    specfleet error gives on the line after it."""
     tag = f"[{host}]"
-    for i, ln in enumerate(lines):
+    op: str | None = None
+    said: list[str] = []
+    failed: tuple[str | None, list[str]] | None = None
+    last: str | None = None  # the host that printed the last tagged line
+    for ln in lines:
+        if ln.startswith("--> Starting operation:"):
+            op, said = ln.split(":", 1)[1].strip(), []
+            continue
+        m = re.search(r"\[([^\]]+)\]", ln)
+        if m is None or ln.lstrip().startswith("|"):
+            # A specfleet error's fix is on a line of its own, after the journal excerpt.
+            if last == host and ln.strip().startswith("fix:"):
+                said.append(ln.strip()[:300])
+            continue
+        last = m.group(1)
         if tag not in ln:
             continue
         text = ln.split(tag, 1)[1].strip()
-        if re.search(r"error|not ready|failed|could not|fix:|unreachable|timed out", text, re.I):
-            if text.startswith(("Success", "No changes", "Connected", "Skipped")):
-                continue
-            keep.append(text)
-            # A specfleet error's fix is on its own line.
-            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            if nxt.startswith("fix:"):
-                keep.append(nxt)
-    seen, out = set(), []
-    for text in keep:
-        if text not in seen:
-            seen.add(text)
-            out.append(text[:300])
-    return out[-4:]
+        if text.startswith("Error"):
+            failed = (op, said if said else [text])
+            continue
+        if text.startswith(STATUS_WORDS) or text.startswith("gate: ") or not text:
+            continue
+        said.append(text[:300])
+    if failed is None:
+        return []
+    name, texts = failed
+    texts = texts[-3:]
+    if name:
+        texts[0] = f"in '{name}': {texts[0]}"
+    return texts
 
 
 def _general_error(lines: list[str]) -> list[str]:

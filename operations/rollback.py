@@ -85,11 +85,30 @@ class PinChanges:
         return {pin_name(p) or p for p in self.install} | set(self.uninstall)
 
 
+def _pin_key(line: str) -> str:
+    """What a pin asks for, without the spelling of its name: ``==0.5.11`` or ``@ URL``."""
+    for sep in (" @ ", "==="):
+        if sep in line:
+            return sep.strip() + line.split(sep, 1)[1].strip()
+    if "==" in line:
+        from packaging.version import InvalidVersion, Version
+
+        version = line.split("==", 1)[1].strip()
+        try:
+            return "==" + str(Version(version))
+        except InvalidVersion:
+            return "==" + version
+    return line
+
+
 def pin_changes(saved: list[str], current: list[str]) -> PinChanges:
     """What returns the venv from ``current`` to ``saved`` (both ``pip freeze`` output): the saved
     pins that differ or are missing, and the distributions that were not there."""
     s, c = parse_pins(saved), parse_pins(current)
-    install = [line for name, line in sorted(s.items()) if c.get(name) != line]
+    install = [
+        line for name, line in sorted(s.items())
+        if name not in c or _pin_key(c[name]) != _pin_key(line)
+    ]  # fmt: skip
     uninstall = sorted(name for name in c if name not in s)
     return PinChanges(install, uninstall)
 
