@@ -1,0 +1,260 @@
+"""Benchmark: re-running `deploys/kimi_k26.py` on a converged fleet, over ~50 ms of RTT.
+
+Usage (as root, from the repository root):
+
+    .venv/bin/python bench/converged/run.py [--hosts 8] [--runs 3] [--delay-ms 25] [--keep|--reuse]
+
+1. Boots the demo fleet (``tests.demo``: real Debian hosts, the stand-in hub and SGLang server)
+   with N hosts named ``p1..pN`` (GPU profiles h100x8, b200x8, rtx6000x8 in turn) as fleet
+   ``perf``, and converges it once with ``pyinfra -y`` over the direct (fast) link.
+2. Puts a delaying TCP relay (``bench/converged/relay.py``) in front of each host's sshd: every
+   chunk is held ``--delay-ms`` (25) each way, so about 50 ms of round-trip time (this kernel has
+   no ``netem``). A benchmark inventory points ``ssh_hostname``/``ssh_port`` at the relays.
+3. For 1, 4 and N hosts (``--limit``), side by side in one run, ``--runs`` times interleaved:
+   the time of a converged ``pyinfra -y INV deploys/kimi_k26.py`` and of
+   ``pyinfra -y INV exec -- true``; the ratio is of their medians. Every deploy run must report
+   no change (the table's change column), or the benchmark fails.
+4. SSH commands per host in a converged run, from one extra run with ``--debug``: each
+   ``Running command on HOST`` line (one remote process started: an exec channel) plus each
+   ``Attempting upload`` (an SFTP channel). The same counter on ``exec -- true`` must give 1.
+
+It prints a table, and the last line ``converged: ratio=R.RR commands_per_host=N hosts=H
+rtt_ms=M`` for the largest fleet. ``--keep`` leaves the fleet and hub up (state in
+``/run/specfleet-fleet/perf/bench.json``); ``--reuse`` attaches to them instead of booting, and
+restarts the stand-in hub on its old port. ``python -m tests.fleet down --name perf`` tears down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.converged.relay import Relays  # noqa: E402
+from tests import demo as demo_mod  # noqa: E402
+from tests import weights_support  # noqa: E402
+from tests.fleet import Fleet, HostSpec  # noqa: E402
+from tests.fleet.core import STATE_ROOT  # noqa: E402
+
+FLEET = "perf"
+PROFILES = ["h100x8", "b200x8", "rtx6000x8"]
+PYINFRA = demo_mod.PYINFRA
+DEPLOY = demo_mod.DEPLOY
+RUN_RE = re.compile(r"Running command on (\S+?):")
+UPLOAD_RE = re.compile(r"Attempting upload of ")
+TOTAL_RE = re.compile(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)")
+
+
+# The source tree pyinfra runs the deploy from (``--tree``: e.g. an export of an older commit).
+TREE = REPO_ROOT
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_TOKEN"] = demo_mod.DEMO_TOKEN
+    if TREE != REPO_ROOT:
+        # Ahead of the editable install of /work/main.
+        env["PYTHONPATH"] = str(TREE)
+    return env
+
+
+def pyinfra(inventory: Path, *args: str, limit: list[str] | None = None,
+            timeout: float = 900) -> tuple[float, subprocess.CompletedProcess]:
+    argv = [PYINFRA, "-y"]
+    for name in limit or []:
+        argv += ["--limit", name]
+    argv += [str(inventory), *args]
+    t0 = time.monotonic()
+    done = subprocess.run(argv, cwd=TREE, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return time.monotonic() - t0, done
+
+
+def changes(out: str) -> int | None:
+    """The results table's change count (its "Success" column), None if there is no table."""
+    m = TOTAL_RE.search(out)
+    if not m:
+        return None
+    return 0 if m.group(2) == "-" else int(m.group(2))
+
+
+def count_commands(debug_output: str, hosts: list[str]) -> dict[str, float]:
+    """Remote processes started per host, from ``--debug`` output."""
+    per = {h: 0.0 for h in hosts}
+    for m in RUN_RE.finditer(debug_output):
+        if m.group(1) in per:
+            per[m.group(1)] += 1
+    # Upload lines do not name the host: share them out evenly.
+    uploads = len(UPLOAD_RE.findall(debug_output))
+    for h in per:
+        per[h] += uploads / len(hosts)
+    return per
+
+
+def _fail(what: str, done: subprocess.CompletedProcess) -> RuntimeError:
+    tail = (done.stdout + done.stderr)[-4000:]
+    return RuntimeError(f"{what} failed (exit {done.returncode}):\n{tail}")
+
+
+def boot(n: int, keep: bool) -> demo_mod.Demo:
+    specs = [HostSpec(f"p{i + 1}", gpu=PROFILES[i % len(PROFILES)], disk="64G") for i in range(n)]
+    print(f"==> booting fleet {FLEET!r}: {n} hosts", flush=True)
+    demo = demo_mod.up(FLEET, specs)
+    if keep:
+        (STATE_ROOT / FLEET / "bench.json").write_text(json.dumps({
+            "workdir": str(demo.workdir), "revisions": demo.revisions, "hub_port": demo.hub.port,
+            "hub_epoch": demo.hub.epoch,
+        }))
+    print("==> converging it once (direct link)", flush=True)
+    t, done = pyinfra(demo.inventory, DEPLOY)
+    if done.returncode:
+        raise _fail("the converging run", done)
+    print(f"    first run: {t:.1f} s, {changes(done.stdout + done.stderr)} changes", flush=True)
+    return demo
+
+
+def reattach() -> demo_mod.Demo:
+    saved = json.loads((STATE_ROOT / FLEET / "bench.json").read_text())
+    fleet = Fleet.attach(FLEET)
+    workdir = Path(saved["workdir"])
+    with mock.patch.object(weights_support, "free_port", lambda ip: saved["hub_port"]):
+        hub = weights_support.StandinHub(workdir / "mirrors", fleet.bridge_ip, workdir)
+    import hashlib
+
+    hub.epoch = saved["hub_epoch"] - 1
+    token_hash = hashlib.sha256(demo_mod.DEMO_TOKEN.encode()).hexdigest()
+    hub.configure(gated={demo_mod.DRAFTER: [token_hash]})
+    hub.wait(demo_mod.TARGET)
+    demo = demo_mod.Demo(fleet, hub, workdir, saved["revisions"])
+    demo.write_inventory()
+    return demo
+
+
+def bench_inventory(demo: demo_mod.Demo, relays: Relays) -> Path:
+    path = demo.workdir / "bench_inventory.py"
+    host_data = {
+        h: {"specfleet": demo.settings(h), "ssh_hostname": "127.0.0.1",
+            "ssh_port": relays.ports[h]}
+        for h in demo.fleet.hosts
+    }
+    demo.fleet.write_inventory(path, host_data=host_data)
+    return path
+
+
+def settle(inv: Path, hosts: list[str]) -> None:
+    """An untimed deploy run, so that the timed ones find the hosts converged (the working tree
+    may have changed since the fleet converged: another agent source, another template)."""
+    _, done = pyinfra(inv, DEPLOY, limit=hosts)
+    if done.returncode:
+        raise _fail("the settling deploy run", done)
+
+
+def measure(inv: Path, hosts: list[str], runs: int) -> dict:
+    t_exec, t_deploy = [], []
+    settle(inv, hosts)
+    retries = 2
+    while len(t_deploy) < runs:
+        t, done = pyinfra(inv, "exec", "--", "true", limit=hosts)
+        if done.returncode:
+            raise _fail("exec -- true", done)
+        t_exec.append(t)
+        t, done = pyinfra(inv, DEPLOY, limit=hosts)
+        out = done.stdout + done.stderr
+        if done.returncode or changes(out) != 0:
+            if done.returncode == 0 and retries:
+                retries -= 1
+                print(f"    a timed run changed {changes(out)} things: not converged, again",
+                      flush=True)
+                continue
+            raise _fail(f"converged deploy (changes={changes(out)})", done)
+        t_deploy.append(t)
+    _, done = pyinfra(inv, "--debug", "exec", "--", "true", limit=hosts)
+    exec_cmds = count_commands(done.stdout + done.stderr, hosts)
+    _, done = pyinfra(inv, "--debug", DEPLOY, limit=hosts)
+    if done.returncode:
+        raise _fail("converged deploy (--debug)", done)
+    deploy_cmds = count_commands(done.stdout + done.stderr, hosts)
+    return {
+        "hosts": len(hosts),
+        "exec_s": statistics.median(t_exec),
+        "deploy_s": statistics.median(t_deploy),
+        "ratio": statistics.median(t_deploy) / statistics.median(t_exec),
+        "exec_cmds": max(exec_cmds.values()),
+        "deploy_cmds": max(deploy_cmds.values()),
+        "all_exec_s": t_exec,
+        "all_deploy_s": t_deploy,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs of each, medians")
+    ap.add_argument("--delay-ms", type=float, default=25.0, help="hold per chunk, each way")
+    ap.add_argument("--sizes", default="", help="fleet sizes to measure (default 1,4,HOSTS)")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--tree", type=Path, default=REPO_ROOT,
+                    help="run the deploy from this source tree (git archive COMMIT | tar -x -C "
+                    "DIR), e.g. to measure a baseline next to the working tree")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--keep", action="store_true", help="leave the fleet up afterwards")
+    group.add_argument("--reuse", action="store_true", help="use the fleet left by --keep")
+    a = ap.parse_args(argv)
+    global TREE
+    TREE = a.tree.resolve()
+    # A plain `kill` still tears down (the fleet, the hub, the relays).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else sorted({1, min(4, a.hosts),
+                                                                          a.hosts})
+    demo = reattach() if a.reuse else boot(a.hosts, a.keep)
+    relays = None
+    try:
+        hosts = list(demo.fleet.hosts)
+        relays = Relays({h: (ip, 22) for h, ip in demo.fleet.hosts.items()},
+                        delay_ms=a.delay_ms).start()
+        inv = bench_inventory(demo, relays)
+        rtt_ms = int(round(2 * a.delay_ms))
+        print(f"==> relays: {relays.ports} (+{a.delay_ms:g} ms each way); inventory {inv}; "
+              f"deploy from {TREE}", flush=True)
+        rows = []
+        for n in sizes:
+            row = measure(inv, hosts[:n], a.runs)
+            rows.append(row)
+            print(f"    {n} hosts: exec {row['all_exec_s']}, deploy {row['all_deploy_s']}",
+                  flush=True)
+        print()
+        print("| hosts | RTT ms | exec -- true s | converged deploy s | ratio | "
+              "commands/host (exec) | commands/host (deploy) |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['hosts']} | {rtt_ms} | {r['exec_s']:.2f} | {r['deploy_s']:.2f} | "
+                  f"{r['ratio']:.2f} | {r['exec_cmds']:g} | {r['deploy_cmds']:g} |")
+        if a.json:
+            a.json.write_text(json.dumps({"rtt_ms": rtt_ms, "rows": rows}, indent=1))
+        last = rows[-1]
+        print(f"converged: ratio={last['ratio']:.2f} commands_per_host={last['deploy_cmds']:g} "
+              f"hosts={last['hosts']} rtt_ms={rtt_ms}")
+        return 0
+    finally:
+        if relays:
+            relays.stop()
+        if a.keep or a.reuse:
+            demo.hub.stop()
+            print(f"==> fleet left up: python -m tests.fleet down --name {FLEET}", flush=True)
+        else:
+            demo.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
