@@ -650,7 +650,7 @@ def service(
     yield from commands
 
 
-@operation()
+@operation(is_idempotent=False, idempotent_notice="A check: it always polls the server.")
 def ready(
     settings: Settings | None = None,
     timeout_s: float | None = None,

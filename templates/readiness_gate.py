@@ -25,10 +25,11 @@ import urllib.request
 
 PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
 SECRET_PATTERNS = (
-    re.compile(r"((?:admin_)?api_key=)'[^']*'"),
-    re.compile(r'((?:admin_)?api_key=)"[^"]*"'),
-    re.compile(r"""(["']?(?:admin[_-])?api[_-]key["']?\s*[:=]\s*)["'][^"']*["']"""),
-    re.compile(r"(--(?:admin-)?api-key[ =])\S+"),
+    (re.compile(r"((?:admin_)?api_key=)'[^']*'"), r"\1'<redacted>'"),
+    (re.compile(r'((?:admin_)?api_key=)"[^"]*"'), r'\1"<redacted>"'),
+    (re.compile(r"""(["']?(?:admin[_-])?api[_-]key["']?\s*:\s*)(["'])[^"']*["']"""),
+     r"\1\2<redacted>\2"),
+    (re.compile(r"(--(?:admin-)?api-key[ =])\S+"), r"\1<redacted>"),
 )
 
 
@@ -128,10 +129,10 @@ def in_unit(pid: int, unit: str) -> bool:
 
 
 def redact(line: str, key: str | None) -> str:
+    for pattern, replacement in SECRET_PATTERNS:
+        line = pattern.sub(replacement, line)
     if key:
         line = line.replace(key, "<redacted>")
-    for pattern in SECRET_PATTERNS:
-        line = pattern.sub(r"\1<redacted>", line)
     return line
 
 

@@ -83,6 +83,13 @@ def main() -> int:
             json.dump(record, f)
         os.replace(tmp, args.standin_record)
 
+    # As SGLang does at start (srt/entrypoints/engine.py logs f"{server_args=}"), key included.
+    print(
+        f"server_args=ServerArgs(model_path={args.model_path!r}, host={args.host!r}, "
+        f"port={args.port}, api_key={api_key!r})",
+        flush=True,
+    )
+
     if args.standin_exit is not None:
         print(f"standin: exiting with status {args.standin_exit} as asked", flush=True)
         return args.standin_exit

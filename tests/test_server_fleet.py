@@ -395,3 +395,28 @@ def test_dry_on_a_fresh_host_shows_the_predicted_plan_and_changes_nothing(srv, t
     # And a real run on that fresh host refuses to write a unit from a prediction.
     real = deploy(srv, tmp_path, data, DEPLOY, host="h2")
     assert real.rc != 0 and "cannot write the unit from a predicted plan" in real.out, real
+
+
+def test_the_journal_excerpt_redacts_the_api_key(srv, tmp_path):
+    # SGLang logs its ServerArgs, API key included; the stand-in does the same, then dies.
+    key = "sk-" + secrets.token_hex(16)
+    data = settings_data("redact", 30010, api_key=key)
+    data["launcher"] = [*data["launcher"], "--standin-exit", "1"]
+    run = deploy(srv, tmp_path, data)
+    assert run.rc != 0 and run.ops["service"] == "Error", run
+    assert "api_key='<redacted>'" in run.out, run
+    assert key not in run.out
+    # The key is in the host's journal (SGLang's doing), readable by root only; not in our output.
+    journal = srv.run("h1", "journalctl -u sf-redact.service -o cat")
+    assert key in journal.stdout
+
+
+def test_the_gate_gives_up_at_the_budget_with_progress(srv, tmp_path):
+    data = settings_data("slow", 30011, readiness_timeout_s=6)
+    data["launcher"] = [*data["launcher"], "--standin-load-s", "600"]
+    run = deploy(srv, tmp_path, data)
+    assert run.rc != 0 and run.ops["service"] == "Error", run
+    assert "not ready within the budget of 6 s (last: /health_generate 503)" in run.out
+    assert "raise settings.readiness_timeout_s" in run.out
+    assert 6 <= run.seconds < 40
+    assert srv.run("h1", "test -e /var/lib/specfleet/sf-slow.restart-pending").returncode == 0

@@ -269,3 +269,35 @@ def test_plan_from_facts_predicts_on_a_fresh_host_and_reads_host_revisions():
     assert "weights_drafter" in server.host_specs(s, []) and "weights_target" not in (
         server.host_specs(s, [])
     )
+
+
+def _gate_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readiness_gate", server.GATE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "line,expected",
+    [
+        ("server_args=ServerArgs(model_path='/m', api_key='sk-1', admin_api_key=None)",
+         "server_args=ServerArgs(model_path='/m', api_key='<redacted>', admin_api_key=None)"),
+        ('{"api_key": "sk-2", "port": 1}', '{"api_key": "<redacted>", "port": 1}'),
+        ("argv: --api-key sk-3 --port 1", "argv: --api-key <redacted> --port 1"),
+        ('api-key: "sk-4"', 'api-key: "<redacted>"'),
+        ("the key sk-LITERAL leaked", "the key <redacted> leaked"),
+        ("nothing secret here", "nothing secret here"),
+    ],
+)
+def test_gate_redacts_api_keys_from_journal_lines(line, expected):
+    assert _gate_module().redact(line, "sk-LITERAL") == expected
+
+
+def test_gate_reads_the_key_file_specfleet_writes(tmp_path):
+    key = 'sk-"odd"\\key'
+    path = tmp_path / "k.yaml"
+    path.write_text(server.secret_yaml(key))
+    assert _gate_module().read_api_key(str(path)) == key
