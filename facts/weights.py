@@ -56,19 +56,16 @@ print(json.dumps(out))
 
 _TOOLS_SCRIPT = r"""
 import hashlib, json, os, sys
+from importlib import metadata
 path = sys.argv[1]
-out = {"path": path, "huggingface_hub": None, "agent_sha256": None, "default_token_path": None}
+out = {"path": path, "huggingface_hub": None, "agent_sha256": None}
 agent = os.path.join(path, "weights_agent.py")
 if os.path.isfile(agent):
     with open(agent, "rb") as f:
         out["agent_sha256"] = hashlib.sha256(f.read()).hexdigest()
 try:
-    import huggingface_hub
-    from huggingface_hub import constants
-    out["huggingface_hub"] = huggingface_hub.__version__
-    out["default_token_path"] = constants.HF_TOKEN_PATH
-    out["default_token_exists"] = os.path.isfile(constants.HF_TOKEN_PATH)
-except Exception:
+    out["huggingface_hub"] = metadata.version("huggingface_hub")
+except metadata.PackageNotFoundError:
     pass
 print(json.dumps(out))
 """
@@ -179,14 +176,12 @@ class WeightsJob(FactBase[dict[str, Any]]):
 
 class WeightsTools(FactBase[dict[str, Any]]):
     """
-    The weights tools venv: its huggingface_hub, the agent script's sha256, and the token path
-    huggingface_hub uses by default on this host (the host's own token).
+    The weights tools venv: its huggingface_hub version (from the package metadata, without
+    importing it) and the agent script's sha256.
 
     .. code:: python
 
-        {"path": "/opt/specfleet/tools", "huggingface_hub": "2.4.0",
-         "agent_sha256": "ab12...", "default_token_path": "/root/.cache/huggingface/token",
-         "default_token_exists": True}
+        {"path": "/opt/specfleet/tools", "huggingface_hub": "2.4.0", "agent_sha256": "ab12..."}
 
     ``None`` when the venv has no python.
     """
