@@ -344,7 +344,7 @@ def test_stall_watchdog_retries_without_xet_then_fails_clearly(env):
     stalled = "model-00002-of-00002.safetensors"
     hub.configure(stall=[stalled], stall_count=1)
     try:
-        r = deploy(env, "stall", "stall", weights={"stall_minutes": 0.1})
+        r = deploy(env, "stall", "stall", weights={"stall_minutes": 0.2})
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
         assert "retrying with HF_HUB_DISABLE_XET=1" in out
@@ -358,10 +358,10 @@ def test_stall_twice_is_a_clear_error(env):
     hub.configure(stall=["model-00001-of-00002.safetensors"], stall_count=2)
     try:
         r = deploy(env, "stall2", "stall", target={"local_dir": "stall2"},
-                   weights={"stall_minutes": 0.1})
+                   weights={"stall_minutes": 0.2})
         out = r.stdout + r.stderr
         assert r.returncode != 0
-        assert "made no progress for 0.1 min, also with HF_HUB_DISABLE_XET=1" in out
+        assert "made no progress for 0.2 min, also with HF_HUB_DISABLE_XET=1" in out
         assert "a re-run resumes" in out
     finally:
         hub.configure()
