@@ -127,6 +127,20 @@ def test_olah_mirror_fresh_download_is_identical_then_noop(env):
     assert "is complete (4 files" in out
 
 
+def test_allow_and_ignore_patterns(env):
+    rev = env["repos"]["tiny"]
+    r = deploy(env, "patterns", "tiny", target={"local_dir": "tiny-json",
+                                                "allow_patterns": ["*.json", "sub/"],
+                                                "ignore_patterns": ["sub/*.txt"]})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = host_sha256(env, "h1", f"/srv/models/tiny-json/{rev}")
+    assert sorted(got) == ["config.json", "sub/tokenizer.json"]
+    manifest = json.loads(env["fleet"].run(
+        "h1", f"cat /srv/models/tiny-json/{rev}/.specfleet/manifest.json").stdout)
+    assert sorted(manifest["files"]) == sorted(got)
+    assert manifest["allow_patterns"] == ["*.json", "sub/"]
+
+
 def test_standin_lfs_files_are_checked_by_sha256(env):
     rev = env["repos"]["deep"]
     r = deploy(env, "lfs", "deep")
