@@ -26,6 +26,7 @@ weights.host_token(name="Hugging Face token")
 fanout.serve(
     name="Serve weights to peers (ephemeral sshd)",
     present=serving,
+    rollout_id=plan["rollout_id"],
     port=plan["port"],
     public_key=plan["public_key"] if serving else None,
     host_private_key=me.get("host_private_key"),

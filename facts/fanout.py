@@ -9,33 +9,38 @@ from typing_extensions import override
 
 
 def parse_serve(output: list[str]) -> dict[str, Any]:
-    """``systemctl is-active`` on the first line, then the digest file's content, if any."""
-    lines = [line.strip() for line in output if line.strip()]
-    return {
-        "active": bool(lines) and lines[0] in ("active", "activating", "reloading"),
-        "digest": lines[1] if len(lines) > 1 else None,
-    }
+    """Lines ``unit NAME`` (active units), then ``digest HEX`` if the digest file exists."""
+    out: dict[str, Any] = {"active": [], "digest": None}
+    for line in output:
+        kind, _, value = line.strip().partition(" ")
+        if kind == "unit" and value:
+            out["active"].append(value)
+        elif kind == "digest" and value:
+            out["digest"] = value
+    return out
 
 
 class FanoutServe(FactBase[dict[str, Any]]):
     """
-    The ephemeral sshd of a fan-out: whether its unit runs, and the digest of the config and
-    keys it was started with (written beside them).
+    The active units whose names match ``pattern`` (a fan-out's sshd or pulls), and the content
+    of ``digest_path`` (the digest of the config and keys an sshd was started with).
 
     .. code:: python
 
-        {"active": True, "digest": "3f1c...64 hex"}
+        {"active": ["specfleet-fanout-sshd-1a2b3c4d5e6f.service"], "digest": "3f1c...64 hex"}
     """
 
     @staticmethod
     def default() -> dict[str, Any]:
-        return {"active": False, "digest": None}
+        return {"active": [], "digest": None}
 
     @override
-    def command(self, unit: str, digest_path: str) -> StringCommand:
+    def command(self, pattern: str, digest_path: str) -> StringCommand:
         return StringCommand(
-            "(", "systemctl", "is-active", QuoteString(unit), "||", "true", ";",
-            "cat", QuoteString(digest_path), "2>/dev/null", "||", "true", ")",
+            "(", "systemctl", "list-units", "--plain", "--no-legend", "--state=active",
+            QuoteString(pattern), "|", "awk", QuoteString('{print "unit " $1}'), ";",
+            "!", "test", "-f", QuoteString(digest_path), "||",
+            "awk", QuoteString('{print "digest " $1}'), QuoteString(digest_path), ")",
         )
 
     @override

@@ -37,14 +37,17 @@ from pyinfra.facts.files import Sha256File
 
 from deploys.settings import Settings, settings_for_host
 from facts.fanout import FanoutLeftovers, FanoutServe
-from facts.weights import WeightsJob, WeightsState, job_command, parse_job
+from facts.weights import WeightsState, job_command, parse_job
 from operations import weights
-from operations.fanout_agent import pull_progress_path
-from operations.weights_agent import fmt_gib
+from operations.fanout_agent import pull_progress_path, weights_progress_path
+from operations.weights_agent import fmt_gib, job_id
 
 AGENT_NAME = "fanout_agent.py"
 AGENT_SOURCE_PATH = Path(__file__).with_name(AGENT_NAME)
+# Units are named per run (``-<rollout id>``): a stopped transient unit may stay loaded (seen on
+# nspawn hosts when its cgroup cannot be killed), and systemd-run refuses a loaded name.
 SERVE_UNIT = "specfleet-fanout-sshd"
+PULL_UNIT = "specfleet-fanout-pull"
 DEFAULT_PORT = 22113
 # The ephemeral sshd stops by itself after this long, whatever happens to the control machine.
 SERVE_MAX_SECONDS = 24 * 3600
@@ -64,8 +67,12 @@ def serve_dir(state_dir: str) -> str:
     return f"{fanout_dir(state_dir)}/sshd"
 
 
-def pull_unit(dir_name: str) -> str:
-    return "specfleet-fanout-pull-" + _UNIT_SAFE.sub("_", dir_name)
+def serve_unit(rollout_id: str) -> str:
+    return f"{SERVE_UNIT}-{_UNIT_SAFE.sub('_', rollout_id)}"
+
+
+def pull_unit(dir_name: str, rollout_id: str) -> str:
+    return f"{PULL_UNIT}-{_UNIT_SAFE.sub('_', dir_name)}-{_UNIT_SAFE.sub('_', rollout_id)}"
 
 
 def control_dir(dir_name: str) -> str:
@@ -185,6 +192,7 @@ def agent(tools_path: str = weights.TOOLS_PATH):
 @operation()
 def serve(
     present: bool = True,
+    rollout_id: str = "",
     port: int = DEFAULT_PORT,
     public_key: str | None = None,
     host_private_key: str | None = None,
@@ -198,6 +206,7 @@ def serve(
     An ephemeral sshd that serves this host's verified weights to its peers, read-only.
 
     + present: run it (``False``: stop it and remove its keys and config)
+    + rollout_id: the fan-out it serves (names its unit)
     + port: its TCP port (not the host's own sshd)
     + public_key: the rollout's public key (OpenSSH format)
     + host_private_key: its own host key, made for the rollout (receivers pin its public half)
@@ -206,14 +215,15 @@ def serve(
     + max_seconds: the unit stops by itself after this long (``RuntimeMaxSec``)
     """
     directory = serve_dir(state_dir)
-    info = host.get_fact(FanoutServe, unit=SERVE_UNIT, digest_path=f"{directory}/digest")
+    info = host.get_fact(FanoutServe, pattern=f"{SERVE_UNIT}-*",
+                         digest_path=f"{directory}/digest")
     if not present:
         there = host.get_fact(Sha256File, path=f"{directory}/sshd_config")
         if not info["active"] and there is None:
             host.noop("no fan-out sshd on this host")
             return
-        if info["active"]:
-            yield StringCommand("systemctl", "stop", SERVE_UNIT)
+        for unit in info["active"]:
+            yield StringCommand("systemctl", "stop", QuoteString(unit))
         yield StringCommand("rm", "-rf", QuoteString(directory))
         return
     if not (public_key and host_private_key and receivers):
@@ -222,11 +232,12 @@ def serve(
     config = sshd_config(port, directory, command)
     keys = authorized_keys(public_key, receivers, command)
     digest = hashlib.sha256((config + keys + host_private_key).encode()).hexdigest()
-    if info["active"] and info["digest"] == digest:
+    unit = serve_unit(rollout_id)
+    if info["active"] == [f"{unit}.service"] and info["digest"] == digest:
         host.noop(f"fan-out sshd serves {len(receivers)} peers on port {port}")
         return
-    if info["active"]:
-        yield StringCommand("systemctl", "stop", SERVE_UNIT)
+    for other in info["active"]:
+        yield StringCommand("systemctl", "stop", QuoteString(other))
     yield StringCommand("rm", "-rf", QuoteString(directory))
     yield from _secret_upload(f"{directory}/host_key", host_private_key.strip() + "\n")
     yield FileUploadCommand(StringIO(keys), f"{directory}/authorized_keys")
@@ -236,16 +247,15 @@ def serve(
                         QuoteString(f"{directory}/sshd_config"))
     yield StringCommand("/usr/sbin/sshd", "-t", "-f", QuoteString(f"{directory}/sshd_config"))
     yield StringCommand(
-        "(", "systemctl", "reset-failed", SERVE_UNIT, ">/dev/null", "2>&1", "||", "true", ")",
-        "&&", "mkdir", "-p", "-m", "755", "/run/sshd", "&&",
-        "systemd-run", "--quiet", "--collect", f"--unit={SERVE_UNIT}",
+        "mkdir", "-p", "-m", "755", "/run/sshd", "&&",
+        "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
         QuoteString("--description=specfleet fan-out: serve weights to peers"),
         f"--property=RuntimeMaxSec={int(max_seconds)}",
         "--", "/usr/sbin/sshd", "-D", "-e", "-f", QuoteString(f"{directory}/sshd_config"),
     )
     # Wait until it listens (a receiver may connect at once).
     yield (f"for i in $(seq 100); do ss -Hltn 'sport = :{int(port)}' | grep -q LISTEN && "
-           f"exit 0; sleep 0.1; done; systemctl status {SERVE_UNIT} --no-pager; exit 1")
+           f"exit 0; sleep 0.1; done; systemctl status {unit} --no-pager; exit 1")
 
 
 def _fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None) -> bool:
@@ -253,14 +263,33 @@ def _fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None
                 and rev.get("allow_patterns") == allow and rev.get("ignore_patterns") == ignore)
 
 
+def weights_job(s: Settings, which: str, token_path: str | None, host_name: str) -> dict:
+    """The weights agent's job for ``which``, as ``weights.snapshot`` makes it, for the pull
+    agent to finish a complete copy with (``verify`` fast: the pull hashed every byte)."""
+    src, w = getattr(s, which), s.weights
+    root = weights.model_root(s, which)
+    job: dict[str, Any] = {
+        "repo_id": src.repo_id, "revision": src.revision or "main", "root": root,
+        "allow_patterns": src.allow_patterns, "ignore_patterns": src.ignore_patterns,
+        "verify": "fast", "endpoint": w.hf_endpoint, "token_path": token_path,
+        "stall_minutes": w.stall_minutes, "margin_percent": w.margin_percent,
+        "margin_min_gib": w.margin_min_gib, "prune": w.prune_other_revisions, "keep": [],
+        "max_workers": 4, "host": host_name,
+        "progress_path": weights_progress_path(s.state_dir, os.path.basename(root)),
+    }
+    job["job_id"] = job_id(job)
+    return job
+
+
 def model_job(s: Settings, which: str, *, rollout_id: str, sources: list[dict], port: int,
-              token_path: str | None) -> dict[str, Any]:
+              token_path: str | None, host_name: str = "") -> dict[str, Any]:
     """The pull agent's job for ``which`` (no secret: the key is a path)."""
     src = getattr(s, which)
     root = weights.model_root(s, which)
     dir_name = os.path.basename(root)
     fdir = fanout_dir(s.state_dir)
     return {
+        "weights_job": weights_job(s, which, token_path, host_name),
         "rollout_id": rollout_id, "repo_id": src.repo_id,
         "revision": src.revision or "main", "root": root,
         "allow_patterns": src.allow_patterns, "ignore_patterns": src.ignore_patterns,
@@ -320,22 +349,21 @@ def model(
     if weights.read_control_token(s.weights.token_file) is not None:
         token_path = weights.control_token_path(s)
     job = model_job(s, which, rollout_id=rollout_id, sources=sources, port=port,
-                    token_path=token_path)
+                    token_path=token_path, host_name=host.name)
     dir_name = os.path.basename(root)
-    unit = pull_unit(dir_name)
+    unit = pull_unit(dir_name, rollout_id)
     job_path = f"{fanout_dir(s.state_dir)}/{dir_name}.pull-job.json"
     python = f"{weights.TOOLS_PATH}/bin/python"
     agent_path = f"{weights.TOOLS_PATH}/{AGENT_NAME}"
-    running = host.get_fact(WeightsJob, unit=unit, progress_path=job["progress_path"])
-    if running["active"]:
-        yield StringCommand("systemctl", "stop", unit)
+    for other in host.get_fact(FanoutServe, pattern=pull_unit(dir_name, "*"),
+                               digest_path="/dev/null")["active"]:
+        yield StringCommand("systemctl", "stop", QuoteString(other))
     yield from _secret_upload(job["key_path"], private_key.strip() + "\n")
     yield FileUploadCommand(StringIO(known_hosts(servers)), job["known_hosts"])
     yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
     yield StringCommand(
-        "(", "systemctl", "reset-failed", unit, ">/dev/null", "2>&1", "||", "true", ")", "&&",
         "rm", "-f", QuoteString(job["progress_path"]), "&&",
-        "systemd-run", "--quiet", "--collect", f"--unit={unit}",
+        "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
         QuoteString(f"--description=specfleet fan-out: {src.repo_id} from peers"),
         "--property=TimeoutStopSec=30", "--property=Nice=5",
         f"--property=RuntimeDirectory={os.path.basename(job['control_dir'])}",

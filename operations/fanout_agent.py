@@ -250,12 +250,28 @@ class Pull:
                 break
             self.from_source(source, dir_name, sha, rev_dir, wanted)
         self.data["left"] = sorted(wanted)
-        self.data["state"] = "done" if not wanted else "partial"
         if wanted:
+            self.data["state"] = "partial"
             self.note(f"{len(wanted)} files left for upstream: {', '.join(sorted(wanted)[:5])}")
-        else:
-            self.note(f"every file of {j['repo_id']}@{sha[:12]} came from peers, verified")
+            return 0
+        self.note(f"every file of {j['repo_id']}@{sha[:12]} came from peers, verified")
+        self.finish(j.get("weights_job"))
+        self.data["state"] = "done"
         return 0
+
+    def finish(self, wjob: dict | None) -> None:
+        """Every file is here and verified: let the weights agent itself write the manifest and
+        flip ``current`` (its ``run`` finds nothing missing), so ``weights.model`` next is a
+        no-op."""
+        if not wjob:
+            return
+        wa = self.wa
+        path = os.path.join(os.path.dirname(self.path), f"{os.path.basename(wjob['root'])}"
+                            ".weights-job.json")
+        wa.write_json_atomic(path, wjob)
+        rc = wa.cmd_run(wjob, path)
+        self.note("manifest written, current flipped" if rc == 0 else
+                  "the weights agent could not finish; the weights step will")
 
     def from_source(self, source: dict, dir_name: str, sha: str, rev_dir: str,
                     wanted: dict[str, dict]) -> None:

@@ -1,0 +1,236 @@
+"""Benchmark of the fan-out: 4 hosts, one upstream link limited with ``tc ... tbf``.
+
+The stand-in hub (tests/standin_hub.py) runs in a network namespace of its own, joined to the
+fleet's bridge by a veth pair; ``tc qdisc ... tbf`` on that veth limits the **upstream** link
+(hub -> fleet) to 100 Mbit/s for every host together, while the LAN between the hosts (the
+bridge) runs at full speed. The test model is a git repository of random bytes in the hub's
+mirror (>= 500 MB, 32 MB shards, on disk); each host's models disk is a tmpfs.
+
+Runs (the weights tools and the small drafter are installed first, everywhere, untimed):
+1. single: one host fetches the model (the weights-only deploy);
+2. fleet, no fan-out: the 4 hosts each fetch it from upstream (the same deploy on all);
+3. fleet, fan-out: ``deploys.fanout.run_prefetch`` (seed from upstream, peers from peers).
+Each time is the whole pyinfra run, until every host has verified weights (manifest written,
+``current`` flipped). Upstream bytes are counted from the hub's log: each GET of a file, times
+the file's size. Between runs the model is removed from every host.
+
+Usage (as root, from the repository root): .venv/bin/python bench/fanout/run.py [--mb 512]
+The last line is ``fanout: upstream_bytes/model=U.UU fleet/single=F.FF hosts=4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from deploys.fanout import run_prefetch  # noqa: E402
+from deploys.rollout import run_pyinfra  # noqa: E402
+from tests.fleet import Fleet, HostSpec  # noqa: E402
+from tests.weights_support import (  # noqa: E402
+    commit_files,
+    git,
+    inventory,
+    random_bytes,
+    settings_data,
+    wait_http,
+)
+
+LINK_MBIT = 100
+HOSTS = ("h1", "h2", "h3", "h4")
+WEIGHTS_ONLY = str(Path(__file__).with_name("weights_only.py"))
+SHARD = 32_000_000
+
+
+def make_repo(mirrors: Path, repo_id: str, files: dict[str, bytes]) -> str:
+    repo = mirrors / "models" / repo_id
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for k, v in (("user.email", "bench@specfleet"), ("user.name", "bench"),
+                 ("core.looseCompression", "1")):
+        git(repo, "config", k, v)
+    return commit_files(mirrors, repo_id, files)
+
+
+class LimitedHub:
+    """The stand-in hub in its own netns, its link to the fleet bridge limited with tbf."""
+
+    def __init__(self, fleet: Fleet, mirrors: Path, work: Path, mbit: int):
+        tag = str(os.getpid() % 100000)
+        self.ns, self.veth = f"fobench-hub-{tag}", f"fobh{tag}"
+        self.ip = fleet.bridge_ip.rsplit(".", 1)[0] + ".250"
+        self.port = 8080
+        self.url = f"http://{self.ip}:{self.port}"
+        self.log_path = work / "hub.log"
+        cfg = work / "hub-config.json"
+        cfg.write_text(json.dumps({"lfs": ["*.safetensors"]}))
+        run = lambda *a: subprocess.run(a, check=True, capture_output=True, text=True)  # noqa: E731
+        run("ip", "netns", "add", self.ns)
+        run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns",
+            self.ns)
+        run("ip", "link", "set", self.veth, "master", fleet.state["bridge"], "up")
+        run("ip", "-n", self.ns, "link", "set", "lo", "up")
+        run("ip", "-n", self.ns, "addr", "add", f"{self.ip}/24", "dev", "eth0")
+        run("ip", "-n", self.ns, "link", "set", "eth0", "up")
+        # The upstream limit: everything the hub sends, to all hosts together.
+        run("ip", "netns", "exec", self.ns, "tc", "qdisc", "replace", "dev", "eth0", "root",
+            "tbf", "rate", f"{mbit}mbit", "burst", "64kb", "latency", "400ms")
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, sys.executable,
+             str(REPO_ROOT / "tests" / "standin_hub.py"), "--root", str(mirrors), "--host",
+             self.ip, "--port", str(self.port), "--config", str(cfg), "--log",
+             str(self.log_path)],
+            stdout=subprocess.DEVNULL, stderr=open(work / "hub.err", "w"),  # noqa: SIM115
+        )
+
+    def wait(self, repo_id: str) -> None:
+        wait_http(f"{self.url}/api/models/{repo_id}/revision/main")
+
+    def mark(self) -> int:
+        return len(self.lines())
+
+    def lines(self) -> list[str]:
+        return self.log_path.read_text().splitlines() if self.log_path.exists() else []
+
+    def upstream_bytes(self, since: int, sizes: dict[str, int], repo_id: str) -> int:
+        total = 0
+        for line in self.lines()[since:]:
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "GET" and f"/{repo_id}/resolve/" in parts[1] \
+                    and parts[2] in ("200", "206"):
+                total += sizes.get(parts[1].split("/resolve/", 1)[1].split("/", 1)[1], 0)
+        return total
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+def timed(fn):
+    t0 = time.monotonic()
+    r = fn()
+    return time.monotonic() - t0, r
+
+
+def wipe(fleet: Fleet, dir_name: str) -> None:
+    # daemon-reload: on these nspawn hosts a finished transient unit can stay loaded (its cgroup
+    # kill fails with EIO), and the weights unit of the next run would then be refused.
+    for h in fleet.hosts:
+        fleet.run(h, f"rm -rf /srv/models/{dir_name} /var/lib/specfleet/fanout "
+                  "/var/lib/specfleet/weights; systemctl daemon-reload", check=True)
+
+
+def check_verified(fleet: Fleet, hosts, dir_name: str, rev: str) -> None:
+    for h in hosts:
+        m = json.loads(fleet.run(h, f"cat /srv/models/{dir_name}/{rev}/.specfleet/manifest.json",
+                                 check=True).stdout)
+        link = fleet.run(h, f"readlink /srv/models/{dir_name}/current").stdout.strip()
+        if not (m["complete"] and m["revision"] == rev and link == rev):
+            raise RuntimeError(f"{h}: no verified copy of {dir_name}@{rev}")
+
+
+def step_ok(step, what: str) -> None:
+    bad = {h: r.why for h, r in step.results.items() if not r.passed}
+    if bad:
+        raise RuntimeError(f"{what} failed: {bad}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=512, help="model size in MB (32 MB shards)")
+    ap.add_argument("--keep-output", action="store_true", help="print pyinfra's output")
+    a = ap.parse_args()
+    shards = max(1, a.mb * 1_000_000 // SHARD)
+    disk = f"{a.mb + 160}M"
+    fleet = Fleet.up(f"fobench-{os.getpid()}"[:31], [HostSpec(h, disk=disk) for h in HOSTS])
+    work = Path(tempfile.mkdtemp(prefix="specfleet-fobench-"))
+    hub = None
+    quiet = open(os.devnull, "w")  # noqa: SIM115
+    real_stderr = sys.stderr
+    try:
+        mirrors = work / "mirrors"
+        files = {f"model-{i:05d}-of-{shards:05d}.safetensors": random_bytes(SHARD, f"fo{i}")
+                 for i in range(1, shards + 1)}
+        files["config.json"] = b'{"model_type": "bench"}'
+        big = make_repo(mirrors, "bench/big", files)
+        sizes = {p: len(v) for p, v in files.items()}
+        model_bytes = sum(sizes.values())
+        del files
+        tiny = make_repo(mirrors, "bench/tiny", {"config.json": b"{}"})
+        drafter = make_repo(mirrors, "bench/drafter", {"model.safetensors":
+                                                       random_bytes(1_000_000, "d"),
+                                                       "config.json": b"{}"})
+        hub = LimitedHub(fleet, mirrors, work, LINK_MBIT)
+        hub.wait("bench/tiny")
+
+        def inv(repo: str, rev: str) -> str:
+            sf = settings_data(fleet, hub.url, repo, rev, weights={"poll_seconds": 0.5},
+                               drafter={"repo_id": "bench/drafter", "revision": drafter})
+            return str(inventory(fleet, work / f"inv-{repo.replace('/', '-')}.py",
+                                 {h: sf for h in fleet.hosts}))
+
+        def run(deploy_or_fanout: str, hosts, name: str, inventory_path: str):
+            if not a.keep_output:
+                sys.stderr = quiet
+            try:
+                if deploy_or_fanout == "fanout":
+                    return run_prefetch(inventory_path, list(hosts), name=name)
+                return run_pyinfra(inventory_path, WEIGHTS_ONLY, list(hosts), name)
+            finally:
+                sys.stderr = real_stderr
+
+        # Warm-up (untimed): tools, agents, the drafter everywhere.
+        step_ok(run("fanout", HOSTS, "warm-up", inv("bench/tiny", tiny)), "warm-up")
+        big_inv = inv("bench/big", big)
+        os.environ.pop("HF_TOKEN", None)
+        rows = []
+
+        for label, mode, hosts in (("single host", "plain", HOSTS[:1]),
+                                   ("4 hosts, no fan-out", "plain", HOSTS),
+                                   ("4 hosts, fan-out", "fanout", HOSTS)):
+            wipe(fleet, "bench--big")
+            mark = hub.mark()
+            seconds, step = timed(lambda m=mode, h=hosts, lb=label: run(
+                "fanout" if m == "fanout" else "plain", h, lb, big_inv))
+            step_ok(step, label)
+            check_verified(fleet, hosts, "bench--big", big)
+            up = hub.upstream_bytes(mark, sizes, "bench/big")
+            rows.append((label, len(hosts), seconds, up))
+            print(f"{label}: {seconds:.1f} s, upstream {up / 1e6:.0f} MB", flush=True)
+        single = rows[0][2]
+        print()
+        print(f"model {model_bytes / 1e6:.0f} MB in {shards + 1} files; upstream link "
+              f"{LINK_MBIT} Mbit/s (tbf on the hub's veth), LAN unlimited")
+        print(f"{'run':<22} {'hosts':>5} {'time s':>8} {'x single':>9} {'upstream MB':>12} "
+              f"{'x model':>8}")
+        for label, n, seconds, up in rows:
+            print(f"{label:<22} {n:>5} {seconds:>8.1f} {seconds / single:>9.2f} "
+                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f}")
+        _, _, fan_s, fan_up = rows[2]
+        print(f"fanout: upstream_bytes/model={fan_up / model_bytes:.2f} "
+              f"fleet/single={fan_s / single:.2f} hosts={len(HOSTS)}")
+        return 0
+    finally:
+        sys.stderr = real_stderr
+        if hub:
+            hub.stop()
+        fleet.down()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
