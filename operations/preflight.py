@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import posixpath
+import re
 import socket
 import sys
 import time
@@ -17,11 +18,17 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from deploys import preflight as pure
 from deploys.errors import SpecfleetError
 from deploys.settings import Settings, settings_for_host
+from facts import cache
+from facts.cache import cached_fact, cached_gather
 from facts.preflight import RunLock, SGLangWheel
-from facts.probe import default_specs, gather
+from facts.probe import MARK as PROBE_MARK
+from facts.probe import default_specs
 from facts.server import ServiceState
+from operations.probe import deploy_specs
 from operations.util import fails_host
 from operations.weights import read_control_token
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def lock_path(settings: Settings) -> str:
@@ -98,8 +105,12 @@ def lock(settings: Settings | None = None, present: bool = True):
     s = settings or settings_for_host(host)
     path = lock_path(s)
     me = _me()
+    # Taking the lock also takes the run's probe (facts.cache), in the same command.
+    specs = deploy_specs(s, path) if present else []
     if not state.is_executing:
-        verdict, message = lock_verdict(host.get_fact(RunLock, path=path), me, _alive)
+        if present:
+            cache.load(host, specs)
+        verdict, message = lock_verdict(cached_fact(host, RunLock, path=path), me, _alive)
         if verdict == "busy":
             raise SpecfleetError(message, host=host.name, fix=_clear_fix(path))
         host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
@@ -108,8 +119,13 @@ def lock(settings: Settings | None = None, present: bool = True):
         host.run_shell_command(_release_command(path, me["pid"]))
         host.noop(f"run lock {path} is released")
         return
-    _, output = host.run_shell_command(_take_command(path, me))
-    held = _holder(output.stdout_lines)
+    _, output = host.run_shell_command(
+        StringCommand(_take_command(path, me), ";", cache.command(specs)),
+        print_output=False, print_input=False,
+    )
+    lines = output.stdout_lines
+    cut = next((i for i, line in enumerate(lines) if line.startswith(PROBE_MARK)), len(lines))
+    held = _holder(lines[:cut])
     verdict, message = lock_verdict(held, me, _alive)
     if verdict == "busy":
         raise SpecfleetError(message, host=host.name, fix=_clear_fix(path))
@@ -118,6 +134,7 @@ def lock(settings: Settings | None = None, present: bool = True):
         host.run_shell_command(
             StringCommand("echo", QuoteString(json.dumps(me)), ">", QuoteString(path))
         )
+    cache.store(host, specs, lines[cut:])
     host.noop(f"run lock {path} is held by this run")
     yield from ()
 
@@ -160,6 +177,11 @@ def missing_weights_bytes(s: Settings) -> int | None:
     for src in (s.target, s.drafter):
         if src.revision is None:
             return None
+        state = cached_fact(host, WeightsState, path=posixpath.join(s.models_root, src.dir_name))
+        if _COMMIT.match(src.revision) and (
+            (state.get("revisions") or {}).get(src.revision) or {}
+        ).get("complete"):
+            continue  # pinned and complete on the host: nothing to fetch, no Hub to ask
         try:
             sha, files = _hub_files(
                 s.weights.hf_endpoint, src.repo_id, src.revision, token,
@@ -167,7 +189,6 @@ def missing_weights_bytes(s: Settings) -> int | None:
             )
         except Exception:  # noqa: BLE001 - any Hub trouble: the weights step checks again
             return None
-        state = host.get_fact(WeightsState, path=posixpath.join(s.models_root, src.dir_name))
         have = (state.get("revisions") or {}).get(sha) or {}
         if not have.get("complete"):
             total += sum(files.values())
@@ -207,7 +228,7 @@ def checks(settings: Settings | None = None):
         python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path
     )
     specs[pure.SERVICE] = (ServiceState, {"service": f"{s.service_name}.service"})
-    facts = gather(host, specs)
+    facts = cached_gather(host, specs)
     install = facts.get(pure.SGLANG)
     wheel_error = None
     if s.sglang.kind == "index" and (install is None or install.get("version") != s.sglang.version):

@@ -18,7 +18,8 @@ from pyinfra.operations import files
 from deploys.errors import SpecfleetError
 from deploys.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from deploys.settings import Settings, settings_for_host
-from facts.probe import gather
+from facts.cache import cached_fact
+from facts.cache import cached_gather as gather
 from facts.server import ServiceState
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -390,7 +391,7 @@ def _settings(settings: Settings | None) -> Settings:
 
 
 def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:
-    st = host.get_fact(ServiceState, service=paths.unit_name, paths=files_, marker=paths.marker)
+    st = cached_fact(host, ServiceState, service=paths.unit_name, paths=files_, marker=paths.marker)
     if st is None:
         raise SpecfleetError(
             "systemctl is not on this host: the SGLang server runs as a systemd unit",

@@ -12,6 +12,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from deploys.errors import SpecfleetError
+from facts.cache import cached_fact
 from facts.python import Packages
 from facts.sglang import SGLangInstall
 from operations.sglang_support import (
@@ -117,10 +118,10 @@ def _source_argv(
 
 def _venv_packages(venv: str) -> tuple[dict | None, dict]:
     """The venv fact, and the Packages fact (empty while there is no venv python)."""
-    state = host.get_fact(Venv, path=venv)
+    state = cached_fact(host, Venv, path=venv)
     if not state or not state.get("python"):
         return state, {}
-    return state, host.get_fact(Packages, python=venv_python(venv)) or {}
+    return state, cached_fact(host, Packages, python=venv_python(venv)) or {}
 
 
 def _patch_restore_steps(venv: str, marker: dict | None):
@@ -184,7 +185,7 @@ def installed(
     has_python = bool(state and state.get("python"))
     current = package_version(packages, "sglang")
     direct = direct_url(packages, "sglang")
-    marker = host.get_fact(PatchState, venv=venv) if has_python else None
+    marker = cached_fact(host, PatchState, venv=venv) if has_python else None
 
     if not present:
         if current is None:
@@ -369,10 +370,10 @@ def pr20547(
             fix="set patch.on_conflict to 'keep-v1' or 'fail'",
         )
     py = venv_python(venv)
-    state = host.get_fact(Venv, path=venv)
+    state = cached_fact(host, Venv, path=venv)
     has_python = bool(state and state.get("python"))
-    install = host.get_fact(SGLangInstall, python=py) if has_python else None
-    marker = host.get_fact(PatchState, venv=venv) if has_python else None
+    install = cached_fact(host, SGLangInstall, python=py) if has_python else None
+    marker = cached_fact(host, PatchState, venv=venv) if has_python else None
 
     if install is None:
         if not present:

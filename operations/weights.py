@@ -25,6 +25,7 @@ from pyinfra.facts.files import File, Sha256File
 
 from deploys.errors import SpecfleetError
 from deploys.settings import Settings, settings_for_host
+from facts.cache import cached_fact
 from facts.weights import (
     WeightsDeepCheck,
     WeightsJob,
@@ -142,7 +143,7 @@ def tools(
 
         weights.tools(name="Weights tools", find_links="http://10.250.1.1:8000/")
     """
-    info = host.get_fact(WeightsTools, path=path)
+    info = cached_fact(host, WeightsTools, path=path)
     changed = False
     if info is None:
         yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))
@@ -186,8 +187,8 @@ def token(path: str, token_file: str | None = None):
         return
     content = secret + "\n"
     digest = hashlib.sha256(content.encode()).hexdigest()
-    info = host.get_fact(File, path=path)
-    if info and info.get("mode") == 600 and host.get_fact(Sha256File, path=path) == digest:
+    info = cached_fact(host, File, path=path)
+    if info and info.get("mode") == 600 and cached_fact(host, Sha256File, path=path) == digest:
         host.noop(f"token file {path} is up to date")
         return
     folder = os.path.dirname(path)
@@ -290,8 +291,8 @@ def snapshot(
     }
     job["job_id"] = job_id(job)
 
-    state = host.get_fact(WeightsState, path=root, in_use=prune)
-    running = host.get_fact(WeightsJob, unit=unit, progress_path=progress_path)
+    state = cached_fact(host, WeightsState, path=root, in_use=prune)
+    running = cached_fact(host, WeightsJob, unit=unit, progress_path=progress_path)
     attach = running["active"] and (running["progress"] or {}).get("job_id") == job["job_id"]
 
     if not attach and not follow_branch:

@@ -1,0 +1,215 @@
+"""One probe per host per run, as a fact cache while nothing on the host has changed.
+
+pyinfra 3 has no fact cache: every ``host.get_fact`` is one SSH command. A deploy takes one
+``facts.probe`` of everything its operations will ask (``load``), then operations ask through
+``cached_fact``/``cached_gather`` instead of ``host.get_fact``/``facts.probe.gather``. The probe's
+value is served only while it is still what the host would answer:
+
+- it was taken in the current stage (a value read while preparing is never used executing);
+- no operation has run a command on this host since it was taken (the first one that does makes
+  every later operation on the host ask live facts again, as without the cache);
+- the asking operation runs with the probe's connector arguments (``_sudo``, ``_su_user``...);
+- the fact, with exactly these arguments, is in the probe and answered without error.
+
+Anything else is asked live. Without a ``load`` (a deploy that takes no probe, pyinfra-testing's
+``FakeHost``) every call is simply ``host.get_fact``. Facts read inside a callback
+(``FunctionCommand``) or after an operation's own first command must stay ``host.get_fact``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api import FactBase
+
+from facts.probe import (
+    MISSING,
+    Spec,
+    fact_class,
+    gather,
+    probe_command,
+    split_probe_output,
+)
+
+# The connector arguments that change what a fact's command sees.
+IDENTITY_ARGS = (
+    "_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su_user", "_use_su_login",
+    "_preserve_su_env", "_su_shell", "_doas", "_doas_user", "_dzdo", "_dzdo_user",
+    "_shell_executable", "_chdir", "_env",
+)  # fmt: skip
+
+# host -> the probe taken on it (weak: a host dies with its State).
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def fact_key(cls: type[FactBase] | str, kwargs: Mapping[str, Any] | None = None) -> str:
+    """One word naming a fact and its arguments, defaults filled in (as ``host.get_fact`` calls
+    the fact's ``command``): ``facts.weights.WeightsState#3f9a0c1d2e``."""
+    cls = fact_class(cls)
+    kwargs = dict(kwargs or {})
+    if callable(cls.command):
+        bound = inspect.signature(cls().command).bind(**kwargs)
+        bound.apply_defaults()
+        kwargs = dict(bound.arguments)
+    text = json.dumps(sorted(kwargs.items()), default=repr)
+    return f"{cls.name}#{hashlib.sha1(text.encode()).hexdigest()[:10]}"  # noqa: S324 - a key
+
+
+def keyed_specs(specs: Mapping[str, Spec] | list) -> dict[str, tuple[type[FactBase], dict]]:
+    """``{fact_key: (cls, kwargs)}`` of a list of ``(fact, kwargs)`` or a probe spec mapping."""
+    items = specs.values() if isinstance(specs, Mapping) else specs
+    out = {}
+    for spec in items:
+        target, kwargs = spec if isinstance(spec, (tuple, list)) else (spec, {})
+        cls = fact_class(target)
+        out[fact_key(cls, kwargs)] = (cls, dict(kwargs or {}))
+    return out
+
+
+def _identity(host: Any) -> dict[str, Any]:
+    args = getattr(host, "current_op_global_arguments", None) or {}
+    return {k: args[k] for k in IDENTITY_ARGS if args.get(k)}
+
+
+def _completed_with_commands(host: Any) -> set[str]:
+    """Hashes of this host's operations that have run and ran at least one command."""
+    state = host.state
+    out = set()
+    for op_hash, op_data in (state.ops.get(host) or {}).items():
+        meta = op_data.operation_meta
+        if meta.is_complete() and meta._commands:
+            out.add(op_hash)
+    return out
+
+
+def command(specs: Mapping[str, Spec] | list) -> str:
+    """The probe's shell command for ``specs`` (run it as the first command of a step, with
+    anything else that step needs prepended, then hand its stdout to ``store``)."""
+    return probe_command(keyed_specs(specs))
+
+
+def parse(specs: Mapping[str, Spec] | list, stdout_lines: list[str]) -> dict:
+    """``facts.probe.parse_probe``, with each fact's ``command`` called on the instance that
+    processes its output, as ``host.get_fact`` does (pyinfra's hash facts keep the path there)."""
+    keyed = keyed_specs(specs)
+    sections = split_probe_output(stdout_lines)
+    facts: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for key, (cls, kwargs) in keyed.items():
+        fact = cls()
+        if callable(fact.command):
+            fact.command(**kwargs)
+        section = sections.get(key)
+        if section is None or section["rc"] is None:
+            errors[key] = "the probe ended before this fact finished"
+            facts[key] = fact.default()
+            continue
+        stdout = section["stdout"]
+        if section["rc"] != 0:
+            text = "\n".join(section["stderr"]) or "\n".join(stdout)
+            errors[key] = f"exit status {section['rc']}: {text}".rstrip(": ")
+            facts[key] = fact.default()
+        elif stdout == [MISSING] or not stdout:
+            facts[key] = fact.default()
+        else:
+            try:
+                facts[key] = fact.process(stdout)
+            except Exception as exc:  # noqa: BLE001 - this fact is asked live instead
+                errors[key] = f"{type(exc).__name__}: {exc}"
+                facts[key] = fact.default()
+    return {"facts": facts, "errors": errors}
+
+
+def store(host: Any, specs: Mapping[str, Spec] | list, stdout_lines: list[str]) -> dict:
+    """Keep the probe output of ``command(specs)`` as this host's cache for this stage; returns
+    ``{"facts": {key: value}, "errors": {key: message}}``."""
+    value = parse(specs, stdout_lines)
+    state = host.state
+    _PROBES[host] = {
+        "state": weakref.ref(state),
+        "executing": bool(state.is_executing),
+        "facts": value["facts"],
+        "errors": value["errors"],
+        "identity": _identity(host),
+        "dirty_before": _completed_with_commands(host),
+        "hits": 0,
+        "misses": 0,
+    }
+    return value
+
+
+def load(host: Any, specs: Mapping[str, Spec] | list) -> dict:
+    """Run the probe of ``specs`` on the host now (one command) and keep it as its cache."""
+    _, output = host.run_shell_command(command(specs), print_output=False, print_input=False)
+    return store(host, specs, output.stdout_lines)
+
+
+def forget(host: Any) -> None:
+    _PROBES.pop(host, None)
+
+
+def _valid(host: Any) -> dict | None:
+    try:
+        entry = _PROBES.get(host)
+    except TypeError:  # an unhashable stand-in host
+        return None
+    if entry is None:
+        return None
+    state = getattr(host, "state", None)
+    if entry["state"]() is not state or entry["executing"] != bool(state.is_executing):
+        return None
+    if entry["identity"] != _identity(host):
+        return None
+    if entry["executing"] and _completed_with_commands(host) - entry["dirty_before"]:
+        return None
+    return entry
+
+
+def cached_value(host: Any, cls: type[FactBase], kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
+    """``(True, value)`` when the probe can answer for this fact, else ``(False, None)``."""
+    if any(k.startswith("_") for k in kwargs):
+        return False, None
+    entry = _valid(host)
+    if entry is None:
+        return False, None
+    key = fact_key(cls, kwargs)
+    if key in entry["facts"] and key not in entry["errors"]:
+        entry["hits"] += 1
+        return True, entry["facts"][key]
+    entry["misses"] += 1
+    logger.debug("fact cache miss on %s: %s %r", host.name, cls.name, dict(kwargs))
+    return False, None
+
+
+def cached_fact(host: Any, cls: type[FactBase], **kwargs: Any) -> Any:
+    """``host.get_fact(cls, **kwargs)``, answered by the host's probe while it is still valid."""
+    hit, value = cached_value(host, cls, kwargs)
+    return value if hit else host.get_fact(cls, **kwargs)
+
+
+def cached_gather(host: Any, specs: Mapping[str, Spec]) -> dict[str, Any]:
+    """``facts.probe.gather(host, specs)`` from the host's probe when it answers every fact;
+    otherwise one live probe of the facts it lacks."""
+    out: dict[str, Any] = {}
+    missing: dict[str, Spec] = {}
+    for key, spec in specs.items():
+        target, kwargs = spec if isinstance(spec, (tuple, list)) else (spec, {})
+        hit, value = cached_value(host, fact_class(target), dict(kwargs or {}))
+        if hit:
+            out[key] = value
+        else:
+            missing[key] = spec
+    if missing:
+        out.update(gather(host, missing))
+    return {key: out[key] for key in specs}
+
+
+def stats(host: Any) -> dict[str, int]:
+    entry = _PROBES.get(host) or {}
+    return {"hits": entry.get("hits", 0), "misses": entry.get("misses", 0)}

@@ -1,0 +1,66 @@
+"""The deploy's one probe per host: every fact `deploys/kimi_k26.py` asks on a converged host.
+
+``preflight.lock`` takes it (with the run lock, in the same command) and ``facts.cache`` keeps it
+for the run: the operations ask through ``cached_fact``/``cached_gather`` and get these values
+while nothing on the host has changed. The arguments here must be exactly those the operations
+pass; a fact missing here (or asked with other arguments) is simply asked live, one SSH command
+more, which ``bench/converged`` shows as ``commands_per_host``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+
+from pyinfra.facts.files import File, Sha256File
+
+from deploys.settings import Settings
+from facts.preflight import RunLock
+from facts.probe import default_specs
+from facts.python import Packages
+from facts.server import ServiceState
+from facts.sglang import SGLangInstall
+from facts.weights import WeightsJob, WeightsState, WeightsTools
+from operations.server import host_specs, server_paths
+from operations.sglang_support import PatchState, Venv, venv_python
+from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_name
+
+
+def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]]:
+    """``[(fact, kwargs)]`` for ``facts.cache``: each step's facts, in deploy order."""
+    py = venv_python(s.venv)
+    specs: list[tuple[Any, dict[str, Any]]] = [(RunLock, {"path": lock_path})]
+    # preflight.checks
+    specs += default_specs(
+        python=posixpath.join(s.venv, "bin", "python"), models_path=s.models_root,
+        token_path=s.weights.host_token_path,
+    ).values()
+    specs.append((ServiceState, {"service": f"{s.service_name}.service"}))
+    for src in (s.target, s.drafter):
+        specs.append((WeightsState, {"path": posixpath.join(s.models_root, src.dir_name)}))
+    # sglang.installed, compressed_tensors, pr20547
+    specs += [
+        (Venv, {"path": s.venv}),
+        (Packages, {"python": py}),
+        (PatchState, {"venv": s.venv}),
+        (SGLangInstall, {"python": py}),
+    ]
+    # weights.host_tools, host_token, model (target, drafter)
+    token = control_token_path(s)
+    specs += [(WeightsTools, {"path": TOOLS_PATH}), (File, {"path": token}),
+              (Sha256File, {"path": token})]
+    work = f"{s.state_dir.rstrip('/')}/weights"
+    for which in ("target", "drafter"):
+        root = model_root(s, which).rstrip("/")
+        specs.append((WeightsState, {"path": root}))
+        specs.append((WeightsJob, {
+            "unit": unit_name(root),
+            "progress_path": f"{work}/{os.path.basename(root)}.progress.json",
+        }))
+    # server.unit, server.service
+    paths = server_paths(s)
+    specs += host_specs(s, [paths.unit, paths.env, paths.secret]).values()
+    specs.append((ServiceState, {"service": paths.unit_name, "paths": [paths.unit],
+                                 "marker": paths.marker}))
+    return specs
