@@ -8,8 +8,10 @@ from pyinfra.api.exceptions import OperationError
 class SpecfleetError(OperationError):
     """An error a person can act on: which host, what is wrong, and how to fix it.
 
-    It subclasses pyinfra's ``OperationError`` so that, raised inside an operation, pyinfra fails
-    that one host with this message and no traceback.
+    It subclasses pyinfra's ``OperationError``. Raised while a deploy file is loaded (bad
+    settings), pyinfra stops before anything changes and prints only this message. Raised while
+    an operation *executes*, pyinfra would abort the whole run with a traceback, so operations
+    turn it into a failing step of that one host (``operations.util.fails_host``).
     """
 
     def __init__(self, problem: str, *, host: str | None = None, fix: str | None = None):
