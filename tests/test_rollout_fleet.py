@@ -281,6 +281,51 @@ def test_a_new_sglang_that_fails_is_rolled_back_to_the_kept_pins(env):
     assert any(w.startswith("sglang-0.5.11-") for w in wheels.split()), wheels
 
 
+def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
+    """A new PR#20547 that fails readiness is taken off again; an upgrade that drops an applied
+    patch and fails is rolled back to the old pins with the patch applied again, from the host's
+    own rollback point."""
+    from tests.test_op_sglang_fleet import make_patch, tree_sha, write_patch
+
+    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
+    marker = f"{VENV}/.specfleet/pr20547/sha256"
+    pristine = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
+    others = {h: gen(env, "patch") for h in ("h2", "h3", "h4")}
+
+    # 1. The canary gets the patch and a server that dies: back to the unpatched install.
+    hosts = {**others, "h1": gen(env, "patch", launcher=None,
+                                 patch={"source": patch[0], "sha256": patch[1]})}
+    res = rollout(env, hosts, "--batch-size", "3")
+    assert res.rc == 2 and res.status()["h1"] == "rolled back", res
+    assert tree_sha(env["fleet"], "h1", VENV, sources_only=True) == pristine
+    assert env["fleet"].run("h1", f"test -e {marker}").returncode != 0
+    assert healthy(env, "h1")
+
+    # 2. The patch with a good server: applied everywhere it is asked for.
+    hosts["h1"] = gen(env, "patch", patch={"source": patch[0], "sha256": patch[1]})
+    res = rollout(env, hosts, "--batch-size", "3")
+    assert res.rc == 0, res
+    patched = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
+    assert patched != pristine
+    assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == patch[1]
+    pins = freeze(env, "h1")
+
+    # 3. An upgrade to 0.5.14 (which drops the patch: it has its own v2 worker) that fails.
+    hosts["h1"] = gen(env, "patch-upgrade", launcher=None, sglang={"version": "0.5.14"},
+                      patch={"source": patch[0], "sha256": patch[1]})
+    res = rollout(env, hosts, "--batch-size", "3")
+    assert res.rc == 2 and res.status()["h1"] == "rolled back", res
+    assert freeze(env, "h1") == pins
+    assert tree_sha(env["fleet"], "h1", VENV, sources_only=True) == patched
+    assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == patch[1]
+    assert healthy(env, "h1")
+    # The PatchState fact agrees: the applied diff still reverses cleanly.
+    state = env["fleet"].run(
+        "h1", f"cd $(cat {VENV}/.specfleet/pr20547/site) && patch --dry-run -p1 --reverse "
+        f"--batch -i {VENV}/.specfleet/pr20547/applied.diff")
+    assert state.returncode == 0, state.stdout + state.stderr
+
+
 def test_a_new_weights_revision_rolls_out_everywhere_then_nothing_changes(env):
     rev2 = commit_files(env["mirrors"], "testorg/tiny", target_files("tiny-rev2"), "rev2")
     hosts = {h: baseline(env, target={"revision": rev2}) for h in HOSTS}
