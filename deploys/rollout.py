@@ -2,13 +2,14 @@
 
     python -m deploys.rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
         [--batch-size N | --batch-percent P] [--max-fail-percent P]
-        [--no-prefetch] [--prefetch-deploy FILE] [--report FILE.json]
+        [--no-prefetch] [--no-fanout] [--prefetch-deploy FILE] [--report FILE.json]
 
 pyinfra runs hosts in lock-step, or one by one in no set order, and its fail percentage is global.
 This drives pyinfra's own CLI (``pyinfra -y --json INVENTORY FILE --limit ...``) once per step
 and batch, with the hosts of one batch in parallel:
 
-1. prefetch: the weights-only deploy on every host at once, before anything restarts;
+1. prefetch: the weights on every host before anything restarts: by default the fan-out of
+   ``deploys/fanout.py`` (once from upstream, then host to host), else a weights-only deploy;
 2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``):
    snapshot (``deploys/rollout_snapshot.py``: a rollback point on each host), the deploy, the
    readiness gate (``deploys/rollout_gate.py``), and for each host that failed the deploy or the
@@ -69,6 +70,7 @@ class Options:
     batch_percent: float | None = None
     max_fail_percent: float = 0.0
     prefetch_weights: bool = True
+    fanout: bool = True
 
 
 def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Options:
@@ -78,7 +80,7 @@ def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Opti
     are an error, unless the flag is given.
     """
     names = ("canary", "order", "batch_size", "batch_percent", "max_fail_percent",
-             "prefetch_weights")  # fmt: skip
+             "prefetch_weights", "fanout")  # fmt: skip
     values: dict[str, Any] = {}
     for name in names:
         if cli.get(name) is not None:
@@ -409,15 +411,12 @@ class Rollout:
         )
         say(f"batches: {plan}; max fail {o.max_fail_percent:g}% per batch")
 
-        if o.prefetch_weights and self.prefetch_deploy:
-            step = self.runner(self.inventory, self.prefetch_deploy, self.hosts, "prefetch")
-            for h, res in step.results.items():
-                r = self.reports[h]
-                r.seconds["prefetch"] = step.seconds
-                if not res.passed:
-                    self._fail(r, res, "prefetch")
-        elif o.prefetch_weights:
-            say("prefetch: no weights-only deploy given; skipped")
+        step = self._prefetch([h for b in self.batches for h in b])
+        for h, res in (step.results if step else {}).items():
+            r = self.reports[h]
+            r.seconds["prefetch"] = step.seconds
+            if not res.passed:
+                self._fail(r, res, "prefetch")
 
         for i, batch in enumerate(self.batches):
             label = "canary" if i == 0 else f"batch {i}/{len(self.batches) - 1}"
@@ -449,6 +448,23 @@ class Rollout:
             return 1
         say("finished: every host passed the readiness gate")
         return 0
+
+    def _prefetch(self, ordered: list[str]) -> StepRun | None:
+        """The weights on every host before anything restarts: the given weights-only deploy, or
+        the fan-out (``deploys.fanout``: once from upstream, then host to host)."""
+        o = self.options
+        if not o.prefetch_weights:
+            return None
+        if self.prefetch_deploy:
+            return self.runner(self.inventory, self.prefetch_deploy, ordered, "prefetch")
+        if o.fanout:
+            from deploys.fanout import run_prefetch
+
+            return run_prefetch(self.inventory, ordered, order=ordered, runner=self.runner)
+        if DEFAULT_PREFETCH.is_file():
+            return self.runner(self.inventory, str(DEFAULT_PREFETCH), ordered, "prefetch")
+        say("prefetch: fan-out is off and there is no weights-only deploy; skipped")
+        return None
 
     def _fail(self, r: HostReport, res: HostStep, step: str) -> None:
         r.status = FAILED
@@ -553,9 +569,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-fail-percent", type=float,
                    help="failures allowed per batch, in percent (more stops the rollout)")
     p.add_argument("--no-prefetch", action="store_true", help="skip the weights prefetch stage")
+    p.add_argument("--no-fanout", action="store_true",
+                   help="prefetch with the weights-only deploy on each host, not host to host")
     p.add_argument(
         "--prefetch-deploy",
-        help=f"the weights-only deploy (default: {DEFAULT_PREFETCH.relative_to(HERE.parent)})",
+        help="a weights-only deploy for the prefetch stage (default: the fan-out of "
+        "deploys/fanout.py; with --no-fanout, deploys/weights_only.py where it exists)",
     )
     p.add_argument("--report", help="write the per-host results as JSON here")
     return p.parse_args(argv)
@@ -579,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_percent": args.batch_percent,
             "max_fail_percent": args.max_fail_percent,
             "prefetch_weights": False if args.no_prefetch else None,
+            "fanout": False if args.no_fanout else None,
         }
         options = resolve_options(per_host, cli)
         make_batches(hosts, options.order, options.canary, options.batch_size,
@@ -590,10 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot load the inventory {args.inventory}: {exc}\n  fix: check the inventory "
               "file with `pyinfra INVENTORY debug-inventory`", file=sys.stderr)
         return 3
-    prefetch = args.prefetch_deploy
-    if prefetch is None and DEFAULT_PREFETCH.is_file():
-        prefetch = str(DEFAULT_PREFETCH)
-    rollout = Rollout(args.inventory, args.deploy, hosts, options, prefetch)
+    rollout = Rollout(args.inventory, args.deploy, hosts, options, args.prefetch_deploy)
     rc = rollout.run()
     if args.report:
         Path(args.report).write_text(json.dumps(rollout.report(), indent=2))

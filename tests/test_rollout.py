@@ -282,6 +282,32 @@ def test_a_prefetch_failure_keeps_the_host_out_and_counts_in_its_batch():
     assert all(kind != "prefetch" for kind, _ in script.calls)
 
 
+def test_the_default_prefetch_is_the_fanout_in_rollout_order(monkeypatch):
+    import deploys.fanout
+
+    seen = {}
+
+    def fake_run_prefetch(inventory, hosts, order=None, runner=None, **kw):
+        seen.update(inventory=inventory, hosts=list(hosts), order=list(order), runner=runner)
+        return runner(inventory, "prefetch.py", hosts, "prefetch")
+
+    monkeypatch.setattr(deploys.fanout, "run_prefetch", fake_run_prefetch)
+    script = Script({("prefetch", "h2"): "failed"})
+    r = Rollout("inv.py", "deploy.py", H4, Options(canary="h3", batch_size=3,
+                                                   max_fail_percent=50), None, runner=script)
+    assert r.run() == 1
+    assert seen == {"inventory": "inv.py", "hosts": ["h3", "h1", "h2", "h4"],
+                    "order": ["h3", "h1", "h2", "h4"], "runner": script}
+    assert r.reports["h2"].why == ["prefetch: prefetch broke"]
+    # --no-fanout without a weights-only deploy file: no prefetch (and no fan-out).
+    seen.clear()
+    script = Script()
+    r = Rollout("inv.py", "deploy.py", H4, Options(fanout=False), None, runner=script)
+    monkeypatch.setattr("deploys.rollout.DEFAULT_PREFETCH", Path("/nonexistent/weights_only.py"))
+    assert r.run() == 0 and seen == {}
+    assert all(kind != "prefetch" for kind, _ in script.calls)
+
+
 def test_a_failed_rollback_is_reported_as_failed():
     script = Script({("gate", "h2"): "failed", ("rollback", "h2"): "failed"})
     r = _rollout(script, batch_size=3, max_fail_percent=50)

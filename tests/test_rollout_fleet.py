@@ -113,7 +113,8 @@ class Result:
         return f"Result(rc={self.rc}, {self.status()})\n{self.out}\n{self.err[-8000:]}"
 
 
-def rollout(env, per_host: dict[str, dict], *flags: str, during=None) -> Result:
+def rollout(env, per_host: dict[str, dict], *flags: str, during=None,
+            prefetch: str | None = "tests/rollout_weights.py") -> Result:
     """Write an inventory with ``per_host`` settings and run the rollout CLI on it. ``during`` is
     called with each line of its stderr as it comes (to act mid-rollout)."""
     env["n"] += 1
@@ -123,7 +124,9 @@ def rollout(env, per_host: dict[str, dict], *flags: str, during=None) -> Result:
     )
     report = env["work"] / f"report{env['n']}.json"
     argv = [sys.executable, "-m", "deploys.rollout", str(inv), "tests/rollout_deploy.py",
-            "--prefetch-deploy", "tests/rollout_weights.py", "--report", str(report), *flags]
+            "--report", str(report), *flags]
+    if prefetch:
+        argv += ["--prefetch-deploy", prefetch]
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -348,3 +351,24 @@ def test_a_new_weights_revision_rolls_out_everywhere_then_nothing_changes(env):
     for h in HOSTS:
         assert again.hosts[h]["changed_ops"] == []
         assert json.loads(env["fleet"].run(h, f"cat {RECORD}").stdout)["pid"] == pids[h]
+
+
+def test_the_default_prefetch_fans_the_weights_out_host_to_host(env):
+    """Without --prefetch-deploy the prefetch is deploys/fanout.py's: the hub serves each new
+    file once for the whole fleet, the hosts copy it from each other."""
+    rev3 = commit_files(env["mirrors"], "testorg/tiny", target_files("tiny-rev3"), "rev3")
+    shard = "model-00001-of-00001.safetensors"
+    before = env["hub"].gets("testorg/tiny", shard)
+    hosts = {h: baseline(env, target={"revision": rev3}) for h in HOSTS}
+    res = rollout(env, hosts, "--batch-size", "3", prefetch=None)
+    assert res.rc == 0, res
+    assert res.status() == {h: "changed" for h in HOSTS}, res
+    assert "fanout: target" in res.err
+    assert env["hub"].gets("testorg/tiny", shard) - before == 1
+    for h in HOSTS:
+        link = env["fleet"].run(h, "readlink /srv/models/testorg--tiny/current", check=True)
+        assert link.stdout.strip() == rev3
+        assert "Target weights" not in res.hosts[h]["changed_ops"], res
+        assert healthy(env, h)
+    print(f"fan-out rollout of a new revision over 4 hosts: {res.seconds:.1f}s "
+          f"(prefetch {res.hosts['h1']['seconds']['prefetch']:.1f}s)")
