@@ -132,7 +132,8 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
 
 class FirstJson(FactBase[Any]):
     """
-    The parsed content of the first of ``paths`` that exists (a model's ``config.json``), or None.
+    The parsed content of the first of ``paths`` that exists (a model's ``config.json``), or None
+    when none exists. A file that is not JSON fails the fact, naming the file.
 
     .. code:: python
 
@@ -142,18 +143,28 @@ class FirstJson(FactBase[Any]):
     @override
     def command(self, paths: list[str]) -> str:
         tests = "; ".join(
-            f"if test -f {shlex.quote(p)}; then cat {shlex.quote(p)}; exit 0; fi" for p in paths
+            f"if test -f {shlex.quote(p)}; then echo {shlex.quote(PATH_MARK + p)}; "
+            f"cat {shlex.quote(p)}; exit 0; fi"
+            for p in paths
         )
         return f"sh -c {shlex.quote(tests + '; exit 0')}"
 
     @override
     def process(self, output: list[str]) -> Any:
-        import json
+        return parse_first_json(output)
 
-        text = "\n".join(output).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            return None
+
+PATH_MARK = "##path "
+
+
+def parse_first_json(output: list[str]) -> Any:
+    import json
+
+    if not output or not output[0].startswith(PATH_MARK):
+        return None
+    path = output[0][len(PATH_MARK) :]
+    text = "\n".join(output[1:])
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}): {text[:80]!r}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -435,6 +436,29 @@ def _secret_commands(paths: ServerPaths, text: str) -> list[StringCommand]:
     ]
 
 
+def _per_host(body: Iterator[Any]) -> Iterator[Any]:
+    """An op body whose ``SpecfleetError`` fails this one host, not the whole run.
+
+    pyinfra 3.10 turns an ``OperationError`` raised in an op (at prepare or execute time) into
+    "Operation error" and stops every host. Here the error becomes a command that logs it and
+    fails, so the other hosts go on and ``--fail-percent`` decides; ``--dry`` shows it too.
+    """
+    try:
+        commands = list(body)
+    except SpecfleetError as exc:
+        error = exc.for_host(host.name)
+        if not state.is_executing:
+            host.log_styled(f"will fail: {error.problem}", fg="red", log_func=logger.warning)
+        yield FunctionCommand(_report_error, (error.render(),), {})
+        return
+    yield from commands
+
+
+def _report_error(state, host, text: str) -> bool:
+    logger.error(f"{host.print_prefix}{text}" if not text.startswith(f"[{host.name}]") else text)
+    return False
+
+
 # --------------------------------------------------------------------------------------------------
 # Operations
 # --------------------------------------------------------------------------------------------------
@@ -470,6 +494,10 @@ def unit(settings: Settings | None = None, present: bool = True):
                                _if=any_changed(software, weights))
         server.service(name="Run the SGLang server", running=True, enabled=True)
     """
+    yield from _per_host(_unit(settings, present))
+
+
+def _unit(settings: Settings | None, present: bool):
     s = _settings(settings)
     paths = server_paths(s)
     files_ = [paths.unit, paths.env, paths.secret]
@@ -577,6 +605,10 @@ def restart_pending(settings: Settings | None = None, reason: str = "the softwar
             _if=any_changed(software, weights),
         )
     """
+    yield from _per_host(_restart_pending(settings, reason))
+
+
+def _restart_pending(settings: Settings | None, reason: str):
     paths = server_paths(_settings(settings))
     yield _marker_command(paths, f"{reason} changed")
 
@@ -601,6 +633,10 @@ def service(
     marker is removed only after the server passed the readiness gate, so a run that fails before
     then restarts on the next run instead of reporting "no change" over a stale server.
     """
+    yield from _per_host(_service(settings, running, enabled, ready))
+
+
+def _service(settings: Settings | None, running: bool, enabled: bool | None, ready: bool):
     s = _settings(settings)
     paths = server_paths(s)
     st = _state(paths, [paths.unit])
@@ -671,7 +707,7 @@ def ready(
     stopped, or when the port is served by a process outside the unit, and the error quotes the
     unit's last journal lines (with any API key redacted).
     """
-    yield from _ready(settings=settings, timeout_s=timeout_s, model_path=model_path)
+    yield from _per_host(_ready(settings=settings, timeout_s=timeout_s, model_path=model_path))
 
 
 def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):

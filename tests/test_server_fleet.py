@@ -88,7 +88,7 @@ class Run:
         self.rc = proc.returncode
         self.out = proc.stdout
         self.seconds = seconds
-        self.ops: dict[str, str] = {}
+        self.by_host: dict[str, dict[str, str]] = {}
         current = None
         for line in self.out.splitlines():
             m = re.match(r"--> Starting operation: (.+?)\s*$", line)
@@ -96,21 +96,27 @@ class Run:
                 current = m.group(1)
                 continue
             m = re.match(r"\s+\[(h\d)\] (Success|No changes|Error)", line)
-            if m and current and m.group(1) == "h1":
-                self.ops[current] = m.group(2)
+            if m and current:
+                self.by_host.setdefault(m.group(1), {})[current] = m.group(2)
+        self.ops = next(iter(self.by_host.values()), {}) if len(self.by_host) == 1 else {}
 
     def __repr__(self) -> str:
         return f"Run(rc={self.rc}, ops={self.ops})\n{self.out}"
 
 
 def deploy(fleet, tmp_path, data: dict, body: str = DEPLOY, *args: str, host: str = "h1") -> Run:
-    inv = fleet.write_inventory(tmp_path / "inventory.py", host_data={host: {"specfleet": data}})
+    """Run pyinfra on one host (or host="all": every host, each with ``data``)."""
+    names = list(fleet.hosts) if host == "all" else [host]
+    inv = fleet.write_inventory(
+        tmp_path / "inventory.py", host_data={h: {"specfleet": data} for h in names}
+    )
     dep = tmp_path / "deploy.py"
     dep.write_text(HEADER + body)
     start = time.monotonic()
     yes = [] if "--dry" in args else ["-y"]  # -y skips the change detection --dry shows
+    limit = [] if host == "all" else ["--limit", host]
     proc = subprocess.run(
-        [PYINFRA, *yes, "--limit", host, *args, str(inv), str(dep)],
+        [PYINFRA, *yes, *limit, *args, str(inv), str(dep)],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
     proc.stdout += proc.stderr
@@ -420,3 +426,16 @@ def test_the_gate_gives_up_at_the_budget_with_progress(srv, tmp_path):
     assert "raise settings.readiness_timeout_s" in run.out
     assert 6 <= run.seconds < 40
     assert srv.run("h1", "test -e /var/lib/specfleet/sf-slow.restart-pending").returncode == 0
+
+
+def test_a_host_with_bad_input_fails_alone(srv, tmp_path):
+    # h2 is fresh (no SGLang): its unit cannot be planned for real. h1 must still converge, and
+    # the error is the host's, with no traceback (pyinfra would otherwise stop every host).
+    data = settings_data("both", 30012)
+    run = deploy(srv, tmp_path, data, DEPLOY, "--fail-percent", "100", host="all")
+    assert run.by_host["h1"] == {"unit": "Success", "service": "Success"}, run
+    assert run.by_host["h2"] == {"unit": "Error"}, run
+    assert re.search(r"\[h2\] cannot write the unit from a predicted plan: SGLang is not "
+                     r"installed in /opt/specfleet/sglang yet", run.out), run.out
+    assert "Traceback" not in run.out
+    assert host_json(srv, record_path("both"))["argv"][-1] == "30012"

@@ -301,3 +301,12 @@ def test_gate_reads_the_key_file_specfleet_writes(tmp_path):
     path = tmp_path / "k.yaml"
     path.write_text(server.secret_yaml(key))
     assert _gate_module().read_api_key(str(path)) == key
+
+
+def test_first_json_parses_or_names_the_bad_file():
+    from facts.server import parse_first_json
+
+    assert parse_first_json([]) is None
+    assert parse_first_json(["##path /m/config.json", '{"block_size":', " 8}"]) == {"block_size": 8}
+    with pytest.raises(ValueError, match="/m/config.json is not valid JSON"):
+        parse_first_json(["##path /m/config.json", "<html>oops"])
