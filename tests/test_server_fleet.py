@@ -230,6 +230,12 @@ def test_success_path_runs_exactly_the_plans_argv_and_env(srv, tmp_path):
     assert len(commands) == 2, "\n".join(commands)
     assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
 
+    # The gate on its own (as a rollout uses it): a check of the running server, no restart.
+    check = deploy(srv, tmp_path, data, 'server.ready(name="ready", timeout_s=30)\n')
+    assert check.rc == 0 and check.ops == {"ready": "Success"}, check
+    assert "gate: READY after" in check.out
+    assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
+
 
 def test_a_changed_setting_restarts_exactly_once(srv, tmp_path):
     data = settings_data("chg", 30002)
@@ -351,6 +357,15 @@ def test_the_api_key_stays_out_of_argv_unit_env_and_output(srv, tmp_path):
     assert rotated.ops == {"unit": "Success", "service": "Success"}, rotated
     assert key not in rotated.out
     assert "restarting sf-key.service: the API key changed" in rotated.out
+
+    # No key any more: the file goes, --config leaves the argv, the server restarts open.
+    del data["api_key"]
+    opened = deploy(srv, tmp_path, data)
+    assert opened.ops == {"unit": "Success", "service": "Success"}, opened
+    assert srv.run("h1", "test -e /etc/specfleet/secrets/sf-key.yaml").returncode == 1
+    assert "--config" not in host_json(srv, record_path("key"))["argv"]
+    plain = srv.run("h1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30006/get_model_info")
+    assert plain.stdout == "200"
 
 
 def test_the_gate_fails_fast_when_another_process_holds_the_port(srv, tmp_path):
