@@ -413,8 +413,9 @@ def _free_space(root: str, plan: dict) -> int:
 
 def _preflight(plan: dict, root: str, margin_percent: float,
                margin_min_gib: float) -> tuple[str, str] | None:
+    free = _free_space(root, plan) + int(plan.get("reclaimable_bytes") or 0)
     result = disk_preflight(
-        plan["missing_bytes"], _free_space(root, plan), margin_percent=margin_percent,
+        plan["missing_bytes"], free, margin_percent=margin_percent,
         margin_min_gib=margin_min_gib, host=host.name, path=root,
     )
     for warning in result["warnings"]:

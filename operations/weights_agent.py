@@ -388,6 +388,8 @@ def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None
         "missing_bytes": missing_bytes,
         "free_bytes": st.f_bavail * st.f_frsize,
         "total_disk_bytes": st.f_blocks * st.f_frsize,
+        # partial files of an interrupted run, deleted before a download starts
+        "reclaimable_bytes": incomplete_bytes(rev_dir),
     }
 
 
@@ -550,6 +552,24 @@ def incomplete_bytes(rev_dir: str) -> int:
     return total
 
 
+def remove_incomplete(rev_dir: str) -> tuple[int, int]:
+    """Delete huggingface_hub's partial downloads under a revision: (files, bytes freed)."""
+    count = freed = 0
+    base = os.path.join(rev_dir, ".cache", "huggingface", "download")
+    for dirpath, _dirs, names in os.walk(base):
+        for n in names:
+            if n.endswith(".incomplete"):
+                full = os.path.join(dirpath, n)
+                try:
+                    size = os.path.getsize(full)
+                    os.unlink(full)
+                except OSError:
+                    continue
+                count += 1
+                freed += size
+    return count, freed
+
+
 def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress, sizes: dict,
                     done: set, rev_dir: str) -> tuple[str, dict | None]:
     """One `fetch` child; returns ("ok"|"stall"|"error", error). Watches for stalls."""
@@ -702,6 +722,12 @@ def cmd_run(job: dict, job_path: str) -> int:
     sha = p["revision"]
     write_json_atomic(f"{prog.path}.listing", {"revision": sha, "files": p["files"]})
     rev_dir = os.path.join(job["root"], sha)
+    # huggingface_hub starts every download in a new temporary file (it no longer resumes
+    # partial files), so those of a killed run are garbage: free their space before measuring.
+    count, freed = remove_incomplete(rev_dir)
+    if count:
+        prog.note(f"removed {count} partial files ({fmt_gib(freed)}) left by an interrupted run")
+        p["free_bytes"] += freed
     sizes = {f["path"]: f["size"] for f in p["files"]}
     done = set(sizes) - set(p["missing"])
     prog.update(revision=sha, bytes_total=p["total_bytes"], files_total=len(sizes),

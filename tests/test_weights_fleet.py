@@ -317,7 +317,7 @@ def test_dropped_session_and_killed_download_resume(env):
     fleet, hub = env["fleet"], env["hub"]
     rev = env["repos"]["resume"]
     unit = "specfleet-weights-testorg--resume"
-    hub.configure(rate_bps=250_000)  # 1 MB shards take 4 s each
+    hub.configure(rate_bps=150_000)  # 1 MB shards take 7 s each
     try:
         # 1. The control machine goes away mid-download: the unit goes on.
         p = _start(env, "resume", "resume", weights={"poll_seconds": 0.3})
@@ -329,7 +329,7 @@ def test_dropped_session_and_killed_download_resume(env):
         p = _start(env, "resume", "resume", weights={"poll_seconds": 0.3})
         out = _read_until(p, "attaching to the running download")
         assert "attaching to the running download" in out, out
-        _wait_verified(env, "resume", rev, 4)
+        _wait_verified(env, "resume", rev, 3)
         p.send_signal(signal.SIGKILL)
         p.wait()
         # 3. The download itself is killed half-way.
@@ -339,10 +339,18 @@ def test_dropped_session_and_killed_download_resume(env):
         assert 3 <= len(kept) < 8
         mtimes = {path: fleet.run("h1", f"stat -c %Y.%y /srv/models/testorg--resume/{rev}/"
                                   f"{path}").stdout for path in kept}
-        # 4. A re-run resumes: complete shards are kept, not fetched again.
+        # 4. A re-run resumes: complete shards are kept, not fetched again; the partial
+        # files of the killed run are removed.
+        partial = fleet.run("h1", f"find /srv/models/testorg--resume/{rev}/.cache "
+                            "-name '*.incomplete' | wc -l").stdout.strip()
         hub.configure()
         r = deploy(env, "resume", "resume")
-        assert r.returncode == 0, r.stdout + r.stderr
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        if partial != "0":
+            assert f"removed {partial} partial files" in out, out
+        assert fleet.run("h1", f"find /srv/models/testorg--resume/{rev}/.cache "
+                         "-name '*.incomplete' | wc -l").stdout.strip() == "0"
         for path in kept:
             assert hub.gets("testorg/resume", path) == 1, path
             assert fleet.run("h1", f"stat -c %Y.%y /srv/models/testorg--resume/{rev}/"
