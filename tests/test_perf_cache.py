@@ -175,3 +175,40 @@ def test_pyinfra_hash_facts_parse_with_their_arguments(run, tmp_path):
             True, hashlib.sha256(b"secret\n").hexdigest())
         hit, info = cache.cached_value(host, File, {"path": str(token)})
         assert hit and info["size"] == 7
+
+
+def test_parallel_probe_reads_what_the_sequential_one_reads(tmp_path):
+    import subprocess
+
+    from pyinfra.facts.files import File, Sha256File
+
+    from facts.probe import MISSING
+
+    class Missing(FactBase):
+        def command(self):
+            return "echo should-not-run"
+
+        def requires_command(self, *args, **kwargs):
+            return "specfleet-no-such-binary"
+
+    value = tmp_path / "value"
+    value.write_text("v1\nv2\n")
+    specs = [
+        (Value, {"path": str(value)}),
+        (Broken, {"path": str(tmp_path / "broken")}),
+        (Sha256File, {"path": str(value)}),
+        (File, {"path": str(tmp_path / "absent")}),
+        (Missing, {}),
+    ]
+
+    def run_probe(parallel):
+        done = subprocess.run(["sh", "-c", cache.command(specs, parallel=parallel)],
+                              capture_output=True, text=True, check=True)
+        assert MISSING in done.stdout
+        return cache.parse(specs, done.stdout.splitlines())
+
+    sequential, parallel = run_probe(False), run_probe(True)
+    assert parallel == sequential
+    assert parallel["facts"][fact_key(Value, {"path": str(value)})] == "v1\nv2"
+    assert list(parallel["errors"]) == [fact_key(Broken, {"path": str(tmp_path / "broken")})]
+    assert parallel["facts"][fact_key(File, {"path": str(tmp_path / "absent")})] is None
