@@ -73,11 +73,13 @@ TAKEN = "specfleet-lock-taken"
 
 
 def _take_command(path: str, me: dict) -> StringCommand:
-    # noclobber makes the create atomic: of two runs, exactly one writes the file.
+    # noclobber makes the create atomic: of two runs, exactly one writes the file. The echo after
+    # cat ends a lock written without a final newline, which would otherwise run into the first
+    # line of the probe that follows in the same command (and read as an unknown owner).
     return StringCommand(
         "mkdir", "-p", QuoteString(posixpath.dirname(path)), "&&",
         "(", "set", "-C;", "echo", QuoteString(json.dumps(me)), ">", QuoteString(path), ")",
-        "2>/dev/null", "&&", "echo", TAKEN, "||", "cat", QuoteString(path),
+        "2>/dev/null", "&&", "echo", TAKEN, "||", "{", "cat", QuoteString(path), ";", "echo;", "}",
     )
 
 
