@@ -126,7 +126,7 @@ def tools(
     index_url: str | None = None,
     find_links: str | None = None,
     trusted_hosts: list[str] | None = None,
-    requirement: str = "huggingface_hub",
+    requirement: str = "huggingface_hub>=0.26",
 ):
     """
     Install the weights agent and ``huggingface_hub`` into a small venv on the host.
@@ -181,7 +181,11 @@ def token(path: str, token_file: str | None = None):
     The token goes through stdin: it appears in no command line, no output at any verbosity
     and no ``--diff`` (only its sha256 is compared). With no token given, nothing.
     """
-    secret = read_control_token(token_file)
+    try:
+        secret = read_control_token(token_file)
+    except SpecfleetError as e:
+        yield from _fail(e.problem, e.fix)
+        return
     if secret is None:
         host.noop("no Hugging Face token given on the control machine")
         return
@@ -441,7 +445,7 @@ def _report(state, host, message: str) -> bool:
 
 def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
     """Poll the agent's progress file until its job ends; show progress; fail with its error."""
-    last_line = ""
+    last_line, last_key, last_at = "", None, 0.0
     events_seen = 0
     gone_since = None
     while True:
@@ -454,10 +458,12 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
             for ev in events[events_seen:]:
                 host.log_styled(ev["text"], fg="cyan")
             events_seen = len(events)
+            # A line when the state or the count of files changes, else every 30 s at most.
             line = format_progress(p)
-            if line != last_line:
+            key = (p.get("state"), p.get("files_done"))
+            if line != last_line and (key != last_key or time.monotonic() - last_at >= 30):
                 host.log(line)
-                last_line = line
+                last_line, last_key, last_at = line, key, time.monotonic()
             if p.get("state") == "done":
                 return True
             if p.get("state") == "failed":
@@ -498,8 +504,12 @@ def model(which: str = "target", verify: str | None = None):
     src = getattr(s, which)
     w = s.weights
     token_path = w.host_token_path
-    if read_control_token(w.token_file) is not None:
-        token_path = control_token_path(s)
+    try:
+        if read_control_token(w.token_file) is not None:
+            token_path = control_token_path(s)
+    except SpecfleetError as e:
+        yield from _fail(e.problem, e.fix)
+        return
     yield from snapshot._inner(
         repo_id=src.repo_id,
         root=model_root(s, which),
