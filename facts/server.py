@@ -168,3 +168,25 @@ def parse_first_json(output: list[str]) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}): {text[:80]!r}") from None
+
+
+class FileText(FactBase[Any]):
+    """
+    The text of a small file with surrounding whitespace stripped (the applied patch's sha256
+    marker), or None when it does not exist.
+
+    .. code:: python
+
+        "9f2c4e0d..."
+    """
+
+    @override
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return f"if test -f {q}; then echo {shlex.quote(PATH_MARK + path)}; head -c 4096 {q}; fi"
+
+    @override
+    def process(self, output: list[str]) -> Any:
+        if not output or not output[0].startswith(PATH_MARK):
+            return None
+        return "\n".join(output[1:]).strip()

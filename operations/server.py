@@ -22,6 +22,7 @@ from deploys.settings import Settings, settings_for_host
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.server import ServiceState
+from operations.sglang_support import patch_state_dir
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_TEMPLATE = TEMPLATES / "sglang.service.j2"
@@ -209,12 +210,8 @@ def build_info(settings: Settings, install: dict[str, Any] | None, weights: dict
     features = (install or {}).get("features") or {}
     patch = (install or {}).get("patch")
     if not patch:
-        if features.get("dflash_pr20547"):
-            patch = "pr20547"
-            if settings.patch.sha256:
-                patch += f" sha256:{settings.patch.sha256[:16]}"
-        else:
-            patch = "none"
+        # A PR#20547 build (git install of the PR branch) has it without an applied patch.
+        patch = "pr20547 (built in)" if features.get("dflash_pr20547") else "none"
     if settings.sglang.kind == "git":
         version += f" git:{settings.sglang.git_ref}"
 
@@ -297,6 +294,7 @@ class CurrentPlan:
 
 SERVICE = "facts.server.ServiceState"
 DRAFTER_CONFIG = "drafter_config"
+PATCH_SHA = "patch_sha256"
 
 
 def _weights_key(name: str) -> str:
@@ -322,6 +320,11 @@ def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
                        posixpath.join(drafter_dir, "current", "config.json")]},
         ),
     }
+    # The applied PR#20547 patch's sha256 (written by operations.sglang), for the build info.
+    specs[PATCH_SHA] = (
+        "facts.server.FileText",
+        {"path": posixpath.join(patch_state_dir(settings.venv), "sha256")},
+    )
     for name in ("target", "drafter"):
         src = getattr(settings, name)
         if src.revision is None or src.follow_branch:
@@ -362,6 +365,8 @@ def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = 
         current = (facts.get(_weights_key(name)) or {}).get("current")
         if current:
             weights[name] = current
+    if install is not None and facts.get(PATCH_SHA):
+        install = dict(install, patch=f"pr20547 sha256:{facts[PATCH_SHA][:16]}")
     return CurrentPlan(
         argv=list(plan.argv),
         env=dict(plan.env),

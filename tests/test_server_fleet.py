@@ -454,3 +454,21 @@ def test_a_host_with_bad_input_fails_alone(srv, tmp_path):
                      r"installed in /opt/specfleet/sglang yet", run.out), run.out
     assert "Traceback" not in run.out
     assert host_json(srv, record_path("both"))["argv"][-1] == "30012"
+
+
+def test_an_applied_patch_changes_the_unit_and_restarts(srv, tmp_path):
+    # operations.sglang records an applied PR#20547 diff's sha256 in the venv; the unit carries it.
+    data = settings_data("patch", 30013)
+    assert deploy(srv, tmp_path, data).rc == 0
+    pid = host_json(srv, record_path("patch"))["pid"]
+    marker = "/opt/specfleet/sglang/.specfleet/pr20547/sha256"
+    srv.run("h1", f"mkdir -p $(dirname {marker}) && echo {'9f2c4e0d' * 8} > {marker}")
+    try:
+        run = deploy(srv, tmp_path, data)
+        assert run.ops == {"unit": "Success", "service": "Success"}, run
+        unit = srv.run("h1", "cat /etc/systemd/system/sf-patch.service").stdout
+        assert "# SGLang 0.5.11, patch: pr20547 sha256:9f2c4e0d9f2c4e0d" in unit
+        assert host_json(srv, record_path("patch"))["pid"] != pid
+        assert deploy(srv, tmp_path, data).ops == {"unit": "No changes", "service": "No changes"}
+    finally:
+        srv.run("h1", f"rm -rf $(dirname {marker})")

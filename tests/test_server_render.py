@@ -195,8 +195,8 @@ def test_a_new_revision_or_version_changes_the_unit():
     base = unit_for(s, facts[SGLANG])
     other_rev = _settings(target={"repo_id": "tests/tiny-target", "revision": "f" * 40})
     assert unit_for(other_rev, facts[SGLANG]) != base
-    patched = dict(facts[SGLANG], features=dict(facts[SGLANG]["features"], dflash_pr20547=True))
-    assert "patch: pr20547" in unit_for(s, patched)
+    built_in = dict(facts[SGLANG], features=dict(facts[SGLANG]["features"], dflash_pr20547=True))
+    assert "patch: pr20547 (built in)" in unit_for(s, built_in)
     assert unit_for(s, dict(facts[SGLANG], version="0.5.14")) != base
     assert unit_for(s, facts[SGLANG]) == base  # and rendering is deterministic
 
@@ -310,3 +310,17 @@ def test_first_json_parses_or_names_the_bad_file():
     assert parse_first_json(["##path /m/config.json", '{"block_size":', " 8}"]) == {"block_size": 8}
     with pytest.raises(ValueError, match="/m/config.json is not valid JSON"):
         parse_first_json(["##path /m/config.json", "<html>oops"])
+
+
+def test_an_applied_patch_is_in_the_build_info_and_a_new_one_changes_it():
+    s = _settings()
+    facts = _facts()
+    facts[server.DRAFTER_CONFIG] = {"block_size": 8}
+    assert server.plan_from_facts(s, facts).build["patch"] == "none"
+    facts[server.PATCH_SHA] = "9f2c4e0d" * 8
+    assert server.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:9f2c4e0d9f2c4e0d"
+    facts[server.PATCH_SHA] = "1234abcd" * 8
+    assert server.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:1234abcd1234abcd"
+    kind, args = server.host_specs(s, [])[server.PATCH_SHA]
+    assert kind == "facts.server.FileText"
+    assert args == {"path": "/opt/specfleet/sglang/.specfleet/pr20547/sha256"}
