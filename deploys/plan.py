@@ -363,9 +363,8 @@ def make_plan(
         )
 
     # -- model paths -----------------------------------------------------------------------------
-    root = settings.models_root.rstrip("/") or "/"
-    target_dir = f"{root}/{settings.target.dir_name}"
-    drafter_dir = f"{root}/{settings.drafter.dir_name}"
+    target_dir = settings.target.serve_path(settings.models_root)
+    drafter_dir = settings.drafter.serve_path(settings.models_root)
     b.flag("--model-path", target_dir)
     b.flag("--trust-remote-code")
     b.flag("--tp-size", tp)

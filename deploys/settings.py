@@ -40,6 +40,17 @@ class ModelSource:
     def dir_name(self) -> str:
         return self.local_dir or self.repo_id.replace("/", "--")
 
+    def root(self, models_root: str) -> str:
+        """The folder under ``models_root`` that holds this model's revisions."""
+        return f"{models_root.rstrip('/')}/{self.dir_name}"
+
+    def serve_path(self, models_root: str) -> str:
+        """The path SGLang is given: the pinned revision's own folder, so that a new pin changes
+        the unit; or the ``current`` link, flipped only after a verified download, when a
+        branch is followed."""
+        pinned = self.revision if self.revision and not self.follow_branch else None
+        return f"{self.root(models_root)}/{pinned or 'current'}"
+
 
 @dataclass(frozen=True)
 class SGLangSource:
@@ -135,8 +146,8 @@ class Settings:
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
     port: int = 30000
-    # A secret: kept out of argv, --diff and logs.
-    api_key: str | None = None
+    # A secret: kept out of argv, --diff and logs (and out of this object's repr).
+    api_key: str | None = field(default=None, repr=False)
     readiness_timeout_s: float = 3600.0
     # Tests only: the command that stands in for `python -m sglang.launch_server`.
     launcher: list[str] | None = None

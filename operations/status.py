@@ -221,7 +221,7 @@ def host_status(settings: Settings, facts: dict[str, Any], host_name: str = "") 
     except (SpecfleetError, ValueError) as exc:
         problem = getattr(exc, "problem", None) or str(exc)
     unit_status(settings, facts.get(SERVICE), expected, problem, st)
-    model = posixpath.join(settings.models_root.rstrip("/") or "/", settings.target.dir_name)
+    model = settings.target.serve_path(settings.models_root)
     health_status(settings, facts.get(SERVICE), facts.get(HEALTH), model, st)
     return st
 

@@ -51,7 +51,7 @@ _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 def model_root(settings: Settings, which: str) -> str:
     """``<models_root>/<dir_name>``: the folder that holds the revisions of one model."""
-    return f"{settings.models_root.rstrip('/')}/{getattr(settings, which).dir_name}"
+    return getattr(settings, which).root(settings.models_root)
 
 
 def model_path(settings: Settings, which: str, revision: str | None = None) -> str:

@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from deploys.settings import settings_from_dict
-from operations.weights import model_root
 from tests.demo import (
     DEMO_TOKEN,
     DRAFTER,
@@ -259,7 +258,7 @@ def test_first_run_converges_every_host(env):
         assert results[host]["SGLang server running, enabled and ready"] == "Success"
         assert results[host]["Preflight"] == "No changes"
         settings = settings_from_dict(env.demo.settings(host), host=host)
-        assert model_info(env, host)["model_path"] == model_root(settings, "target")
+        assert model_info(env, host)["model_path"] == settings.target.serve_path(settings.models_root)
         assert env.starts(host) == before[host] + 1
         assert env.run(host, f"test -e {LOCK} && echo held || echo free").strip() == "free"
     # CT200's existing venv is reused in place, not replaced by a new one.

@@ -43,8 +43,8 @@ STANDIN = Path(__file__).parent / "standin_nvidia_smi.py"
 
 PY = "/opt/specfleet/sglang/bin/python"
 LAUNCH = [PY, "-m", "sglang.launch_server"]
-TARGET = "/srv/models/moonshotai--Kimi-K2.6"
-DRAFTER = "/srv/models/z-lab--Kimi-K2.6-DFlash"
+TARGET = "/srv/models/moonshotai--Kimi-K2.6/current"
+DRAFTER = "/srv/models/z-lab--Kimi-K2.6-DFlash/current"
 BASE_ENV = {"HF_HUB_OFFLINE": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 SPEC_V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}
 # z-lab/Kimi-K2.6-DFlash config.json fields the plan reads (sglang.md section 3).
@@ -228,12 +228,12 @@ def test_h200x2_small_model_full_argv():
     )
     assert plan.argv == [
         PY, "-m", "sglang.launch_server",
-        "--model-path", "/srv/models/moonshotai--Kimi-K2.6",
+        "--model-path", "/srv/models/moonshotai--Kimi-K2.6/current",
         "--trust-remote-code",
         "--tp-size", "2",
         "--attention-backend", "fa3",
         "--speculative-algorithm", "DFLASH",
-        "--speculative-draft-model-path", "/srv/models/z-lab--Kimi-K2.6-DFlash",
+        "--speculative-draft-model-path", "/srv/models/z-lab--Kimi-K2.6-DFlash/current",
         "--speculative-num-draft-tokens", "8",
         "--speculative-draft-attention-backend", "fa3",
         "--speculative-dflash-draft-window-size", "4096",
@@ -540,9 +540,9 @@ def test_custom_paths_and_listen():
     )
     plan = make_plan(host_facts("h200x2"), s, DRAFTER_CONFIG, weights_bytes=1)
     assert plan.argv[0] == "/root/venv_sglang211/bin/python"
-    assert plan.argv[plan.argv.index("--model-path") + 1] == "/root/models/k26"
+    assert plan.argv[plan.argv.index("--model-path") + 1] == "/root/models/k26/current"
     draft = plan.argv[plan.argv.index("--speculative-draft-model-path") + 1]
-    assert draft == "/root/models/z-lab--Kimi-K2.6-DFlash"
+    assert draft == "/root/models/z-lab--Kimi-K2.6-DFlash/current"
     assert plan.argv[-4:] == ["--host", "0.0.0.0", "--port", "31000"]
 
 
@@ -714,12 +714,12 @@ def test_ct200_plan():
     plan = make_plan(facts, ct200_settings(), DRAFTER_CONFIG, host="ct200")
     assert plan.argv == [
         "/root/venv_sglang211/bin/python", "-m", "sglang.launch_server",
-        "--model-path", "/root/models/moonshotai--Kimi-K2.6",
+        "--model-path", "/root/models/moonshotai--Kimi-K2.6/current",
         "--trust-remote-code",
         "--tp-size", "8",
         "--attention-backend", "triton",
         "--speculative-algorithm", "DFLASH",
-        "--speculative-draft-model-path", "/root/models/z-lab--Kimi-K2.6-DFlash",
+        "--speculative-draft-model-path", "/root/models/z-lab--Kimi-K2.6-DFlash/current",
         "--speculative-num-draft-tokens", "8",
         "--speculative-draft-attention-backend", "flashinfer",
         "--speculative-dflash-draft-window-size", "4096",
@@ -790,3 +790,14 @@ def test_topology_unknown_disables_custom_all_reduce():
     assert reason.kind == "assumed" and reason.why.startswith("GPU topology unknown with 8 GPUs")
     del facts["facts.gpu.GpuTopology"]
     assert make_plan(facts, settings(), DRAFTER_CONFIG).argv == plan.argv
+
+
+def test_a_pinned_revision_is_served_from_its_own_folder():
+    """A new pin changes the argv (and so the unit); a followed branch serves `current`."""
+    pin = "0123456789abcdef0123456789abcdef01234567"
+    s = settings(target={"repo_id": "moonshotai/Kimi-K2.6", "revision": pin})
+    plan = make_plan(host_facts("h200x2", sglang="0.5.11"), s, DRAFTER_CONFIG, weights_bytes=1)
+    assert plan.argv[plan.argv.index("--model-path") + 1] == f"/srv/models/moonshotai--Kimi-K2.6/{pin}"
+    s = settings(target={"repo_id": "moonshotai/Kimi-K2.6", "revision": "main", "follow_branch": True})
+    plan = make_plan(host_facts("h200x2", sglang="0.5.11"), s, DRAFTER_CONFIG, weights_bytes=1)
+    assert plan.argv[plan.argv.index("--model-path") + 1] == "/srv/models/moonshotai--Kimi-K2.6/current"
