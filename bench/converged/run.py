@@ -18,6 +18,11 @@ Usage (as root, from the repository root):
    ``Running command on HOST`` line (one remote process started: an exec channel) plus each
    ``Attempting upload`` (an SFTP channel). The same counter on ``exec -- true`` must give 1.
 
+The machine's 2 CPUs are shared with other fleets, so by default what is measured runs at nice
+-10 (``--nice``): this process with pyinfra and the relays, and each host's sshd with every
+command it starts; ``--nice 0`` measures without it. Times are medians of ``--runs``; the minima
+are printed too.
+
 It prints a table, and the last line ``converged: ratio=R.RR commands_per_host=N hosts=H
 rtt_ms=M`` for the largest fleet. ``--keep`` leaves the fleet and hub up (state in
 ``/run/specfleet-fleet/perf/bench.json``); ``--reuse`` attaches to them instead of booting, and
@@ -141,6 +146,15 @@ def reattach() -> demo_mod.Demo:
     return demo
 
 
+def prioritise(fleet: Fleet, nice: int) -> None:
+    """The machine's CPUs are shared with other fleets: give what is measured, on both sides, the
+    same head start, so that the ratio is less about the neighbours' load. Each host's listening
+    sshd passes its nice value on to every session and command it starts."""
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    for name in fleet.hosts:
+        fleet.run(name, f"renice -n {nice} -p $(pgrep -o -x sshd) >/dev/null", check=True)
+
+
 def bench_inventory(demo: demo_mod.Demo, relays: Relays) -> Path:
     path = demo.workdir / "bench_inventory.py"
     host_data = {
@@ -204,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay-ms", type=float, default=25.0, help="hold per chunk, each way")
     ap.add_argument("--sizes", default="", help="fleet sizes to measure (default 1,4,HOSTS)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--nice", type=int, default=-10,
+                    help="nice value for what is measured: this process (pyinfra, the relays) "
+                    "and each host's sshd (what it starts); 0 leaves priorities alone")
     ap.add_argument("--tree", type=Path, default=REPO_ROOT,
                     help="run the deploy from this source tree (git archive COMMIT | tar -x -C "
                     "DIR), e.g. to measure a baseline next to the working tree")
@@ -221,12 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     relays = None
     try:
         hosts = list(demo.fleet.hosts)
+        if a.nice:
+            prioritise(demo.fleet, a.nice)
         relays = Relays({h: (ip, 22) for h, ip in demo.fleet.hosts.items()},
                         delay_ms=a.delay_ms).start()
         inv = bench_inventory(demo, relays)
         rtt_ms = int(round(2 * a.delay_ms))
         print(f"==> relays: {relays.ports} (+{a.delay_ms:g} ms each way); inventory {inv}; "
-              f"deploy from {TREE}", flush=True)
+              f"deploy from {TREE}; nice {a.nice}", flush=True)
         rows = []
         for n in sizes:
             row = measure(inv, hosts[:n], a.runs)
@@ -234,12 +253,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {n} hosts: exec {row['all_exec_s']}, deploy {row['all_deploy_s']}",
                   flush=True)
         print()
-        print("| hosts | RTT ms | exec -- true s | converged deploy s | ratio | "
-              "commands/host (exec) | commands/host (deploy) |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        print("| hosts | RTT ms | exec -- true s (median, min) | converged deploy s (median, min) "
+              "| ratio of medians | ratio of minima | commands/host exec | commands/host deploy |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['hosts']} | {rtt_ms} | {r['exec_s']:.2f} | {r['deploy_s']:.2f} | "
-                  f"{r['ratio']:.2f} | {r['exec_cmds']:g} | {r['deploy_cmds']:g} |")
+            print(f"| {r['hosts']} | {rtt_ms} | {r['exec_s']:.2f}, {min(r['all_exec_s']):.2f} | "
+                  f"{r['deploy_s']:.2f}, {min(r['all_deploy_s']):.2f} | {r['ratio']:.2f} | "
+                  f"{min(r['all_deploy_s']) / min(r['all_exec_s']):.2f} | {r['exec_cmds']:g} | "
+                  f"{r['deploy_cmds']:g} |")
         if a.json:
             a.json.write_text(json.dumps({"rtt_ms": rtt_ms, "rows": rows}, indent=1))
         last = rows[-1]
@@ -249,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if relays:
             relays.stop()
+        if a.nice:
+            prioritise(demo.fleet, 0)
         if a.keep or a.reuse:
             demo.hub.stop()
             print(f"==> fleet left up: python -m tests.fleet down --name {FLEET}", flush=True)
