@@ -11,13 +11,13 @@
 Every option comes from the host's ``specfleet`` data (``deploys/settings.py``).
 """
 
-from pyinfra import host
+from pyinfra import host, inventory
 from pyinfra.operations.util import any_changed
 
-from deploys.settings import settings_for_host
+from deploys.settings import settings_for_all_hosts
 from operations import preflight, server, sglang, weights
 
-settings = settings_for_host(host)
+settings = settings_for_all_hosts(inventory)[host.name]
 
 preflight.lock(name="Hold the run lock", settings=settings)
 preflight.checks(name="Preflight", settings=settings)

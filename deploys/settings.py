@@ -325,6 +325,29 @@ def settings_for_host(host: Any) -> Settings:
     return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
 
 
+def settings_for_all_hosts(inventory: Any) -> dict[str, Settings]:
+    """Every host's Settings, or one SettingsError that lists every bad host, not just the first.
+
+    pyinfra stops at the first error a deploy file raises, so a deploy calls this once, before any
+    host's operations are added, to show the whole inventory's problems in one run.
+    """
+    good: dict[str, Settings] = {}
+    bad: list[SettingsError] = []
+    for host in inventory:
+        try:
+            good[host.name] = settings_for_host(host)
+        except SettingsError as exc:
+            bad.append(exc)
+    if len(bad) == 1:
+        raise bad[0]
+    if bad:
+        raise SettingsError(
+            f"{len(bad)} hosts have bad settings:\n" + "\n".join(e.render() for e in bad),
+            fix="fix each key above in the inventory or group data",
+        )
+    return good
+
+
 def validate(settings: Settings, host: str = "") -> Settings:
     """Cross-field checks the types alone cannot express."""
     if not 1 <= settings.port <= 65535:

@@ -87,3 +87,24 @@ def test_fleet_example_group_data_differs_by_arch():
     assert hosts["h200-01"].port == 30001
     # The fleet-wide group still reaches every host.
     assert {s.sglang.version for s in hosts.values()} == {"0.5.23"}
+
+
+def test_every_bad_host_is_listed_in_one_error(tmp_path):
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        "hosts = [\n"
+        "    ('a', {'specfleet': {'port': 'x'}}),\n"
+        "    ('b', {'specfleet': {'port': 30001}}),\n"
+        "    ('c', {'specfleet': {'prot': 1}}),\n"
+        "]\n"
+    )
+    from deploys.settings import settings_for_all_hosts
+
+    ctx_state.set(State())
+    with pytest.raises(SettingsError) as err:
+        settings_for_all_hosts(make_inventory(str(inv)))
+    text = str(err.value)
+    assert "2 hosts have bad settings" in text
+    assert "[a] settings key 'port' is 'x'" in text
+    assert "[c] unknown settings key 'prot'" in text
+    assert "[b]" not in text
