@@ -249,10 +249,11 @@ class Pull:
             if not wanted:
                 break
             self.from_source(source, dir_name, sha, rev_dir, wanted)
-        self.data["left"] = sorted(wanted)
-        if wanted:
+        self.data["left"] = sorted(set(wanted) | set(self.data["corrupt"]))
+        if self.data["left"]:
             self.data["state"] = "partial"
-            self.note(f"{len(wanted)} files left for upstream: {', '.join(sorted(wanted)[:5])}")
+            left = self.data["left"]
+            self.note(f"{len(left)} files left for upstream: {', '.join(left[:5])}")
             return 0
         self.note(f"every file of {j['repo_id']}@{sha[:12]} came from peers, verified")
         self.finish(j.get("weights_job"))
