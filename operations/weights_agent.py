@@ -341,6 +341,24 @@ def expected_hash(f: dict) -> tuple[str, str]:
     return "git", f["blob_id"]
 
 
+def reusable_files(root: str, sha: str) -> dict[tuple[int, str], str]:
+    """Verified files of the other revisions under ``root`` that still match in size and mtime,
+    by (size, hash): a new revision hard-links the files it shares with them."""
+    out: dict[tuple[int, str], str] = {}
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        d = os.path.join(root, name)
+        if name == sha or len(name) != 40 or os.path.islink(d) or not os.path.isdir(d):
+            continue
+        for path, e in read_verified(d).items():
+            if still_matches(d, e):
+                out.setdefault((e["size"], e["hash"]), os.path.join(d, path))
+    return out
+
+
 def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None = None) -> dict:
     """What is there, what is missing, how much space there is. Never raises for hub errors.
 
@@ -363,6 +381,8 @@ def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None
                 del verified[path]
     missing = []
     missing_bytes = 0
+    reuse: dict[str, str] = {}
+    others = reusable_files(job["root"], sha) if job.get("verify") != "deep" else {}
     for f in files:
         v = verified.get(f["path"])
         ok = (
@@ -373,7 +393,11 @@ def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None
         )
         if not ok:
             missing.append(f["path"])
-            missing_bytes += f["size"]
+            src = others.get((f["size"], expected_hash(f)[1]))
+            if src and not os.path.exists(os.path.join(rev_dir, f["path"])):
+                reuse[f["path"]] = src  # the same bytes in another revision: a hard link
+            else:
+                missing_bytes += f["size"]
     probe = job["root"]
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
@@ -386,6 +410,7 @@ def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None
         "total_bytes": sum(f["size"] for f in files),
         "missing": missing,
         "missing_bytes": missing_bytes,
+        "reuse": reuse,
         "free_bytes": st.f_bavail * st.f_frsize,
         "total_disk_bytes": st.f_blocks * st.f_frsize,
         # partial files of an interrupted run, deleted before a download starts
@@ -458,6 +483,18 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
         f = files[path]
         kind, want = expected_hash(f)
         local = os.path.join(rev_dir, path)
+        src = p["reuse"].get(path)
+        if src and not os.path.exists(local):
+            try:
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                os.link(src, local)
+            except OSError:
+                pass  # another filesystem, say: download it
+            else:
+                # The source was verified and still matches in size and mtime: the fast rule.
+                emit({"event": "linked", "path": path, "from": src})
+                record(f, kind, want)
+                return
         if os.path.isfile(local) and os.path.getsize(local) == f["size"]:
             emit({"event": "hashing", "path": path})
             bad = check(f)
@@ -745,8 +782,10 @@ def cmd_run(job: dict, job_path: str) -> int:
         print(f"failed: {pre['problem']}", flush=True)
         return 1
     if p["missing"]:
+        linked = f", {len(p['reuse'])} hard-linked from other revisions" if p["reuse"] else ""
         prog.note(f"{len(p['missing'])} of {len(sizes)} files to fetch or check "
-                  f"({fmt_gib(p['missing_bytes'])}) for {job['repo_id']}@{sha[:12]}")
+                  f"({fmt_gib(p['missing_bytes'])} to download{linked}) for "
+                  f"{job['repo_id']}@{sha[:12]}")
         prog.update(state="downloading")
         attempts = [False, True] if os.environ.get("HF_HUB_DISABLE_XET") != "1" else [True, True]
         outcome, error = "stall", None

@@ -406,7 +406,7 @@ def test_follow_branch_shows_a_moved_branch_and_prunes(env):
                           {"model-00001-of-00001.safetensors": random_bytes(MB, "follow-2")})
     dry = deploy(env, "follow", "follow", flags=("--dry",), **over)
     out = dry.stdout + dry.stderr
-    assert f"main moved from {first[:12]} to {second[:12]}" in out, out
+    assert f"main moved from {first[:12]} to {second[:12]}: 1.0 MiB to download" in out, out
     assert fleet.run("h1", "readlink /srv/models/testorg--follow/current").stdout.strip() == first
     # A server still runs on the first revision (it names it, like an SGLang unit does).
     fleet.run("h1", "systemd-run --quiet --unit=standin-server-follow "
@@ -418,6 +418,13 @@ def test_follow_branch_shows_a_moved_branch_and_prunes(env):
         cur = fleet.run("h1", "readlink /srv/models/testorg--follow/current").stdout.strip()
         assert cur == second
         assert f"keeping revision {first}: in use by pid" in out
+        # The files both revisions share were hard-linked, not fetched again.
+        assert "2 hard-linked from other revisions" in out, out
+        for shared in ("config.json", "sub/tokenizer.json"):
+            inodes = fleet.run("h1", f"stat -c %i /srv/models/testorg--follow/{first}/{shared} "
+                               f"/srv/models/testorg--follow/{second}/{shared}").stdout.split()
+            assert len(inodes) == 2 and inodes[0] == inodes[1], shared
+        assert env["hub"].gets("testorg/follow", "config.json") == 1
         assert set(fleet.run("h1", "ls /srv/models/testorg--follow").stdout.split()) == {
             first, second, "current"}
     finally:
