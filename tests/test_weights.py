@@ -231,3 +231,34 @@ def test_pids_using_sees_cwd_open_files_and_argv(tmp_path):
             h.kill()
             h.wait()
     assert pids_using(str(rev)) == []
+
+
+def test_plan_reuses_verified_files_of_other_revisions(tmp_path):
+    import hashlib
+    import os
+
+    from operations.weights_agent import plan
+
+    old, new = "1" * 40, "2" * 40
+    shared, changed = b"same bytes" * 100, b"new bytes" * 100
+    (tmp_path / old / ".specfleet").mkdir(parents=True)
+    (tmp_path / old / "w.safetensors").write_bytes(shared)
+    st = os.stat(tmp_path / old / "w.safetensors")
+    entry = {"path": "w.safetensors", "size": len(shared), "mtime_ns": st.st_mtime_ns,
+             "hash_kind": "sha256", "hash": hashlib.sha256(shared).hexdigest(), "at": 1.0}
+    (tmp_path / old / ".specfleet" / "verified.jsonl").write_text(json.dumps(entry) + "\n")
+    files = [
+        {"path": "w.safetensors", "size": len(shared), "blob_id": "x",
+         "sha256": hashlib.sha256(shared).hexdigest()},
+        {"path": "c.json", "size": len(changed), "blob_id": git_blob_id(changed)},
+    ]
+    job = {"repo_id": "a/b", "revision": new, "root": str(tmp_path)}
+    p = plan(job, listing=(new, files))
+    assert p["missing"] == ["w.safetensors", "c.json"]
+    assert p["reuse"] == {"w.safetensors": str(tmp_path / old / "w.safetensors")}
+    assert p["missing_bytes"] == len(changed)  # only what must be downloaded
+    # Deep verification trusts nothing it has not hashed in this run: no reuse.
+    assert plan({**job, "verify": "deep"}, listing=(new, files))["reuse"] == {}
+    # A source that changed since it was verified is not reused.
+    os.utime(tmp_path / old / "w.safetensors", ns=(1, 1))
+    assert plan(job, listing=(new, files))["reuse"] == {}
