@@ -342,6 +342,12 @@ def snapshot(
             if problem:
                 yield from _fail(*problem)
                 return
+            if not host.state.is_executing:  # --dry / the prompt: say what would move
+                host.log_styled(
+                    f"{repo_id}@{resolved[:12]}: would fetch or check {len(plan['missing'])} of "
+                    f"{len(plan['files'])} files, {fmt_gib(plan['missing_bytes'])} to download",
+                    fg="cyan",
+                )
         elif running["active"]:
             host.log_styled(f"{unit} is running another job; it will be replaced", fg="yellow")
 

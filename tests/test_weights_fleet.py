@@ -407,6 +407,7 @@ def test_follow_branch_shows_a_moved_branch_and_prunes(env):
     dry = deploy(env, "follow", "follow", flags=("--dry",), **over)
     out = dry.stdout + dry.stderr
     assert f"main moved from {first[:12]} to {second[:12]}: 1.0 MiB to download" in out, out
+    assert f"testorg/follow@{second[:12]}: would fetch or check 3 of 3 files, 1.0 MiB" in out
     assert fleet.run("h1", "readlink /srv/models/testorg--follow/current").stdout.strip() == first
     # A server still runs on the first revision (it names it, like an SGLang unit does).
     fleet.run("h1", "systemd-run --quiet --unit=standin-server-follow "
