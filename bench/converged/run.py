@@ -58,6 +58,7 @@ PYINFRA = demo_mod.PYINFRA
 DEPLOY = demo_mod.DEPLOY
 RUN_RE = re.compile(r"Running command on (\S+?):")
 UPLOAD_RE = re.compile(r"Attempting upload of ")
+MISS_RE = re.compile(r"fact cache miss on \S+: (.*)")
 TOTAL_RE = re.compile(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 
@@ -199,6 +200,10 @@ def measure(inv: Path, hosts: list[str], runs: int) -> dict:
     if done.returncode:
         raise _fail("converged deploy (--debug)", done)
     deploy_cmds = count_commands(done.stdout + done.stderr, hosts)
+    # Facts the run's probe (facts.cache, operations/probe.py) did not answer on a clean host.
+    misses = sorted({m.group(1) for m in MISS_RE.finditer(done.stdout + done.stderr)})
+    for miss in misses:
+        print(f"    asked live (not in the probe): {miss}", flush=True)
     return {
         "hosts": len(hosts),
         "exec_s": statistics.median(t_exec),
