@@ -184,8 +184,12 @@ def test_corrupt_peer_copy_falls_back_to_upstream(env):
         assert manifest(env, h, TARGET)["complete"]
     assert "does not match the Hub's sha256" in r.stderr
     assert_no_keys_left(env)
-    # Put the seed right again (a deep check finds and re-fetches the rotten file).
-    env["fleet"].run("h1", f"rm -f {seed_file}", check=True)
+    # Put the seed's bytes right again, as they were (same mtime: its manifest holds).
+    good = env["files"][TARGET][bad][1000:1003].hex()
+    env["fleet"].run("h1", f"python3 -c \"import os; p='{seed_file}'; st=os.stat(p); "
+                     f"f=open(p,'r+b'); f.seek(1000); f.write(bytes.fromhex('{good}')); "
+                     "f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\"", check=True)
+    assert host_files(env, "h1", TARGET) == expected(env, TARGET)
 
 
 def test_served_key_is_read_only_from_receivers_only(env, tmp_path):
