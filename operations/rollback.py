@@ -250,6 +250,11 @@ def _settings(settings: Settings | None) -> Settings:
     return settings if settings is not None else settings_for_host(host)
 
 
+def rollback_state(settings: Settings | None = None) -> dict[str, Any]:
+    """The host's ``RollbackState`` for these settings (call it in an op or a deploy file)."""
+    return _state(_settings(settings))
+
+
 def _state(s: Settings) -> dict[str, Any]:
     rp = rollback_paths(s)
     live = live_files(server_paths(s))

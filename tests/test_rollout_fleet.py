@@ -38,6 +38,7 @@ ENV = f"/etc/specfleet/{SERVICE}.env"
 STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 RECORD = f"/run/standin/{SERVICE}.json"
 VENV = "/opt/specfleet/sglang"
+KEPT = f"/var/lib/specfleet/rollback/{SERVICE}"
 DRAFTER_CONFIG = {"architectures": ["DFlashDraftModel"], "block_size": 8, "mask_token_id": 163838}
 MB = 1_000_000
 
@@ -269,6 +270,20 @@ def test_a_host_unreachable_mid_rollout_is_reported_and_counted(env):
     assert healthy(env, "h3")
 
 
+def test_a_host_that_had_no_server_goes_back_to_none(env):
+    hosts = {h: baseline(env, service_name="sf-new", port=PORT + 1) for h in HOSTS}
+    hosts["h1"]["launcher"] = None
+    res = rollout(env, hosts, "--batch-size", "3")
+    assert res.rc == 2 and res.status()["h1"] == "rolled back", res
+    gone = env["fleet"].run("h1", "ls /etc/systemd/system/sf-new.service /etc/specfleet/sf-new.env")
+    assert gone.returncode != 0 and gone.stdout == ""
+    state = env["fleet"].run("h1", "systemctl show -p LoadState -p ActiveState sf-new.service")
+    assert state.stdout.split() == ["LoadState=not-found", "ActiveState=inactive"], state.stdout
+    assert healthy(env, "h1")  # the other server on the host was never touched
+    assert all(env["fleet"].run(h, "test -e /etc/systemd/system/sf-new.service").returncode
+               for h in ("h2", "h3", "h4"))
+
+
 def test_a_new_sglang_that_fails_is_rolled_back_to_the_kept_pins(env):
     before_pins = freeze(env, "h1")
     assert "sglang==0.5.11" in before_pins
@@ -345,12 +360,15 @@ def test_a_new_weights_revision_rolls_out_everywhere_then_nothing_changes(env):
         assert "Target weights" not in res.hosts[h]["changed_ops"], res
         pids[h] = json.loads(env["fleet"].run(h, f"cat {RECORD}").stdout)["pid"]
 
+    taken = {h: env["fleet"].run(h, f"cat {KEPT}/taken", check=True).stdout for h in HOSTS}
     again = rollout(env, copy.deepcopy(hosts), "--batch-size", "2")
     assert again.rc == 0, again
     assert again.status() == {h: "ok" for h in HOSTS}, again
     for h in HOSTS:
         assert again.hosts[h]["changed_ops"] == []
         assert json.loads(env["fleet"].run(h, f"cat {RECORD}").stdout)["pid"] == pids[h]
+        # The rollback point was current: the snapshot step left it as it was.
+        assert env["fleet"].run(h, f"cat {KEPT}/taken", check=True).stdout == taken[h]
 
 
 def test_the_default_prefetch_fans_the_weights_out_host_to_host(env):
