@@ -332,6 +332,15 @@ def remote_files(job: dict) -> tuple[str, list[dict]]:
             f["sha256"] = e.lfs.sha256
             f["size"] = int(e.lfs.size)
         files.append(f)
+    if files:
+        # The Hub shows a gated repo's metadata and listing to anyone; only its files need the
+        # access. Ask for the smallest file's headers now, so that a 401/403 comes before any
+        # disk check or download, not at the first shard.
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        probe = min(files, key=lambda f: f["size"])["path"]
+        get_hf_file_metadata(hf_hub_url(job["repo_id"], probe, revision=sha,
+                                        endpoint=endpoint_of(job)))
     return sha, files
 
 

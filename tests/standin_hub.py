@@ -141,13 +141,15 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def locate(self, kind: str, repo_id: str, rev: str) -> tuple[str, str] | None:
+    def locate(self, kind: str, repo_id: str, rev: str,
+               files: bool = False) -> tuple[str, str] | None:
         repo = self.hub.repo_dir(kind, repo_id)
         if repo is None:
             # The Hub answers 401 for a repo that does not exist (or that you cannot see).
             self.error(401, "RepoNotFound", "Repository not found")
             return None
-        if not self.gate(repo_id):
+        # As on the Hub, a gated repo's metadata and listing are open; its files are not.
+        if files and not self.gate(repo_id):
             return None
         sha = self.hub.commit(repo, rev)
         if sha is None:
@@ -203,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"/(?:(datasets)/)?(.+?)/resolve/([^/]+)/(.+)", path)
         if m:
             kind, repo_id, rev, fpath = m.groups()
-            loc = self.locate(kind or "models", repo_id, rev)
+            loc = self.locate(kind or "models", repo_id, rev, files=True)
             if loc is None:
                 return None
             repo, sha = loc

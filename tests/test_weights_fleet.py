@@ -235,6 +235,9 @@ def test_gated_repo_errors_and_token_never_leaks(env):
         # A wrong token from the control machine -> 403, named.
         r = deploy(env, "gated2", "gated", run_env={"HF_TOKEN": WRONG_TOKEN})
         assert r.returncode != 0 and "testorg/gated is gated" in r.stdout + r.stderr
+        # Each refusal came from one HEAD, before any download or disk check.
+        assert not any(line.startswith("GET /testorg/gated/resolve/")
+                       for line in hub.log_lines())
         # The right token, with -vvv and --diff, while every argv on the host is recorded.
         with argv_recorder(fleet, "h1") as argv_log:
             r = deploy(env, "gated3", "gated", run_env={"HF_TOKEN": TOKEN},
