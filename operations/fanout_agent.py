@@ -243,6 +243,20 @@ class Pull:
                 wanted[p] = f
         self.data.update(revision=sha, state="pulling", files_total=len(files),
                          files_done=len(files) - len(wanted))
+        w = j.get("weights_job") or {}
+        vfs = os.statvfs(rev_dir)
+        pre = wa.disk_preflight(sum(f["size"] for f in wanted.values()),
+                                vfs.f_bavail * vfs.f_frsize,
+                                margin_percent=w.get("margin_percent", 2.0),
+                                margin_min_gib=w.get("margin_min_gib", 10.0),
+                                host=w.get("host", ""), path=j["root"])
+        if not pre["ok"]:
+            # Nothing is copied; the weights step fails with the same numbers before a byte moves.
+            self.data["left"] = sorted(wanted)
+            self.data["state"] = "partial"
+            self.data["error"] = {"kind": "disk", "message": pre["problem"], "fix": pre["fix"]}
+            self.note(pre["problem"])
+            return 0
         self.note(f"{len(wanted)} of {len(files)} files of {j['repo_id']}@{sha[:12]} to take "
                   f"from peers ({', '.join(s['host'] for s in j['sources'])})")
         for source in j["sources"]:

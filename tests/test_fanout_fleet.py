@@ -267,3 +267,32 @@ def test_private_keys_appear_in_no_output_or_journal(env):
         n = env["fleet"].run(h, "journalctl --no-pager -o cat | grep -c 'PRIVATE KEY' || true")
         assert n.stdout.strip() == "0", h
     assert_no_keys_left(env)
+
+
+def test_host_without_room_fails_alone_before_a_byte_moves(env):
+    """A receiver whose disk is too small copies nothing, fails at the weights step with the
+    numbers; the others finish; the cleanup run still removes every key (the failed host never
+    reached the deploy's own cleanup)."""
+    fleet = env["fleet"]
+    wipe(env, ("h4",))
+    free = int(fleet.run("h4", "df -B1 --output=avail /srv/models | tail -1", check=True).stdout)
+    fleet.run("h4", f"head -c {free - 12 * MB} /dev/zero > /srv/models/filler", check=True)
+    try:
+        mark = len(env["hub"].log_lines())
+        r, report = fanout(env)
+        assert r.returncode == 1, r.stdout + r.stderr[-4000:]
+        status = {h: v["status"] for h, v in report["hosts"].items()}
+        assert status["h4"] == "failed"
+        assert all(status[h] in ("ok", "changed") for h in ("h1", "h2", "h3")), status
+        why = " ".join(report["hosts"]["h4"]["why"])
+        assert "not enough disk space" in why and "/srv/models/fo--target" in why, why
+        assert gets(env, mark) == {}
+        rec = pull_record(env, "h4", TARGET)
+        assert rec["error"]["kind"] == "disk" and rec["bytes_from_peers"] == 0
+        rev_dir = f"/srv/models/fo--target/{env['revs'][TARGET]}"
+        left = fleet.run("h4", f"find {rev_dir} -type f -not -path '*/.specfleet/*'").stdout
+        assert left.strip() == ""
+        assert "prefetch cleanup" in r.stderr
+        assert_no_keys_left(env)
+    finally:
+        fleet.run("h4", "rm -f /srv/models/filler")
