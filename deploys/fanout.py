@@ -98,14 +98,16 @@ def plan_fanout(
 
         {"hosts": {host: {"address": ip, "models": {which: {"role": "seed"|"peer",
                                                               "sources": [{"host","address"}]}},
-                          "receivers": [ip, ...]}},     # whom this host serves (from=)
+                          "receivers": [ip, ...],       # whom this host serves (from=)
+                          "receiver_hosts": [host, ...]}},
          "swarms": [{"which", "hosts": [...], "seed"}]}
     """
     if degree < 1:
         raise SpecfleetError(f"fan-out degree {degree}", fix="use 1 or more peers per host")
     seq = ordered(list(hosts), order)
     plan: dict[str, Any] = {
-        "hosts": {h: {"address": addresses[h], "models": {}, "receivers": []} for h in seq},
+        "hosts": {h: {"address": addresses[h], "models": {}, "receivers": [],
+                      "receiver_hosts": []} for h in seq},
         "swarms": [],
     }
     for m, which in enumerate(MODELS):
@@ -126,6 +128,7 @@ def plan_fanout(
                     rec = plan["hosts"][s]["receivers"]
                     if addresses[h] not in rec:
                         rec.append(addresses[h])
+                        plan["hosts"][s]["receiver_hosts"].append(h)
     return plan
 
 

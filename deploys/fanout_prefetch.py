@@ -23,8 +23,13 @@ serving = bool(me["receivers"])
 weights.host_tools(name="Weights tools")
 fanout.agent(name="Fan-out agent")
 weights.host_token(name="Hugging Face token")
+fanout.needs(name="Weights wanted here", rollout_id=plan["rollout_id"])
 fanout.serve(
     name="Serve weights to peers (ephemeral sshd)",
+    # Only when a host it serves wants a copy (a converged fleet starts no sshd).
+    _if=lambda rid=plan["rollout_id"], peers=tuple(me["receiver_hosts"]): fanout.wants_weights(
+        rid, list(peers)
+    ),
     present=serving,
     rollout_id=plan["rollout_id"],
     port=plan["port"],

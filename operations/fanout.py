@@ -258,6 +258,41 @@ def serve(
            f"exit 0; sleep 0.1; done; systemctl status {unit} --no-pager; exit 1")
 
 
+# Which hosts still want weights, per fan-out: written by ``needs`` on each host, read by the
+# servers' ``serve(_if=...)``. pyinfra runs one operation on every host before the next, in this
+# one process, so every host's answer is here when the servers decide.
+NEEDS: dict[tuple[str, str], bool] = {}
+
+
+def wants_weights(rollout_id: str, hosts: list[str]) -> bool:
+    """Whether any of ``hosts`` wants a copy in this fan-out (unknown counts as yes)."""
+    return any(NEEDS.get((rollout_id, h), True) for h in hosts)
+
+
+@operation()
+def needs(rollout_id: str = "", models: tuple[str, ...] = ("target", "drafter")):
+    """
+    Note whether this host already holds a complete, unchanged copy of each model (its pinned
+    revision; a followed branch always counts as wanted). Changes nothing on the host.
+
+    + rollout_id: the fan-out the answer is for
+    + models: ``target`` and/or ``drafter``
+    """
+    s = settings_for_host(host)
+    missing = []
+    for which in models:
+        src = getattr(s, which)
+        state = host.get_fact(WeightsState, path=weights.model_root(s, which))
+        rev = state["revisions"].get(src.revision or "")
+        if src.follow_branch or not _fast_ok(rev, src.allow_patterns, src.ignore_patterns):
+            missing.append(which)
+    NEEDS[(rollout_id, host.name)] = bool(missing)
+    host.noop(f"wants {', '.join(missing)} from peers" if missing else
+              "holds every model already")
+    return
+    yield  # an operation is a generator
+
+
 def _fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None) -> bool:
     return bool(rev and rev["complete"] and not rev["changed"] and not rev["missing"]
                 and rev.get("allow_patterns") == allow and rev.get("ignore_patterns") == ignore)
@@ -436,4 +471,4 @@ def cleanup(state_dir: str = "/var/lib/specfleet"):
         )
 
 
-__all__ = ["agent", "cleanup", "model", "serve"]
+__all__ = ["agent", "cleanup", "model", "needs", "serve"]

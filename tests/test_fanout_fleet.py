@@ -155,7 +155,9 @@ def test_second_run_downloads_nothing(env):
     r, _ = fanout(env)
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert gets(env, mark) == {}
+    # Nothing changed on any host: no sshd was started, no key was put anywhere.
     out = r.stderr
+    assert "Success" not in out.split("Starting operation: Weights wanted here", 1)[1], out
     for op in ("Target weights verified", "Drafter weights verified"):
         section = out.split(f"Starting operation: {op}", 1)[1].split("--> Starting", 1)[0]
         assert section.count("No changes") == 4, section
