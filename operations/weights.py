@@ -455,8 +455,17 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
     events_seen = 0
     gone_since = None
     while True:
-        ok, output = host.run_shell_command(job_command(unit, progress_path), print_output=False,
-                                            print_input=False)
+        try:
+            ok, output = host.run_shell_command(job_command(unit, progress_path),
+                                                print_output=False, print_input=False)
+        except Exception as e:  # noqa: BLE001 - a lost SSH session, say: the unit goes on
+            msg = SpecfleetError(
+                f"lost the connection while watching {unit} ({type(e).__name__}: {e}); the "
+                "download goes on on the host",
+                fix="re-run the deploy: it attaches to the running download",
+            ).render()
+            host.log_styled(msg, fg="red", log_func=logger.error)
+            return False
         info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
         p = info["progress"] if (info["progress"] or {}).get("job_id") == job_id else None
         if p is not None:

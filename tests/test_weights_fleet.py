@@ -370,6 +370,35 @@ def test_dropped_session_and_killed_download_resume(env):
         hub.configure()
 
 
+def test_lost_ssh_session_leaves_the_download_running(env):
+    fleet, hub = env["fleet"], env["hub"]
+    rev = env["repos"]["stall"]
+    unit = "specfleet-weights-drop"
+    hub.configure(stall=["model-00002-of-00002.safetensors"], stall_count=1000)
+    over = {"target": {"local_dir": "drop"}, "weights": {"stall_minutes": 30.0}}
+    try:
+        sf = settings_data(fleet, hub.url, "testorg/stall", rev, **over)
+        inv = inventory(fleet, env["work"] / "inv-drop.py", {"h1": sf})
+        from tests.weights_support import PYINFRA, REPO_ROOT
+
+        p = subprocess.Popen([PYINFRA, "-y", "--limit", "h1", str(inv), "tests/weights_deploy.py"],
+                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        _read_until(p, "downloading:")
+        # Cut every SSH session on the host but the one that does the cutting.
+        fleet.run("h1", "for p in $(pgrep -f 'sshd: root'); do "
+                  "[ $p = $PPID ] || kill $p; done")
+        out = p.communicate(timeout=120)[0]
+        assert p.returncode != 0
+        assert "lost the connection while watching specfleet-weights-drop" in out, out
+        assert "re-run the deploy: it attaches to the running download" in out
+        assert "Traceback" not in out
+        assert fleet.run("h1", f"systemctl is-active {unit}").stdout.strip() == "active"
+    finally:
+        fleet.run("h1", f"systemctl stop {unit}")
+        hub.configure()
+
+
 def test_stall_watchdog_retries_without_xet_then_fails_clearly(env):
     hub = env["hub"]
     stalled = "model-00002-of-00002.safetensors"
