@@ -68,8 +68,14 @@ def keyed_specs(specs: Mapping[str, Spec] | list) -> dict[str, tuple[type[FactBa
     out = {}
     for spec in items:
         target, kwargs = spec if isinstance(spec, (tuple, list)) else (spec, {})
-        cls = fact_class(target)
-        out[fact_key(cls, kwargs)] = (cls, dict(kwargs or {}))
+        try:
+            cls = fact_class(target)
+            key = fact_key(cls, kwargs)
+            _fact_shell(cls, dict(kwargs or {}))
+        except Exception as exc:  # noqa: BLE001 - the probe is an optimisation: ask it live
+            logger.warning("the probe leaves out %r %r: %s", target, kwargs, exc)
+            continue
+        out[key] = (cls, dict(kwargs or {}))
     return out
 
 
@@ -210,7 +216,10 @@ def cached_value(host: Any, cls: type[FactBase], kwargs: Mapping[str, Any]) -> t
     entry = _valid(host)
     if entry is None:
         return False, None
-    key = fact_key(cls, kwargs)
+    try:
+        key = fact_key(cls, kwargs)
+    except TypeError:  # arguments the fact does not take: host.get_fact says so
+        return False, None
     if key in entry["facts"] and key not in entry["errors"]:
         entry["hits"] += 1
         return True, entry["facts"][key]

@@ -108,7 +108,7 @@ def lock(settings: Settings | None = None, present: bool = True):
     path = lock_path(s)
     me = _me()
     # Taking the lock also takes the run's probe (facts.cache), in the same command.
-    specs = deploy_specs(s, path) if present else []
+    specs = _probe_specs(s, path) if present else []
     if not state.is_executing:
         if present:
             cache.load(host, specs)
@@ -139,6 +139,15 @@ def lock(settings: Settings | None = None, present: bool = True):
     cache.store(host, specs, lines[cut:])
     host.noop(f"run lock {path} is held by this run")
     yield from ()
+
+
+def _probe_specs(s: Settings, path: str) -> list:
+    """The run's probe (``operations.probe``); without it every step asks its facts live."""
+    try:
+        return deploy_specs(s, path)
+    except Exception as exc:  # noqa: BLE001 - an optimisation only: never fail the run for it
+        host.log(f"no probe for this run ({exc}): each step asks its own facts", logger.warning)
+        return []
 
 
 def _release_command(path: str, pid: int) -> StringCommand:

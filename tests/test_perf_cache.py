@@ -212,3 +212,26 @@ def test_parallel_probe_reads_what_the_sequential_one_reads(tmp_path):
     assert parallel["facts"][fact_key(Value, {"path": str(value)})] == "v1\nv2"
     assert list(parallel["errors"]) == [fact_key(Broken, {"path": str(tmp_path / "broken")})]
     assert parallel["facts"][fact_key(File, {"path": str(tmp_path / "absent")})] is None
+
+
+def test_a_spec_that_does_not_fit_its_fact_is_left_out(tmp_path):
+    value = tmp_path / "value"
+    value.write_text("v\n")
+    keyed = cache.keyed_specs([(Value, {"path": str(value)}), (Value, {"no_such_arg": 1}),
+                               ("facts.no_such.Fact", {})])
+    assert list(keyed) == [fact_key(Value, {"path": str(value)})]
+
+
+def test_the_deploy_probe_builds_for_the_demo_settings():
+    """operations.probe.deploy_specs against the facts as they are now: every spec binds to its
+    fact (a renamed argument would silently cost one SSH command per host)."""
+    from deploys.settings import settings_from_dict
+    from operations.probe import deploy_specs
+
+    s = settings_from_dict({
+        "target": {"repo_id": "demo/Kimi-K2.6-mini", "revision": "a" * 40},
+        "drafter": {"repo_id": "demo/Kimi-K2.6-DFlash-mini", "revision": "b" * 40, "gated": True},
+        "sglang": {"version": "0.5.11"},
+    }, host="h1")
+    specs = deploy_specs(s, "/var/lib/specfleet/run.lock")
+    assert len(cache.keyed_specs(specs)) == len({fact_key(c, k) for c, k in specs}) >= 20
