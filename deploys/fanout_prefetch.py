@@ -36,6 +36,7 @@ fanout.serve(
     public_key=plan["public_key"] if serving else None,
     host_private_key=me.get("host_private_key"),
     receivers=me["receivers"],
+    address=me["address"],
     models_root=settings.models_root,
     state_dir=settings.state_dir,
 )

@@ -101,11 +101,13 @@ def authorized_keys(public_key: str, from_addresses: list[str], command: str) ->
             f"{public_key.strip()}\n")
 
 
-def sshd_config(port: int, directory: str, command: str) -> str:
-    """The ephemeral sshd's whole configuration: key-only root login forced to ``command``."""
+def sshd_config(port: int, directory: str, command: str, address: str | None = None) -> str:
+    """The ephemeral sshd's whole configuration: key-only root login forced to ``command``,
+    listening on ``address`` only (the one its receivers connect to) when given."""
     return "\n".join([
         "# specfleet fan-out: an ephemeral sshd serving model weights to peers (read-only).",
         f"Port {int(port)}",
+        *([f"ListenAddress {address}"] if address else []),
         f"HostKey {directory}/host_key",
         f"AuthorizedKeysFile {directory}/authorized_keys",
         "AuthorizedPrincipalsFile none",
@@ -197,6 +199,7 @@ def serve(
     public_key: str | None = None,
     host_private_key: str | None = None,
     receivers: list[str] | None = None,
+    address: str | None = None,
     models_root: str = "/srv/models",
     state_dir: str = "/var/lib/specfleet",
     tools_path: str = weights.TOOLS_PATH,
@@ -211,6 +214,7 @@ def serve(
     + public_key: the rollout's public key (OpenSSH format)
     + host_private_key: its own host key, made for the rollout (receivers pin its public half)
     + receivers: the addresses the key is accepted from (``from=``)
+    + address: listen on this address only (the one receivers connect to); else on all
     + models_root/state_dir/tools_path: what the forced command serves and where it runs
     + max_seconds: the unit stops by itself after this long (``RuntimeMaxSec``)
     """
@@ -229,7 +233,7 @@ def serve(
     if not (public_key and host_private_key and receivers):
         raise ValueError("fanout.serve needs public_key, host_private_key and receivers")
     command = serve_command(tools_path, models_root, state_dir)
-    config = sshd_config(port, directory, command)
+    config = sshd_config(port, directory, command, address)
     keys = authorized_keys(public_key, receivers, command)
     digest = hashlib.sha256((config + keys + host_private_key).encode()).hexdigest()
     unit = serve_unit(rollout_id)
@@ -245,17 +249,40 @@ def serve(
     yield FileUploadCommand(StringIO(digest + "\n"), f"{directory}/digest")
     yield StringCommand("chmod", "600", QuoteString(f"{directory}/authorized_keys"),
                         QuoteString(f"{directory}/sshd_config"))
-    yield StringCommand("/usr/sbin/sshd", "-t", "-f", QuoteString(f"{directory}/sshd_config"))
+    # A peer that cannot serve still gets its own weights: its receivers copy from another
+    # source or from upstream. So neither a bad config nor a taken port fails the host.
+    cfg = QuoteString(f"{directory}/sshd_config")
     yield StringCommand(
+        "if", "/usr/sbin/sshd", "-t", "-f", cfg, ";", "then",
         "mkdir", "-p", "-m", "755", "/run/sshd", "&&",
         "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
         QuoteString("--description=specfleet fan-out: serve weights to peers"),
         f"--property=RuntimeMaxSec={int(max_seconds)}",
-        "--", "/usr/sbin/sshd", "-D", "-e", "-f", QuoteString(f"{directory}/sshd_config"),
+        "--", "/usr/sbin/sshd", "-D", "-e", "-f", cfg, "||", "true", ";", "fi",
     )
-    # Wait until it listens (a receiver may connect at once).
-    yield (f"for i in $(seq 100); do ss -Hltn 'sport = :{int(port)}' | grep -q LISTEN && "
-           f"exit 0; sleep 0.1; done; systemctl status {unit} --no-pager; exit 1")
+    yield FunctionCommand(_check_serving, (), {"unit": unit, "port": int(port)})
+
+
+def _check_serving(state, host, unit: str, port: int) -> bool:
+    """Wait until the unit's own sshd listens on ``port`` (a receiver may connect at once);
+    if it does not (a taken port, no sshd), say so and go on."""
+    command = (f"systemctl show -p MainPID --value {shlex.quote(unit)}; "
+               f"ss -Hltnp {shlex.quote(f'sport = :{port}')}")
+    for attempt in range(100):
+        _ok, output = host.run_shell_command(command, print_output=False, print_input=False)
+        lines = [line.line for line in output if line.buffer_name == "stdout"]
+        pid = lines[0].strip() if lines else "0"
+        if pid not in ("", "0") and any(f"pid={pid}," in line for line in lines[1:]):
+            return True
+        if pid in ("", "0") and attempt >= 10:
+            break
+        gevent.sleep(0.1)
+    host.log_styled(
+        f"the fan-out sshd does not listen on port {port} (see journalctl -u {unit}; is the "
+        "port taken?): its peers copy from another source or from upstream",
+        fg="yellow", log_func=logger.warning,
+    )
+    return True
 
 
 # Which hosts still want weights, per fan-out: written by ``needs`` on each host, read by the

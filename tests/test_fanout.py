@@ -127,8 +127,10 @@ def test_authorized_keys_restricts_the_key():
 
 
 def test_sshd_config_is_key_only_and_forced():
-    cfg = sshd_config(22113, "/var/lib/specfleet/fanout/sshd", "CMD")
+    cfg = sshd_config(22113, "/var/lib/specfleet/fanout/sshd", "CMD", "10.250.9.11")
     lines = set(cfg.splitlines())
+    assert "ListenAddress 10.250.9.11" in lines
+    assert "ListenAddress" not in sshd_config(22113, "/d", "CMD")
     for want in ("Port 22113", "PermitRootLogin forced-commands-only", "PasswordAuthentication no",
                  "AllowTcpForwarding no", "PermitTTY no", "ForceCommand CMD",
                  "AuthorizedKeysFile /var/lib/specfleet/fanout/sshd/authorized_keys",

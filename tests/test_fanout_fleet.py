@@ -71,6 +71,7 @@ def fanout(env, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
     r = subprocess.run([sys.executable, "-m", "deploys.fanout", str(env["inv"]), "--report",
                         str(report), *flags], cwd=REPO_ROOT, env=e, capture_output=True,
                        text=True, timeout=600)
+    (env["work"] / "last-output.txt").write_text(r.stdout + r.stderr)  # for a failing test
     return r, (json.loads(report.read_text()) if report.exists() else {})
 
 
@@ -298,3 +299,27 @@ def test_host_without_room_fails_alone_before_a_byte_moves(env):
         assert_no_keys_left(env)
     finally:
         fleet.run("h4", "rm -f /srv/models/filler")
+
+
+def test_seed_that_cannot_serve_leaves_peers_to_upstream(env):
+    """Another program holds the fan-out port on the seed: the seed still converges, says its
+    sshd does not listen, and its peers get the model from upstream instead; all verified."""
+    fleet = env["fleet"]
+    wipe(env, ("h2", "h3", "h4"))
+    fleet.run("h1", "systemd-run --quiet --collect --unit=fanout-test-squat "
+              "python3 -m http.server 22113", check=True)
+    try:
+        fleet.run("h1", "for i in $(seq 50); do ss -Hltn 'sport = :22113' | grep -q LISTEN "
+                  "&& break; sleep 0.1; done", check=True)
+        mark = len(env["hub"].log_lines())
+        r, report = fanout(env)
+        assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+        assert "the fan-out sshd does not listen on port 22113" in r.stderr
+        assert gets(env, mark) == {f"{TARGET}/{p}": 3 for p in env["files"][TARGET]}
+        for h in HOSTS:
+            assert host_files(env, h, TARGET) == expected(env, TARGET), h
+            assert manifest(env, h, TARGET)["complete"]
+        assert pull_record(env, "h2", TARGET)["state"] == "partial"
+    finally:
+        fleet.run("h1", "systemctl stop fanout-test-squat")
+    assert_no_keys_left(env)
