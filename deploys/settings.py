@@ -121,6 +121,9 @@ class RolloutOptions:
     max_fail_percent: float = 0.0
     prefetch_weights: bool = True
     fanout: bool = True
+    # Hosts with the same site share one upstream download per model (a seed per site); unset:
+    # one for the whole fleet. Set it per group of hosts that share a fast LAN.
+    fanout_site: str | None = None
 
 
 @dataclass(frozen=True)
