@@ -3,14 +3,15 @@
     python -m deploys.fanout INVENTORY [--order h1,h2,...] [--degree 2] [--port 22113]
         [--limit h1 --limit h2 ...] [--report FILE.json]
 
-For each model (target, drafter), the hosts that want the same revision from the same place form
-a **swarm**. Its first host (``--order``, else inventory order; the drafter's swarm starts one
-host further on, so that two hosts share the upstream work) is the **seed**: it downloads from
-upstream (the Hub or ``weights.hf_endpoint``) as ``weights.model`` always does. The others copy
-from peers, in a tree of ``degree`` children per host: host *i* of the swarm copies from host
-``(i-1)//degree``, then from that one's own source, up to the seed. A copy is pipelined: a peer
-takes each file as soon as its source has verified it, so the fleet finishes a little after the
-seed, and the upstream link carries each byte once.
+For each model (target, drafter), the hosts that want the same revision from the same place, at the
+same site (``rollout.fanout_site``, unset: one site), form a **swarm**. Its first host
+(``--order``, else inventory order; the drafter's swarm starts one host further on, so that two
+hosts share the upstream work) is the **seed**: it downloads from upstream (the Hub or
+``weights.hf_endpoint``) as ``weights.model`` always does. The others copy from peers, in a tree of
+``degree`` children per host: host *i* of the swarm copies from host ``(i-1)//degree``, then from
+that one's own source, up to the seed. A copy is pipelined: a peer takes each file as soon as its
+source has verified it, so the fleet finishes a little after the seed, and the upstream link
+carries each byte once.
 
 The copy is rsync over ssh with keys made for this run on the control machine (kept in memory
 and in a 0600 file under a 0700 temporary folder, removed at the end):
@@ -61,9 +62,11 @@ MODELS = ("target", "drafter")
 
 
 def swarm_key(settings: Any, which: str) -> tuple:
-    """Hosts with equal keys want the same bytes from the same place at the same path."""
+    """Hosts with equal keys want the same bytes from the same place at the same path, at the
+    same site (``rollout.fanout_site``: one seed per site)."""
     src = getattr(settings, which)
     return (
+        settings.rollout.fanout_site,
         src.repo_id, src.revision, src.follow_branch,
         tuple(src.allow_patterns) if src.allow_patterns is not None else None,
         tuple(src.ignore_patterns) if src.ignore_patterns is not None else None,

@@ -94,6 +94,19 @@ def test_plan_groups_hosts_by_what_they_want():
     assert drafter == [["h2", "h3", "h1"], ["h4"]]
 
 
+def test_plan_one_seed_per_site():
+    base = {"target": {"repo_id": "o/m", "revision": REV},
+            "drafter": {"repo_id": "o/d", "revision": "b" * 40}}
+    site = {h: settings_from_dict({**base, "rollout": {"fanout_site": s}})
+            for h, s in (("h1", "dc-a"), ("h2", "dc-b"), ("h3", "dc-a"), ("h4", "dc-b"))}
+    hosts = list(site)
+    keys = {w: {h: swarm_key(site[h], w) for h in hosts} for w in ("target", "drafter")}
+    plan = plan_fanout(hosts, ADDR, keys)
+    assert [s["hosts"] for s in plan["swarms"] if s["which"] == "target"] == [
+        ["h1", "h3"], ["h2", "h4"]]
+    assert sources(plan, "h3") == ["h1"] and sources(plan, "h4") == ["h2"]
+
+
 def test_keys_are_real_openssh_keys(tmp_path):
     private, public = make_keypair("specfleet-fanout-test")
     key = tmp_path / "k"
