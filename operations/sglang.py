@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import shlex
 from io import StringIO
 from typing import Any
@@ -46,6 +45,7 @@ from operations.sglang_support import (
     split_git_url,
     venv_python,
 )
+from operations.util import fails_host
 
 ON_CONFLICT = ("keep-v1", "fail")
 
@@ -54,28 +54,6 @@ def _say(message: str) -> None:
     """Why an operation changes something: "would ..." while preparing, as-is while executing."""
     prefix = "" if host.state.is_executing else "would: "
     logger.info(f"{host.print_prefix}{prefix}{message}")
-
-
-def _fails_host(func):
-    """A ``SpecfleetError`` raised while executing fails this one host, without a traceback: a
-    failing step that prints the problem and the fix. While planning (``--dry``) it is raised."""
-
-    @functools.wraps(func)
-    def body(*args: Any, **kwargs: Any):
-        try:
-            yield from func(*args, **kwargs)
-        except SpecfleetError as exc:
-            if not host.state.is_executing:
-                raise
-            message = SpecfleetError(exc.problem, fix=exc.fix).render()
-            yield FunctionCommand(_report_error, (message,), {})
-
-    return body
-
-
-def _report_error(state: Any, host: Any, message: str) -> bool:
-    host.log_styled(message, fg="red", log_func=logger.error)
-    return False
 
 
 def _warn(message: str) -> None:
@@ -136,7 +114,7 @@ def _patch_restore_steps(venv: str, marker: dict | None):
 
 
 @operation()
-@_fails_host
+@fails_host(raise_while_planning=True)
 def installed(
     venv: str,
     version: str | None = None,
@@ -256,7 +234,7 @@ def installed(
 
 
 @operation()
-@_fails_host
+@fails_host(raise_while_planning=True)
 def compressed_tensors(
     venv: str,
     specifier: str | None = None,
@@ -326,7 +304,7 @@ def compressed_tensors(
 
 
 @operation()
-@_fails_host
+@fails_host(raise_while_planning=True)
 def pr20547(
     venv: str,
     source: str | None = None,

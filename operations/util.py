@@ -26,12 +26,16 @@ def _report_failure(state: Any, host: Any, message: str) -> bool:
     return False
 
 
-def fails_host(func):
+def fails_host(func=None, *, raise_while_planning: bool = False):
     """Turn a ``SpecfleetError`` raised by an operation body into ``fail_step``.
 
-    While planning (``--dry``) the problem is printed and the host shows a change that fails;
-    while executing, the host fails at that step and the other hosts go on.
+    While executing, the host fails at that step and the other hosts go on. While planning
+    (``--dry``) the problem is printed and the host shows a change that fails; with
+    ``raise_while_planning`` it is raised instead, so that ``--dry`` itself exits non-zero.
+    Use as ``@fails_host`` or ``@fails_host(raise_while_planning=True)``.
     """
+    if func is None:
+        return functools.partial(fails_host, raise_while_planning=raise_while_planning)
 
     @functools.wraps(func)
     def body(*args: Any, **kwargs: Any):
@@ -39,6 +43,8 @@ def fails_host(func):
             yield from func(*args, **kwargs)
         except SpecfleetError as exc:
             if not host.state.is_executing:
+                if raise_while_planning:
+                    raise
                 host.log_styled(
                     f"would fail: {SpecfleetError(exc.problem, fix=exc.fix).render()}",
                     fg="red",

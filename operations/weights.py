@@ -35,6 +35,7 @@ from facts.weights import (
     job_command,
     parse_job,
 )
+from operations.util import fail_step
 from operations.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
 TOOLS_PATH = "/opt/specfleet/tools"
@@ -440,13 +441,7 @@ def _fail(problem: str, fix: str | None):
     failing step while executing, so that pyinfra fails the one host without a traceback."""
     if not host.state.is_executing:
         raise SpecfleetError(problem, host=host.name, fix=fix)
-    # host.log_styled prefixes the host's name.
-    yield FunctionCommand(_report, (SpecfleetError(problem, fix=fix).render(),), {})
-
-
-def _report(state, host, message: str) -> bool:
-    host.log_styled(message, fg="red", log_func=logger.error)
-    return False
+    yield fail_step(SpecfleetError(problem, fix=fix))
 
 
 def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
