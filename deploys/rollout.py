@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from deploys.errors import SpecfleetError
+from deploys.settings import RolloutOptions
 
 HERE = Path(__file__).resolve().parent
 SNAPSHOT_DEPLOY = HERE / "rollout_snapshot.py"
@@ -62,15 +63,8 @@ STEPS = ("prefetch", "snapshot", "deploy", "gate", "rollback")
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Options:
-    canary: str | None = None
-    order: list[str] | None = None
-    batch_size: int | None = None
-    batch_percent: float | None = None
-    max_fail_percent: float = 0.0
-    prefetch_weights: bool = True
-    fanout: bool = True
+# The options are the settings' own rollout section (one place for their names and defaults).
+Options = RolloutOptions
 
 
 def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Options:
@@ -80,7 +74,7 @@ def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Opti
     are an error, unless the flag is given.
     """
     names = ("canary", "order", "batch_size", "batch_percent", "max_fail_percent",
-             "prefetch_weights", "fanout")  # fmt: skip
+             "prefetch_weights", "fanout")  # fmt: skip  (fanout_site is per host, by design)
     values: dict[str, Any] = {}
     for name in names:
         if cli.get(name) is not None:

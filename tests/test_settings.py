@@ -108,3 +108,11 @@ def test_every_bad_host_is_listed_in_one_error(tmp_path):
     assert "[a] settings key 'port' is 'x'" in text
     assert "[c] unknown settings key 'prot'" in text
     assert "[b]" not in text
+
+
+def test_fleet_example_agrees_on_one_rollout():
+    from deploys.rollout import resolve_options
+
+    hosts = _inventory_settings("inventories/fleet_example.py")
+    options = resolve_options({h: s.rollout for h, s in hosts.items()}, {})
+    assert options.canary == "b200-01" and options.batch_percent == 25.0

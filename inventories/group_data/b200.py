@@ -2,5 +2,4 @@
 
 specfleet = {
     "plan": {"mem_fraction_static": 0.9},
-    "rollout": {"canary": "b200-01"},
 }

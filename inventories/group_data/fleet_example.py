@@ -8,5 +8,11 @@ specfleet = {
     # Placeholder commits: pin the revisions your fleet has validated.
     "target": {"revision": "0123456789abcdef0123456789abcdef01234567"},
     "drafter": {"revision": "89abcdef0123456789abcdef0123456789abcdef"},
-    "rollout": {"batch_percent": 25.0, "max_fail_percent": 25.0, "prefetch_weights": True},
+    # The rollout is one for the whole fleet, so its options live here, not per arch group.
+    "rollout": {
+        "canary": "b200-01",
+        "batch_percent": 25.0,
+        "max_fail_percent": 25.0,
+        "prefetch_weights": True,
+    },
 }

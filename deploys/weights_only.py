@@ -1,0 +1,21 @@
+"""Only the weights of deploys/kimi_k26.py: the rollout's prefetch stage without fan-out.
+
+    python -m deploys.rollout INVENTORY deploys/kimi_k26.py --no-fanout
+
+downloads the target and drafter to every host first (each from upstream), so that no batch
+waits on a 595 GB download with its server down. Nothing else on the host changes.
+"""
+
+from pyinfra import host, inventory
+
+from deploys.settings import settings_for_all_hosts
+from operations import preflight, weights
+
+settings = settings_for_all_hosts(inventory)[host.name]
+
+preflight.lock(name="Hold the run lock", settings=settings)
+weights.host_tools(name="Weights tools")
+weights.host_token(name="Hugging Face token")
+weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
+weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
+preflight.lock(name="Release the run lock", settings=settings, present=False)
