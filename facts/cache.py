@@ -35,6 +35,7 @@ from facts.probe import (
     fact_class,
     gather,
     probe_command,
+    section_value,
     split_probe_output,
 )
 
@@ -143,24 +144,9 @@ def parse(specs: Mapping[str, Spec] | list, stdout_lines: list[str]) -> dict:
         fact = cls()
         if callable(fact.command):
             fact.command(**kwargs)
-        section = sections.get(key)
-        if section is None or section["rc"] is None:
-            errors[key] = "the probe ended before this fact finished"
-            facts[key] = fact.default()
-            continue
-        stdout = section["stdout"]
-        if section["rc"] != 0:
-            text = "\n".join(section["stderr"]) or "\n".join(stdout)
-            errors[key] = f"exit status {section['rc']}: {text}".rstrip(": ")
-            facts[key] = fact.default()
-        elif stdout == [MISSING] or not stdout:
-            facts[key] = fact.default()
-        else:
-            try:
-                facts[key] = fact.process(stdout)
-            except Exception as exc:  # noqa: BLE001 - this fact is asked live instead
-                errors[key] = f"{type(exc).__name__}: {exc}"
-                facts[key] = fact.default()
+        facts[key], error = section_value(fact, sections.get(key))
+        if error:
+            errors[key] = error
     return {"facts": facts, "errors": errors}
 
 

@@ -117,29 +117,30 @@ def split_probe_output(output: list[str]) -> dict[str, dict]:
     return sections
 
 
+def section_value(fact: FactBase, section: dict | None) -> tuple[Any, str | None]:
+    """One probe section through its fact's own ``process`` (or ``default``): (value, error)."""
+    if section is None or section["rc"] is None:
+        return fact.default(), "the probe ended before this fact finished"
+    stdout = section["stdout"]
+    if section["rc"] != 0:
+        text = "\n".join(section["stderr"]) or "\n".join(stdout)
+        return fact.default(), f"exit status {section['rc']}: {text}".rstrip(": ")
+    if stdout == [MISSING] or not stdout:
+        return fact.default(), None
+    try:
+        return fact.process(stdout), None
+    except Exception as exc:  # noqa: BLE001 - reported per fact, the others still count
+        return fact.default(), f"{type(exc).__name__}: {exc}"
+
+
 def parse_probe(output: list[str]) -> dict:
     """Each section through its fact's own ``process`` (or ``default``)."""
     facts: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for key, section in split_probe_output(output).items():
-        cls = fact_class(section["fact"])
-        fact = cls()
-        stdout = section["stdout"]
-        if section["rc"] is None:
-            errors[key] = "the probe ended before this fact finished"
-            facts[key] = fact.default()
-        elif section["rc"] != 0:
-            text = "\n".join(section["stderr"]) or "\n".join(stdout)
-            errors[key] = f"exit status {section['rc']}: {text}".rstrip(": ")
-            facts[key] = fact.default()
-        elif stdout == [MISSING] or not stdout:
-            facts[key] = fact.default()
-        else:
-            try:
-                facts[key] = fact.process(stdout)
-            except Exception as exc:  # noqa: BLE001 - reported per fact, the others still count
-                errors[key] = f"{type(exc).__name__}: {exc}"
-                facts[key] = fact.default()
+        facts[key], error = section_value(fact_class(section["fact"])(), section)
+        if error:
+            errors[key] = error
     return {"facts": facts, "errors": errors}
 
 
