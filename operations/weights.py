@@ -357,13 +357,21 @@ def snapshot(
             yield StringCommand("systemctl", "stop", QuoteString(unit))
         yield StringCommand("install", "-d", "-m", "755", QuoteString(work))
         yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
-        yield StringCommand(
-            "(", "systemctl", "reset-failed", QuoteString(unit), ">/dev/null", "2>&1", "||",
-            "true", ")", "&&", "rm", "-f", QuoteString(progress_path), "&&",
+        start = [
             "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
             QuoteString(f"--description=specfleet weights {repo_id}"),
             "--property=TimeoutStopSec=30", "--property=Nice=5",
             "--", QuoteString(python), QuoteString(agent), "run", QuoteString(job_path),
+        ]
+        # A transient unit whose cgroup could not be removed stays "loaded" after it ended, and
+        # blocks its name ("already loaded or has a fragment file"); reset-failed does not clear
+        # it, a daemon-reload does. So: on that failure, stop it, reload, and start once more.
+        yield StringCommand(
+            "(", "systemctl", "reset-failed", QuoteString(unit), ">/dev/null", "2>&1", "||",
+            "true", ")", "&&", "rm", "-f", QuoteString(progress_path), "&&",
+            "{", *start, "2>/dev/null", "||", "{",
+            "systemctl", "stop", QuoteString(unit), ">/dev/null", "2>&1;",
+            "systemctl", "daemon-reload", "&&", *start, ";", "}", ";", "}",
         )
     else:
         host.log_styled(f"attaching to the running download {unit}", fg="cyan")
