@@ -120,38 +120,43 @@ class WeightsState(FactBase[dict[str, Any]]):
 
 
 def parse_job(output: list[str]) -> dict[str, Any]:
-    """``systemctl is-active`` on the first line, then the progress file (JSON) if any."""
-    lines = [line for line in output if line.strip()]
-    active_state = lines[0].strip() if lines else "unknown"
+    """Lines ``unit NAME`` (the active units), then ``progress`` and the progress file (JSON)."""
+    units: list[str] = []
     progress = None
-    if len(lines) > 1:
-        try:
-            progress = json.loads("\n".join(lines[1:]))
-        except ValueError:
-            progress = None  # caught mid-write; the next poll reads it
-    return {
-        "active": active_state in ("active", "activating", "reloading"),
-        "unit_state": active_state,
-        "progress": progress,
-    }
+    for at, line in enumerate(output):
+        kind, _, value = line.strip().partition(" ")
+        if kind == "unit" and value:
+            units.append(value)
+        elif kind == "progress":
+            try:
+                progress = json.loads("\n".join(output[at + 1:]))
+            except ValueError:
+                progress = None  # caught mid-write; the next poll reads it
+            break
+    return {"active": bool(units), "units": units, "progress": progress}
 
 
-def job_command(unit: str, progress_path: str) -> StringCommand:
+def job_command(pattern: str, progress_path: str) -> StringCommand:
+    """The active units matching ``pattern`` (a unit name or a glob), then the progress file."""
     return StringCommand(
         "(",
-        "systemctl", "is-active", QuoteString(unit), "||", "true", ";",
-        "!", "test", "-f", QuoteString(progress_path), "||", "cat", QuoteString(progress_path),
+        "systemctl", "list-units", "--plain", "--no-legend", "--full",
+        "--state=active,activating,reloading", QuoteString(pattern), "|",
+        "awk", QuoteString('{print "unit " $1}'), ";",
+        "!", "test", "-f", QuoteString(progress_path), "||",
+        "{", "echo", "progress", ";", "cat", QuoteString(progress_path), ";", "}",
         ")",
     )
 
 
 class WeightsJob(FactBase[dict[str, Any]]):
     """
-    The download unit of one model and its progress file (written by the agent).
+    The active download units of one model (``pattern``: a unit name or a glob) and the
+    progress file their agent writes.
 
     .. code:: python
 
-        {"active": True, "unit_state": "active",
+        {"active": True, "units": ["specfleet-weights-moonshotai--Kimi-K2.6-run-1a2b3c4d.service"],
          "progress": {"job_id": "...", "state": "downloading", "revision": "...",
                       "bytes_done": 1234, "bytes_total": 5678, "files_done": 3,
                       "files_total": 66, "rate_bps": 104857600, "error": None, ...}}
@@ -163,11 +168,11 @@ class WeightsJob(FactBase[dict[str, Any]]):
 
     @staticmethod
     def default() -> dict[str, Any]:
-        return {"active": False, "unit_state": "unknown", "progress": None}
+        return {"active": False, "units": [], "progress": None}
 
     @override
-    def command(self, unit: str, progress_path: str) -> StringCommand:
-        return job_command(unit, progress_path)
+    def command(self, pattern: str, progress_path: str) -> StringCommand:
+        return job_command(pattern, progress_path)
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:

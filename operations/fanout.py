@@ -444,7 +444,7 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
     copy, ``weights.model`` fetches from upstream."""
     last_line, events_seen, gone_since = "", 0, None
     while True:
-        ok, output = host.run_shell_command(job_command(unit, progress_path),
+        ok, output = host.run_shell_command(job_command(f"{unit}.service", progress_path),
                                             print_output=False, print_input=False)
         info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
         p = info["progress"] if (info["progress"] or {}).get("rollout_id") == rollout_id else None

@@ -24,7 +24,7 @@ from facts.sglang import SGLangInstall
 from facts.weights import WeightsJob, WeightsState, WeightsTools
 from operations.server import host_specs, server_paths
 from operations.sglang_support import PatchState, Venv, venv_python
-from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_name
+from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_pattern
 
 
 def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]]:
@@ -55,7 +55,7 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
         root = model_root(s, which).rstrip("/")
         specs.append((WeightsState, {"path": root}))
         specs.append((WeightsJob, {
-            "unit": unit_name(root),
+            "pattern": unit_pattern(root),
             "progress_path": f"{work}/{os.path.basename(root)}.progress.json",
         }))
     # server.unit, server.service

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import time
 from io import StringIO
@@ -88,7 +89,28 @@ def read_control_token(token_file: str | None, environ: dict | None = None) -> s
 
 
 def unit_name(root: str) -> str:
+    """The name every download unit of the model at ``root`` starts with."""
     return "specfleet-weights-" + _UNIT_SAFE.sub("_", os.path.basename(root.rstrip("/")))
+
+
+def unit_pattern(root: str) -> str:
+    """A glob over the model's download units (a few other models' too: see ``own_units``)."""
+    return unit_name(root) + "*"
+
+
+def run_unit(root: str) -> str:
+    """A new name for each download run: a transient unit that ended may stay loaded (seen on
+    nspawn hosts when its cgroup cannot be removed), and systemd-run refuses a loaded name, so
+    a fixed name could block every later download of the model."""
+    return f"{unit_name(root)}-run-{secrets.token_hex(4)}.service"
+
+
+def own_units(root: str, units: list[str]) -> list[str]:
+    """The model's download units among ``units`` (matched by ``unit_pattern``), including
+    the fixed name of earlier specfleet versions."""
+    base = re.escape(unit_name(root))
+    own = re.compile(rf"{base}(-run-[0-9a-f]{{8}})?\.service")
+    return sorted(u for u in units if own.fullmatch(u))
 
 
 def format_progress(p: dict) -> str:
@@ -280,7 +302,6 @@ def snapshot(
         return
     root = root.rstrip("/")
     keep = list(keep or [])
-    unit = unit_name(root)
     work = f"{state_dir.rstrip('/')}/weights"
     progress_path = f"{work}/{os.path.basename(root)}.progress.json"
     job_path = f"{work}/{os.path.basename(root)}.job.json"
@@ -297,8 +318,11 @@ def snapshot(
     job["job_id"] = job_id(job)
 
     state = cached_fact(host, WeightsState, path=root, in_use=prune)
-    running = cached_fact(host, WeightsJob, unit=unit, progress_path=progress_path)
-    attach = running["active"] and (running["progress"] or {}).get("job_id") == job["job_id"]
+    running = cached_fact(host, WeightsJob, pattern=unit_pattern(root),
+                          progress_path=progress_path)
+    active_units = own_units(root, running["units"])
+    attach = (len(active_units) == 1
+              and (running["progress"] or {}).get("job_id") == job["job_id"])
 
     if not attach and not follow_branch:
         rev = state["revisions"].get(revision)
@@ -349,12 +373,17 @@ def snapshot(
                     f"{len(plan['files'])} files, {fmt_gib(plan['missing_bytes'])} to download",
                     fg="cyan",
                 )
-        elif running["active"]:
-            host.log_styled(f"{unit} is running another job; it will be replaced", fg="yellow")
+        elif active_units:
+            host.log_styled(f"{active_units[0]} is running another job; it will be replaced",
+                            fg="yellow")
 
-    if not attach:
-        if running["active"]:
-            yield StringCommand("systemctl", "stop", QuoteString(unit))
+    if attach:
+        unit = active_units[0]
+        host.log_styled(f"attaching to the running download {unit}", fg="cyan")
+    else:
+        unit = run_unit(root)
+        if active_units:
+            yield StringCommand("systemctl", "stop", *map(QuoteString, active_units))
         yield StringCommand("install", "-d", "-m", "755", QuoteString(work))
         yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
         start = [
@@ -363,18 +392,7 @@ def snapshot(
             "--property=TimeoutStopSec=30", "--property=Nice=5",
             "--", QuoteString(python), QuoteString(agent), "run", QuoteString(job_path),
         ]
-        # A transient unit whose cgroup could not be removed stays "loaded" after it ended, and
-        # blocks its name ("already loaded or has a fragment file"); reset-failed does not clear
-        # it, a daemon-reload does. So: on that failure, stop it, reload, and start once more.
-        yield StringCommand(
-            "(", "systemctl", "reset-failed", QuoteString(unit), ">/dev/null", "2>&1", "||",
-            "true", ")", "&&", "rm", "-f", QuoteString(progress_path), "&&",
-            "{", *start, "2>/dev/null", "||", "{",
-            "systemctl", "stop", QuoteString(unit), ">/dev/null", "2>&1;",
-            "systemctl", "daemon-reload", "&&", *start, ";", "}", ";", "}",
-        )
-    else:
-        host.log_styled(f"attaching to the running download {unit}", fg="cyan")
+        yield StringCommand("rm", "-f", QuoteString(progress_path), "&&", *start)
     yield FunctionCommand(_wait, (), {
         "unit": unit, "progress_path": progress_path, "job_id": job["job_id"],
         "poll_seconds": poll_seconds,

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
 
 from deploys.errors import SpecfleetError
 from facts.weights import WeightsJob, WeightsPlan, WeightsState, parse_job
-from operations.weights import format_progress, read_control_token, unit_name
+from operations.weights import (
+    format_progress,
+    own_units,
+    read_control_token,
+    run_unit,
+    unit_name,
+    unit_pattern,
+)
 from operations.weights_agent import (
     GIB,
     classify_error,
@@ -128,28 +136,58 @@ def test_control_token_from_file_then_env(tmp_path):
         read_control_token(str(tmp_path / "missing"), {})
 
 
-def test_unit_name_is_systemd_safe():
-    assert unit_name("/srv/models/moonshotai--Kimi-K2.6") == "specfleet-weights-moonshotai--Kimi-K2.6"
+def test_unit_names_are_systemd_safe_and_new_for_each_run():
+    root = "/srv/models/moonshotai--Kimi-K2.6"
+    assert unit_name(root) == "specfleet-weights-moonshotai--Kimi-K2.6"
     assert unit_name("/srv/models/a b") == "specfleet-weights-a_b"
+    first, second = run_unit(root), run_unit(root)
+    assert first != second
+    assert re.fullmatch(r"specfleet-weights-moonshotai--Kimi-K2\.6-run-[0-9a-f]{8}\.service", first)
+    assert unit_pattern(root) == "specfleet-weights-moonshotai--Kimi-K2.6*"
+
+
+def test_own_units_leave_other_models_that_the_glob_matches():
+    root = "/srv/models/moonshotai--Kimi-K2"
+    mine = run_unit(root)
+    listed = [
+        mine,
+        "specfleet-weights-moonshotai--Kimi-K2.service",  # the fixed name of earlier versions
+        "specfleet-weights-moonshotai--Kimi-K2.6.service",
+        run_unit("/srv/models/moonshotai--Kimi-K2.6"),
+        "specfleet-weights-moonshotai--Kimi-K2-run-nothex00.service",
+    ]
+    assert own_units(root, listed) == sorted([mine, "specfleet-weights-moonshotai--Kimi-K2.service"])
+    assert own_units(root, []) == []
 
 
 def test_parse_job_and_progress_line():
     prog = {"job_id": "j", "repo_id": "a/b", "revision": "c" * 40, "state": "downloading",
             "bytes_done": 3 * GIB, "bytes_total": 12 * GIB, "files_done": 2, "files_total": 8,
             "rate_bps": 100_000_000}
-    info = parse_job(["active", json.dumps(prog, indent=1)])
-    assert info["active"] and info["progress"]["job_id"] == "j"
+    unit = "specfleet-weights-a--b-run-0123abcd.service"
+    info = parse_job([f"unit {unit}", "progress", *json.dumps(prog, indent=1).splitlines()])
+    assert info["active"] and info["units"] == [unit] and info["progress"]["job_id"] == "j"
     line = format_progress(info["progress"])
     assert "3.0 GiB of 12.0 GiB (25 %)" in line and "2/8 files" in line and "100.0 MB/s" in line
-    assert parse_job(["inactive"]) == {"active": False, "unit_state": "inactive",
-                                       "progress": None}
-    assert parse_job(["active", "{cut"])["progress"] is None
+    assert parse_job(["progress", json.dumps(prog)]) == {"active": False, "units": [],
+                                                         "progress": prog}
+    assert parse_job([]) == {"active": False, "units": [], "progress": None}
+    assert parse_job([f"unit {unit}", "progress", "{cut"])["progress"] is None
+
+
+def test_job_command_lists_units_and_reads_progress_locally(tmp_path):
+    """The job command run for real: with no such unit it still prints the progress file."""
+    progress = tmp_path / "p q.json"
+    progress.write_text(json.dumps({"job_id": "j"}))
+    cmd = WeightsJob().command(pattern="specfleet-weights-none-such*", progress_path=str(progress))
+    out = subprocess.run(["sh", "-c", cmd.get_raw_value()], capture_output=True, text=True)
+    assert parse_job(out.stdout.splitlines())["progress"] == {"job_id": "j"}
 
 
 def test_fact_commands_quote_paths():
     cmd = WeightsState().command(path="/srv/models/a b").get_raw_value()
     assert "'/srv/models/a b'" in cmd
-    cmd = WeightsJob().command(unit="u", progress_path="/x y.json").get_raw_value()
+    cmd = WeightsJob().command(pattern="u*", progress_path="/x y.json").get_raw_value()
     assert "'/x y.json'" in cmd
     cmd = WeightsPlan().command(python="/p/bin/python", agent="/p/a.py",
                                 job_json='{"a": 1}').get_raw_value()

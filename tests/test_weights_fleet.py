@@ -104,6 +104,36 @@ def verified_paths(env, host: str, repo: str, rev: str) -> list[str]:
     return [json.loads(line)["path"] for line in out.splitlines() if line.strip()]
 
 
+def active_units(fleet, pattern: str) -> list[str]:
+    out = fleet.run("h1", f"systemctl list-units --plain --no-legend --state=active '{pattern}'")
+    return sorted(line.split()[0] for line in out.stdout.splitlines() if line.strip())
+
+
+def test_a_unit_name_left_loaded_blocks_no_download(env):
+    """systemd keeps a transient unit loaded while anything refers to it (here a timer; on nspawn
+    hosts also a cgroup it could not remove), and systemd-run refuses a loaded name. Each
+    download run gets a new name, so neither the fixed name of earlier versions nor a run of
+    its own blocks the next download."""
+    fleet, rev = env["fleet"], env["repos"]["tiny"]
+    legacy = "specfleet-weights-tiny-blocked"
+    fleet.run("h1", f"systemd-run --quiet --on-active=1h --unit={legacy} true", check=True)
+    try:
+        blocked = fleet.run("h1", f"systemd-run --quiet --collect --unit={legacy} true")
+        assert "already loaded" in blocked.stderr, blocked.stderr
+        for _ in range(2):
+            fleet.run("h1", "rm -rf /srv/models/tiny-blocked", check=True)
+            r = deploy(env, "blocked", "tiny", target={"local_dir": "tiny-blocked"})
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert op_status(r.stdout + r.stderr, "h1") == "Success"
+            got = host_sha256(env, "h1", f"/srv/models/tiny-blocked/{rev}")
+            assert got == expected_sha256(env, "tiny", rev)
+        runs = fleet.run("h1", "journalctl --no-pager -o verbose | grep -o "
+                         f"'{legacy}-run-[0-9a-f]*' | sort -u").stdout.split()
+        assert len(runs) == 2, runs
+    finally:
+        fleet.run("h1", f"systemctl stop {legacy}.timer")
+
+
 def test_olah_mirror_fresh_download_is_identical_then_noop(env):
     rev = env["repos"]["tiny"]
     r = deploy(env, "olah", "tiny", endpoint=env["olah"].url)
@@ -250,13 +280,12 @@ def test_gated_repo_errors_and_token_never_leaks(env):
         assert op_status(out, "h1") == "Success"
         assert "auth" in hub.log_lines()[-1]  # the token was sent
         assert len(argv.splitlines()) > 100  # the recorder did record
-        unit = "specfleet-weights-testorg--gated"
         where = {
             "pyinfra -vvv --diff --debug output": out,
             "argv of every process on the host": argv,
             "unit files": fleet.run("h1", "cat /run/systemd/transient/specfleet-weights-* "
                                     "/etc/systemd/system/specfleet-* 2>/dev/null; "
-                                    f"systemctl cat {unit} 2>/dev/null").stdout,
+                                    "systemctl cat 'specfleet-weights-*' 2>/dev/null").stdout,
             "journal": fleet.run("h1", "journalctl --no-pager -o verbose -n 5000").stdout,
             "job and progress files": fleet.run("h1", "cat /var/lib/specfleet/weights/*").stdout,
             "models root": fleet.run("h1", "grep -r -l -a "
@@ -321,7 +350,7 @@ def _read_until(p: subprocess.Popen, text: str, timeout: float = 60) -> str:
 def test_dropped_session_and_killed_download_resume(env):
     fleet, hub = env["fleet"], env["hub"]
     rev = env["repos"]["resume"]
-    unit = "specfleet-weights-testorg--resume"
+    unit = "specfleet-weights-testorg--resume*"
     # The last two shards hang half-way (until the hub is reconfigured): the download cannot
     # end by itself, whatever the machine's load. The watchdog is set far beyond the test.
     stuck = ["model-00005-of-00006.safetensors", "model-00006-of-00006.safetensors"]
@@ -333,16 +362,19 @@ def test_dropped_session_and_killed_download_resume(env):
         _wait_verified(env, "resume", rev, 1)
         p.send_signal(signal.SIGKILL)
         p.wait()
-        assert fleet.run("h1", f"systemctl is-active {unit}").stdout.strip() == "active"
+        started = active_units(fleet, unit)
+        assert len(started) == 1, started
         # 2. A re-run attaches to it.
         p = _start(env, "resume", "resume", weights=slow)
         out = _read_until(p, "attaching to the running download")
         assert "attaching to the running download" in out, out
+        assert started[0] in out, out
         _wait_verified(env, "resume", rev, 6)
         p.send_signal(signal.SIGKILL)
         p.wait()
+        assert active_units(fleet, unit) == started
         # 3. The download itself is killed half-way.
-        fleet.run("h1", f"systemctl kill --signal=KILL {unit}", check=True)
+        fleet.run("h1", f"systemctl kill --signal=KILL {started[0]}", check=True)
         time.sleep(1)
         kept = verified_paths(env, "h1", "resume", rev)
         assert sorted(kept) == sorted(set(shards("resume", 6, 1)) - set(stuck))
@@ -375,7 +407,7 @@ def test_dropped_session_and_killed_download_resume(env):
 def test_lost_ssh_session_leaves_the_download_running(env):
     fleet, hub = env["fleet"], env["hub"]
     rev = env["repos"]["stall"]
-    unit = "specfleet-weights-drop"
+    unit = "specfleet-weights-drop*"
     hub.configure(stall=["model-00002-of-00002.safetensors"], stall_count=1000)
     over = {"target": {"local_dir": "drop"}, "weights": {"stall_minutes": 30.0}}
     try:
@@ -395,9 +427,9 @@ def test_lost_ssh_session_leaves_the_download_running(env):
         assert "lost the connection while watching specfleet-weights-drop" in out, out
         assert "re-run the deploy: it attaches to the running download" in out
         assert "Traceback" not in out
-        assert fleet.run("h1", f"systemctl is-active {unit}").stdout.strip() == "active"
+        assert len(active_units(fleet, unit)) == 1
     finally:
-        fleet.run("h1", f"systemctl stop {unit}")
+        fleet.run("h1", f"systemctl stop '{unit}'")
         hub.configure()
 
 
