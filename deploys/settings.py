@@ -11,8 +11,10 @@ Later features add fields here; they do not invent their own plumbing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -237,8 +239,15 @@ def _coerce(value: Any, tp: Any, key: str, host: str) -> Any:
     raise bad()
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # get_type_hints evaluates every string annotation anew: most of a settings build's time,
+    # and a deploy builds every host's settings on every host.
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, data: Mapping[str, Any], host: str, prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
@@ -334,6 +343,10 @@ def settings_for_all_hosts(inventory: Any) -> dict[str, Settings]:
     pyinfra stops at the first error a deploy file raises, so a deploy calls this once, before any
     host's operations are added, to show the whole inventory's problems in one run.
     """
+    try:
+        return dict(_ALL_HOSTS[inventory])
+    except (KeyError, TypeError):
+        pass
     good: dict[str, Settings] = {}
     bad: list[SettingsError] = []
     for host in inventory:
@@ -348,7 +361,16 @@ def settings_for_all_hosts(inventory: Any) -> dict[str, Settings]:
             f"{len(bad)} hosts have bad settings:\n" + "\n".join(e.render() for e in bad),
             fix="fix each key above in the inventory or group data",
         )
-    return good
+    try:
+        _ALL_HOSTS[inventory] = good
+    except TypeError:
+        pass  # an inventory that cannot be weakly referenced is simply read again
+    return dict(good)
+
+
+# pyinfra runs a deploy file once per host, and each run asks for every host's settings: the
+# inventory's data does not change during a run, so they are read once per inventory.
+_ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def validate(settings: Settings, host: str = "") -> Settings:

@@ -125,8 +125,9 @@ def command(specs: Mapping[str, Spec] | list, parallel: bool = True) -> str:
     for i, (key, (cls, kwargs)) in enumerate(keyed.items()):
         parts.append(
             f"{{ echo '{MARK}-begin {key} {cls.name}'; ( {_fact_shell(cls, kwargs)} ) "
-            f'2>"$d/{i}.err"; rc=$?; echo; sed \'s/^/{MARK}-stderr /\' "$d/{i}.err"; '
-            f'echo "{MARK}-end {key} $rc"; }} >"$d/{i}" &'
+            f'2>"$d/{i}.err"; rc=$?; echo; ! test -s "$d/{i}.err" || '
+            f'sed \'s/^/{MARK}-stderr /\' "$d/{i}.err"; echo "{MARK}-end {key} $rc"; }} '
+            f'>"$d/{i}" &'
         )
     files = " ".join(f'"$d/{i}"' for i in range(len(keyed)))
     # `&` already ends each part: join them with spaces, not `;` (`&;` is a syntax error).

@@ -87,7 +87,7 @@ def probe_command(specs: Mapping[str, Spec]) -> str:
             )
         parts.append(
             f"echo '{MARK}-begin {key} {cls.name}'; ( {command} ) 2>\"$e\"; rc=$?; echo; "
-            f'sed \'s/^/{MARK}-stderr /\' "$e"; echo "{MARK}-end {key} $rc"'
+            f'! test -s "$e" || sed \'s/^/{MARK}-stderr /\' "$e"; echo "{MARK}-end {key} $rc"'
         )
     parts.append('rm -f "$e"; true')
     return "; ".join(parts)

@@ -1,13 +1,15 @@
-"""Facts about the distributions installed in a Python environment (importlib.metadata)."""
+"""Facts about the distributions installed in a Python environment (their metadata files)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from facts.hostpy import installed_dists, parse_printed
 from facts.sglang import DEFAULT_PYTHON
 
 # The distributions a deploy asks about by default (canonical names, PEP 503).
@@ -22,21 +24,16 @@ PACKAGES = [
     "huggingface-hub",
 ]
 
-# Runs in the target interpreter with -I. argv[1]: the names as JSON; argv[2] (tests only): a
-# directory to search first. Prints every installed distribution's name and version, and the raw
-# direct_url.json of those that have one; the choosing happens in ``parse_packages``.
-COLLECT = r"""
-import importlib.metadata as md, json, platform, sys
+# Runs in the target interpreter with -I. argv[1]: the names, comma-separated; argv[2] (tests
+# only): a directory to search first. Prints (a Python literal) every installed distribution's
+# name and version, and the raw direct_url.json of those that have one; the choosing happens in
+# ``parse_packages``.
+COLLECT = inspect.getsource(installed_dists) + r"""
+import sys
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])
-dists = {}
-for dist in md.distributions():
-    name = dist.metadata["Name"]
-    if not name or name in dists:
-        continue
-    dists[name] = {"version": dist.version, "direct_url": dist.read_text("direct_url.json")}
-print(json.dumps({"python": platform.python_version(), "names": json.loads(sys.argv[1]),
-                  "dists": dists}))
+print(repr({"python": sys.version.split()[0], "names": sys.argv[1].split(","),
+            "dists": installed_dists(sys.path)}))
 """
 
 
@@ -111,7 +108,7 @@ class Packages(FactBase[dict]):
     def command(
         self, python: str = DEFAULT_PYTHON, names: list[str] | None = None
     ) -> StringCommand:
-        wanted = json.dumps([canonical(n) for n in names or PACKAGES])
+        wanted = [canonical(n) for n in names or PACKAGES]
         return StringCommand(
             "if",
             # command -v: the interpreter may be a path (a venv's bin/python) or a bare name.
@@ -125,15 +122,15 @@ class Packages(FactBase[dict]):
             "-I",
             "-c",
             QuoteString(COLLECT),
-            QuoteString(wanted),
+            QuoteString(",".join(wanted)),
             ";",
             "else",
             "echo",
-            QuoteString(json.dumps({"python": None, "names": json.loads(wanted), "dists": {}})),
+            QuoteString(json.dumps({"python": None, "names": wanted, "dists": {}})),
             ";",
             "fi",
         )
 
     @override
     def process(self, output: list[str]) -> dict:
-        return parse_packages(json.loads("\n".join(output)))
+        return parse_packages(parse_printed("\n".join(output)))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
-import json
+import inspect
 import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.hostpy import installed_dists, parse_printed
 
 DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
 
@@ -29,10 +31,17 @@ LINES = {
 
 # Runs in the target interpreter with -I (no cwd, no PYTHONPATH, no user site). find_spec of a
 # top-level name locates the package without executing its __init__ (which imports torch).
-# argv[1]: the request as JSON; argv[2] (tests only): a directory to search first.
-COLLECT = r"""
-import importlib.metadata as md, importlib.util as iu, json, os, sys
-req = json.loads(sys.argv[1])
+# argv[1]: the request (``collect_request``); argv[2] (tests only): a directory to search first.
+# Prints the Python literal of what it found (``None`` without SGLang).
+COLLECT = inspect.getsource(installed_dists) + r"""
+import importlib.util as iu, os, sys
+req = {"dirs": [], "texts": [], "lines": {}}
+for row in sys.argv[1].split("\n"):
+    kind, *rest = row.split("\t")
+    if kind == "line":
+        req["lines"][rest[0]] = rest[1:]
+    elif kind in ("dir", "text"):
+        req[kind + "s"].append(rest[0])
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])
 try:
@@ -41,13 +50,11 @@ except (ImportError, ValueError):
     spec = None
 locs = list(spec.submodule_search_locations or []) if spec else []
 if not locs:
-    print("null")
+    print(None)
     sys.exit(0)
 loc = locs[0]
-try:
-    version = md.version("sglang")
-except md.PackageNotFoundError:
-    version = None
+version = next((d["version"] for n, d in installed_dists(sys.path).items()
+                if n.lower().replace("_", "-").replace(".", "-") == "sglang"), None)
 def read(rel):
     try:
         with open(os.path.join(loc, rel), encoding="utf-8", errors="replace") as f:
@@ -65,7 +72,7 @@ for rel, needles in req["lines"].items():
     out["lines"][rel] = None if text is None else [
         line for line in text.splitlines() if any(n in line for n in needles)
     ]
-print(json.dumps(out))
+print(repr(out))
 """
 
 _DECORATOR = re.compile(r"""@register_attention_backend\(\s*["']([^"']+)["']""")
@@ -74,8 +81,11 @@ _VERSION = re.compile(r"""^__version__\s*=\s*(?:\w+\s*=\s*)?['"]([^'"]+)['"]\s*$
 
 
 def collect_request() -> str:
-    """The JSON request the host-side collector is given."""
-    return json.dumps({"dirs": DIRS, "texts": TEXTS, "lines": LINES}, separators=(",", ":"))
+    """The request the host-side collector is given: one tab-separated row per wanted item
+    (``dir REL``, ``text REL``, ``line REL NEEDLE...``); the collector imports no parser."""
+    rows = [f"dir\t{rel}" for rel in DIRS] + [f"text\t{rel}" for rel in TEXTS]
+    rows += ["\t".join(["line", rel, *needles]) for rel, needles in LINES.items()]
+    return "\n".join(rows)
 
 
 def enum_members(source: str, class_name: str) -> list[str]:
@@ -150,11 +160,11 @@ def parse_install(collected: dict | None) -> dict | None:
 
 
 def parse_collected_output(output: list[str]) -> dict | None:
-    """The collector prints one JSON line (``null`` when SGLang is not installed)."""
+    """The collector prints one literal (``None`` when SGLang is not installed)."""
     text = "\n".join(output).strip()
     if not text:
         return None
-    return parse_install(json.loads(text))
+    return parse_install(parse_printed(text))
 
 
 class SGLangInstall(FactBase[dict | None]):

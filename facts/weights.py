@@ -9,6 +9,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from facts.hostpy import installed_dists, parse_printed
 from operations.weights_agent import pids_using
 
 # Run on the host by the system python3: read each revision's manifest and compare every file's
@@ -54,29 +55,27 @@ if os.path.isdir(root):
 print(json.dumps(out))
 """
 
-_TOOLS_SCRIPT = r"""
-import hashlib, json, os, sys
-from importlib import metadata
+_TOOLS_SCRIPT = inspect.getsource(installed_dists) + r"""
+import hashlib, os, sys
 path = sys.argv[1]
 out = {"path": path, "huggingface_hub": None, "agent_sha256": None}
 agent = os.path.join(path, "weights_agent.py")
 if os.path.isfile(agent):
     with open(agent, "rb") as f:
         out["agent_sha256"] = hashlib.sha256(f.read()).hexdigest()
-try:
-    out["huggingface_hub"] = metadata.version("huggingface_hub")
-except metadata.PackageNotFoundError:
-    pass
-print(json.dumps(out))
+out["huggingface_hub"] = next(
+    (d["version"] for n, d in installed_dists(sys.path).items()
+     if n.lower().replace("_", "-").replace(".", "-") == "huggingface-hub"), None)
+print(repr(out))
 """
 
 
 def parse_json_output(output: list[str]) -> Any:
-    """The JSON object a fact's command printed (its last non-empty line)."""
+    """The value (JSON or a Python literal) a fact's command printed: its last non-empty line."""
     lines = [line for line in output if line.strip()]
     if not lines:
         return None
-    return json.loads(lines[-1])
+    return parse_printed(lines[-1])
 
 
 class WeightsState(FactBase[dict[str, Any]]):
@@ -111,8 +110,8 @@ class WeightsState(FactBase[dict[str, Any]]):
     @override
     def command(self, path: str, in_use: bool = False) -> StringCommand:
         extra = ["in-use"] if in_use else []
-        return StringCommand("python3", "-c", QuoteString(_STATE_SCRIPT), QuoteString(path),
-                             *extra)
+        return StringCommand("python3", "-I", "-S", "-c", QuoteString(_STATE_SCRIPT),
+                             QuoteString(path), *extra)
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from facts.probe import MARK as PROBE_MARK
 from facts.probe import default_specs
 from facts.server import ServiceState
 from operations.probe import deploy_specs
+from operations.server import service_state_args
 from operations.util import fails_host
 from operations.weights import read_control_token
 
@@ -238,7 +239,7 @@ def checks(settings: Settings | None = None):
     specs = default_specs(
         python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path
     )
-    specs[pure.SERVICE] = (ServiceState, {"service": f"{s.service_name}.service"})
+    specs[pure.SERVICE] = (ServiceState, service_state_args(s))
     facts = cached_gather(host, specs)
     install = facts.get(pure.SGLANG)
     wheel_error = None

@@ -22,7 +22,7 @@ from facts.python import Packages
 from facts.server import ServiceState
 from facts.sglang import SGLangInstall
 from facts.weights import WeightsJob, WeightsState, WeightsTools
-from operations.server import host_specs, server_paths
+from operations.server import host_specs, server_paths, service_state_args, unit_files
 from operations.sglang_support import PatchState, Venv, venv_python
 from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_pattern
 
@@ -36,7 +36,7 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
         python=posixpath.join(s.venv, "bin", "python"), models_path=s.models_root,
         token_path=s.weights.host_token_path,
     ).values()
-    specs.append((ServiceState, {"service": f"{s.service_name}.service"}))
+    specs.append((ServiceState, service_state_args(s)))
     for src in (s.target, s.drafter):
         specs.append((WeightsState, {"path": posixpath.join(s.models_root, src.dir_name)}))
     # sglang.installed, compressed_tensors, pr20547
@@ -60,7 +60,5 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
         }))
     # server.unit, server.service
     paths = server_paths(s)
-    specs += host_specs(s, [paths.unit, paths.env, paths.secret]).values()
-    specs.append((ServiceState, {"service": paths.unit_name, "paths": [paths.unit],
-                                 "marker": paths.marker}))
+    specs += host_specs(s, unit_files(paths)).values()
     return specs

@@ -301,6 +301,17 @@ def _weights_key(name: str) -> str:
     return f"weights_{name}"
 
 
+def unit_files(paths: ServerPaths) -> list[str]:
+    """The files whose state ``ServiceState`` reports with the unit's: one set for every step
+    (preflight, server.unit, server.service), so that a probe asks systemctl once."""
+    return [paths.unit, paths.env, paths.secret]
+
+
+def service_state_args(settings: Settings) -> dict[str, Any]:
+    paths = server_paths(settings)
+    return {"service": paths.unit_name, "paths": unit_files(paths), "marker": paths.marker}
+
+
 def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
     """The facts the unit needs, for one ``facts.probe.Probe`` command (one SSH round trip)."""
     paths = server_paths(settings)
@@ -505,7 +516,7 @@ def unit(settings: Settings | None = None, present: bool = True):
 def _unit(settings: Settings | None, present: bool):
     s = _settings(settings)
     paths = server_paths(s)
-    files_ = [paths.unit, paths.env, paths.secret]
+    files_ = unit_files(paths)
 
     if not present:
         yield from _absent(paths, _state(paths, files_))
@@ -644,7 +655,7 @@ def service(
 def _service(settings: Settings | None, running: bool, enabled: bool | None, ready: bool):
     s = _settings(settings)
     paths = server_paths(s)
-    st = _state(paths, [paths.unit])
+    st = _state(paths, unit_files(paths))
     pending = st["restart_pending"]
     if paths.unit not in st["files"]:
         if state.is_executing and running:

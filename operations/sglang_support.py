@@ -858,7 +858,7 @@ class Venv(FactBase[dict | None]):
         py = venv_python(path)
         return StringCommand(
             "if", "test", "-x", QuoteString(py), ";", "then",
-            QuoteString(py), "-c",
+            QuoteString(py), "-I", "-S", "-c",
             QuoteString("import sys; print('python=%d.%d.%d' % sys.version_info[:3])"), ";",
             "elif", "test", "-e", QuoteString(path), ";", "then", "echo", "python=", ";", "fi",
         )  # fmt: skip

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -IS
 """STAND-IN for nvidia-smi on the test fleet's hosts (there are no GPUs here).
 
 It replays real captured output of one machine type, a "profile": a folder of
@@ -13,8 +13,6 @@ Runtime state a test may set on a host (simulates a busy GPU):
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import sys
@@ -99,6 +97,9 @@ def _query_table(table: list[dict[str, str]], header_of: dict[str, str], fields:
 
 
 def _query_gpu(spec: dict, opts: dict[str, str], argv: list[str]) -> int:
+    import csv  # only here: a replayed capture needs neither, and each import is CPU per call
+    import io
+
     text = _read(spec["table"])
     rows = list(csv.reader(io.StringIO(text), skipinitialspace=True))
     header = rows[0]
@@ -132,6 +133,8 @@ def _query_compute_apps(opts: dict[str, str], argv: list[str]) -> int:
     rows: list[dict[str, str]] = []
     path = os.path.join(RUNTIME_DIR, "compute-apps.csv")
     if os.path.exists(path):
+        import csv
+
         with open(path, encoding="utf-8") as f:
             for r in csv.reader(f, skipinitialspace=True):
                 if r and not r[0].startswith("#"):

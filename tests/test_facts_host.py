@@ -216,7 +216,7 @@ def test_packages_git_install_direct_url(tmp_path):
         capture_output=True,
         timeout=300,
     )
-    names = json.dumps(["tiny-pkg", "torch"])
+    names = "tiny-pkg,torch"
     done = subprocess.run(
         [sys.executable, "-I", "-c", python.COLLECT, names, str(site)],
         capture_output=True,

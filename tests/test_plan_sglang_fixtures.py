@@ -101,7 +101,7 @@ def via_fact(read: Reader, names: list[str], location: str) -> dict | None:
         from facts import sglang as fact
     except ImportError:
         return None
-    request = json.loads(fact.collect_request())
+    request = {"dirs": fact.DIRS, "texts": fact.TEXTS, "lines": fact.LINES}
     with tempfile.TemporaryDirectory() as tmp:
         pkg = Path(tmp) / "sglang"
         pkg.mkdir()

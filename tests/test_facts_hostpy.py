@@ -1,0 +1,68 @@
+"""``facts.hostpy``: ``installed_dists`` against ``importlib.metadata`` on real environments,
+and ``parse_printed`` on what the host-side scripts print."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import sys
+import venv
+
+from facts.hostpy import installed_dists, parse_printed
+
+
+def metadata_view(paths: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for dist in md.distributions(path=paths):
+        name = dist.metadata["Name"]
+        if name and name not in out:
+            out[name] = {"version": dist.version, "direct_url": dist.read_text("direct_url.json")}
+    return out
+
+
+def test_same_as_importlib_metadata_on_this_venv():
+    """Every distribution of the project's own venv (pyinfra, huggingface_hub, specfleet...)
+    reads the same as importlib.metadata reads it."""
+    got = installed_dists(sys.path)
+    want = metadata_view(sys.path)
+    assert len(want) > 30 and {"pyinfra", "huggingface_hub", "specfleet"} <= set(want)
+    assert got == want
+
+
+def test_first_on_the_path_wins_and_odd_entries_are_skipped(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for base, version in ((first, "2.0"), (second, "1.0")):
+        info = base / f"demo_pkg-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: demo-pkg\nVersion: {version}\n\nName: not-a-header\n")
+    (second / "broken-1.0.dist-info").mkdir()  # no METADATA: skipped, as importlib does
+    (second / "old_style.egg-info").write_text("Metadata-Version: 1.0\nName: old-style\n"
+                                               "Version: 0.1\n")
+    paths = [str(first), str(second), str(tmp_path / "missing")]
+    got = installed_dists(paths)
+    assert got == {"demo-pkg": {"version": "2.0", "direct_url": None},
+                   "old-style": {"version": "0.1", "direct_url": None}}
+    assert got == metadata_view(paths)
+
+
+def test_a_fresh_venv_through_the_packages_fact_script(tmp_path):
+    """The Packages fact's own script in a real new venv (pip only) matches its metadata."""
+    from facts.python import COLLECT
+
+    venv.create(tmp_path / "v", with_pip=True)
+    python = str(tmp_path / "v" / "bin" / "python")
+    out = subprocess.run([python, "-I", "-c", COLLECT, "pip"], capture_output=True,
+                         text=True, check=True).stdout
+    value = parse_printed(out)
+    pip_version = subprocess.run([python, "-I", "-c", "import pip; print(pip.__version__)"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    assert value["dists"]["pip"]["version"] == pip_version
+    assert value["python"] == sys.version.split()[0]
+
+
+def test_parse_printed_reads_literals_and_json():
+    value = {"a": [1, 2.5, None, True], "b": {"c": "d'e"}}
+    assert parse_printed(repr(value)) == value
+    assert parse_printed('{"a": [1, 2.5, null, true], "b": {"c": "d\'e"}}') == value
+    assert parse_printed("None") is None and parse_printed("null") is None
