@@ -9,6 +9,9 @@ output.
 
 Runtime state a test may set on a host (simulates a busy GPU):
   /run/standin-nvidia-smi/compute-apps.csv  rows "gpu_index, pid, used_memory_mib, process_name"
+
+On fleet hosts it runs behind standin_nvidia_smi_replay.sh (/usr/local/bin/nvidia-smi), which
+replays an answer given before to the same arguments (kept under /run/standin-nvidia-smi/replay).
 """
 
 from __future__ import annotations
@@ -41,7 +44,22 @@ def _read(name: str) -> str:
 def _emit(out: str = "", err: str = "", code: int = 0) -> int:
     sys.stdout.write(out)
     sys.stderr.write(err)
+    _keep_for_replay(out, err, code)
     return code
+
+
+def _keep_for_replay(out: str, err: str, code: int) -> None:
+    """Leave this answer where standin_nvidia_smi_replay.sh replays it from (it sets the path),
+    unless it depends on GPU processes a test has put in place."""
+    base = os.environ.get("STANDIN_NVIDIA_SMI_REPLAY")
+    if not base or os.path.exists(os.path.join(RUNTIME_DIR, "compute-apps.csv")):
+        return
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    for suffix, text in ((".out", out), (".err", err), (".rc", f"{code}\n")):  # .rc: the last
+        tmp = f"{base}{suffix}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, base + suffix)
 
 
 def _no_capture(argv: list[str], why: str) -> int:

@@ -162,3 +162,32 @@ def test_probe_one_command_per_host(facts_fleet):
         assert host in done.stdout
     assert "8x NVIDIA B200 (sm 10.0, 183359 MiB)" in done.stdout
     assert "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (sm 12.0, 97887 MiB)" in done.stdout
+
+
+def test_nvidia_smi_replay_answers_as_the_python_standin_does(facts_fleet):
+    """The fleet's nvidia-smi replays an answer the Python stand-in gave before to the same
+    arguments, byte for byte with its exit status; compute-apps with test-made GPU processes in
+    place always goes to the stand-in."""
+    fleet = facts_fleet
+    direct = "env -u STANDIN_NVIDIA_SMI_REPLAY python3 /usr/local/lib/standin-nvidia-smi/" \
+             "standin_nvidia_smi.py"
+    for host, argv in (("b200", "--query-gpu=index,name,compute_cap --format=csv,nounits"),
+                       ("b200", "topo -m"), ("b200", "-q -x"), ("broken", "-L")):
+        want = fleet.run(host, f"{direct} {argv}")
+        first, second = (fleet.run(host, f"nvidia-smi {argv}") for _ in range(2))
+        for got in (first, second):
+            assert (got.stdout, got.stderr, got.returncode) == (
+                want.stdout, want.stderr, want.returncode), (host, argv)
+    # The second answer came from the replay: change it there and nvidia-smi says so.
+    fleet.run("b200", "for f in /run/standin-nvidia-smi/replay/*.out; do "
+                      "if grep -q NV18 $f; then echo replayed >> $f; fi; done", check=True)
+    assert fleet.run("b200", "nvidia-smi topo -m").stdout.endswith("replayed\n")
+    apps = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+    try:
+        assert fleet.run("b200", apps).stdout == ""
+        fleet.run("b200", "echo '0, 4242, 1000, python3' > "
+                          "/run/standin-nvidia-smi/compute-apps.csv", check=True)
+        assert fleet.run("b200", apps).stdout == "4242, 1000\n"
+    finally:
+        fleet.run("b200", "rm -f /run/standin-nvidia-smi/compute-apps.csv")
+    assert fleet.run("b200", apps).stdout == ""

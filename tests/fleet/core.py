@@ -33,6 +33,8 @@ STATE_ROOT = Path(os.environ.get("SPECFLEET_FLEET_STATE", "/run/specfleet-fleet"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES_NVIDIA = REPO_ROOT / "tests" / "fixtures" / "nvidia"
 STANDIN_NVIDIA_SMI = REPO_ROOT / "tests" / "standin_nvidia_smi.py"
+STANDIN_NVIDIA_SMI_REPLAY = REPO_ROOT / "tests" / "standin_nvidia_smi_replay.sh"
+STANDIN_NVIDIA_SMI_HOST_PATH = "/usr/local/lib/standin-nvidia-smi/standin_nvidia_smi.py"
 STANDIN_PROFILE_MOUNT = "/usr/local/share/standin-nvidia-smi"
 
 # Every fleet lives inside this network. Nothing in tests.fleet talks to an address outside it.
@@ -463,7 +465,8 @@ class Fleet:
                 argv.insert(4, "--keep-unit")
             if h["gpu"] != NO_GPU:
                 argv += [
-                    f"--bind-ro={STANDIN_NVIDIA_SMI}:/usr/local/bin/nvidia-smi",
+                    f"--bind-ro={STANDIN_NVIDIA_SMI_REPLAY}:/usr/local/bin/nvidia-smi",
+                    f"--bind-ro={STANDIN_NVIDIA_SMI}:{STANDIN_NVIDIA_SMI_HOST_PATH}",
                     f"--bind-ro={FIXTURES_NVIDIA / h['gpu']}:{STANDIN_PROFILE_MOUNT}",
                 ]
             with open(d / f"{host}.log", "w") as log:
