@@ -21,13 +21,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import shlex
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from facts.hostpy import RUNNER, PythonJob
 from facts.probe import (
     MARK,
     MISSING,
@@ -115,6 +117,8 @@ def command(specs: Mapping[str, Spec] | list, parallel: bool = True) -> str:
 
     ``parallel`` runs the facts at once, each into its own file, then prints them in order:
     the probe takes as long as its slowest fact instead of all of them (the facts only read).
+    Facts that are one Python script (``python_job``) of the same interpreter run in one
+    process (``facts.hostpy.RUNNER``) where that interpreter is there, else each alone.
     The output is ``facts.probe``'s: a begin line, stdout, prefixed stderr, an end line.
     """
     keyed = keyed_specs(specs)
@@ -122,16 +126,43 @@ def command(specs: Mapping[str, Spec] | list, parallel: bool = True) -> str:
         return probe_command(keyed)
     parts = ['d=$(mktemp -d 2>/dev/null || { mkdir -p "/tmp/specfleet-probe.$$" && '
              'echo "/tmp/specfleet-probe.$$"; })']
+    sections = {}
     for i, (key, (cls, kwargs)) in enumerate(keyed.items()):
-        parts.append(
+        sections[key] = (
             f"{{ echo '{MARK}-begin {key} {cls.name}'; ( {_fact_shell(cls, kwargs)} ) "
             f'2>"$d/{i}.err"; rc=$?; echo; ! test -s "$d/{i}.err" || '
             f'sed \'s/^/{MARK}-stderr /\' "$d/{i}.err"; echo "{MARK}-end {key} $rc"; }} '
-            f'>"$d/{i}" &'
+            f'>"$d/{i}"'
         )
+    grouped = _python_groups(keyed)
+    for members in grouped.values():
+        job0 = members[0][2]
+        words = [QuoteString(job0.interpreter), *job0.flags, "-c", QuoteString(RUNNER),
+                 QuoteString(MARK)]
+        for i, key, job, cls in members:
+            words += [f'"$d/{i}"', QuoteString(key), QuoteString(cls.name),
+                      QuoteString(job.source), str(len(job.argv)),
+                      *(QuoteString(a) for a in job.argv)]
+        alone = "; ".join(sections.pop(key) for _, key, _, _ in members)
+        parts.append(
+            f"{{ if command -v {shlex.quote(job0.interpreter)} >/dev/null 2>&1; "
+            f"then {StringCommand(*words).get_raw_value()}; else {alone}; fi; }} &"
+        )
+    parts += [f"{section} &" for section in sections.values()]
     files = " ".join(f'"$d/{i}"' for i in range(len(keyed)))
     # `&` already ends each part: join them with spaces, not `;` (`&;` is a syntax error).
     return " ".join([parts[0] + ";", *parts[1:], f'wait; cat {files}; rm -rf "$d"; true'])
+
+
+def _python_groups(keyed: dict[str, tuple[type[FactBase], dict]]) -> dict[tuple, list]:
+    """``{(interpreter, flags): [(index, key, PythonJob, fact class)]}`` of two jobs or more."""
+    groups: dict[tuple, list] = {}
+    for i, (key, (cls, kwargs)) in enumerate(keyed.items()):
+        python_job = getattr(cls(), "python_job", None)
+        job = python_job(**kwargs) if callable(python_job) else None
+        if isinstance(job, PythonJob):
+            groups.setdefault((job.interpreter, job.flags), []).append((i, key, job, cls))
+    return {k: v for k, v in groups.items() if len(v) > 1}
 
 
 def parse(specs: Mapping[str, Spec] | list, stdout_lines: list[str]) -> dict:

@@ -8,6 +8,8 @@ importing ``json``; ``parse_printed`` reads either.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def installed_dists(paths: list[str]) -> dict[str, dict]:
     """``{Name: {"version", "direct_url"}}`` of every ``*.dist-info``/``*.egg-info`` under
@@ -63,3 +65,62 @@ def parse_printed(text: str):
         return json.loads(text)
     except ValueError:
         return ast.literal_eval(text)
+
+
+@dataclass(frozen=True)
+class PythonJob:
+    """A fact whose command is one Python script, ``interpreter *flags -c source *argv``, when
+    the interpreter is there. A probe runs every such script of one interpreter (and flags) in
+    one process (``RUNNER``): one interpreter start, and one ``json`` import, instead of one per
+    fact. The fact's ``command`` stays what it runs alone (with what it says when the
+    interpreter is missing)."""
+
+    interpreter: str
+    flags: tuple[str, ...]
+    source: str
+    argv: tuple[str, ...] = ()
+
+    def words(self) -> list:
+        from pyinfra.api import QuoteString
+
+        return [QuoteString(self.interpreter), *self.flags, "-c", QuoteString(self.source),
+                *(QuoteString(a) for a in self.argv)]
+
+
+# Runs in one interpreter for many PythonJobs. argv: per job OUT_PATH KEY FACT_NAME SOURCE N and
+# the job's N arguments. Each job runs as `python -c SOURCE ARGS...` would (its own globals,
+# sys.argv, stdout and stderr; sys.path put back after it) and its section is written to
+# OUT_PATH in the probe's format: begin line, stdout, a newline, stderr lines, end line.
+RUNNER = r"""
+import io, sys
+MARK = sys.argv[1]
+def run(out_path, key, name, source, argv):
+    saved = sys.argv, sys.stdout, sys.stderr, list(sys.path)
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv, sys.stdout, sys.stderr = ["-c", *argv], out, err
+    rc = 0
+    try:
+        exec(compile(source, "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=err)
+    except BaseException:
+        import traceback
+        kind, value, tb = sys.exc_info()
+        traceback.print_exception(kind, value, tb.tb_next, file=err)  # not the runner's frame
+        rc = 1
+    finally:
+        sys.argv, sys.stdout, sys.stderr = saved[:3]
+        sys.path[:] = saved[3]
+    lines = [MARK + "-begin " + key + " " + name, out.getvalue()]
+    lines += [MARK + "-stderr " + line for line in err.getvalue().splitlines()]
+    lines.append(MARK + "-end " + key + " " + str(rc))
+    with open(out_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+args = sys.argv[2:]
+while args:
+    n = int(args[4])
+    run(*args[:4], args[5:5 + n])
+    args = args[5 + n:]
+"""

@@ -9,7 +9,7 @@ import re
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import installed_dists, parse_printed
+from facts.hostpy import PythonJob, installed_dists, parse_printed
 from facts.sglang import DEFAULT_PYTHON
 
 # The distributions a deploy asks about by default (canonical names, PEP 503).
@@ -104,6 +104,12 @@ class Packages(FactBase[dict]):
     def default() -> dict:
         return empty_value()
 
+    def python_job(
+        self, python: str = DEFAULT_PYTHON, names: list[str] | None = None
+    ) -> PythonJob:
+        wanted = [canonical(n) for n in names or PACKAGES]
+        return PythonJob(python, ("-I",), COLLECT, (",".join(wanted),))
+
     @override
     def command(
         self, python: str = DEFAULT_PYTHON, names: list[str] | None = None
@@ -118,11 +124,7 @@ class Packages(FactBase[dict]):
             ">/dev/null",
             ";",
             "then",
-            QuoteString(python),
-            "-I",
-            "-c",
-            QuoteString(COLLECT),
-            QuoteString(",".join(wanted)),
+            *self.python_job(python, names).words(),
             ";",
             "else",
             "echo",

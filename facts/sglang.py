@@ -9,7 +9,7 @@ import re
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import installed_dists, parse_printed
+from facts.hostpy import PythonJob, installed_dists, parse_printed
 
 DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
 
@@ -192,22 +192,14 @@ class SGLangInstall(FactBase[dict | None]):
         }
     """
 
+    def python_job(self, python: str = DEFAULT_PYTHON) -> PythonJob:
+        return PythonJob(python, ("-I",), COLLECT, (collect_request(),))
+
     @override
     def command(self, python: str = DEFAULT_PYTHON) -> StringCommand:
-        return StringCommand(
-            "!",
-            # command -v: the interpreter may be a path (a venv's bin/python) or a bare name.
-            "command",
-            "-v",
-            QuoteString(python),
-            ">/dev/null",
-            "||",
-            QuoteString(python),
-            "-I",
-            "-c",
-            QuoteString(COLLECT),
-            QuoteString(collect_request()),
-        )
+        # command -v: the interpreter may be a path (a venv's bin/python) or a bare name.
+        return StringCommand("!", "command", "-v", QuoteString(python), ">/dev/null", "||",
+                             *self.python_job(python).words())
 
     @override
     def process(self, output: list[str]) -> dict | None:

@@ -9,7 +9,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import installed_dists, parse_printed
+from facts.hostpy import PythonJob, installed_dists, parse_printed
 from operations.weights_agent import pids_using
 
 # Run on the host by the system python3: read each revision's manifest and compare every file's
@@ -107,11 +107,13 @@ class WeightsState(FactBase[dict[str, Any]]):
     def default() -> dict[str, Any]:
         return {"path": None, "current": None, "revisions": {}}
 
+    def python_job(self, path: str, in_use: bool = False) -> PythonJob:
+        return PythonJob("python3", ("-I", "-S"), _STATE_SCRIPT,
+                         (path, "in-use") if in_use else (path,))
+
     @override
     def command(self, path: str, in_use: bool = False) -> StringCommand:
-        extra = ["in-use"] if in_use else []
-        return StringCommand("python3", "-I", "-S", "-c", QuoteString(_STATE_SCRIPT),
-                             QuoteString(path), *extra)
+        return StringCommand(*self.python_job(path, in_use).words())
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:
@@ -190,13 +192,13 @@ class WeightsTools(FactBase[dict[str, Any]]):
     ``None`` when the venv has no python.
     """
 
+    def python_job(self, path: str) -> PythonJob:
+        return PythonJob(f"{path.rstrip('/')}/bin/python", (), _TOOLS_SCRIPT, (path,))
+
     @override
     def command(self, path: str) -> StringCommand:
-        python = f"{path.rstrip('/')}/bin/python"
-        return StringCommand(
-            "!", "test", "-x", QuoteString(python), "||",
-            QuoteString(python), "-c", QuoteString(_TOOLS_SCRIPT), QuoteString(path),
-        )
+        job = self.python_job(path)
+        return StringCommand("!", "test", "-x", QuoteString(job.interpreter), "||", *job.words())
 
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:

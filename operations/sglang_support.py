@@ -23,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from deploys.errors import SpecfleetError
+from facts.hostpy import PythonJob
 
 # Where an applied PR#20547 keeps its state, relative to the venv: the mapped diff it applied
 # (``applied.diff``), a tar of the files it modified (``backup.tar``), the files and directories
@@ -854,12 +855,15 @@ class Venv(FactBase[dict | None]):
         {"path": "/opt/specfleet/sglang", "python": "3.11.2"}
     """
 
+    def python_job(self, path: str) -> PythonJob:
+        # -I as the SGLang facts of the same interpreter: a probe runs them in one process.
+        return PythonJob(venv_python(path), ("-I",),
+                         "import sys; print('python=%d.%d.%d' % sys.version_info[:3])")
+
     def command(self, path: str) -> StringCommand:
         py = venv_python(path)
         return StringCommand(
-            "if", "test", "-x", QuoteString(py), ";", "then",
-            QuoteString(py), "-I", "-S", "-c",
-            QuoteString("import sys; print('python=%d.%d.%d' % sys.version_info[:3])"), ";",
+            "if", "test", "-x", QuoteString(py), ";", "then", *self.python_job(path).words(), ";",
             "elif", "test", "-e", QuoteString(path), ";", "then", "echo", "python=", ";", "fi",
         )  # fmt: skip
 

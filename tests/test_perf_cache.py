@@ -235,3 +235,84 @@ def test_the_deploy_probe_builds_for_the_demo_settings():
     }, host="h1")
     specs = deploy_specs(s, "/var/lib/specfleet/run.lock")
     assert len(cache.keyed_specs(specs)) == len({fact_key(c, k) for c, k in specs}) >= 20
+
+
+class Script(FactBase):
+    """A test fact that is one Python script of ``python3 -I -S``: prints, writes to stderr,
+    exits or raises as ``what`` says."""
+
+    SOURCES = {
+        "print": "import sys; print(repr({'argv': sys.argv[1:], 'n': 1}))",
+        "exit3": "import sys; print('partial'); print('why', file=sys.stderr); sys.exit(3)",
+        "raise": "import sys; sys.path.append('/polluted'); raise RuntimeError('boom')",
+        "path": "import sys; print('/polluted' in sys.path)",
+    }
+
+    def python_job(self, what: str, arg: str = "a b"):
+        from facts.hostpy import PythonJob
+
+        return PythonJob("python3", ("-I", "-S"), self.SOURCES[what], (arg,))
+
+    def command(self, what: str, arg: str = "a b"):
+        return StringCommand(*self.python_job(what, arg).words())
+
+    def process(self, output):
+        return output
+
+
+def test_python_facts_of_one_interpreter_run_in_one_process_as_they_would_alone(tmp_path):
+    """Each script's stdout, stderr (a traceback too) and exit status through the runner are
+    those of its own `python -c`; the SGLang venv facts (here this venv's python) share one
+    process, the weights state scripts another; a missing interpreter falls back to each
+    fact's own command."""
+    import subprocess
+    import sys
+
+    from facts.hostpy import RUNNER
+    from facts.python import Packages
+    from facts.sglang import SGLangInstall
+    from facts.weights import WeightsState
+    from operations.sglang_support import Venv
+
+    models = tmp_path / "models"
+    (models / ("c" * 40)).mkdir(parents=True)
+    (models / "current").symlink_to("c" * 40)
+    specs = [
+        (SGLangInstall, {"python": sys.executable}),
+        (Packages, {"python": sys.executable, "names": ["pyinfra", "no-such-dist"]}),
+        (Venv, {"path": sys.prefix}),
+        (WeightsState, {"path": str(models)}),
+        (WeightsState, {"path": str(tmp_path / "absent")}),
+        (Script, {"what": "print"}),
+        (Script, {"what": "exit3"}),
+        (Script, {"what": "raise"}),
+        (Script, {"what": "path"}),
+        (SGLangInstall, {"python": "/no/such/python"}),
+        (Packages, {"python": "/no/such/python"}),
+    ]
+    grouped = cache.command(specs, parallel=True)
+    # One runner for the venv's three facts, one for python3's six; the missing interpreter's
+    # pair has a runner too, whose fallback is what runs.
+    assert grouped.count(RUNNER.replace("'", "'\"'\"'")[:60]) == 3
+
+    def run_probe(command):
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return done.stdout.splitlines()
+
+    alone, together = run_probe(cache.command(specs, parallel=False)), run_probe(grouped)
+    assert cache.parse(specs, together) == cache.parse(specs, alone)
+    sections_alone = cache.split_probe_output(alone)
+    sections_together = cache.split_probe_output(together)
+    assert sections_together == sections_alone
+    value = cache.parse(specs, together)["facts"]
+    key = fact_key
+    assert value[key(Packages, {"python": sys.executable, "names": ["pyinfra", "no-such-dist"]})][
+        "pyinfra"]
+    assert value[key(Venv, {"path": sys.prefix})] == {"python": sys.version.split()[0]}
+    assert value[key(WeightsState, {"path": str(models)})]["current"] == "c" * 40
+    assert value[key(Script, {"what": "print"})] == [repr({"argv": ["a b"], "n": 1})]
+    assert value[key(Script, {"what": "path"})] == ["False"]  # sys.path was put back
+    exit3 = sections_together[key(Script, {"what": "exit3"})]
+    assert (exit3["rc"], exit3["stdout"], exit3["stderr"]) == (3, ["partial"], ["why"])
+    raised = sections_together[key(Script, {"what": "raise"})]
+    assert raised["rc"] == 1 and raised["stderr"][-1] == "RuntimeError: boom"
