@@ -55,6 +55,27 @@ def installed_dists(paths: list[str]) -> dict[str, dict]:
     return dists
 
 
+def dist_version(paths: list[str], name: str) -> str | None:
+    """The version of the first distribution called ``name`` under ``paths`` (case, ``-``,
+    ``_`` and ``.`` alike), as ``importlib.metadata.version`` finds it, or None."""
+
+    def _canonical(n):
+        return n.lower().replace("_", "-").replace(".", "-")
+
+    return next((d["version"] for n, d in installed_dists(paths).items()
+                 if _canonical(n) == _canonical(name)), None)
+
+
+
+
+def host_source(*functions) -> str:
+    """The source of ``functions``, for the top of a script run by a host's Python, whatever
+    its version: their annotations are not evaluated there."""
+    import inspect
+
+    return "from __future__ import annotations\n" + "".join(map(inspect.getsource, functions))
+
+
 def parse_printed(text: str):
     """The value a host-side script printed: a Python literal (``repr``: such scripts need not
     import ``json``, 7 ms of a 15 ms script) or JSON (older scripts, captured fixtures)."""

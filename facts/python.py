@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, installed_dists, parse_printed
+from facts.hostpy import PythonJob, host_source, installed_dists, parse_printed
 from facts.sglang import DEFAULT_PYTHON
 
 # The distributions a deploy asks about by default (canonical names, PEP 503).
@@ -28,7 +27,7 @@ PACKAGES = [
 # only): a directory to search first. Prints (a Python literal) every installed distribution's
 # name and version, and the raw direct_url.json of those that have one; the choosing happens in
 # ``parse_packages``.
-COLLECT = inspect.getsource(installed_dists) + r"""
+COLLECT = host_source(installed_dists) + r"""
 import sys
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, installed_dists, parse_printed
+from facts.hostpy import PythonJob, dist_version, host_source, installed_dists, parse_printed
 
 DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
 
@@ -33,7 +32,7 @@ LINES = {
 # top-level name locates the package without executing its __init__ (which imports torch).
 # argv[1]: the request (``collect_request``); argv[2] (tests only): a directory to search first.
 # Prints the Python literal of what it found (``None`` without SGLang).
-COLLECT = inspect.getsource(installed_dists) + r"""
+COLLECT = host_source(installed_dists, dist_version) + r"""
 import importlib.util as iu, os, sys
 req = {"dirs": [], "texts": [], "lines": {}}
 for row in sys.argv[1].split("\n"):
@@ -53,8 +52,7 @@ if not locs:
     print(None)
     sys.exit(0)
 loc = locs[0]
-version = next((d["version"] for n, d in installed_dists(sys.path).items()
-                if n.lower().replace("_", "-").replace(".", "-") == "sglang"), None)
+version = dist_version(sys.path, "sglang")
 def read(rel):
     try:
         with open(os.path.join(loc, rel), encoding="utf-8", errors="replace") as f:

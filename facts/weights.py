@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, installed_dists, parse_printed
+from facts.hostpy import PythonJob, dist_version, host_source, installed_dists, parse_printed
 from operations.weights_agent import pids_using
 
 # Run on the host by the system python3: read each revision's manifest and compare every file's
 # size and mtime with it (the fast re-check: no hashing). Prints one JSON object.
-_STATE_SCRIPT = inspect.getsource(pids_using) + r"""
+_STATE_SCRIPT = host_source(pids_using) + r"""
 import json, os, sys
 root = sys.argv[1]
 want_in_use = len(sys.argv) > 2
@@ -55,7 +54,7 @@ if os.path.isdir(root):
 print(json.dumps(out))
 """
 
-_TOOLS_SCRIPT = inspect.getsource(installed_dists) + r"""
+_TOOLS_SCRIPT = host_source(installed_dists, dist_version) + r"""
 import hashlib, os, sys
 path = sys.argv[1]
 out = {"path": path, "huggingface_hub": None, "agent_sha256": None}
@@ -63,9 +62,7 @@ agent = os.path.join(path, "weights_agent.py")
 if os.path.isfile(agent):
     with open(agent, "rb") as f:
         out["agent_sha256"] = hashlib.sha256(f.read()).hexdigest()
-out["huggingface_hub"] = next(
-    (d["version"] for n, d in installed_dists(sys.path).items()
-     if n.lower().replace("_", "-").replace(".", "-") == "huggingface-hub"), None)
+out["huggingface_hub"] = dist_version(sys.path, "huggingface_hub")
 print(repr(out))
 """
 

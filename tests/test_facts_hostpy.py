@@ -4,9 +4,12 @@ and ``parse_printed`` on what the host-side scripts print."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import subprocess
 import sys
 import venv
+
+import pytest
 
 from facts.hostpy import installed_dists, parse_printed
 
@@ -66,3 +69,50 @@ def test_parse_printed_reads_literals_and_json():
     assert parse_printed(repr(value)) == value
     assert parse_printed('{"a": [1, 2.5, null, true], "b": {"c": "d\'e"}}') == value
     assert parse_printed("None") is None and parse_printed("null") is None
+
+
+def test_dist_version_is_importlib_metadata_version():
+    from facts.hostpy import dist_version
+
+    for name in ("pyinfra", "huggingface_hub", "Huggingface-Hub", "typing.extensions"):
+        try:
+            want = md.version(name)
+        except md.PackageNotFoundError:
+            want = None
+        assert dist_version(sys.path, name) == want, name
+    assert dist_version(sys.path, "pyinfra") is not None
+    assert dist_version(sys.path, "no-such-dist") is None
+
+
+def _interpreters() -> list[str]:
+    import glob
+    import shutil
+
+    # 3.8 and later: what a GPU host's system Python may be (Ubuntu 20.04 has 3.8).
+    found = {sys.executable}
+    for m in range(8, 15):
+        found |= set(glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{m}.*/bin/python")))
+        path = shutil.which(f"python3.{m}")
+        if path and "/shims/" not in path:  # a pyenv shim runs only the selected version
+            found.add(path)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("python", _interpreters())
+def test_host_scripts_run_on_every_python_at_hand(python):
+    """The host-side scripts define annotated functions (``str | None``): a host's Python 3.8 or
+    3.9 must not evaluate them (``host_source`` makes them lazy)."""
+    from facts import python as python_fact
+    from facts import sglang, weights
+
+    scripts = {
+        "Packages": (python_fact.COLLECT, ["pip"]),
+        "SGLangInstall": (sglang.COLLECT, [sglang.collect_request()]),
+        "WeightsTools": (weights._TOOLS_SCRIPT, ["/nonexistent"]),
+        "WeightsState": (weights._STATE_SCRIPT, ["/nonexistent", "in-use"]),
+    }
+    for name, (source, args) in scripts.items():
+        done = subprocess.run([python, "-I", "-c", source, *args], capture_output=True, text=True)
+        assert done.returncode == 0, (name, done.stderr)
+        value = parse_printed(done.stdout.strip())
+        assert name == "SGLangInstall" and value is None or isinstance(value, dict), name
