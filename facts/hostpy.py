@@ -1,9 +1,10 @@
 """Helpers of the Python scripts that facts run on a host, and of reading what they print.
 
 The scripts are run on every host of every deploy, so each import counts: they embed
-``installed_dists`` (``inspect.getsource``) instead of importing ``importlib.metadata`` (about
-40 ms of CPU, four fifths of such a fact), and print ``repr`` of their value instead of
-importing ``json``; ``parse_printed`` reads either.
+``installed_dists`` and ``dist_version`` (``host_source``) instead of importing
+``importlib.metadata`` (about 40 ms of CPU, four fifths of such a fact), and print ``repr`` of
+their value instead of importing ``json``; ``parse_printed`` reads either. A probe runs the
+scripts of one interpreter in one process (``PythonJob``, ``RUNNER``).
 """
 
 from __future__ import annotations
