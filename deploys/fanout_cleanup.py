@@ -3,8 +3,8 @@ remove keys, known_hosts and jobs on every host (deploys/fanout.py runs it)."""
 
 from pyinfra import host
 
-from deploys.settings import settings_for_host
 from operations import fanout
+from specfleet.core.settings import settings_for_host
 
 state_dir = settings_for_host(host).state_dir
 fanout.serve(name="Stop serving weights", present=False, state_dir=state_dir)

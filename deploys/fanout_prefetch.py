@@ -1,5 +1,5 @@
-"""The rollout's prefetch stage with fan-out (run by ``deploys.fanout.run_prefetch``, which
-passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see deploys/fanout.py).
+"""The rollout's prefetch stage with fan-out (run by ``specfleet.fleet.fanout.run_prefetch``, which
+passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see specfleet/fleet/fanout.py).
 
 1. the weights tools, the fan-out agent and the token on every host;
 2. an ephemeral sshd on each host that serves peers;
@@ -11,12 +11,12 @@ passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see deploys/fanout
 
 from pyinfra import host
 
-from deploys.fanout import MODELS, load_plan
-from deploys.settings import settings_for_host
 from operations import fanout, weights
+from specfleet.core.fanout import MODELS
+from specfleet.core.settings import settings_for_host
 
 settings = settings_for_host(host)
-plan = load_plan()
+plan = fanout.load_plan()
 me = plan["hosts"][host.name]
 serving = bool(me["receivers"])
 

@@ -14,8 +14,8 @@ Every option comes from the host's ``specfleet`` data (``deploys/settings.py``).
 from pyinfra import host, inventory
 from pyinfra.operations.util import any_changed
 
-from deploys.settings import settings_for_all_hosts
-from operations import preflight, server, sglang, weights
+from operations import preflight, serving, sglang, weights
+from specfleet.core.settings import settings_for_all_hosts
 
 settings = settings_for_all_hosts(inventory)[host.name]
 
@@ -29,14 +29,14 @@ weights.host_token(name="Hugging Face token")
 target = weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
 drafter = weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
 
-server.unit(name="SGLang unit from the launch plan", settings=settings)
-server.restart_pending(
+serving.unit(name="SGLang unit from the launch plan", settings=settings)
+serving.restart_pending(
     name="Restart for new software or weights",
     settings=settings,
     reason="the software or weights",
     _if=any_changed(*software.values(), target, drafter),
 )
-server.service(
+serving.service(
     name="SGLang server running, enabled and ready",
     settings=settings,
     running=True,

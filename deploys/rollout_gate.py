@@ -1,7 +1,7 @@
 """Rollout step: the readiness gate on each host, then its state kept as the rollback point
-(python -m deploys.rollout). A host that fails the gate keeps its earlier point."""
+(python -m specfleet.fleet.rollout). A host that fails the gate keeps its earlier point."""
 
-from operations import rollback, server
+from operations import rollback, serving
 
-server.ready(name="Readiness gate")
+serving.ready(name="Readiness gate")
 rollback.snapshot(name="Keep the ready state as the rollback point")

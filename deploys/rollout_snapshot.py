@@ -1,4 +1,4 @@
-"""Rollout step: a rollback point on each host before it is changed (python -m deploys.rollout)."""
+"""Rollout step: a rollback point on each host before it is changed (specfleet rollout)."""
 
 from operations import rollback
 

@@ -11,7 +11,7 @@ It changes nothing: every host reports "No changes".
 
 from pyinfra import host
 
-from deploys.settings import settings_for_host
 from operations import status
+from specfleet.core.settings import settings_for_host
 
 status.report(name="Status (read-only)", settings=settings_for_host(host))

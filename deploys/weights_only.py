@@ -1,6 +1,6 @@
 """Only the weights of deploys/kimi_k26.py: the rollout's prefetch stage without fan-out.
 
-    python -m deploys.rollout INVENTORY deploys/kimi_k26.py --no-fanout
+    python -m specfleet.fleet.rollout INVENTORY deploys/kimi_k26.py --no-fanout
 
 downloads the target and drafter to every host first (each from upstream), so that no batch
 waits on a 595 GB download with its server down. Nothing else on the host changes.
@@ -8,8 +8,8 @@ waits on a 595 GB download with its server down. Nothing else on the host change
 
 from pyinfra import host, inventory
 
-from deploys.settings import settings_for_all_hosts
 from operations import preflight, weights
+from specfleet.core.settings import settings_for_all_hosts
 
 settings = settings_for_all_hosts(inventory)[host.name]
 

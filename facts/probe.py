@@ -11,6 +11,7 @@ from pyinfra.api import FactBase, StringCommand
 from typing_extensions import override
 
 from facts.sglang import DEFAULT_PYTHON
+from specfleet.core.errors import SpecfleetError
 
 MARK = "##specfleet-probe"
 MISSING = "##specfleet-probe-missing-command"
@@ -24,7 +25,8 @@ def default_specs(
     models_path: str = "/srv/models",
     token_path: str | None = None,
 ) -> dict[str, tuple[str, dict]]:
-    """The facts a specfleet deploy and preflight read, keyed by fact name (as ``deploys.plan``
+    """The facts a specfleet deploy and preflight read, keyed by fact name (as
+    ``specfleet.core.plan``
     and ``pyinfra fact --json`` key them)."""
     return {
         "facts.gpu.Gpus": ("facts.gpu.Gpus", {}),
@@ -188,7 +190,6 @@ class Probe(FactBase[dict]):
 
 def gather(host, specs: Mapping[str, Spec] | None = None, **kwargs) -> dict[str, Any]:
     """``host.get_fact(Probe, ...)`` -> ``{key: value}``; a failed fact raises SpecfleetError."""
-    from deploys.errors import SpecfleetError
 
     value = host.get_fact(Probe, specs=specs, **kwargs)
     if value["errors"]:

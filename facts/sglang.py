@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
+from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import PythonJob, dist_version, host_source, installed_dists, parse_printed
+from specfleet.core.sglang.install import PATCH_OPTS, REVERSE_OPTS, patch_state_dir, venv_python
 
 DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
 
@@ -202,3 +205,142 @@ class SGLangInstall(FactBase[dict | None]):
     @override
     def process(self, output: list[str]) -> dict | None:
         return parse_collected_output(output)
+
+
+# --------------------------------------------------------------------------------------------------
+# The venv, a git ref's commit, and the state of an applied PR#20547 patch
+# --------------------------------------------------------------------------------------------------
+
+
+class Venv(FactBase[dict | None]):
+    """Whether ``path`` is a venv: None if nothing is there, ``{"python": None}`` for a path that is
+    not a venv, else the interpreter's version.
+
+    .. code:: python
+
+        {"path": "/opt/specfleet/sglang", "python": "3.11.2"}
+    """
+
+    def python_job(self, path: str) -> PythonJob:
+        # -I as the SGLang facts of the same interpreter: a probe runs them in one process.
+        return PythonJob(venv_python(path), ("-I",),
+                         "import sys; print('python=%d.%d.%d' % sys.version_info[:3])")
+
+    def command(self, path: str) -> StringCommand:
+        py = venv_python(path)
+        return StringCommand(
+            "if", "test", "-x", QuoteString(py), ";", "then", *self.python_job(path).words(), ";",
+            "elif", "test", "-e", QuoteString(path), ";", "then", "echo", "python=", ";", "fi",
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> dict | None:
+        for line in output:
+            if line.startswith("python="):
+                return {"python": line[len("python=") :].strip() or None}
+        return None
+
+
+class GitRemoteRefs(FactBase[list[str]]):
+    """The raw ``git ls-remote URL REF`` lines, for ``parse_ls_remote``.
+
+    .. code:: python
+
+        ["e67a0d4880f1d6a1c4e0b9a3f1b2c3d4e5f60718\trefs/heads/dflash_v2"]
+    """
+
+    default = list
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "git"
+
+    def command(self, url: str, ref: str) -> StringCommand:
+        # No prompt for credentials: a private URL fails instead of hanging the deploy.
+        return StringCommand(
+            "GIT_TERMINAL_PROMPT=0", "git", "ls-remote", "--", QuoteString(url), QuoteString(ref),
+            QuoteString(f"{ref}^{{}}"),
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> list[str]:
+        return list(output)
+
+
+class PatchState(FactBase[dict | None]):
+    """An applied PR#20547 in a venv: the marker's sha256, the site it patched, and whether the
+    applied diff still reverses cleanly there (``patch -R --dry-run``). None if no patch was
+    applied; ``partial`` for an apply that never reached its marker; ``leftovers``, for a marker
+    that no longer reverses, the files it added that are still exactly as it added them.
+
+    .. code:: python
+
+        {"sha256": "9f2c...", "site": "/opt/v/lib/python3.11/site-packages",
+         "reverse_applies": True, "partial": False}
+    """
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "patch"
+
+    def command(self, venv: str) -> str:
+        d = shlex.quote(patch_state_dir(venv))
+        rev = " ".join(REVERSE_OPTS)
+        return (
+            f"d={d}; "
+            'if [ -f "$d/sha256" ]; then '
+            'echo "sha256=$(cat "$d/sha256")"; echo "site=$(cat "$d/site")"; '
+            f'if (cd "$(cat "$d/site")" && patch --dry-run {rev} -i "$d/applied.diff") '
+            ">/dev/null 2>&1; then echo reverse=ok; else echo reverse=fail; "
+            'if [ -f "$d/created.sha256" ]; then (cd "$(cat "$d/site")" && '
+            'sha256sum -c "$d/created.sha256" 2>/dev/null '
+            '| sed -n "s/^\\(.*\\): OK$/leftover=\\1/p"); '
+            "fi; fi; "
+            'elif [ -d "$d" ]; then echo partial=1; '
+            'if [ -f "$d/conflict" ]; then sed "s/^/conflict:/" "$d/conflict"; fi; fi'
+        )
+
+    def process(self, output: list[str]) -> dict | None:
+        if not any(line.strip() for line in output):
+            return None
+        out: dict[str, Any] = {
+            "sha256": None, "site": None, "reverse_applies": False, "partial": False,
+            "conflict": [], "leftovers": [],
+        }  # fmt: skip
+        for line in output:
+            if line.startswith("sha256="):
+                out["sha256"] = line[len("sha256=") :].strip() or None
+            elif line.startswith("site="):
+                out["site"] = line[len("site=") :].strip() or None
+            elif line.startswith("reverse="):
+                out["reverse_applies"] = line.strip() == "reverse=ok"
+            elif line.startswith("partial="):
+                out["partial"] = True
+            elif line.startswith("leftover="):
+                out["leftovers"].append(line[len("leftover=") :])
+            elif line.startswith("conflict:"):
+                out["conflict"].append(line[len("conflict:") :])
+        return out
+
+
+class PatchCheck(FactBase[dict]):
+    """A dry run of the diff given on stdin (``_stdin=``) in ``directory``: nothing is written.
+
+    .. code:: python
+
+        {"applies": False, "output": ["checking file sglang/srt/environ.py",
+                                      "Hunk #1 FAILED at 57."]}
+    """
+
+    default = dict
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "patch"
+
+    def command(self, directory: str) -> str:
+        opts = " ".join(PATCH_OPTS)
+        return (
+            f"if cd {shlex.quote(directory)}; then "
+            f"if patch --dry-run {opts} 2>&1; then echo '##applies=1'; "
+            "else echo '##applies=0'; fi; else echo '##applies=0'; fi"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        applies = "##applies=1" in output
+        return {"applies": applies, "output": [x for x in output if not x.startswith("##applies")]}

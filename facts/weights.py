@@ -9,7 +9,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import PythonJob, dist_version, host_source, installed_dists, parse_printed
-from operations.weights_agent import pids_using
+from specfleet.hostside.weights_agent import pids_using
 
 # Run on the host by the system python3: read each revision's manifest and compare every file's
 # size and mtime with it (the fast re-check: no hashing). Prints one JSON object.
@@ -80,7 +80,7 @@ class WeightsState(FactBase[dict[str, Any]]):
     The revisions of one model under its root, each checked fast against its manifest (size and
     mtime of every file; nothing is hashed), and the revision the ``current`` link points to.
     With ``in_use``, the processes using each revision (``in_use`` pids; see
-    ``operations.weights_agent.pids_using``).
+    ``specfleet.hostside.weights_agent.pids_using``).
 
     .. code:: python
 

@@ -3,7 +3,7 @@
 Group data lives in inventories/group_data/<group>.py and differs by arch; every host shares
 inventories/group_data/all.py. The addresses are documentation examples (RFC 5737).
 
-Run: python -m deploys.rollout inventories/fleet_example.py deploys/kimi_k26.py
+Run: python -m specfleet.fleet.rollout inventories/fleet_example.py deploys/kimi_k26.py
 """
 
 rtx6000 = [

@@ -1,11 +1,11 @@
 """Download once per fleet, spread host to host over the LAN: the host side of a fan-out.
 
-A fan-out plan (``deploys.fanout``) names, per model, one **seed** host that downloads from
+A fan-out plan (``specfleet.fleet.fanout``) names, per model, one **seed** host that downloads from
 upstream (the Hub or ``HF_ENDPOINT``) with ``weights.model``, and **peers** that copy from hosts
 that already hold verified files (rsync over ssh), pipelined behind the seed's download and in a
 tree. The ops here:
 
-- ``agent``: the fan-out agent (``operations/fanout_agent.py``) next to the weights agent;
+- ``agent``: the fan-out agent (``specfleet/hostside/fanout_agent.py``) next to the weights agent;
 - ``serve``: an ephemeral sshd on a serving peer (its own port, host key and authorized keys,
   a transient ``systemd-run`` unit with a lifetime limit); the rollout's public key may only run
   ``fanout_agent.py serve`` (read-only rsync under the models root, and a status), and only
@@ -35,20 +35,22 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 
-from deploys.settings import Settings, settings_for_host
 from facts.fanout import FanoutLeftovers, FanoutServe
 from facts.weights import WeightsState, job_command, parse_job
 from operations import weights
-from operations.fanout_agent import pull_progress_path, weights_progress_path
-from operations.weights_agent import fmt_gib, job_id
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.fanout import FANOUT_PORT, PLAN_ENV
+from specfleet.core.resources import hostside_path
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
+from specfleet.hostside.weights_agent import fmt_gib, job_id
 
 AGENT_NAME = "fanout_agent.py"
-AGENT_SOURCE_PATH = Path(__file__).with_name(AGENT_NAME)
+AGENT_SOURCE_PATH = hostside_path(AGENT_NAME)
 # Units are named per run (``-<rollout id>``): a stopped transient unit may stay loaded (seen on
 # nspawn hosts when its cgroup cannot be killed), and systemd-run refuses a loaded name.
 SERVE_UNIT = "specfleet-fanout-sshd"
 PULL_UNIT = "specfleet-fanout-pull"
-DEFAULT_PORT = 22113
 # The ephemeral sshd stops by itself after this long, whatever happens to the control machine.
 SERVE_MAX_SECONDS = 24 * 3600
 _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -195,7 +197,7 @@ def agent(tools_path: str = weights.TOOLS_PATH):
 def serve(
     present: bool = True,
     rollout_id: str = "",
-    port: int = DEFAULT_PORT,
+    port: int = FANOUT_PORT,
     public_key: str | None = None,
     host_private_key: str | None = None,
     receivers: list[str] | None = None,
@@ -371,7 +373,7 @@ def model(
     role: str = "seed",
     rollout_id: str = "",
     sources: list[dict] | None = None,
-    port: int = DEFAULT_PORT,
+    port: int = FANOUT_PORT,
     private_key: str | None = None,
     servers: dict[str, dict] | None = None,
 ):
@@ -499,3 +501,15 @@ def cleanup(state_dir: str = "/var/lib/specfleet"):
 
 
 __all__ = ["agent", "cleanup", "model", "needs", "serve"]
+
+
+def load_plan(path: str | None = None) -> dict[str, Any]:
+    """The plan of this run, for the prefetch deploy (``SPECFLEET_FANOUT_PLAN``)."""
+    path = path or os.environ.get(PLAN_ENV)
+    if not path:
+        raise SpecfleetError(
+            f"no fan-out plan ({PLAN_ENV} is not set)",
+            fix="run the fan-out prefetch through `specfleet fanout INVENTORY` or the "
+            "rollout, not pyinfra directly",
+        )
+    return json.loads(Path(path).read_text())

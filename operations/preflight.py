@@ -15,19 +15,20 @@ from typing import Any
 from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from deploys import preflight as pure
-from deploys.errors import SpecfleetError
-from deploys.settings import Settings, settings_for_host
 from facts import cache
 from facts.cache import cached_fact, cached_gather
 from facts.preflight import RunLock, SGLangWheel
 from facts.probe import MARK as PROBE_MARK
 from facts.probe import default_specs
-from facts.server import ServiceState
+from facts.serving import ServiceState
+from facts.weights import WeightsState
 from operations.probe import deploy_specs
-from operations.server import service_state_args
+from operations.serving import service_state_args
 from operations.util import fails_host
 from operations.weights import read_control_token
+from specfleet.core import preflight as pure
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import Settings, settings_for_host
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -182,7 +183,6 @@ def _hub_files(endpoint: str | None, repo_id: str, revision: str, token: str | N
 
 def missing_weights_bytes(s: Settings) -> int | None:
     """Bytes the weights step would still fetch, from the Hub's metadata; None if unknown."""
-    from facts.weights import WeightsState
 
     token = read_control_token(s.weights.token_file)
     total = 0

@@ -15,16 +15,16 @@ from typing import Any
 
 from pyinfra.facts.files import File, Sha256File
 
-from deploys.settings import Settings
 from facts.preflight import RunLock
 from facts.probe import default_specs
 from facts.python import Packages
-from facts.server import ServiceState
-from facts.sglang import SGLangInstall
+from facts.serving import ServiceState
+from facts.sglang import PatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
-from operations.server import host_specs, server_paths, service_state_args, unit_files
-from operations.sglang_support import PatchState, Venv, venv_python
+from operations.serving import host_specs, server_paths, service_state_args, unit_files
 from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_pattern
+from specfleet.core.settings import Settings
+from specfleet.core.sglang.install import venv_python
 
 
 def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]]:

@@ -12,12 +12,13 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
-from deploys.errors import SpecfleetError
-from deploys.settings import Settings, settings_for_host
 from facts.rollback import FILE_KEYS, RollbackState
 from operations import sglang as sglang_ops
-from operations.server import ServerPaths, server_paths
-from operations.sglang_support import patch_state_dir, restore_script
+from operations.serving import ServerPaths, server_paths
+from operations.sglang_commands import restore_script
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir
 
 # The distributions specfleet's software step changes; their wheels are kept in the cache so that
 # a rollback reinstalls the old pins even where the index no longer serves them.
@@ -215,7 +216,6 @@ def snapshot_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str:
 def reapply_patch_script(saved_patch: str, venv: str) -> str:
     """Put an applied PR#20547 back from the rollback point: its mapped diff onto the (restored)
     site-packages, and its state folder (backup, created files, marker) beside the venv."""
-    from operations.sglang_support import PATCH_OPTS
 
     q = shlex.quote
     opts = " ".join(PATCH_OPTS)
@@ -275,7 +275,7 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
             f"there is no rollback point in {rollback_paths(s).directory}",
             host=host.name,
             fix="take one with rollback.snapshot before changing the host "
-            "(python -m deploys.rollout does it for every host it changes)",
+            "(python -m specfleet.fleet.rollout does it for every host it changes)",
         )
     return state["saved"]
 

@@ -10,42 +10,43 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
-from deploys.errors import SpecfleetError
 from facts.cache import cached_fact
 from facts.python import Packages
-from facts.sglang import SGLangInstall
-from operations.sglang_support import (
-    CONFLICT_FIX,
-    GitRemoteRefs,
-    PatchCheck,
-    PatchFormatError,
-    PatchState,
-    Venv,
+from facts.sglang import GitRemoteRefs, PatchCheck, PatchState, SGLangInstall, Venv
+from operations.sglang_commands import (
     apply_script,
-    conflict_message,
+    forget_script,
+    load_patch,
+    pinned_install_script,
+    restore_script,
+    script_command,
+)
+from operations.util import fails_host
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.sglang.install import (
     decide_compressed_tensors,
     decide_install,
     decide_pr20547,
     direct_url,
-    filter_patch,
-    forget_script,
     git_requirement,
     has_v2_worker,
     is_commit,
-    load_patch,
     package_version,
     parse_ls_remote,
-    parse_patch_failures,
     patch_state_dir,
-    pinned_install_script,
-    restore_script,
-    script_command,
     short,
     site_packages,
     split_git_url,
     venv_python,
 )
-from operations.util import fails_host
+from specfleet.core.sglang.patch import (
+    CONFLICT_FIX,
+    PatchFormatError,
+    conflict_message,
+    filter_patch,
+    parse_patch_failures,
+)
+from specfleet.core.tables.sglang_versions import predicted_install
 
 ON_CONFLICT = ("keep-v1", "fail")
 
@@ -255,7 +256,8 @@ def compressed_tensors(
     + trusted_hosts: as for ``sglang.installed``
     + no_deps: tests only; also skips ``pip check``, which would report every absent dependency
 
-    The specifier comes from ``deploys.versions.compressed_tensors_specifier`` (one table keyed by
+    The specifier comes from
+    ``specfleet.core.tables.sglang_versions.compressed_tensors_specifier`` (one table keyed by
     SGLang version). Only a version outside it triggers an install, made with a constraints file
     of the venv's current pins so that torch and transformers cannot move, then ``pip check``.
 
@@ -402,7 +404,6 @@ def _filtered(source: str, sha256: str | None):
 
 def _predict_patch(venv: str, source: str | None, sha256: str | None, sglang_version: str):
     """``--dry`` on a host without SGLang: say what the installed version will need."""
-    from deploys.versions import predicted_install
 
     predicted = predicted_install(sglang_version)
     version = predicted["version"]
@@ -513,7 +514,7 @@ def _verify_or_roll_back(
 
 
 def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
-    """Call the three operations with a host's ``deploys.settings.Settings``: SGLang installed,
+    """Call the three operations with a host's ``Settings``: SGLang installed,
     compressed-tensors pinned, PR#20547 applied where missing. Returns their OperationMeta by name.
     Call it from a deploy (it adds operations, like any op call)."""
     sg = settings.sglang

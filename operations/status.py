@@ -15,11 +15,10 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import operation
 
-from deploys.errors import SpecfleetError
-from deploys.settings import Settings, settings_for_host
 from facts.probe import gather
+from facts.sglang import PatchState
 from facts.status import Health
-from operations.server import (
+from operations.serving import (
     ENV_TEMPLATE,
     SERVICE,
     UNIT_TEMPLATE,
@@ -31,7 +30,8 @@ from operations.server import (
     sha1_text,
     unit_context,
 )
-from operations.sglang_support import PatchState
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import Settings, settings_for_host
 
 SGLANG = "facts.sglang.SGLangInstall"
 PATCH = "status_patch"

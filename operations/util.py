@@ -8,7 +8,7 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 
-from deploys.errors import SpecfleetError
+from specfleet.core.errors import SpecfleetError
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:

@@ -24,9 +24,8 @@ from pyinfra.api import (
 )
 from pyinfra.facts.files import File, Sha256File
 
-from deploys.errors import SpecfleetError
-from deploys.settings import Settings, settings_for_host
 from facts.cache import cached_fact
+from facts.disk import FreeSpace
 from facts.weights import (
     WeightsDeepCheck,
     WeightsJob,
@@ -37,11 +36,14 @@ from facts.weights import (
     parse_job,
 )
 from operations.util import fail_step
-from operations.weights_agent import GIB, disk_preflight, fmt_gib, job_id
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.resources import hostside_path
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
 TOOLS_PATH = "/opt/specfleet/tools"
 AGENT_NAME = "weights_agent.py"
-AGENT_SOURCE_PATH = Path(__file__).with_name(AGENT_NAME)
+AGENT_SOURCE_PATH = hostside_path(AGENT_NAME)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -438,10 +440,6 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
 
 def _free_space(root: str, plan: dict) -> int:
     """Free bytes on root's filesystem: facts.disk.FreeSpace, else the agent's own statvfs."""
-    try:
-        from facts.disk import FreeSpace
-    except ImportError:
-        return int(plan["free_bytes"])
     info = host.get_fact(FreeSpace, path=root)
     if info and info.get("free_bytes") is not None:
         return int(info["free_bytes"])

@@ -7,8 +7,8 @@ Host data ``sglang_test`` narrows it for one test: ``{"ops": ["installed", ...],
 
 from pyinfra import host
 
-from deploys.settings import settings_for_host
 from operations import sglang
+from specfleet.core.settings import settings_for_host
 
 settings = settings_for_host(host)
 opts = host.data.get("sglang_test") or {}

@@ -5,19 +5,19 @@ order (SGLang software, weights, the unit, restart on change, readiness), on the
 from pyinfra import host
 from pyinfra.operations.util import any_changed
 
-from deploys.settings import settings_for_host
-from operations import server, weights
+from operations import serving, weights
 from operations.sglang import ensure_software
+from specfleet.core.settings import settings_for_host
 
 software = ensure_software(settings_for_host(host))
 weights.host_tools(name="Weights tools")
 weights.host_token(name="Hugging Face token")
 target = weights.model(name="Target weights", which="target")
 drafter = weights.model(name="Drafter weights", which="drafter")
-server.unit(name="SGLang unit")
-server.restart_pending(
+serving.unit(name="SGLang unit")
+serving.restart_pending(
     name="Restart for new software or weights",
     reason="the software or weights",
     _if=any_changed(*software.values(), target, drafter),
 )
-server.service(name="SGLang server", running=True, enabled=True)
+serving.service(name="SGLang server", running=True, enabled=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from deploys.settings import settings_from_dict
+from specfleet.core.settings import settings_from_dict
 from tests.demo import (
     DEMO_TOKEN,
     DRAFTER,

@@ -12,20 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from deploys.errors import SpecfleetError
-from deploys.fanout import add_keys, make_keypair, plan_fanout, swarm_key, tree_sources
-from deploys.settings import settings_from_dict
 from facts.fanout import parse_leftovers, parse_serve
 from operations.fanout import authorized_keys, known_hosts, serve_command, sshd_config
-from operations.fanout_agent import (
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import settings_from_dict
+from specfleet.core.fanout import plan_fanout, swarm_key, tree_sources
+from specfleet.fleet.fanout import add_keys, make_keypair
+from specfleet.hostside.fanout_agent import (
     available,
     parse_status_request,
     source_finished,
     ssh_command,
 )
-from operations.weights_agent import expected_hash
+from specfleet.hostside.weights_agent import expected_hash
 
-AGENT = Path(__file__).resolve().parents[1] / "operations" / "fanout_agent.py"
+AGENT = Path(__file__).resolve().parents[1] / "specfleet" / "hostside" / "fanout_agent.py"
 REV = "a" * 40
 ADDR = {"h1": "10.250.9.11", "h2": "10.250.9.12", "h3": "10.250.9.13", "h4": "10.250.9.14",
         "h5": "10.250.9.15"}

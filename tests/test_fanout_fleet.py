@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deploys.fanout import make_keypair
+from specfleet.fleet.fanout import make_keypair
 from tests.fleet import HostSpec
 from tests.weights_support import (
     StandinHub,
@@ -68,7 +68,7 @@ def fanout(env, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
     report = env["work"] / "report.json"
     report.unlink(missing_ok=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    r = subprocess.run([sys.executable, "-m", "deploys.fanout", str(env["inv"]), "--report",
+    r = subprocess.run([sys.executable, "-m", "specfleet.fleet.fanout", str(env["inv"]), "--report",
                         str(report), *flags], cwd=REPO_ROOT, env=e, capture_output=True,
                        text=True, timeout=600)
     (env["work"] / "last-output.txt").write_text(r.stdout + r.stderr)  # for a failing test

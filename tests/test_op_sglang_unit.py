@@ -1,4 +1,4 @@
-"""operations.sglang_support: the pure decisions, the patch filter, and the shell scripts run with
+"""specfleet.core.sglang and operations.sglang_commands: the pure decisions, the patch filter, and the shell scripts run with
 real GNU patch and tar in a temporary directory (no host, no pyinfra state)."""
 
 from __future__ import annotations
@@ -13,9 +13,32 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from deploys.errors import SpecfleetError
-from deploys.versions import compressed_tensors_specifier
-from operations import sglang_support as s
+from facts.sglang import PatchCheck, PatchState, Venv
+from operations.sglang_commands import (
+    apply_script,
+    forget_script,
+    load_patch,
+    pinned_install_script,
+    restore_script,
+)
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.sglang.install import (
+    PATCH_STATE_DIR,
+    decide_compressed_tensors,
+    decide_install,
+    decide_pr20547,
+    git_requirement,
+    is_commit,
+    parse_ls_remote,
+    split_git_url,
+)
+from specfleet.core.sglang.patch import (
+    PatchFormatError,
+    conflict_message,
+    filter_patch,
+    parse_patch_failures,
+)
+from specfleet.core.tables.sglang_versions import compressed_tensors_specifier
 
 needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
 
@@ -112,7 +135,7 @@ def sh(script, **kw) -> subprocess.CompletedProcess:
 
 
 def test_filter_keeps_only_package_files_mapped_onto_site_packages():
-    fp = s.filter_patch(PATCH)
+    fp = filter_patch(PATCH)
     assert [(f.path, f.kind) for f in fp.files] == [
         ("sglang/srt/environ.py", "modify"),
         ("sglang/srt/speculative/dflash_worker_v2.py", "create"),
@@ -136,7 +159,7 @@ def test_filter_plain_unified_diff_and_deletion():
         "--- a/python/sglang/gone.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
         "--- a/docs/x.md\n+++ b/docs/x.md\n@@ -1 +1 @@\n-a\n+b\n"
     )
-    fp = s.filter_patch(plain)
+    fp = filter_patch(plain)
     assert [(f.path, f.kind) for f in fp.files] == [
         ("sglang/x.py", "modify"),
         ("sglang/gone.py", "delete"),
@@ -146,13 +169,13 @@ def test_filter_plain_unified_diff_and_deletion():
 
 
 def test_filter_refuses_a_patch_with_nothing_for_the_package():
-    with pytest.raises(s.PatchFormatError, match="no file under python/sglang/"):
-        s.filter_patch("--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(PatchFormatError, match="no file under python/sglang/"):
+        filter_patch("--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-a\n+b\n")
 
 
 def test_filter_refuses_a_truncated_patch():
-    with pytest.raises(s.PatchFormatError, match="truncated"):
-        s.filter_patch("--- a/python/sglang/x.py\n+++ b/python/sglang/x.py\n@@ -1,3 +1,3 @@\n a\n")
+    with pytest.raises(PatchFormatError, match="truncated"):
+        filter_patch("--- a/python/sglang/x.py\n+++ b/python/sglang/x.py\n@@ -1,3 +1,3 @@\n a\n")
 
 
 # --- GNU patch, for real, on a temporary site-packages -----------------------------------------
@@ -162,11 +185,11 @@ def test_filter_refuses_a_truncated_patch():
 def test_apply_and_restore_scripts_round_trip(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
-    fp = s.filter_patch(PATCH)
-    d = tmp_path / "venv" / s.PATCH_STATE_DIR
+    fp = filter_patch(PATCH)
+    d = tmp_path / "venv" / PATCH_STATE_DIR
     d.mkdir(parents=True)
     (d / "applied.diff").write_text(fp.text)
-    r = sh(s.apply_script(str(d), str(site), fp))
+    r = sh(apply_script(str(d), str(site), fp))
     assert r.returncode == 0, r.stderr
     assert not (d / "conflict").exists()
     assert "SGLANG_ENABLE_DFLASH_SPEC_V2" in (site / "sglang/srt/environ.py").read_text()
@@ -176,13 +199,13 @@ def test_apply_and_restore_scripts_round_trip(tmp_path):
     (d / "sha256").write_text("ab" * 32 + "\n")
 
     # The PatchState fact's command, run here: the marker is confirmed by a reverse dry run.
-    fact = s.PatchState()
+    fact = PatchState()
     out = sh(fact.command(str(tmp_path / "venv")))
     state = fact.process(out.stdout.splitlines())
     assert state["sha256"] == "ab" * 32 and state["reverse_applies"] is True
     assert state["site"] == str(site)
 
-    r = sh(s.restore_script(str(d)))
+    r = sh(restore_script(str(d)))
     assert r.returncode == 0, r.stderr
     assert tree_hash(site) == before
     assert not d.exists()
@@ -197,13 +220,13 @@ def test_created_directories_are_removed_on_restore(tmp_path):
         "--- /dev/null\n+++ b/python/sglang/srt/speculative/triton_ops/fused.py\n"
         "@@ -0,0 +1 @@\n+x = 1\n"
     )
-    fp = s.filter_patch(text)
+    fp = filter_patch(text)
     d = tmp_path / "state"
     d.mkdir()
     (d / "applied.diff").write_text(fp.text)
-    assert sh(s.apply_script(str(d), str(site), fp)).returncode == 0
+    assert sh(apply_script(str(d), str(site), fp)).returncode == 0
     assert (site / "sglang/srt/speculative/triton_ops/fused.py").exists()
-    assert sh(s.restore_script(str(d))).returncode == 0
+    assert sh(restore_script(str(d))).returncode == 0
     assert tree_hash(site) == before
 
 
@@ -213,16 +236,16 @@ def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
     (site / "sglang/srt/environ.py").write_text(ENVIRON.replace("SGLANG_ENABLE_SPEC_V2", "OTHER"))
     (site / "sglang/srt/speculative/dflash_worker_v2.py").write_text("already here\n")
     before = tree_hash(site)
-    fp = s.filter_patch(PATCH)
+    fp = filter_patch(PATCH)
 
     # PatchCheck (the op's pre-check): the diff on stdin, nothing written.
-    check = s.PatchCheck()
+    check = PatchCheck()
     r = subprocess.run(
         ["sh", "-c", check.command(str(site))], input=fp.text, capture_output=True, text=True
     )
     result = check.process(r.stdout.splitlines())
     assert result["applies"] is False
-    failures = s.parse_patch_failures(result["output"])
+    failures = parse_patch_failures(result["output"])
     assert failures == {
         "sglang/srt/environ.py": ["hunk #1 FAILED at line 1"],
         "sglang/srt/speculative/dflash_worker_v2.py": ["already exists"],
@@ -233,13 +256,13 @@ def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
     d = tmp_path / "state"
     d.mkdir()
     (d / "applied.diff").write_text(fp.text)
-    r = sh(s.apply_script(str(d), str(site), fp))
+    r = sh(apply_script(str(d), str(site), fp))
     assert r.returncode == 0
     assert tree_hash(site) == before
-    state = s.PatchState().process(["partial=1"] + [f"conflict:{x}" for x in r.stdout.splitlines()])
-    assert s.parse_patch_failures(state["conflict"]) == failures
+    state = PatchState().process(["partial=1"] + [f"conflict:{x}" for x in r.stdout.splitlines()])
+    assert parse_patch_failures(state["conflict"]) == failures
 
-    msg = s.conflict_message("0.5.11", str(site), "cd" * 32, failures, "keep-v1")
+    msg = conflict_message("0.5.11", str(site), "cd" * 32, failures, "keep-v1")
     assert "sglang/srt/environ.py: hunk #1 FAILED at line 1" in msg
     assert "dflash_worker_v2.py: already exists" in msg
     assert "install is unchanged" in msg and ">=0.5.14 has the DFlash v2 worker" in msg
@@ -249,21 +272,21 @@ def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
 @needs_patch
 def test_missing_file_and_reversed_patch_are_named(tmp_path):
     site = make_site(tmp_path)
-    fp = s.filter_patch(PATCH)
+    fp = filter_patch(PATCH)
     assert sh(f"cd {site} && patch -p1 -s < /dev/stdin", input=fp.text).returncode == 0
     (site / "sglang/srt/speculative/dflash_worker_v2.py").unlink()
     r = subprocess.run(
-        ["sh", "-c", s.PatchCheck().command(str(site))], input=fp.text, text=True,
+        ["sh", "-c", PatchCheck().command(str(site))], input=fp.text, text=True,
         capture_output=True,
     )  # fmt: skip
-    failures = s.parse_patch_failures(s.PatchCheck().process(r.stdout.splitlines())["output"])
+    failures = parse_patch_failures(PatchCheck().process(r.stdout.splitlines())["output"])
     assert failures["sglang/srt/environ.py"] == ["already applied (reversed patch detected)"]
     (site / "sglang/srt/environ.py").unlink()
     r = subprocess.run(
-        ["sh", "-c", s.PatchCheck().command(str(site))], input=fp.text, text=True,
+        ["sh", "-c", PatchCheck().command(str(site))], input=fp.text, text=True,
         capture_output=True,
     )  # fmt: skip
-    failures = s.parse_patch_failures(s.PatchCheck().process(r.stdout.splitlines())["output"])
+    failures = parse_patch_failures(PatchCheck().process(r.stdout.splitlines())["output"])
     assert failures["sglang/srt/environ.py"] == ["file not found"]
 
 
@@ -271,40 +294,40 @@ def test_missing_file_and_reversed_patch_are_named(tmp_path):
 
 
 def test_decide_install_from_an_index():
-    d = s.decide_install(None, None, version="0.5.11")
+    d = decide_install(None, None, version="0.5.11")
     assert d.action == "install" and "not installed" in d.reason
-    assert s.decide_install("0.5.11", None, version="0.5.11").action == "noop"
+    assert decide_install("0.5.11", None, version="0.5.11").action == "noop"
     # packaging, not strings: a local label satisfies the pin, a zero suffix is equal.
-    assert s.decide_install("0.5.11+cu128", None, version="0.5.11").action == "noop"
-    assert s.decide_install("0.5.11.0", None, version="0.5.11").action == "noop"
-    up = s.decide_install("0.5.11", None, version="0.5.14")
+    assert decide_install("0.5.11+cu128", None, version="0.5.11").action == "noop"
+    assert decide_install("0.5.11.0", None, version="0.5.11").action == "noop"
+    up = decide_install("0.5.11", None, version="0.5.14")
     assert up.action == "install" and "settings pin 0.5.14" in up.reason
-    git_build = s.decide_install("0.5.11", {"url": "x", "commit": "a" * 40}, version="0.5.11")
+    git_build = decide_install("0.5.11", {"url": "x", "commit": "a" * 40}, version="0.5.11")
     assert git_build.action == "reinstall"
 
 
 def test_decide_install_from_git_keys_on_the_commit():
     url = "git+file:///srv/git/sglang.git#subdirectory=python"
     a, b = "a" * 40, "b" * 40
-    same = s.decide_install("0.5.9", {"url": "file:///srv/git/sglang.git", "commit": a},
+    same = decide_install("0.5.9", {"url": "file:///srv/git/sglang.git", "commit": a},
                             version="0.5.11", git_url=url, commit=a)  # fmt: skip
     assert same.action == "noop" and "/srv/git/sglang.git at aaaaaaaaaaaa" in same.reason
-    moved = s.decide_install(
+    moved = decide_install(
         "0.5.9", {"url": "u", "commit": b}, version=None, git_url=url, commit=a
     )
     assert moved.action == "reinstall" and "bbbbbbbbbbbb" in moved.reason
-    release = s.decide_install("0.5.11", None, version="0.5.11", git_url=url, commit=a)
+    release = decide_install("0.5.11", None, version="0.5.11", git_url=url, commit=a)
     assert release.action == "reinstall"
-    assert s.decide_install(None, None, version=None, git_url=url, commit=a).action == "install"
+    assert decide_install(None, None, version=None, git_url=url, commit=a).action == "install"
 
 
 def test_git_requirement_and_ls_remote():
     url = "https://github.com/sgl-project/sglang.git#subdirectory=python"
-    assert s.split_git_url("git+" + url) == (
+    assert split_git_url("git+" + url) == (
         "https://github.com/sgl-project/sglang.git",
         "#subdirectory=python",
     )
-    assert s.git_requirement(url, "c" * 40) == (
+    assert git_requirement(url, "c" * 40) == (
         f"git+https://github.com/sgl-project/sglang.git@{'c' * 40}#subdirectory=python"
     )
     lines = [
@@ -313,27 +336,27 @@ def test_git_requirement_and_ls_remote():
         f"{'3' * 40}\trefs/tags/v1^{{}}",
         f"{'4' * 40}\trefs/pull/20547/head",
     ]
-    assert s.parse_ls_remote(lines, "main") == "1" * 40
-    assert s.parse_ls_remote(lines, "v1") == "3" * 40  # the commit, not the tag object
-    assert s.parse_ls_remote(lines, "refs/pull/20547/head") == "4" * 40
-    assert s.parse_ls_remote(lines, "nope") is None
-    assert s.is_commit("A" * 40) and not s.is_commit("main")
+    assert parse_ls_remote(lines, "main") == "1" * 40
+    assert parse_ls_remote(lines, "v1") == "3" * 40  # the commit, not the tag object
+    assert parse_ls_remote(lines, "refs/pull/20547/head") == "4" * 40
+    assert parse_ls_remote(lines, "nope") is None
+    assert is_commit("A" * 40) and not is_commit("main")
 
 
 def test_decide_compressed_tensors_uses_the_version_table():
-    d, spec = s.decide_compressed_tensors("0.9.4", "0.5.11")
+    d, spec = decide_compressed_tensors("0.9.4", "0.5.11")
     assert spec == compressed_tensors_specifier("0.5.11")
     assert d.action == "install" and "0.9.4 is outside" in d.reason
-    assert s.decide_compressed_tensors("0.18.0", "0.5.11")[0].action == "noop"
-    assert s.decide_compressed_tensors("0.14.0.1", "0.5.11")[0].action == "install"
-    assert s.decide_compressed_tensors(None, "0.5.11")[0].action == "install"
-    d, spec = s.decide_compressed_tensors("0.15.0.1", "0.5.23")
+    assert decide_compressed_tensors("0.18.0", "0.5.11")[0].action == "noop"
+    assert decide_compressed_tensors("0.14.0.1", "0.5.11")[0].action == "install"
+    assert decide_compressed_tensors(None, "0.5.11")[0].action == "install"
+    d, spec = decide_compressed_tensors("0.15.0.1", "0.5.23")
     assert spec == SpecifierSet("==0.18.0") and d.action == "install"
     # A user-given specifier overrides the table.
-    d, spec = s.decide_compressed_tensors("0.9.4", "0.5.11", override=">=0.9,<0.10")
+    d, spec = decide_compressed_tensors("0.9.4", "0.5.11", override=">=0.9,<0.10")
     assert d.action == "noop" and spec == SpecifierSet(">=0.9,<0.10")
     with pytest.raises(ValueError, match="not a version specifier"):
-        s.decide_compressed_tensors("0.9.4", "0.5.11", override="latest please")
+        decide_compressed_tensors("0.9.4", "0.5.11", override="latest please")
 
 
 V1 = {"version": "0.5.11", "location": "/x", "features": {"dflash": "v1", "dflash_pr20547": False}}
@@ -363,7 +386,7 @@ APPLIED = {"sha256": SHA, "site": "/x", "reverse_applies": True, "partial": Fals
     ],
 )  # fmt: skip
 def test_decide_pr20547(install, marker, present, source, sha, steps, words):
-    d = s.decide_pr20547(install, marker, present=present, source=source, sha256=sha)
+    d = decide_pr20547(install, marker, present=present, source=source, sha256=sha)
     assert d.steps == steps
     assert words in d.reason
 
@@ -372,18 +395,18 @@ def test_load_patch_checks_sha256(tmp_path):
     p = tmp_path / "p.diff"
     p.write_text(PATCH)
     good = hashlib.sha256(PATCH.encode()).hexdigest()
-    assert s.load_patch(str(p), good, host="h1") == PATCH
+    assert load_patch(str(p), good, host="h1") == PATCH
     with pytest.raises(SpecfleetError) as e:
-        s.load_patch(str(p), "0" * 64, host="h1")
+        load_patch(str(p), "0" * 64, host="h1")
     assert e.value.host == "h1" and "sha256" in e.value.problem and e.value.fix
     with pytest.raises(SpecfleetError, match="cannot read"):
-        s.load_patch(str(tmp_path / "missing.diff"), good, host="h1")
+        load_patch(str(tmp_path / "missing.diff"), good, host="h1")
     with pytest.raises(SpecfleetError, match="unsupported scheme"):
-        s.load_patch("ftp://example.invalid/p.diff", good, host="h1")
+        load_patch("ftp://example.invalid/p.diff", good, host="h1")
 
 
 def test_venv_fact_parses_its_own_command_output(tmp_path):
-    fact = s.Venv()
+    fact = Venv()
     assert fact.process(sh(fact.command(str(tmp_path / "none"))).stdout.splitlines()) is None
     (tmp_path / "plain").mkdir()
     out = sh(fact.command(str(tmp_path / "plain"))).stdout.splitlines()
@@ -398,43 +421,43 @@ def test_venv_fact_parses_its_own_command_output(tmp_path):
 def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
-    fp = s.filter_patch(PATCH)
+    fp = filter_patch(PATCH)
     venv = tmp_path / "venv"
-    d = venv / s.PATCH_STATE_DIR
+    d = venv / PATCH_STATE_DIR
     d.mkdir(parents=True)
     (d / "applied.diff").write_text(fp.text)
-    assert sh(s.apply_script(str(d), str(site), fp)).returncode == 0
+    assert sh(apply_script(str(d), str(site), fp)).returncode == 0
     (d / "sha256").write_text("ab" * 32 + "\n")
     # pip reinstalls SGLang under the patch: environ.py is the release's again, the added worker
     # is not in RECORD and stays. A file pip would own (same path, other bytes) is not ours.
     (site / "sglang/srt/environ.py").write_text(ENVIRON)
-    fact = s.PatchState()
+    fact = PatchState()
     state = fact.process(sh(fact.command(str(venv))).stdout.splitlines())
     assert state["reverse_applies"] is False
     assert state["leftovers"] == ["sglang/srt/speculative/dflash_worker_v2.py"]
 
     install = {**V1, "features": {"dflash": "v2", "dflash_pr20547": False}}  # the leftover's doing
-    d1 = s.decide_pr20547(install, state, present=True, source="p.diff", sha256=SHA)
+    d1 = decide_pr20547(install, state, present=True, source="p.diff", sha256=SHA)
     assert d1.steps == ("drop-marker", "apply") and d1.precheck is False
     assert "dflash_worker_v2.py" in d1.warning
-    d2 = s.decide_pr20547(install, state, present=False, source=None, sha256=None)
+    d2 = decide_pr20547(install, state, present=False, source=None, sha256=None)
     assert d2.steps == ("drop-marker",)
 
-    assert sh(s.forget_script(str(d))).returncode == 0
+    assert sh(forget_script(str(d))).returncode == 0
     assert tree_hash(site) == before and not d.exists()
 
 
 @needs_patch
 def test_forget_keeps_a_file_that_is_no_longer_ours(tmp_path):
     site = make_site(tmp_path)
-    fp = s.filter_patch(PATCH)
+    fp = filter_patch(PATCH)
     d = tmp_path / "state"
     d.mkdir()
     (d / "applied.diff").write_text(fp.text)
-    assert sh(s.apply_script(str(d), str(site), fp)).returncode == 0
+    assert sh(apply_script(str(d), str(site), fp)).returncode == 0
     worker = site / "sglang/srt/speculative/dflash_worker_v2.py"
     worker.write_text("# shipped by a newer SGLang\n")
-    assert sh(s.forget_script(str(d))).returncode == 0
+    assert sh(forget_script(str(d))).returncode == 0
     assert worker.read_text() == "# shipped by a newer SGLang\n" and not d.exists()
 
 
@@ -498,7 +521,7 @@ def venv_and_wheels(tmp_path_factory):
 
 
 def _pinned(venv: Path, wheels: Path, spec: str) -> subprocess.CompletedProcess:
-    script = s.pinned_install_script(
+    script = pinned_install_script(
         str(venv / "bin/python"), ["--no-index", "--find-links", str(wheels)], "sf-ct", spec
     )
     return sh(script, env=PIP_ENV)
@@ -525,7 +548,7 @@ def test_pinned_install_moves_only_the_pinned_dist_and_checks(venv_and_wheels):
     assert _versions(venv)["sf-ct"] == "0.18.0" and _versions(venv)["sf-torch"] == "2.11.0"
     assert "only problems that were there before" in r.stdout and "sf-broken" in r.stdout
     # A problem the install brings (forced in with --no-deps here) fails it.
-    script = s.pinned_install_script(
+    script = pinned_install_script(
         str(venv / "bin/python"),
         ["--no-index", "--find-links", str(wheels), "--no-deps"],
         "sf-ct",

@@ -157,7 +157,7 @@ def test_fact_key_fills_defaults_and_names_the_fact():
     assert fact_key(Value, {"path": "/p"}) != fact_key(Value, {"path": "/p", "tag": "b"})
     assert fact_key("facts.hf.Token", {}) == fact_key("facts.hf.Token", {"path": None})
     assert fact_key(Value, {"path": "/p"}).startswith(f"{Value.name}#")
-    assert " " not in fact_key("facts.server.ServiceState", {"service": "a b.service"})
+    assert " " not in fact_key("facts.serving.ServiceState", {"service": "a b.service"})
 
 
 def test_pyinfra_hash_facts_parse_with_their_arguments(run, tmp_path):
@@ -225,8 +225,8 @@ def test_a_spec_that_does_not_fit_its_fact_is_left_out(tmp_path):
 def test_the_deploy_probe_builds_for_the_demo_settings():
     """operations.probe.deploy_specs against the facts as they are now: every spec binds to its
     fact (a renamed argument would silently cost one SSH command per host)."""
-    from deploys.settings import settings_from_dict
     from operations.probe import deploy_specs
+    from specfleet.core.settings import settings_from_dict
 
     s = settings_from_dict({
         "target": {"repo_id": "demo/Kimi-K2.6-mini", "revision": "a" * 40},
@@ -270,9 +270,8 @@ def test_python_facts_of_one_interpreter_run_in_one_process_as_they_would_alone(
 
     from facts.hostpy import RUNNER
     from facts.python import Packages
-    from facts.sglang import SGLangInstall
+    from facts.sglang import SGLangInstall, Venv
     from facts.weights import WeightsState
-    from operations.sglang_support import Venv
 
     models = tmp_path / "models"
     (models / ("c" * 40)).mkdir(parents=True)

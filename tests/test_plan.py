@@ -1,4 +1,4 @@
-"""deploys.plan: the launch plan over the arch x SGLang x interconnect matrix, errors, overrides.
+"""specfleet.core.plan: the launch plan over the arch x SGLang x interconnect matrix, errors, overrides.
 
 Facts come from real data only:
 - GPUs and topology: the facts helper's parsers (facts.gpu) run on real nvidia-smi captures in
@@ -25,16 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from deploys.errors import SpecfleetError
-from deploys.plan import (
+from facts.gpu import Gpus, GpuTopology, parse_query_gpu
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.plan import (
     DEFAULT_BLOCK_SIZE,
     KIMI_K26_WEIGHTS_BYTES,
     Plan,
     PlanError,
     make_plan,
 )
-from deploys.settings import settings_from_dict
-from facts.gpu import Gpus, GpuTopology, parse_query_gpu
+from specfleet.core.settings import settings_from_dict
 from tests.test_plan_sglang_fixtures import load as load_sglang
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -570,7 +570,7 @@ def test_to_json_and_render():
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "deploys.plan", *args],
+        [sys.executable, "-m", "specfleet.plan", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

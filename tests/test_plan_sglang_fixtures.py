@@ -225,8 +225,8 @@ def test_fact_parser_agrees_with_independent_reading(name):
 
 @pytest.mark.parametrize("name", RELEASES)
 def test_version_table_agrees_with_wheel_fixture(name):
-    """deploys.versions predicts what the real wheel has."""
-    from deploys.versions import predicted_install
+    """specfleet.core.tables.sglang_versions predicts what the real wheel has."""
+    from specfleet.core.tables.sglang_versions import predicted_install
 
     fact = load(name)
     predicted = predicted_install(fact["version"])
@@ -236,7 +236,7 @@ def test_version_table_agrees_with_wheel_fixture(name):
 
 
 def test_pr20547_row_agrees_with_fixture():
-    from deploys.versions import PR20547
+    from specfleet.core.tables.sglang_versions import PR20547
 
     fact = load("pr20547")
     assert fact["features"] == PR20547.features()

@@ -1,4 +1,4 @@
-"""deploys.versions: the version table, and (when the wheels are here) the table against them.
+"""specfleet.core.tables.sglang_versions: the version table, and (when the wheels are here) the table against them.
 
 The wheel checks read the real PyPI wheels from $SPECFLEET_WHEELS (default
 /var/cache/specfleet/wheels-plan; fetch with `pip download --no-deps --python-version 3.11
@@ -15,8 +15,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from deploys import versions
-from deploys.versions import (
+from specfleet.core.tables import sglang_versions as versions
+from specfleet.core.tables.sglang_versions import (
     DRAFT_WINDOW_FLAG,
     DRAFT_WINDOW_FLAG_V1,
     compressed_tensors_specifier,

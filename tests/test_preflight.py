@@ -1,4 +1,4 @@
-"""deploys.preflight.check and the run lock's verdict, as pure functions (milliseconds).
+"""specfleet.core.preflight.check and the run lock's verdict, as pure functions (milliseconds).
 
 Facts are real wherever they can be: GPU facts are the facts helper's parsers run on the real
 nvidia-smi captures (tests.test_plan.gpus_fact), SGLang installs are read from the real wheels
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploys.plan import GIB
-from deploys.preflight import FREE_SPACE, GPU_PROCESSES, PORTS, SERVICE, TOKEN, check
-from deploys.settings import settings_from_dict
 from operations.preflight import lock_verdict
+from specfleet.core.plan import GIB
+from specfleet.core.preflight import FREE_SPACE, GPU_PROCESSES, PORTS, SERVICE, TOKEN, check
+from specfleet.core.settings import settings_from_dict
 from tests.test_plan import host_facts, profile_exists
 
 FACT_FIXTURES = Path(__file__).parent / "facts"
@@ -200,7 +200,7 @@ def test_gated_drafter_without_any_token():
 
 @needs
 def test_sglang_without_dflash_from_the_version_table():
-    # Nothing installed yet: the plan is predicted from deploys.versions for 0.5.10.
+    # Nothing installed yet: the plan is predicted from specfleet.core.tables.sglang_versions for 0.5.10.
     result = check(facts_for(sglang=None), ct200_settings(sglang={"version": "0.5.10"}),
                    missing_weights_bytes=0)
     assert checks(result) == ["plan"]

@@ -8,24 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from deploys.errors import SpecfleetError
-from deploys.rollout import (
-    GATE_DEPLOY,
-    RESTORE_DEPLOY,
-    SNAPSHOT_DEPLOY,
-    HostReport,
-    HostStep,
-    Options,
-    Rollout,
-    StepRun,
-    batch_size_for,
-    make_batches,
-    over_budget,
-    parse_step,
-    resolve_options,
-    summary_table,
-)
-from deploys.settings import RolloutOptions
 from facts.rollback import parse_rollback_state
 from operations.rollback import (
     drift,
@@ -34,6 +16,22 @@ from operations.rollback import (
     pin_changes,
     pin_name,
     pip_source_args,
+)
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import RolloutOptions
+from specfleet.fleet.pyinfra_run import HostStep, StepRun, parse_step
+from specfleet.fleet.rollout import (
+    GATE_DEPLOY,
+    RESTORE_DEPLOY,
+    SNAPSHOT_DEPLOY,
+    HostReport,
+    Options,
+    Rollout,
+    batch_size_for,
+    make_batches,
+    over_budget,
+    resolve_options,
+    summary_table,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rollout"
@@ -201,8 +199,8 @@ class Script:
         self.calls: list[tuple[str, list[str]]] = []
 
     def __call__(self, inventory, deploy, hosts, name):
-        kind = {str(SNAPSHOT_DEPLOY): "snapshot", str(GATE_DEPLOY): "gate",
-                str(RESTORE_DEPLOY): "rollback", "prefetch.py": "prefetch"}.get(deploy, "deploy")
+        kind = {SNAPSHOT_DEPLOY: "snapshot", GATE_DEPLOY: "gate", RESTORE_DEPLOY: "rollback",
+                "prefetch.py": "prefetch"}.get(Path(deploy).name, "deploy")
         self.calls.append((kind, list(hosts)))
         results = {}
         for h in hosts:
@@ -283,7 +281,7 @@ def test_a_prefetch_failure_keeps_the_host_out_and_counts_in_its_batch():
 
 
 def test_the_default_prefetch_is_the_fanout_in_rollout_order(monkeypatch):
-    import deploys.fanout
+    import specfleet.fleet.rollout
 
     seen = {}
 
@@ -291,7 +289,7 @@ def test_the_default_prefetch_is_the_fanout_in_rollout_order(monkeypatch):
         seen.update(inventory=inventory, hosts=list(hosts), order=list(order), runner=runner)
         return runner(inventory, "prefetch.py", hosts, "prefetch")
 
-    monkeypatch.setattr(deploys.fanout, "run_prefetch", fake_run_prefetch)
+    monkeypatch.setattr(specfleet.fleet.rollout, "run_prefetch", fake_run_prefetch)
     script = Script({("prefetch", "h2"): "failed"})
     r = Rollout("inv.py", "deploy.py", H4, Options(canary="h3", batch_size=3,
                                                    max_fail_percent=50), None, runner=script)
@@ -303,7 +301,7 @@ def test_the_default_prefetch_is_the_fanout_in_rollout_order(monkeypatch):
     seen.clear()
     script = Script()
     r = Rollout("inv.py", "deploy.py", H4, Options(fanout=False), None, runner=script)
-    monkeypatch.setattr("deploys.rollout.DEFAULT_PREFETCH", Path("/nonexistent/weights_only.py"))
+    monkeypatch.setattr("specfleet.fleet.rollout.DEFAULT_PREFETCH", Path("/nonexistent/weights_only.py"))
     assert r.run() == 0 and seen == {}
     assert all(kind != "prefetch" for kind, _ in script.calls)
 
@@ -382,7 +380,7 @@ def test_no_rollback_point_yet_and_files_to_remove():
 
 
 def test_pip_sources_put_the_wheel_cache_first():
-    from deploys.settings import settings_from_dict
+    from specfleet.core.settings import settings_from_dict
 
     s = settings_from_dict({"sglang": {"find_links": "http://10.250.1.1:8000/",
                                        "trusted_hosts": ["10.250.1.1"]}})

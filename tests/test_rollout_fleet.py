@@ -1,4 +1,4 @@
-"""python -m deploys.rollout on four real Debian hosts (tests.fleet).
+"""python -m specfleet.fleet.rollout on four real Debian hosts (tests.fleet).
 
 The rolled deploy is tests/rollout_deploy.py (software, weights, unit, restart, readiness, in
 deploys/kimi_k26.py's order) with the prefetch stage running tests/rollout_weights.py. Weights are
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from deploys.settings import deep_merge
+from specfleet.core.settings import deep_merge
 from tests.fleet import Fleet, HostSpec
 from tests.weights_support import StandinHub, commit_files, make_repo, random_bytes
 
@@ -124,7 +124,7 @@ def rollout(env, per_host: dict[str, dict], *flags: str, during=None,
         host_data={h: {"specfleet": per_host[h]} for h in per_host},
     )
     report = env["work"] / f"report{env['n']}.json"
-    argv = [sys.executable, "-m", "deploys.rollout", str(inv), "tests/rollout_deploy.py",
+    argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv), "tests/rollout_deploy.py",
             "--report", str(report), *flags]
     if prefetch:
         argv += ["--prefetch-deploy", prefetch]

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from deploys.plan import GPUS, SGLANG, TOPOLOGY, make_plan
-from deploys.settings import settings_from_dict
-from operations import server
+from operations import serving
+from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, make_plan
+from specfleet.core.settings import settings_from_dict
 from tests.fleet import HostSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,11 +39,11 @@ from io import StringIO
 from pyinfra.operations import files
 from pyinfra.operations import server as shell
 from pyinfra.operations.util import any_changed
-from operations import server
+from operations import serving
 """
 DEPLOY = """
-server.unit(name="unit")
-server.service(name="service", running=True, enabled=True)
+serving.unit(name="unit")
+serving.service(name="service", running=True, enabled=True)
 """
 
 
@@ -163,9 +163,9 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(srv, tmp_path):
             s = settings_from_dict(data)
             facts = _facts(version)
             plan = make_plan(facts, s, DRAFTER_CONFIG)
-            ctx = server.unit_context(plan.argv, plan.env, s, server.build_info(s, facts[SGLANG]))
-            units[f"sf-v-{version.replace('.', '')}-{bool(key)}.service"] = server.render(
-                server.UNIT_TEMPLATE, ctx
+            ctx = serving.unit_context(plan.argv, plan.env, s, serving.build_info(s, facts[SGLANG]))
+            units[f"sf-v-{version.replace('.', '')}-{bool(key)}.service"] = serving.render(
+                serving.UNIT_TEMPLATE, ctx
             )
     tricky = settings_data(
         "verify", 30100,
@@ -174,8 +174,8 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(srv, tmp_path):
     )
     s = settings_from_dict(tricky)
     plan = make_plan(_facts("0.5.11"), s, DRAFTER_CONFIG)
-    ctx = server.unit_context(plan.argv, plan.env, s, server.build_info(s, None))
-    units["sf-v-tricky.service"] = server.render(server.UNIT_TEMPLATE, ctx)
+    ctx = serving.unit_context(plan.argv, plan.env, s, serving.build_info(s, None))
+    units["sf-v-tricky.service"] = serving.render(serving.UNIT_TEMPLATE, ctx)
     # A control that must fail, so a silent verify cannot pass this test.
     units["sf-v-broken.service"] = units["sf-v-tricky.service"].replace(
         "ExecStart=/usr/bin/python3", "ExecStart=python3-nowhere \"unbalanced"
@@ -212,7 +212,7 @@ def test_success_path_runs_exactly_the_plans_argv_and_env(srv, tmp_path):
     plan, _facts = plan_for(srv, tmp_path, data)
     record = host_json(srv, record_path("ok"))
     assert record["argv"] == plan.argv
-    for key, value in server.server_env(plan.env, settings_from_dict(data)).items():
+    for key, value in serving.server_env(plan.env, settings_from_dict(data)).items():
         assert record["env"][key] == value, key
     assert record["env"]["SF_TRICKY"] == tricky
     assert record["cwd"] == "/srv/models"
@@ -231,7 +231,7 @@ def test_success_path_runs_exactly_the_plans_argv_and_env(srv, tmp_path):
     assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
 
     # The gate on its own (as a rollout uses it): a check of the running server, no restart.
-    check = deploy(srv, tmp_path, data, 'server.ready(name="ready", timeout_s=30)\n')
+    check = deploy(srv, tmp_path, data, 'serving.ready(name="ready", timeout_s=30)\n')
     assert check.rc == 0 and check.ops == {"ready": "Success"}, check
     assert "gate: READY after" in check.out
     assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
@@ -266,9 +266,9 @@ def test_a_run_that_fails_before_the_restart_leaves_it_pending(srv, tmp_path):
 
     data["plan"] = {"extra_args": {"--served-model-name": "renamed"}}
     broken = """
-server.unit(name="unit")
+serving.unit(name="unit")
 shell.shell(name="something else fails", commands=["echo failing on purpose; exit 3"])
-server.service(name="service", running=True, enabled=True)
+serving.service(name="service", running=True, enabled=True)
 """
     failed = deploy(srv, tmp_path, data, broken)
     assert failed.rc != 0 and failed.ops["unit"] == "Success", failed
@@ -292,10 +292,10 @@ def test_software_or_weights_changes_restart_through_any_changed(srv, tmp_path):
     body = """
 software = files.put(name="software", src=StringIO(open("{v}").read()), dest="/tmp/sf-anyc-sw")
 weights = files.put(name="weights", src=StringIO("rev-1"), dest="/tmp/sf-anyc-w")
-server.unit(name="unit")
-server.restart_pending(name="pending", reason="the software or weights",
+serving.unit(name="unit")
+serving.restart_pending(name="pending", reason="the software or weights",
                        _if=any_changed(software, weights))
-server.service(name="service", running=True, enabled=True)
+serving.service(name="service", running=True, enabled=True)
 """
     version = tmp_path / "version"
     version.write_text("0.5.11")
@@ -391,7 +391,7 @@ def test_the_gate_fails_fast_when_another_process_holds_the_port(srv, tmp_path):
 def test_present_false_stops_disables_and_removes(srv, tmp_path):
     data = settings_data("gone", 30008)
     assert deploy(srv, tmp_path, data).rc == 0
-    absent = 'server.unit(name="unit", present=False)\n'
+    absent = 'serving.unit(name="unit", present=False)\n'
     run = deploy(srv, tmp_path, data, absent)
     assert run.rc == 0 and run.ops == {"unit": "Success"}, run
     left = srv.run(

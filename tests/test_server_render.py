@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from deploys.plan import GPUS, SGLANG, TOPOLOGY, make_plan
-from deploys.settings import settings_from_dict
-from facts.server import parse_service_state
-from operations import server
+from facts.serving import parse_service_state
+from operations import serving
+from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, make_plan
+from specfleet.core.settings import settings_from_dict
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -77,7 +77,7 @@ TRICKY = [
 
 @pytest.mark.parametrize("word", TRICKY)
 def test_systemd_quote_reads_back(word):
-    quoted = server.systemd_quote(word)
+    quoted = serving.systemd_quote(word)
     assert shlex_systemd_split(quoted) == [word]
     # Every % is doubled and every $ escaped, so neither a specifier nor a variable survives.
     assert re.search(r"(?<!%)%(?!%)", quoted.replace("%%", "")) is None
@@ -87,7 +87,7 @@ def test_systemd_quote_reads_back(word):
 def test_exec_start_one_flag_per_line_and_reads_back():
     argv = ["/opt/v/bin/python", "-m", "sglang.launch_server", "--model-path", "/srv/m x",
             "--trust-remote-code", "--port", "30000", *TRICKY]
-    text = server.exec_start(argv)
+    text = serving.exec_start(argv)
     assert shlex_systemd_split(text) == argv
     lines = text.split("\n")
     assert lines[0] == "/opt/v/bin/python -m sglang.launch_server \\"
@@ -97,9 +97,9 @@ def test_exec_start_one_flag_per_line_and_reads_back():
 
 def test_exec_start_rejects_relative_executable_and_nul():
     with pytest.raises(ValueError, match="absolute"):
-        server.exec_start(["python3", "-m", "x"])
+        serving.exec_start(["python3", "-m", "x"])
     with pytest.raises(ValueError, match="NUL"):
-        server.exec_start(["/bin/x", "a\0b"])
+        serving.exec_start(["/bin/x", "a\0b"])
 
 
 @pytest.mark.parametrize(
@@ -111,23 +111,23 @@ def test_exec_start_rejects_relative_executable_and_nul():
     ],
 )
 def test_env_line(value, line):
-    assert server.env_line("K", value) == line
+    assert serving.env_line("K", value) == line
 
 
 def test_env_line_rejects_bad_names_and_newlines():
     with pytest.raises(ValueError, match="name"):
-        server.env_line("1BAD", "x")
+        serving.env_line("1BAD", "x")
     with pytest.raises(ValueError, match="newline"):
-        server.env_line("K", "a\nb")
+        serving.env_line("K", "a\nb")
 
 
 def test_secret_yaml_is_valid_yaml_and_json_string():
     yaml = pytest.importorskip("yaml")
     key = 'k3y-with "quotes" and \\ and: colon #hash'
-    text = server.secret_yaml(key)
+    text = serving.secret_yaml(key)
     assert yaml.safe_load(text) == {"api-key": key}
     with pytest.raises(ValueError):
-        server.secret_yaml("bad\nkey")
+        serving.secret_yaml("bad\nkey")
 
 
 def _facts(sglang: str = "0.5.11", gpu: str = "h200x2") -> dict:
@@ -158,10 +158,10 @@ def test_unit_renders_plan_argv_env_build_and_caches():
     s = _settings(plan={"extra_env": {"EXTRA": "x y"}})
     facts = _facts()
     plan = make_plan(facts, s, {"block_size": 8})
-    build = server.build_info(s, facts[SGLANG])
-    ctx = server.unit_context(plan.argv, plan.env, s, build)
-    unit = server.render(server.UNIT_TEMPLATE, ctx)
-    env = server.render(server.ENV_TEMPLATE, ctx)
+    build = serving.build_info(s, facts[SGLANG])
+    ctx = serving.unit_context(plan.argv, plan.env, s, build)
+    unit = serving.render(serving.UNIT_TEMPLATE, ctx)
+    env = serving.render(serving.ENV_TEMPLATE, ctx)
 
     exec_value = unit.split("ExecStart=", 1)[1].split("\nRestart=", 1)[0]
     assert shlex_systemd_split(exec_value) == plan.argv
@@ -189,8 +189,8 @@ def test_a_new_revision_or_version_changes_the_unit():
     plan = make_plan(facts, s, {"block_size": 8})
 
     def unit_for(settings, install):
-        ctx = server.unit_context(plan.argv, plan.env, settings, server.build_info(settings, install))
-        return server.render(server.UNIT_TEMPLATE, ctx)
+        ctx = serving.unit_context(plan.argv, plan.env, settings, serving.build_info(settings, install))
+        return serving.render(serving.UNIT_TEMPLATE, ctx)
 
     base = unit_for(s, facts[SGLANG])
     other_rev = _settings(target={"repo_id": "tests/tiny-target", "revision": "f" * 40})
@@ -205,9 +205,9 @@ def test_api_key_is_in_no_unit_or_env_only_the_config_path():
     key = "sk-very-secret-0123"
     s = _settings(api_key=key)
     plan = make_plan(_facts(), s, {"block_size": 8})
-    ctx = server.unit_context(plan.argv, plan.env, s, server.build_info(s, None))
-    unit = server.render(server.UNIT_TEMPLATE, ctx)
-    env = server.render(server.ENV_TEMPLATE, ctx)
+    ctx = serving.unit_context(plan.argv, plan.env, s, serving.build_info(s, None))
+    unit = serving.render(serving.UNIT_TEMPLATE, ctx)
+    env = serving.render(serving.ENV_TEMPLATE, ctx)
     assert key not in unit and key not in env and key not in json.dumps(ctx)
     words = shlex_systemd_split(unit.split("ExecStart=", 1)[1].split("\nRestart=", 1)[0])
     assert words[-2:] == ["--config", "/etc/specfleet/secrets/specfleet-sglang.yaml"]
@@ -217,8 +217,8 @@ def test_api_key_is_in_no_unit_or_env_only_the_config_path():
 def test_predicted_plan_is_marked_in_the_unit():
     s = _settings()
     plan = make_plan({GPUS: _facts()[GPUS], TOPOLOGY: _facts()[TOPOLOGY]}, s, None, predicted=True)
-    ctx = server.unit_context(plan.argv, plan.env, s, server.build_info(s, None), "not installed")
-    unit = server.render(server.UNIT_TEMPLATE, ctx)
+    ctx = serving.unit_context(plan.argv, plan.env, s, serving.build_info(s, None), "not installed")
+    unit = serving.render(serving.UNIT_TEMPLATE, ctx)
     assert "# PREDICTED: not installed" in unit
     assert "SGLang 0.5.23 (not installed yet)" in unit
 
@@ -246,35 +246,35 @@ def test_parse_service_state():
 
 
 def test_argv_value():
-    assert server.argv_value(["x", "--model-path", "/a", "--model-path=/b"], "--model-path") == "/b"
-    assert server.argv_value(["x"], "--model-path") is None
+    assert serving.argv_value(["x", "--model-path", "/a", "--model-path=/b"], "--model-path") == "/b"
+    assert serving.argv_value(["x"], "--model-path") is None
 
 
 def test_plan_from_facts_predicts_on_a_fresh_host_and_reads_host_revisions():
     s = _settings(drafter={"repo_id": "z-lab/Kimi-K2.6-DFlash", "revision": "main",
                            "follow_branch": True})
     facts = _facts()
-    fresh = server.plan_from_facts(s, {GPUS: facts[GPUS], TOPOLOGY: facts[TOPOLOGY]})
+    fresh = serving.plan_from_facts(s, {GPUS: facts[GPUS], TOPOLOGY: facts[TOPOLOGY]})
     assert fresh.predicted.startswith("SGLang is not installed in /opt/specfleet/sglang yet")
     assert "the drafter's config.json is not in" in fresh.predicted
     assert fresh.build["drafter"] == "z-lab/Kimi-K2.6-DFlash@main"
 
-    facts[server.DRAFTER_CONFIG] = {"block_size": 8}
+    facts[serving.DRAFTER_CONFIG] = {"block_size": 8}
     facts["weights_drafter"] = {"current": "a" * 40}
-    done = server.plan_from_facts(s, facts)
+    done = serving.plan_from_facts(s, facts)
     assert done.predicted is None
     assert done.build["drafter"] == "z-lab/Kimi-K2.6-DFlash@" + "a" * 40
     assert done.argv == make_plan(facts, s, {"block_size": 8}).argv
     # Only the unpinned drafter's revision is read from the host.
-    assert "weights_drafter" in server.host_specs(s, []) and "weights_target" not in (
-        server.host_specs(s, [])
+    assert "weights_drafter" in serving.host_specs(s, []) and "weights_target" not in (
+        serving.host_specs(s, [])
     )
 
 
 def _gate_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("readiness_gate", server.GATE_SCRIPT)
+    spec = importlib.util.spec_from_file_location("readiness_gate", serving.GATE_SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -299,12 +299,12 @@ def test_gate_redacts_api_keys_from_journal_lines(line, expected):
 def test_gate_reads_the_key_file_specfleet_writes(tmp_path):
     key = 'sk-"odd"\\key'
     path = tmp_path / "k.yaml"
-    path.write_text(server.secret_yaml(key))
+    path.write_text(serving.secret_yaml(key))
     assert _gate_module().read_api_key(str(path)) == key
 
 
 def test_first_json_parses_or_names_the_bad_file():
-    from facts.server import parse_first_json
+    from facts.serving import parse_first_json
 
     assert parse_first_json([]) is None
     assert parse_first_json(["##path /m/config.json", '{"block_size":', " 8}"]) == {"block_size": 8}
@@ -315,12 +315,12 @@ def test_first_json_parses_or_names_the_bad_file():
 def test_an_applied_patch_is_in_the_build_info_and_a_new_one_changes_it():
     s = _settings()
     facts = _facts()
-    facts[server.DRAFTER_CONFIG] = {"block_size": 8}
-    assert server.plan_from_facts(s, facts).build["patch"] == "none"
-    facts[server.PATCH_SHA] = "9f2c4e0d" * 8
-    assert server.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:9f2c4e0d9f2c4e0d"
-    facts[server.PATCH_SHA] = "1234abcd" * 8
-    assert server.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:1234abcd1234abcd"
-    kind, args = server.host_specs(s, [])[server.PATCH_SHA]
-    assert kind == "facts.server.FileText"
+    facts[serving.DRAFTER_CONFIG] = {"block_size": 8}
+    assert serving.plan_from_facts(s, facts).build["patch"] == "none"
+    facts[serving.PATCH_SHA] = "9f2c4e0d" * 8
+    assert serving.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:9f2c4e0d9f2c4e0d"
+    facts[serving.PATCH_SHA] = "1234abcd" * 8
+    assert serving.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:1234abcd1234abcd"
+    kind, args = serving.host_specs(s, [])[serving.PATCH_SHA]
+    assert kind == "facts.serving.FileText"
     assert args == {"path": "/opt/specfleet/sglang/.specfleet/pr20547/sha256"}

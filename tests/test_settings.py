@@ -5,7 +5,7 @@ from pyinfra.api import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
-from deploys.settings import (
+from specfleet.core.settings import (
     Settings,
     SettingsError,
     settings_for_host,
@@ -98,7 +98,7 @@ def test_every_bad_host_is_listed_in_one_error(tmp_path):
         "    ('c', {'specfleet': {'prot': 1}}),\n"
         "]\n"
     )
-    from deploys.settings import settings_for_all_hosts
+    from specfleet.core.settings import settings_for_all_hosts
 
     ctx_state.set(State())
     with pytest.raises(SettingsError) as err:
@@ -111,7 +111,7 @@ def test_every_bad_host_is_listed_in_one_error(tmp_path):
 
 
 def test_fleet_example_agrees_on_one_rollout():
-    from deploys.rollout import resolve_options
+    from specfleet.fleet.rollout import resolve_options
 
     hosts = _inventory_settings("inventories/fleet_example.py")
     options = resolve_options({h: s.rollout for h, s in hosts.items()}, {})

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deploys.settings import settings_from_dict
 from facts.status import Health, parse_health
-from operations.server import (
+from operations.serving import (
     ENV_TEMPLATE,
     UNIT_TEMPLATE,
     build_info,
@@ -32,6 +31,7 @@ from operations.status import (
     unit_status,
     weights_status,
 )
+from specfleet.core.settings import settings_from_dict
 from tests.test_plan_sglang_fixtures import load as load_sglang
 
 STANDIN = Path(__file__).parent / "standin_sglang_server.py"

@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 
-from deploys.errors import SpecfleetError
 from facts.weights import WeightsJob, WeightsPlan, WeightsState, parse_job
 from operations.weights import (
     format_progress,
@@ -18,7 +17,8 @@ from operations.weights import (
     unit_name,
     unit_pattern,
 )
-from operations.weights_agent import (
+from specfleet.core.errors import SpecfleetError
+from specfleet.hostside.weights_agent import (
     GIB,
     classify_error,
     disk_preflight,
@@ -221,7 +221,7 @@ def test_state_fact_script_reads_a_tree(tmp_path):
 def test_agent_check_rehashes_against_the_manifest(tmp_path):
     import hashlib
 
-    from operations.weights_agent import cmd_check
+    from specfleet.hostside.weights_agent import cmd_check
 
     rev = tmp_path / ("b" * 40)
     (rev / ".specfleet").mkdir(parents=True)
@@ -248,7 +248,7 @@ def test_pids_using_sees_cwd_open_files_and_argv(tmp_path):
     import sys
     import time
 
-    from operations.weights_agent import pids_using
+    from specfleet.hostside.weights_agent import pids_using
 
     sha = os.urandom(20).hex()  # unique: other processes must not name it
     rev = tmp_path / sha
@@ -275,7 +275,7 @@ def test_plan_reuses_verified_files_of_other_revisions(tmp_path):
     import hashlib
     import os
 
-    from operations.weights_agent import plan
+    from specfleet.hostside.weights_agent import plan
 
     old, new = "1" * 40, "2" * 40
     shared, changed = b"same bytes" * 100, b"new bytes" * 100

@@ -9,7 +9,7 @@ mirror (>= 500 MB, 32 MB shards, on disk); each host's models disk is a tmpfs.
 Runs (the weights tools and the small drafter are installed first, everywhere, untimed):
 1. single: one host fetches the model (the weights-only deploy);
 2. fleet, no fan-out: the 4 hosts each fetch it from upstream (the same deploy on all);
-3. fleet, fan-out: ``deploys.fanout.run_prefetch`` (seed from upstream, peers from peers).
+3. fleet, fan-out: ``specfleet.fleet.fanout.run_prefetch`` (seed from upstream, peers from peers).
 Each time is the whole pyinfra run, until every host has verified weights (manifest written,
 ``current`` flipped). Upstream bytes are counted from the hub's log: each GET of a file, times
 the file's size. Between runs the model is removed from every host.
@@ -33,8 +33,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from deploys.fanout import run_prefetch  # noqa: E402
-from deploys.rollout import run_pyinfra  # noqa: E402
+from specfleet.fleet.fanout import run_prefetch  # noqa: E402
+from specfleet.fleet.rollout import run_pyinfra  # noqa: E402
 from tests.fleet import Fleet, HostSpec  # noqa: E402
 from tests.weights_support import (  # noqa: E402
     commit_files,

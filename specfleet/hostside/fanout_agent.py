@@ -38,15 +38,13 @@ _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _weights_agent():
-    """The weights agent module: next to this file on a host, a package module on the control
-    machine."""
+    """The weights agent module, next to this file (on a host: the tools folder; here: the
+    ``specfleet.hostside`` folder). Host-side programs import nothing of the project."""
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
-    try:
-        import weights_agent  # type: ignore[import-not-found]
-    except ImportError:  # pragma: no cover - control machine
-        from operations import weights_agent
+    import weights_agent  # type: ignore[import-not-found]
+
     return weights_agent
 
 

@@ -16,18 +16,18 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
-from deploys.errors import SpecfleetError
-from deploys.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
-from deploys.settings import Settings, settings_for_host
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
-from facts.server import ServiceState
-from operations.sglang_support import patch_state_dir
+from facts.serving import ServiceState
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
+from specfleet.core.resources import hostside_path, template_path
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.sglang.install import patch_state_dir
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-UNIT_TEMPLATE = TEMPLATES / "sglang.service.j2"
-ENV_TEMPLATE = TEMPLATES / "sglang.env.j2"
-GATE_SCRIPT = TEMPLATES / "readiness_gate.py"
+UNIT_TEMPLATE = template_path("sglang.service.j2")
+ENV_TEMPLATE = template_path("sglang.env.j2")
+GATE_SCRIPT = hostside_path("readiness_gate.py")
 
 # The unit's supervision. A crash loop stops after START_LIMIT_BURST starts in the interval; with
 # RESTART_SEC between them, a server that dies at import fails the unit in about 15 s.
@@ -292,7 +292,7 @@ class CurrentPlan:
     rendered: str
 
 
-SERVICE = "facts.server.ServiceState"
+SERVICE = "facts.serving.ServiceState"
 DRAFTER_CONFIG = "drafter_config"
 PATCH_SHA = "patch_sha256"
 
@@ -326,14 +326,14 @@ def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
             {"python": posixpath.join(settings.venv, "bin", "python")},
         ),
         DRAFTER_CONFIG: (
-            "facts.server.FirstJson",
+            "facts.serving.FirstJson",
             {"paths": [posixpath.join(drafter_dir, "config.json"),
                        posixpath.join(drafter_dir, "current", "config.json")]},
         ),
     }
     # The applied PR#20547 patch's sha256 (written by operations.sglang), for the build info.
     specs[PATCH_SHA] = (
-        "facts.server.FileText",
+        "facts.serving.FileText",
         {"path": posixpath.join(patch_state_dir(settings.venv), "sha256")},
     )
     for name in ("target", "drafter"):
@@ -351,7 +351,7 @@ def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = 
     """The plan and build info from the facts of ``host_specs`` (pure: no I/O).
 
     Before the software and weights steps have run (a fresh host under ``--dry``), the plan is
-    predicted from the settings and ``deploys.versions``, and says why.
+    predicted from the settings and ``specfleet.core.tables.sglang_versions``, and says why.
     """
     install = facts.get(SGLANG)
     drafter_config = facts.get(DRAFTER_CONFIG)

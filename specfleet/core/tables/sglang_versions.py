@@ -320,3 +320,17 @@ def draft_window_flag(sglang_version: str | Version, pr20547: bool = False) -> s
 
 def dflash_forbidden_flags(sglang_version: str | Version, pr20547: bool = False) -> tuple[str, ...]:
     return row_for_install(sglang_version, pr20547).dflash_forbidden_flags
+
+
+# The first release with the DFlash v2 (overlap) worker built in (#23000); before it, only the
+# PR#20547 branch has it.
+V2_BUILTIN_SINCE = "0.5.14"
+
+# An install whose version cannot be read is planned with the row of a release that has the same
+# DFLASH worker.
+RELEASE_FOR_WORKER = {"v1": "0.5.11", "v2": "0.5.14"}
+
+
+def row_for_worker(worker: str | None) -> VersionRow:
+    """The row for an install known only by its DFLASH worker (``features.dflash``)."""
+    return version_row(RELEASE_FOR_WORKER.get(worker or "", "0"))

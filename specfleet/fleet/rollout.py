@@ -1,6 +1,6 @@
 """Roll a deploy across a fleet: canary, batches, a failure budget, readiness gates, rollback.
 
-    python -m deploys.rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
+    python -m specfleet.fleet.rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
         [--batch-size N | --batch-percent P] [--max-fail-percent P]
         [--no-prefetch] [--no-fanout] [--prefetch-deploy FILE] [--report FILE.json]
 
@@ -28,33 +28,30 @@ import argparse
 import json
 import math
 import os
-import re
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploys.errors import SpecfleetError
-from deploys.settings import RolloutOptions
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import RolloutOptions, settings_for_host
+from specfleet.fleet.fanout import run_prefetch
+from specfleet.fleet.pyinfra_run import (
+    FAILED,
+    NOT_STARTED,
+    ROLLED_BACK,
+    HostStep,
+    StepRun,
+    deploy_path,
+    run_pyinfra,
+    say,
+)
 
-HERE = Path(__file__).resolve().parent
-SNAPSHOT_DEPLOY = HERE / "rollout_snapshot.py"
-GATE_DEPLOY = HERE / "rollout_gate.py"
-RESTORE_DEPLOY = HERE / "rollout_restore.py"
-DEFAULT_PREFETCH = HERE / "weights_only.py"
-
-# Operations that check rather than change (server.ready always runs its gate, so pyinfra counts
-# it as a change): they do not make a host "changed".
-CHECK_OP = re.compile(r"\breadiness\b", re.IGNORECASE)
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
-    "ok", "changed", "failed", "rolled back", "not started",
-)  # fmt: skip
+SNAPSHOT_DEPLOY = "rollout_snapshot.py"
+GATE_DEPLOY = "rollout_gate.py"
+RESTORE_DEPLOY = "rollout_restore.py"
+DEFAULT_PREFETCH = "weights_only.py"
 STEPS = ("prefetch", "snapshot", "deploy", "gate", "rollback")
 
 
@@ -179,128 +176,6 @@ def over_budget(failed: int, batch: int, max_fail_percent: float, canary: bool =
 
 
 @dataclass
-class HostStep:
-    """One host in one pyinfra run."""
-
-    status: str  # "ok", "changed", "failed", "unreachable"
-    changed_ops: list[str] = field(default_factory=list)
-    error_ops: list[str] = field(default_factory=list)
-    why: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.status in (OK, CHANGED)
-
-
-def _clean(line: str) -> str:
-    return ANSI.sub("", line).rstrip()
-
-
-def _host_lines(lines: list[str], host: str) -> list[str]:
-    tag = f"[{host}]"
-    return [ln.strip() for ln in lines if tag in ln]
-
-
-def parse_step(stdout: str, stderr_lines: list[str], hosts: Sequence[str]) -> dict[str, HostStep]:
-    """Per-host results of ``pyinfra -y --json ... --limit h ...`` from its JSON (stdout) and log
-    (stderr). Without JSON (pyinfra stops with "No hosts remaining!" when every host failed), each
-    host failed; a host that never connected is "unreachable"."""
-    lines = [_clean(ln) for ln in stderr_lines]
-    unreachable: dict[str, str] = {}
-    connecting = False
-    for ln in lines:
-        if ln.startswith("--> "):
-            connecting = ln.startswith("--> Connecting")
-            continue
-        if connecting:
-            m = re.search(r"\[([^\]]+)\]\s+(.*)", ln)
-            if m and m.group(1) in hosts and not m.group(2).startswith("Connected"):
-                unreachable[m.group(1)] = m.group(2).strip()
-    try:
-        payload = json.loads(stdout) if stdout.strip() else None
-    except json.JSONDecodeError:
-        payload = None
-    results = (payload or {}).get("results") or None
-    out: dict[str, HostStep] = {}
-    for host in hosts:
-        if host in unreachable:
-            out[host] = HostStep("unreachable", why=[f"unreachable: {unreachable[host]}"])
-            continue
-        if results is None:
-            why = _why(lines, host) or _general_error(lines) or ["pyinfra gave no result"]
-            out[host] = HostStep(FAILED, why=why)
-            continue
-        step = HostStep(OK)
-        for op in results.get("operations", []):
-            if host in op.get("success", []) and not CHECK_OP.search(op.get("name", "")):
-                step.changed_ops.append(op["name"])
-            if host in op.get("error", []):
-                step.error_ops.append(op["name"])
-        if host in results.get("failed_hosts", []) or step.error_ops:
-            step.status = FAILED
-            step.why = _why(lines, host) or [f"failed in {', '.join(step.error_ops) or 'pyinfra'}"]
-        elif step.changed_ops:
-            step.status = CHANGED
-        out[host] = step
-    return out
-
-
-STATUS_WORDS = ("Success", "No changes", "Connected", "Skipped", "Ready:", "Loading:")
-
-
-def _why(lines: list[str], host: str) -> list[str]:
-    """Why ``host`` failed, from pyinfra's log: the name of the operation that failed and the last
-    lines the host printed in it (progress lines of the readiness gate left out), with the fix a
-    specfleet error gives on the line after it."""
-    tag = f"[{host}]"
-    op: str | None = None
-    said: list[str] = []
-    failed: tuple[str | None, list[str]] | None = None
-    last: str | None = None  # the host that printed the last tagged line
-    for ln in lines:
-        if ln.startswith("--> Starting operation:"):
-            op, said = ln.split(":", 1)[1].strip(), []
-            continue
-        m = re.search(r"\[([^\]]+)\]", ln)
-        if m is None or ln.lstrip().startswith("|"):
-            # A specfleet error's fix is on a line of its own, after the journal excerpt.
-            if last == host and ln.strip().startswith("fix:"):
-                said.append(ln.strip()[:300])
-            continue
-        last = m.group(1)
-        if tag not in ln:
-            continue
-        text = ln.split(tag, 1)[1].strip()
-        if text.startswith("Error"):
-            failed = (op, said if said else [text])
-            continue
-        if text.startswith(STATUS_WORDS) or text.startswith("gate: ") or not text:
-            continue
-        said.append(text[:300])
-    if failed is None:
-        return []
-    name, texts = failed
-    texts = texts[-3:]
-    if name:
-        texts[0] = f"in '{name}': {texts[0]}"
-    return texts
-
-
-def _general_error(lines: list[str]) -> list[str]:
-    """pyinfra's own error, when it names no host ("--> An internal exception occurred:" ...)."""
-    for i, ln in enumerate(lines):
-        if ln.startswith(("--> An internal exception occurred", "--> pyinfra error")):
-            rest = [x.strip() for x in lines[i + 1 :] if x.strip() and not x.startswith("-->")]
-            return rest[-1:] or [ln[4:]]
-    return []
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure: the per-host report
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
 class HostReport:
     host: str
     batch: int
@@ -333,48 +208,6 @@ def summary_table(reports: Iterable[HostReport]) -> str:
 # --------------------------------------------------------------------------------------------------
 # I/O: pyinfra runs
 # --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepRun:
-    name: str
-    hosts: list[str]
-    rc: int
-    seconds: float
-    results: dict[str, HostStep]
-
-
-def say(text: str) -> None:
-    print(f"rollout: {text}", file=sys.stderr, flush=True)
-
-
-def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str) -> StepRun:
-    """``pyinfra -y --json INVENTORY DEPLOY --limit h ...``: its log streams to our stderr."""
-    argv = [sys.executable, "-m", "pyinfra", "-y", "--json"]
-    for host in hosts:
-        argv += ["--limit", host]
-    argv += [inventory, deploy]
-    say(f"{name}: {', '.join(hosts)}")
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
-    )
-    stderr_lines: list[str] = []
-
-    def pump() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            stderr_lines.append(line)
-            sys.stderr.write(f"  {name} | {line}")
-        sys.stderr.flush()
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    stdout = proc.stdout.read()  # type: ignore[union-attr]
-    rc = proc.wait()
-    reader.join(timeout=30)
-    seconds = time.monotonic() - start
-    results = parse_step(stdout, stderr_lines, hosts)
-    return StepRun(name, list(hosts), rc, seconds, results)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -445,20 +278,22 @@ class Rollout:
 
     def _prefetch(self, ordered: list[str]) -> StepRun | None:
         """The weights on every host before anything restarts: the given weights-only deploy, or
-        the fan-out (``deploys.fanout``: once from upstream, then host to host)."""
+        the fan-out (``specfleet.fleet.fanout``: once from upstream, then host to host)."""
         o = self.options
         if not o.prefetch_weights:
             return None
         if self.prefetch_deploy:
             return self.runner(self.inventory, self.prefetch_deploy, ordered, "prefetch")
         if o.fanout:
-            from deploys.fanout import run_prefetch
-
             return run_prefetch(self.inventory, ordered, order=ordered, runner=self.runner)
-        if DEFAULT_PREFETCH.is_file():
-            return self.runner(self.inventory, str(DEFAULT_PREFETCH), ordered, "prefetch")
+        if deploy_path(DEFAULT_PREFETCH).is_file():
+            return self.run_deploy(DEFAULT_PREFETCH, ordered, "prefetch")
         say("prefetch: fan-out is off and there is no weights-only deploy; skipped")
         return None
+
+    def run_deploy(self, name: str, hosts: list[str], label: str) -> StepRun:
+        """One of the checkout's rollout deploy files (``deploys/<name>``) on ``hosts``."""
+        return self.runner(self.inventory, str(deploy_path(name)), hosts, label)
 
     def _fail(self, r: HostReport, res: HostStep, step: str) -> None:
         r.status = FAILED
@@ -469,7 +304,7 @@ class Rollout:
         live = [h for h in batch if not self.reports[h].failed]
         if not live:
             return
-        snap = self.runner(self.inventory, str(SNAPSHOT_DEPLOY), live, f"{label} snapshot")
+        snap = self.run_deploy(SNAPSHOT_DEPLOY, live, f"{label} snapshot")
         touched = []
         for h in live:
             r, res = self.reports[h], snap.results[h]
@@ -493,7 +328,7 @@ class Rollout:
                 self._fail(r, res, "deploy")
                 broken.append(h)
         if gate_hosts:
-            gate = self.runner(self.inventory, str(GATE_DEPLOY), gate_hosts, f"{label} gate")
+            gate = self.run_deploy(GATE_DEPLOY, gate_hosts, f"{label} gate")
             for h in gate_hosts:
                 r, res = self.reports[h], gate.results[h]
                 r.seconds["gate"] = gate.seconds
@@ -503,7 +338,7 @@ class Rollout:
         back = [h for h in broken if not self.reports[h].unreachable]
         if not back:
             return
-        rb = self.runner(self.inventory, str(RESTORE_DEPLOY), back, f"{label} rollback")
+        rb = self.run_deploy(RESTORE_DEPLOY, back, f"{label} rollback")
         for h in back:
             r, res = self.reports[h], rb.results[h]
             r.seconds["rollback"] = rb.seconds
@@ -536,7 +371,6 @@ def load_hosts(inventory: str) -> tuple[list[str], dict[str, Any]]:
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    from deploys.settings import settings_for_host
 
     ctx_state.set(State())  # inventory files are exec'd as the CLI does, inside a state
     inv = make_inventory(inventory, cwd=os.getcwd())
@@ -549,7 +383,7 @@ def load_hosts(inventory: str) -> tuple[list[str], dict[str, Any]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m deploys.rollout",
+        prog="python -m specfleet.fleet.rollout",
         description="Roll a pyinfra deploy across a fleet: canary, batches, failure budget, "
         "readiness gates, automatic rollback.",
     )

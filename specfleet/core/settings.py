@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from deploys.errors import SettingsError
+from specfleet.core.errors import SettingsError
 
 DATA_KEY = "specfleet"
 

@@ -10,15 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deploys.plan import SGLANG, PlanError, make_plan
-from deploys.settings import Settings
-from operations.weights_agent import disk_preflight
+from specfleet.core.plan import SGLANG, PlanError, make_plan
+from specfleet.core.settings import Settings
+from specfleet.hostside.weights_agent import disk_preflight
 
 GPU_PROCESSES = "facts.gpu.GpuProcesses"
 FREE_SPACE = "facts.disk.FreeSpace"
 TOKEN = "facts.hf.Token"
 PORTS = "facts.net.ListeningPorts"
-SERVICE = "facts.server.ServiceState"
+SERVICE = "facts.serving.ServiceState"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def check(
 ) -> Preflight:
     """Every preflight check on one host's facts.
 
-    ``facts`` holds the values of ``facts.probe.default_specs`` plus ``facts.server.ServiceState``
+    ``facts`` holds the values of ``facts.probe.default_specs`` plus ``facts.serving.ServiceState``
     of the specfleet unit. ``missing_weights_bytes`` is what the weights step would still fetch
     (None: unknown here, checked again by the weights step before any byte moves).
     ``wheel_error`` is pip's answer when asked for the pinned SGLang on this host's interpreter

@@ -1,6 +1,6 @@
 """Download once per fleet, spread host to host over the LAN: the rollout's prefetch with fan-out.
 
-    python -m deploys.fanout INVENTORY [--order h1,h2,...] [--degree 2] [--port 22113]
+    python -m specfleet.fleet.fanout INVENTORY [--order h1,h2,...] [--degree 2] [--port 22113]
         [--limit h1 --limit h2 ...] [--report FILE.json]
 
 For each model (target, drafter), the hosts that want the same revision from the same place, at the
@@ -42,97 +42,24 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from deploys.errors import SpecfleetError
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.fanout import (
+    DEFAULT_DEGREE,
+    FANOUT_PORT,
+    MODELS,
+    PLAN_ENV,
+    plan_fanout,
+    swarm_key,
+)
+from specfleet.core.settings import settings_for_host
+from specfleet.fleet.pyinfra_run import deploy_path, run_pyinfra
 
-HERE = Path(__file__).resolve().parent
-PREFETCH_DEPLOY = HERE / "fanout_prefetch.py"
-CLEANUP_DEPLOY = HERE / "fanout_cleanup.py"
-PLAN_ENV = "SPECFLEET_FANOUT_PLAN"
-DEFAULT_DEGREE = 2
-MODELS = ("target", "drafter")
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure: swarms and the tree
-# --------------------------------------------------------------------------------------------------
-
-
-def swarm_key(settings: Any, which: str) -> tuple:
-    """Hosts with equal keys want the same bytes from the same place at the same path, at the
-    same site (``rollout.fanout_site``: one seed per site)."""
-    src = getattr(settings, which)
-    return (
-        settings.rollout.fanout_site,
-        src.repo_id, src.revision, src.follow_branch,
-        tuple(src.allow_patterns) if src.allow_patterns is not None else None,
-        tuple(src.ignore_patterns) if src.ignore_patterns is not None else None,
-        settings.models_root.rstrip("/"), src.dir_name, settings.weights.hf_endpoint,
-    )
-
-
-def tree_sources(index: int, degree: int) -> list[int]:
-    """The swarm positions host ``index`` copies from, nearest first, ending at the seed (0)."""
-    out = []
-    while index > 0:
-        index = (index - 1) // degree
-        out.append(index)
-    return out
-
-
-def ordered(hosts: Sequence[str], order: Sequence[str] | None) -> list[str]:
-    order = [h for h in (order or []) if h in hosts]
-    return order + [h for h in hosts if h not in order]
-
-
-def plan_fanout(
-    hosts: Sequence[str],
-    addresses: Mapping[str, str],
-    keys: Mapping[str, Mapping[str, tuple]],
-    order: Sequence[str] | None = None,
-    degree: int = DEFAULT_DEGREE,
-) -> dict[str, Any]:
-    """Who copies what from whom. Pure.
-
-    ``keys[which][host]`` is the host's ``swarm_key`` for that model. Returns::
-
-        {"hosts": {host: {"address": ip, "models": {which: {"role": "seed"|"peer",
-                                                              "sources": [{"host","address"}]}},
-                          "receivers": [ip, ...],       # whom this host serves (from=)
-                          "receiver_hosts": [host, ...]}},
-         "swarms": [{"which", "hosts": [...], "seed"}]}
-    """
-    if degree < 1:
-        raise SpecfleetError(f"fan-out degree {degree}", fix="use 1 or more peers per host")
-    seq = ordered(list(hosts), order)
-    plan: dict[str, Any] = {
-        "hosts": {h: {"address": addresses[h], "models": {}, "receivers": [],
-                      "receiver_hosts": []} for h in seq},
-        "swarms": [],
-    }
-    for m, which in enumerate(MODELS):
-        groups: dict[tuple, list[str]] = {}
-        for h in seq:
-            groups.setdefault(keys[which][h], []).append(h)
-        for members in groups.values():
-            shift = m % len(members)
-            members = members[shift:] + members[:shift]
-            plan["swarms"].append({"which": which, "hosts": members, "seed": members[0]})
-            for i, h in enumerate(members):
-                srcs = [members[j] for j in tree_sources(i, degree)]
-                plan["hosts"][h]["models"][which] = {
-                    "role": "seed" if i == 0 else "peer",
-                    "sources": [{"host": s, "address": addresses[s]} for s in srcs],
-                }
-                for s in srcs:
-                    rec = plan["hosts"][s]["receivers"]
-                    if addresses[h] not in rec:
-                        rec.append(addresses[h])
-                        plan["hosts"][s]["receiver_hosts"].append(h)
-    return plan
+PREFETCH_DEPLOY = "fanout_prefetch.py"
+CLEANUP_DEPLOY = "fanout_cleanup.py"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,18 +99,6 @@ def add_keys(plan: dict[str, Any], port: int, rollout_id: str) -> dict[str, Any]
     return plan
 
 
-def load_plan(path: str | None = None) -> dict[str, Any]:
-    """The plan of this run, for the prefetch deploy (``SPECFLEET_FANOUT_PLAN``)."""
-    path = path or os.environ.get(PLAN_ENV)
-    if not path:
-        raise SpecfleetError(
-            f"no fan-out plan ({PLAN_ENV} is not set)",
-            fix="run the fan-out prefetch through `python -m deploys.fanout INVENTORY` or the "
-            "rollout, not pyinfra directly",
-        )
-    return json.loads(Path(path).read_text())
-
-
 # --------------------------------------------------------------------------------------------------
 # I/O: the inventory, the runs
 # --------------------------------------------------------------------------------------------------
@@ -195,7 +110,6 @@ def load_inventory(inventory: str) -> tuple[list[str], dict[str, str], dict[str,
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    from deploys.settings import settings_for_host
 
     ctx_state.set(State())
     inv = make_inventory(inventory, cwd=os.getcwd())
@@ -239,10 +153,8 @@ def run_prefetch(
     (``runner(inventory, deploy, hosts, name)``, the rollout's ``run_pyinfra`` by default),
     then a cleanup run if some host did not get through it. Returns the prefetch's StepRun.
     ``plan_out`` (a dict) receives the plan without its keys."""
-    from operations.fanout import DEFAULT_PORT
-
     if runner is None:
-        from deploys.rollout import run_pyinfra as runner
+        runner = run_pyinfra
     all_hosts, addresses, settings = load_inventory(inventory)
     hosts = [h for h in all_hosts if h in set(hosts)]
     keys = {w: {h: swarm_key(settings[h], w) for h in hosts} for w in MODELS}
@@ -250,7 +162,7 @@ def run_prefetch(
     if plan_out is not None:
         plan_out.update(json.loads(json.dumps(plan)))
     rollout_id = secrets.token_hex(6)
-    full = add_keys(plan, port or DEFAULT_PORT, rollout_id)
+    full = add_keys(plan, port or FANOUT_PORT, rollout_id)
     for sw in plan["swarms"]:
         print(f"fanout: {sw['which']} {' -> '.join(sw['hosts'][:1])} seeds "
               f"{', '.join(sw['hosts'][1:]) or 'no peers'} (degree {degree})", file=sys.stderr)
@@ -263,9 +175,9 @@ def run_prefetch(
     old = os.environ.get(PLAN_ENV)
     os.environ[PLAN_ENV] = plan_path
     try:
-        step = runner(inventory, str(PREFETCH_DEPLOY), hosts, name)
+        step = runner(inventory, str(deploy_path(PREFETCH_DEPLOY)), hosts, name)
         if any(not r.passed for r in step.results.values()):
-            runner(inventory, str(CLEANUP_DEPLOY), hosts, f"{name} cleanup")
+            runner(inventory, str(deploy_path(CLEANUP_DEPLOY)), hosts, f"{name} cleanup")
         return step
     finally:
         if old is None:
@@ -277,7 +189,7 @@ def run_prefetch(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m deploys.fanout",
+        prog="python -m specfleet.fleet.fanout",
         description="Fetch the weights of every host in an inventory: once from upstream per "
         "model, then host to host over the LAN (verified; upstream for what fails).",
     )
@@ -289,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.add_argument("--report", help="write the per-host results and the plan as JSON here")
     a = p.parse_args(argv)
-    from deploys.rollout import run_pyinfra
-
     try:
         hosts, _, _ = load_inventory(a.inventory)
         if a.limit:

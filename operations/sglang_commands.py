@@ -1,0 +1,211 @@
+"""The commands ``operations.sglang`` yields: reading the pinned PR#20547 diff on the control
+machine and the shell scripts that apply, restore and forget it on a host."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from pyinfra.api import QuoteString, StringCommand
+
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.sglang.install import PATCH_OPTS
+from specfleet.core.sglang.patch import FilteredPatch
+
+# --------------------------------------------------------------------------------------------------
+# Reading the patch on the control machine
+# --------------------------------------------------------------------------------------------------
+
+_PATCH_CACHE: dict[tuple[str, str], str] = {}
+
+
+def load_patch(source: str, sha256: str | None, host: str | None = None) -> str:
+    """The patch text from a local file or an http(s) URL, checked against ``sha256``."""
+    if not sha256:
+        raise SpecfleetError(
+            f"patch source {source} has no sha256 pin",
+            host=host,
+            fix="set patch.sha256 to the sha256 of the diff (sha256sum FILE)",
+        )
+    key = (source, sha256.lower())
+    if key in _PATCH_CACHE:
+        return _PATCH_CACHE[key]
+    scheme = urllib.parse.urlparse(source).scheme
+    try:
+        if scheme in ("http", "https"):
+            with urllib.request.urlopen(source, timeout=120) as resp:  # noqa: S310 (http/https only)
+                data = resp.read()
+        elif scheme in ("", "file"):
+            path = urllib.parse.urlparse(source).path if scheme == "file" else source
+            data = Path(path).expanduser().read_bytes()
+        else:
+            raise SpecfleetError(
+                f"patch source {source} has an unsupported scheme {scheme!r}",
+                host=host,
+                fix="give a local path on the control machine or an http(s) URL",
+            )
+    except OSError as exc:
+        raise SpecfleetError(
+            f"cannot read the PR#20547 patch from {source}: {exc}",
+            host=host,
+            fix="check patch.source (a path on the control machine or a reachable URL)",
+        ) from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256.lower():
+        raise SpecfleetError(
+            f"the patch from {source} has sha256 {got}, settings pin {sha256}",
+            host=host,
+            fix="check that patch.source is the intended diff, then set patch.sha256 to its hash",
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecfleetError(
+            f"the patch from {source} is not UTF-8 text", host=host, fix="give a unified diff"
+        ) from None
+    _PATCH_CACHE[key] = text
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# Shell scripts (paths are quoted with shlex; nothing here runs on its own)
+# --------------------------------------------------------------------------------------------------
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def apply_script(state_dir: str, site: str, patch: FilteredPatch) -> str:
+    """Back up, dry-run, apply. A dry-run that fails leaves every file as it was and writes GNU
+    patch's words to ``conflict``; a real apply that fails restores the backup and exits 1."""
+    d, s = _q(state_dir), _q(site)
+    existing = " ".join(_q(p) for p in patch.existing)
+    created = " ".join(_q(p) for p in patch.created)
+    opts = " ".join(PATCH_OPTS)
+    return "\n".join(
+        [
+            "set -e",
+            f"d={d}",
+            f"cd {s}",
+            'printf "%s\\n" "$PWD" > "$d/site"',
+            f'printf "%s\\n" {created} > "$d/created"' if created else ': > "$d/created"',
+            # Directories the patch will create, deepest first, so that a revert can remove them.
+            f'for f in {created}; do p=$(dirname "$f"); '
+            'while [ "$p" != . ] && [ ! -e "$p" ]; do echo "$p"; p=$(dirname "$p"); done; '
+            'done | sort -u -r > "$d/created_dirs"'
+            if created
+            else ': > "$d/created_dirs"',
+            f'tar -cf "$d/backup.tar" -- {existing}'
+            if existing
+            else 'tar -cf "$d/backup.tar" -T /dev/null',
+            f'if ! patch --dry-run {opts} -i "$d/applied.diff" > "$d/dryrun.out" 2>&1; then',
+            '  cp "$d/dryrun.out" "$d/conflict"; cat "$d/conflict"; exit 0',
+            "fi",
+            f'if ! patch {opts} -i "$d/applied.diff"; then',
+            '  echo "patch failed after a clean dry run; restoring" >&2',
+            f"  {restore_files_script()}",
+            "  exit 1",
+            "fi",
+            # What it added, by content: after an out-of-band reinstall these are the leftovers.
+            f'sha256sum -- {created} > "$d/created.sha256"'
+            if created
+            else ': > "$d/created.sha256"',
+        ]
+    )
+
+
+def restore_files_script() -> str:
+    """Undo an apply from ``$d`` (cwd = the site it patched): remove what it created, untar what
+    it modified. Needs ``d`` set."""
+    return (
+        'while IFS= read -r f; do [ -n "$f" ] || continue; rm -f -- "$f"; '
+        'b=$(basename "$f" .py); rm -f -- "$(dirname "$f")/__pycache__/$b".*.pyc; '
+        'done < "$d/created"; '
+        'tar -xf "$d/backup.tar"; '
+        'while IFS= read -r p; do [ -n "$p" ] || continue; '
+        'rm -rf -- "$p/__pycache__"; rmdir --ignore-fail-on-non-empty -- "$p"; '
+        'done < "$d/created_dirs"'
+    )
+
+
+def restore_script(state_dir: str) -> str:
+    """Restore the files an apply (complete or interrupted) touched, then forget it."""
+    d = _q(state_dir)
+    return "\n".join(
+        [
+            "set -e",
+            f"d={d}",
+            'if [ -f "$d/backup.tar" ] && [ -f "$d/site" ]; then',
+            '  cd "$(cat "$d/site")"',
+            f"  {restore_files_script()}",
+            "fi",
+            'rm -rf -- "$d"',
+        ]
+    )
+
+
+def forget_script(state_dir: str) -> str:
+    """Forget a marker whose patch is no longer on disk (SGLang reinstalled under it): remove the
+    files it added that are still exactly as it added them (pip does not know them), then the
+    state directory. Files pip has replaced since are left alone."""
+    d = _q(state_dir)
+    return "\n".join(
+        [
+            "set -e",
+            f"d={d}",
+            'if [ -f "$d/created.sha256" ] && [ -f "$d/site" ]; then',
+            '  cd "$(cat "$d/site")"',
+            '  sha256sum -c "$d/created.sha256" 2>/dev/null | sed -n "s/: OK$//p" | '
+            'while IFS= read -r f; do rm -f -- "$f"; '
+            'b=$(basename "$f" .py); rm -f -- "$(dirname "$f")/__pycache__/$b".*.pyc; done',
+            '  if [ -f "$d/created_dirs" ]; then while IFS= read -r p; do [ -n "$p" ] || continue; '
+            '[ -d "$p" ] || continue; rmdir --ignore-fail-on-non-empty -- "$p/__pycache__" "$p" '
+            '2>/dev/null || true; done < "$d/created_dirs"; fi',
+            "fi",
+            'rm -rf -- "$d"',
+        ]
+    )
+
+
+def pinned_install_script(
+    python: str, pip_args: list[str], dist: str, specifier: str, check: bool = True
+) -> str:
+    """Install ``dist`` within ``specifier`` while every other distribution in the environment
+    stays where it is: a constraints file of the current pins (``pip list --format=freeze``
+    minus ``dist``). Then ``pip check``, failing only on problems the install brought: problems
+    that were there before (a venv with extras missing, say) are printed, not fatal."""
+    py = _q(python)
+    name_re = "[-_.]".join(re.escape(part) for part in re.split(r"[-_.]+", dist))
+    lines = [
+        "set -e",
+        "c=$(mktemp)",
+        'trap \'rm -f "$c" "$c.all" "$c.before" "$c.after"\' EXIT',
+        f'{py} -m pip list --format=freeze --disable-pip-version-check > "$c.all"',
+        f'grep -viE {_q(f"^{name_re}==")} "$c.all" > "$c" || true',
+    ]
+    if check:
+        lines.append(f'{py} -m pip check > "$c.before" 2>&1 || true')
+    lines.append(
+        f'{py} -m pip install {shlex.join(pip_args)} --constraint "$c" {_q(dist + specifier)}'
+    )
+    if check:
+        lines += [
+            f'if ! {py} -m pip check > "$c.after" 2>&1; then',
+            '  new=$(grep -vxF -f "$c.before" "$c.after" || true)',
+            '  if [ -n "$new" ]; then',
+            f'    echo "pip check: installing {dist} broke:" >&2; echo "$new" >&2; exit 1',
+            "  fi",
+            '  echo "pip check: only problems that were there before:"; cat "$c.after"',
+            "fi",
+        ]
+    return "\n".join(lines)
+
+
+def script_command(script: str) -> StringCommand:
+    return StringCommand("sh", "-c", QuoteString(script))
+

@@ -1,0 +1,127 @@
+"""Topics of DFLASH speculative decoding: drafter, block size, draft backend and window, worker."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specfleet.core.plan.context import PlanContext
+from specfleet.core.plan.model import PlanError, ReasonKind
+from specfleet.core.tables import sglang_versions as versions
+from specfleet.core.tables.models import DEFAULT_BLOCK_SIZE
+
+DEFAULT_DRAFT_WINDOW = 4096
+
+
+def plan_dflash(c: PlanContext) -> None:
+    b, ov, rule, row, s = c.b, c.overrides, c.rule, c.row, c.settings
+    drafter_dir = s.drafter.serve_path(s.models_root)
+    b.flag("--speculative-algorithm", "DFLASH")
+    b.flag("--speculative-draft-model-path", drafter_dir)
+    block, block_kind, block_why = block_size(c.drafter_config)
+    b.flag("--speculative-num-draft-tokens", block)
+    b.why("speculative-algorithm", "DFLASH", f"drafter {s.drafter.repo_id} at {drafter_dir}")
+    b.why("block-size", block, block_why, block_kind)
+    c.block = block
+
+    if ov.draft_attention_backend:
+        datt = ov.draft_attention_backend
+        if datt not in row.dflash_draft_backends:
+            raise b.error(
+                f"plan.draft_attention_backend {datt!r} is not one DFLASH accepts on SGLang "
+                f"{c.version} (it would silently fall back to flashinfer)",
+                f"choose one of: {', '.join(row.dflash_draft_backends)}",
+            )
+        b.why(
+            "draft-attention-backend",
+            datt,
+            f"plan.draft_attention_backend (rule: {rule.draft[0]})",
+            "override",
+        )
+    else:
+        datt = next(
+            (d for d in rule.draft if d in row.dflash_draft_backends and d in c.registry), None
+        )
+        if datt is None:
+            raise b.error(
+                f"no draft attention backend for {c.sm}: DFLASH on SGLang {c.version} accepts "
+                f"{', '.join(row.dflash_draft_backends)}, the {c.sm} rule wants "
+                f"{', '.join(rule.draft)}",
+                "set plan.draft_attention_backend, or install an SGLang whose DFLASH accepts "
+                f"{rule.draft[0]}",
+            )
+        b.why("draft-attention-backend", datt, rule.draft_why, c.src)
+    b.flag("--speculative-draft-attention-backend", datt)
+
+    window = ov.draft_window_size
+    window_flag = row.draft_window_flag or versions.DRAFT_WINDOW_FLAG
+    if window < block:
+        raise b.error(
+            f"draft window {window} is smaller than the block size {block}",
+            f"set plan.draft_window_size to at least {block} (default {DEFAULT_DRAFT_WINDOW})",
+        )
+    b.flag(window_flag, window)
+    default = window == DEFAULT_DRAFT_WINDOW
+    window_kind: ReasonKind = c.src if default else "override"
+    b.why(
+        "draft-window",
+        f"{window_flag} {window}",
+        (
+            f"default {DEFAULT_DRAFT_WINDOW}"
+            if default
+            else f"plan.draft_window_size (default {DEFAULT_DRAFT_WINDOW})"
+        )
+        + f", >= block size {block}; flag name for SGLang {c.version}",
+        window_kind,
+    )
+    _worker(c)
+
+
+def _worker(c: PlanContext) -> None:
+    b, dflash = c.b, c.features.get("dflash")
+    if c.pr20547:
+        b.env.update(versions.PR20547_ENV)
+        b.why(
+            "dflash-worker",
+            "v2 (PR#20547)",
+            "the PR#20547 overlap worker runs only with SGLANG_ENABLE_SPEC_V2=1 "
+            "SGLANG_ENABLE_DFLASH_SPEC_V2=1: set both",
+            c.src,
+        )
+    elif dflash == "v2":
+        b.why("dflash-worker", "v2", "the overlap (spec v2) DFLASH worker is SGLang's default here",
+              c.src)  # fmt: skip
+    else:
+        b.why("dflash-worker", dflash,
+              "the v1 DFLASH worker: SGLang turns the overlap scheduler off", c.src)  # fmt: skip
+    if c.features.get("ddtree"):
+        b.why(
+            "ddtree",
+            "present, not enabled",
+            "DDTree code is installed but its flag names differ between the open PRs; a "
+            "guessed flag would crash-loop the server, so nothing is added",
+            "info",
+        )
+
+
+def block_size(drafter_config: Mapping[str, Any] | None) -> tuple[int, ReasonKind, str]:
+    """The drafter's block size from its config.json (assumed Kimi-K2.6-DFlash's without one)."""
+    if drafter_config is None:
+        return (
+            DEFAULT_BLOCK_SIZE,
+            "assumed",
+            f"drafter config.json not read yet: Kimi-K2.6-DFlash's block_size {DEFAULT_BLOCK_SIZE}",
+        )
+    dflash_cfg = drafter_config.get("dflash_config")
+    raw = None
+    if isinstance(dflash_cfg, Mapping):
+        raw = dflash_cfg.get("block_size")
+    if raw is None:
+        raw = drafter_config.get("block_size")
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise PlanError(
+            f"the drafter's config.json has no usable block_size (got {raw!r})",
+            fix="check the drafter download (its config.json needs dflash_config.block_size or "
+            "block_size), or pass --speculative-num-draft-tokens in plan.extra_args",
+        )
+    return raw, "rule", "the drafter's config.json block_size"

@@ -1,0 +1,49 @@
+"""Topics of the launch itself: model paths, the model's parsers, context length, listen address,
+and the command that starts SGLang."""
+
+from __future__ import annotations
+
+from specfleet.core.plan.context import PlanContext
+from specfleet.core.tables.models import model_row
+
+
+def plan_model_paths(c: PlanContext) -> None:
+    b, s = c.b, c.settings
+    target_dir = s.target.serve_path(s.models_root)
+    b.flag("--model-path", target_dir)
+    b.flag("--trust-remote-code")
+    b.flag("--tp-size", c.tp)
+    b.why("model-paths", target_dir, "local directories, never Hub ids; HF_HUB_OFFLINE=1")
+    b.env["HF_HUB_OFFLINE"] = "1"
+
+
+def plan_model_args(c: PlanContext) -> None:
+    b, s = c.b, c.settings
+    row = model_row(s.target.repo_id)
+    if row is not None and row.parser:
+        b.flag("--reasoning-parser", row.parser)
+        b.flag("--tool-call-parser", row.parser)
+        b.why("parsers", row.parser, row.parser_why)
+    b.env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
+    b.why(
+        "context-length",
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+        "the drafter's context is shorter than the target's",
+    )
+    b.flag("--host", s.listen_host)
+    b.flag("--port", s.port)
+    b.why("listen", f"{s.listen_host}:{s.port}", "settings listen_host and port")
+
+
+def launch_argv(c: PlanContext, flags: list[tuple[str, str | None]]) -> list[str]:
+    s = c.settings
+    argv = (
+        list(s.launcher)
+        if s.launcher
+        else [f"{s.venv.rstrip('/')}/bin/python", "-m", "sglang.launch_server"]
+    )
+    for name, value in flags:
+        argv.append(name)
+        if value is not None:
+            argv.append(value)
+    return argv

@@ -1,0 +1,91 @@
+"""Topic sglang: the installed SGLang (or the version table's prediction) and its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specfleet.core.plan.context import SGLANG, PlanContext
+from specfleet.core.tables import sglang_versions as versions
+
+
+def plan_sglang(c: PlanContext) -> None:
+    b = c.b
+    install, row, predicted = _install(c)
+    features = install.get("features") or {}
+    version = install.get("version") or (
+        "(unknown version)" if not predicted else c.settings.sglang.version
+    )
+    if features.get("dflash_pr20547"):
+        version = f"PR#20547 build {version}"
+    registry = set(install.get("attention_backends") or [])
+    c.src = "predicted" if predicted else "rule"
+    if predicted:
+        b.why(
+            "sglang",
+            version,
+            "not installed yet: features from the version table for settings.sglang",
+            "predicted",
+        )
+    else:
+        b.why("sglang", version, f"installed at {install.get('location') or '?'}")
+    if not registry:
+        registry = set(row.attention_backends)
+        b.why(
+            "attention-registry",
+            f"sglang {version} table",
+            "the install reported no attention registry; using the version table's",
+            "assumed",
+        )
+    dflash = features.get("dflash")
+    algos = install.get("speculative_algorithms")
+    if not dflash or (algos is not None and algos and "DFLASH" not in algos):
+        raise b.error(
+            f"SGLang {version} has no DFLASH speculative decoding",
+            "install sglang >= 0.5.11 (set specfleet sglang.version, e.g. '0.5.23'), or a build "
+            "of sgl-project/sglang PR#20547",
+        )
+    c.install, c.row, c.predicted = install, row, predicted
+    c.features, c.version, c.registry = features, version, registry
+
+
+def _install(c: PlanContext) -> tuple[dict[str, Any], versions.VersionRow, bool]:
+    """The SGLang install (fact or prediction), its version-table row, and whether predicted."""
+    s = c.settings.sglang
+    if c.predict:
+        pr = bool(s.kind == "git" and s.git_ref and "20547" in s.git_ref)
+        try:
+            if pr:
+                row = versions.PR20547
+                install = {
+                    "version": s.version,
+                    "location": None,
+                    "features": row.features(),
+                    "speculative_algorithms": list(row.speculative_algorithms),
+                    "attention_backends": sorted(row.attention_backends),
+                }
+            else:
+                install = versions.predicted_install(s.version)
+                row = versions.version_row(s.version)
+        except ValueError as exc:
+            raise c.b.error(
+                f"settings sglang.version {s.version!r} is not a version ({exc})",
+                "set specfleet sglang.version to a release such as '0.5.23'",
+            ) from None
+        return install, row, True
+    install = c.facts.get(SGLANG)
+    if not isinstance(install, Mapping):
+        raise c.b.error(
+            "SGLang is not installed in the venv (facts.sglang.SGLangInstall is empty)",
+            f"install it first (the deploy does), or plan with --predicted for sglang {s.version}",
+        )
+    features = install.get("features") or {}
+    pr = bool(features.get("dflash_pr20547"))
+    try:
+        if install.get("version") is None and not pr:
+            raise ValueError("no version")
+        row = versions.row_for_install(install.get("version"), pr)
+    except ValueError:
+        # An install whose version cannot be read: go by the DFLASH worker it has.
+        row = versions.row_for_worker(features.get("dflash"))
+    return dict(install), row, False

@@ -1,0 +1,327 @@
+"""Pure decisions behind ``operations.sglang``: what to install, which compressed-tensors, PR#20547.
+
+Every function here is a pure function of fact values (no I/O), so it is tested in milliseconds.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE, compressed_tensors_row
+
+# Where an applied PR#20547 keeps its state, relative to the venv: the mapped diff it applied
+# (``applied.diff``), a tar of the files it modified (``backup.tar``), the files and directories
+# it created (``created``, ``created_dirs``), the site-packages it patched (``site``) and, written
+# last, the sha256 of the patch as given (``sha256``): the marker.
+PATCH_STATE_DIR = ".specfleet/pr20547"
+PACKAGE_PREFIX = "python/sglang/"
+# GNU patch options shared by every check and apply: strip a/ b/, never ask, never reverse a patch
+# on its own, no .orig files, rejects thrown away.
+PATCH_OPTS = ("-p1", "--forward", "--batch", "--no-backup-if-mismatch", "--reject-file=-")
+REVERSE_OPTS = (
+    "-p1",
+    "--reverse",
+    "--forward",
+    "--batch",
+    "--no-backup-if-mismatch",
+    "--reject-file=-",
+)
+
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+def venv_python(venv: str) -> str:
+    return f"{venv.rstrip('/')}/bin/python"
+
+
+def patch_state_dir(venv: str) -> str:
+    return f"{venv.rstrip('/')}/{PATCH_STATE_DIR}"
+
+
+def site_packages(location: str | None) -> str | None:
+    """The directory that holds the ``sglang`` package, from SGLangInstall's ``location`` (the
+    package directory itself)."""
+    if not location:
+        return None
+    loc = location.rstrip("/")
+    return posixpath.dirname(loc) if posixpath.basename(loc) == "sglang" else loc
+
+
+def short(sha: str | None) -> str:
+    return (sha or "")[:12]
+
+
+# --------------------------------------------------------------------------------------------------
+# Package facts -> versions
+# --------------------------------------------------------------------------------------------------
+
+
+def package_version(packages: dict | None, dist: str) -> str | None:
+    """The installed version of ``dist`` in a ``facts.python.Packages`` value (names normalised)."""
+    if not packages:
+        return None
+    want = canonicalize_name(dist)
+    for name, value in packages.items():
+        if name == "direct_urls" or not isinstance(value, (str, type(None))):
+            continue
+        if canonicalize_name(name) == want:
+            return value
+    return None
+
+
+def direct_url(packages: dict | None, dist: str) -> dict | None:
+    """``{"url", "commit"}`` when ``dist`` was installed from a direct reference (git, URL)."""
+    if not packages:
+        return None
+    want = canonicalize_name(dist)
+    for name, value in (packages.get("direct_urls") or {}).items():
+        if canonicalize_name(name) == want:
+            return value or None
+    return None
+
+
+def is_commit(ref: str | None) -> bool:
+    return bool(ref) and bool(_COMMIT_RE.match(ref.lower()))
+
+
+def split_git_url(git_url: str) -> tuple[str, str]:
+    """``(repository url for git, pip fragment)``: ``git+https://x/y.git#subdirectory=python`` ->
+    ``("https://x/y.git", "#subdirectory=python")``."""
+    url = git_url[4:] if git_url.startswith("git+") else git_url
+    base, sep, frag = url.partition("#")
+    return base, f"#{frag}" if sep else ""
+
+
+def git_requirement(git_url: str, commit: str) -> str:
+    """The pip requirement that installs ``sglang`` from ``git_url`` at ``commit``: a bare VCS URL
+    (pip 23.0's PEP 508 parser rejects ``sglang @ git+file:///...``)."""
+    base, frag = split_git_url(git_url)
+    return f"git+{base}@{commit}{frag}"
+
+
+def parse_ls_remote(lines: list[str], ref: str) -> str | None:
+    """The commit ``git ls-remote URL REF`` resolves ``ref`` to: an exact ref first, then
+    ``refs/heads/``, then a peeled tag (``^{}``), then a plain tag."""
+    refs: dict[str, str] = {}
+    for line in lines:
+        parts = line.strip().split()
+        if len(parts) == 2 and is_commit(parts[0]):
+            refs[parts[1]] = parts[0].lower()
+    for candidate in (
+        ref,
+        f"refs/heads/{ref}",
+        f"refs/tags/{ref}^{{}}",
+        f"refs/tags/{ref}",
+        f"{ref}^{{}}",
+    ):
+        if candidate in refs:
+            return refs[candidate]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Decisions
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What an operation does: ``action`` ("noop" or a verb) and why, in words a person reads."""
+
+    action: str
+    reason: str
+
+
+def _pin_matches(installed: str, version: str) -> bool:
+    """``installed`` satisfies ``==version`` the way pip reads a pin (local labels allowed)."""
+    try:
+        return Version(installed) in SpecifierSet(f"=={version}")
+    except (InvalidVersion, InvalidSpecifier):
+        return installed == version
+
+
+def decide_install(
+    installed: str | None,
+    direct: dict | None,
+    *,
+    version: str | None,
+    git_url: str | None = None,
+    commit: str | None = None,
+) -> Decision:
+    """Install, reinstall (uninstall first) or leave SGLang.
+
+    From an index the key is the version (``packaging``); a direct-reference build of the same
+    version is not the release, so it is replaced. From git the key is the commit pip recorded in
+    ``direct_url.json``: a git build's version is not stable.
+    """
+    if git_url:
+        where = f"{split_git_url(git_url)[0]} at {short(commit)}"
+        if installed is None:
+            return Decision("install", f"SGLang is not installed; installs it from {where}")
+        have = (direct or {}).get("commit")
+        if have and commit and have.lower() == commit.lower():
+            return Decision("noop", f"SGLang {installed} is installed from {where}")
+        if have:
+            return Decision(
+                "reinstall",
+                f"SGLang {installed} is built from commit {short(have)}; installs {where}",
+            )
+        return Decision(
+            "reinstall", f"SGLang {installed} is a release install; installs it from {where}"
+        )
+    if not version:
+        raise ValueError("an index install needs a version to pin")
+    if installed is None:
+        return Decision("install", f"SGLang is not installed; installs SGLang {version}")
+    if direct and direct.get("commit"):
+        return Decision(
+            "reinstall",
+            f"SGLang {installed} is built from git ({short(direct.get('commit'))}); "
+            f"installs release {version}",
+        )
+    if _pin_matches(installed, version):
+        return Decision("noop", f"SGLang {installed} is installed")
+    return Decision(
+        "install", f"SGLang {installed} is installed; settings pin {version}, installs it"
+    )
+
+
+def decide_compressed_tensors(
+    installed: str | None, sglang_version: str, override: str | None = None
+) -> tuple[Decision, SpecifierSet]:
+    """Whether compressed-tensors must move. Only a version outside the specifier (or none at all)
+    triggers an install. ``override`` is a user-given specifier that replaces the table's."""
+
+    if override:
+        try:
+            spec = SpecifierSet(override)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"not a version specifier: {override!r}") from exc
+        why = f"settings ask for compressed-tensors{spec}"
+    else:
+        row = compressed_tensors_row(sglang_version)
+        spec = row.compressed_tensors
+        why = f"SGLang {sglang_version} needs compressed-tensors{spec} ({row.why})"
+    if installed is None:
+        return Decision("install", f"compressed-tensors is not installed; {why}"), spec
+    try:
+        ok = spec.contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if ok:
+        return Decision("noop", f"compressed-tensors {installed} satisfies {spec}"), spec
+    return Decision("install", f"compressed-tensors {installed} is outside {spec}; {why}"), spec
+
+
+def has_v2_worker(features: dict | None) -> bool:
+    features = features or {}
+    return features.get("dflash") == "v2" or bool(features.get("dflash_pr20547"))
+
+
+@dataclass(frozen=True)
+class PatchDecision:
+    """``steps`` run in order: "restore" (undo an applied or half-applied patch from its backup),
+    "drop-marker" (forget a marker whose patch is no longer on disk), "apply"."""
+
+    steps: tuple[str, ...]
+    reason: str
+    warning: str | None = None
+    # Whether the files are as the facts saw them when "apply" runs, so that a dry run made now
+    # (before any step) says whether it applies.
+    precheck: bool = True
+
+    @property
+    def noop(self) -> bool:
+        return not self.steps
+
+
+def decide_pr20547(
+    install: dict | None,
+    marker: dict | None,
+    *,
+    present: bool,
+    source: str | None,
+    sha256: str | None,
+) -> PatchDecision:
+    """What to do about PR#20547 given the SGLangInstall fact, the patch-state fact and settings.
+
+    ``marker`` is ``PatchState``'s value: None, or ``{"sha256", "site", "reverse_applies",
+    "partial"}``. A marker counts only while the applied diff still reverses cleanly.
+    """
+    version = (install or {}).get("version") or "?"
+    steps: list[str] = []
+    warning = None
+    applied_sha = None
+    if marker:
+        if marker.get("partial"):
+            steps.append("restore")
+            warning = "a PR#20547 apply was interrupted; restores the files it had touched"
+        elif marker.get("reverse_applies"):
+            applied_sha = marker.get("sha256")
+        else:
+            steps.append("drop-marker")
+            leftovers = marker.get("leftovers") or []
+            warning = (
+                f"the PR#20547 marker ({short(marker.get('sha256'))}) no longer matches the files "
+                "on disk (SGLang was reinstalled?); forgets it"
+            )
+            if leftovers:
+                warning += (
+                    f" and removes the {len(leftovers)} files it had added, which pip does not "
+                    f"know: {', '.join(leftovers[:4])}"
+                )
+                # The facts saw those leftovers (a v2 worker file, say): they cannot be trusted
+                # until the files are gone, so apply again and let the verify step decide.
+                if present and source:
+                    return PatchDecision(
+                        ("drop-marker", "apply"),
+                        f"SGLang {version} keeps leftovers of an earlier PR#20547; removes them "
+                        f"and applies PR#20547 ({short(sha256)})",
+                        warning,
+                        precheck=False,
+                    )
+                return PatchDecision(("drop-marker",), "PR#20547 patch is not applied", warning)
+
+    if not present:
+        if applied_sha:
+            return PatchDecision(
+                ("restore",), f"removes PR#20547 patch {short(applied_sha)} from SGLang {version}"
+            )
+        return PatchDecision(tuple(steps), "PR#20547 patch is not applied", warning)
+
+    if applied_sha:
+        if sha256 and applied_sha.lower() == sha256.lower():
+            return PatchDecision((), f"PR#20547 patch {short(applied_sha)} is applied")
+        if not source:
+            # The settings no longer name a patch: what is there stays (present=False removes it).
+            return PatchDecision((), f"PR#20547 patch {short(applied_sha)} is applied")
+        return PatchDecision(
+            ("restore", "apply"),
+            f"PR#20547 patch {short(applied_sha)} is applied but settings pin {short(sha256)}; "
+            "replaces it",
+            precheck=False,
+        )
+    features = (install or {}).get("features") or {}
+    if has_v2_worker(features):
+        what = "PR#20547 built in" if features.get("dflash_pr20547") else "the DFlash v2 worker"
+        return PatchDecision(tuple(steps), f"SGLang {version} has {what}", warning)
+    if not source:
+        return PatchDecision(
+            tuple(steps),
+            f"SGLang {version} has no DFlash v2 worker and no patch source is set; "
+            f"DFLASH runs v1 with overlap off (SGLang >={V2_BUILTIN_SINCE} has v2 built in)",
+            warning,
+        )
+    return PatchDecision(
+        (*steps, "apply"),
+        f"SGLang {version} has no DFlash v2 worker; applies PR#20547 ({short(sha256)})",
+        warning,
+        # A half-applied patch is restored first: the files change before "apply".
+        precheck="restore" not in steps,
+    )
+

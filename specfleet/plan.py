@@ -1,0 +1,110 @@
+"""``specfleet plan`` / ``python -m specfleet.plan``: what specfleet would launch on one host, from
+its facts, with no connection to it.
+
+    python -m specfleet.plan --facts FACTS.json [--settings SETTINGS.json]
+        [--drafter-config CONFIG.json] [--weights-bytes N] [--predicted] [--host H] [--json]
+
+``FACTS.json`` maps fact names (``facts.gpu.Gpus``, ``facts.gpu.GpuTopology``,
+``facts.sglang.SGLangInstall``, ...) to one host's values, or is the output of
+``pyinfra INVENTORY fact NAME... --json`` itself, {fact: {host: value}} (``--host`` picks one host
+where there are several). It may also carry ``drafter_config`` (the drafter's config.json) and
+``weights_bytes``. Prints ``{argv, env, reasons}`` (exit 0) or ``{error}`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.plan import FactsInputError, make_plan, one_host_facts
+from specfleet.core.settings import settings_from_dict
+
+
+def _load_json(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise FactsInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise FactsInputError(f"{what} {path} is not JSON: {exc}") from None
+
+
+def build_parser(prog: str = "python -m specfleet.plan") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="What specfleet would launch on one host, from its facts (no connection).",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--facts", required=True, help="JSON: fact name -> value")
+    parser.add_argument("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6)")
+    parser.add_argument("--drafter-config", help="JSON: the drafter's config.json")
+    parser.add_argument("--weights-bytes", type=int, help="target + drafter weights size")
+    parser.add_argument(
+        "--predicted",
+        action="store_true",
+        help="SGLang not installed yet: predict from settings.sglang.version",
+    )
+    parser.add_argument("--host", help="the host's name, for messages")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    def fail(message: str) -> int:
+        if args.json:
+            print(json.dumps({"error": message}))
+        else:
+            print(f"error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        facts = _load_json(args.facts, "facts file")
+        if not isinstance(facts, dict):
+            raise FactsInputError(f"facts file {args.facts} must hold a JSON object of fact names")
+        facts = one_host_facts(facts, args.host)
+        settings_data = _load_json(args.settings, "settings file") if args.settings else None
+        if settings_data is not None and not isinstance(settings_data, dict):
+            raise FactsInputError(f"settings file {args.settings} must hold a JSON object")
+        drafter_config = facts.get("drafter_config")
+        if args.drafter_config:
+            drafter_config = _load_json(args.drafter_config, "drafter config")
+        if drafter_config is not None and not isinstance(drafter_config, dict):
+            raise FactsInputError(
+                "drafter_config must be a JSON object (the drafter's config.json)"
+            )
+        weights = (
+            args.weights_bytes if args.weights_bytes is not None else facts.get("weights_bytes")
+        )
+        if weights is not None and (isinstance(weights, bool) or not isinstance(weights, int)):
+            raise FactsInputError(f"weights_bytes must be an integer, got {weights!r}")
+        settings = settings_from_dict(settings_data, host=args.host or "")
+        plan = make_plan(
+            facts,
+            settings,
+            drafter_config,
+            predicted=args.predicted,
+            weights_bytes=weights,
+            host=args.host,
+        )
+    except SpecfleetError as exc:
+        return fail(exc.render())
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(plan.render())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
