@@ -20,9 +20,9 @@ plan = fanout.load_plan()
 me = plan["hosts"][host.name]
 serving = bool(me["receivers"])
 
-weights.host_tools(name="Weights tools")
+weights.tools_from_settings(name="Weights tools")
 fanout.agent(name="Fan-out agent")
-weights.host_token(name="Hugging Face token")
+weights.token_from_settings(name="Hugging Face token")
 fanout.needs(name="Weights wanted here", rollout_id=plan["rollout_id"])
 fanout.serve(
     name="Serve weights to peers (ephemeral sshd)",

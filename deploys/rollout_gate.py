@@ -4,4 +4,4 @@
 from operations import rollback, serving
 
 serving.ready(name="Readiness gate")
-rollback.snapshot(name="Keep the ready state as the rollback point")
+rollback.checkpoint(name="Keep the ready state as the rollback point")

@@ -2,4 +2,4 @@
 
 from operations import rollback
 
-rollback.snapshot(name="Keep a rollback point")
+rollback.checkpoint(name="Keep a rollback point")

@@ -14,8 +14,8 @@ from specfleet.core.settings import settings_for_all_hosts
 settings = settings_for_all_hosts(inventory)[host.name]
 
 preflight.lock(name="Hold the run lock", settings=settings)
-weights.host_tools(name="Weights tools")
-weights.host_token(name="Hugging Face token")
+weights.tools_from_settings(name="Weights tools")
+weights.token_from_settings(name="Hugging Face token")
 weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
 weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
 preflight.lock(name="Release the run lock", settings=settings, present=False)

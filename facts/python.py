@@ -8,7 +8,7 @@ import re
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, host_source, installed_dists, parse_printed
+from facts.hostpy import PythonJob, parse_printed, script_source
 from facts.sglang import DEFAULT_PYTHON
 
 # The distributions a deploy asks about by default (canonical names, PEP 503).
@@ -27,13 +27,7 @@ PACKAGES = [
 # only): a directory to search first. Prints (a Python literal) every installed distribution's
 # name and version, and the raw direct_url.json of those that have one; the choosing happens in
 # ``parse_packages``.
-COLLECT = host_source(installed_dists) + r"""
-import sys
-if len(sys.argv) > 2:
-    sys.path.insert(0, sys.argv[2])
-print(repr({"python": sys.version.split()[0], "names": sys.argv[1].split(","),
-            "dists": installed_dists(sys.path)}))
-"""
+COLLECT = script_source("python_packages.py")
 
 
 def canonical(name: str) -> str:

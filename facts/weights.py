@@ -8,63 +8,13 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, dist_version, host_source, installed_dists, parse_printed
-from specfleet.hostside.weights_agent import pids_using
+from facts.hostpy import PythonJob, parse_printed, script_source
 
 # Run on the host by the system python3: read each revision's manifest and compare every file's
 # size and mtime with it (the fast re-check: no hashing). Prints one JSON object.
-_STATE_SCRIPT = host_source(pids_using) + r"""
-import json, os, sys
-root = sys.argv[1]
-want_in_use = len(sys.argv) > 2
-out = {"path": root, "current": None, "revisions": {}}
-if os.path.isdir(root):
-    link = os.path.join(root, "current")
-    if os.path.islink(link):
-        out["current"] = os.path.basename(os.readlink(link).rstrip("/"))
-    for name in sorted(os.listdir(root)):
-        d = os.path.join(root, name)
-        if os.path.islink(d) or not os.path.isdir(d):
-            continue
-        if len(name) != 40 or any(c not in "0123456789abcdef" for c in name):
-            continue
-        rev = {"complete": False, "files": 0, "bytes": 0, "changed": [], "missing": [],
-               "in_use": pids_using(d) if want_in_use else []}
-        try:
-            with open(os.path.join(d, ".specfleet", "manifest.json")) as f:
-                m = json.load(f)
-        except (OSError, ValueError):
-            m = None
-        if m and m.get("revision") == name:
-            rev["complete"] = bool(m.get("complete"))
-            rev["files"] = len(m.get("files", {}))
-            rev["bytes"] = int(m.get("bytes", 0))
-            rev["verified_at"] = m.get("verified_at")
-            rev["allow_patterns"] = m.get("allow_patterns")
-            rev["ignore_patterns"] = m.get("ignore_patterns")
-            for p, e in sorted(m.get("files", {}).items()):
-                try:
-                    st = os.stat(os.path.join(d, p))
-                except OSError:
-                    rev["missing"].append(p)
-                    continue
-                if st.st_size != e.get("size") or st.st_mtime_ns != e.get("mtime_ns"):
-                    rev["changed"].append(p)
-        out["revisions"][name] = rev
-print(json.dumps(out))
-"""
+_STATE_SCRIPT = script_source("weights_state.py")
 
-_TOOLS_SCRIPT = host_source(installed_dists, dist_version) + r"""
-import hashlib, os, sys
-path = sys.argv[1]
-out = {"path": path, "huggingface_hub": None, "agent_sha256": None}
-agent = os.path.join(path, "weights_agent.py")
-if os.path.isfile(agent):
-    with open(agent, "rb") as f:
-        out["agent_sha256"] = hashlib.sha256(f.read()).hexdigest()
-out["huggingface_hub"] = dist_version(sys.path, "huggingface_hub")
-print(repr(out))
-"""
+_TOOLS_SCRIPT = script_source("weights_tools.py")
 
 
 def parse_json_output(output: list[str]) -> Any:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import jinja2
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
@@ -40,13 +41,14 @@ from facts.weights import WeightsState, job_command, parse_job
 from operations import weights
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.fanout import FANOUT_PORT, PLAN_ENV
-from specfleet.core.resources import hostside_path
+from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
 from specfleet.hostside.weights_agent import fmt_gib, job_id
 
 AGENT_NAME = "fanout_agent.py"
 AGENT_SOURCE_PATH = hostside_path(AGENT_NAME)
+SSHD_TEMPLATE = template_path("fanout_sshd_config.j2")
 # Units are named per run (``-<rollout id>``): a stopped transient unit may stay loaded (seen on
 # nspawn hosts when its cgroup cannot be killed), and systemd-run refuses a loaded name.
 SERVE_UNIT = "specfleet-fanout-sshd"
@@ -104,39 +106,13 @@ def authorized_keys(public_key: str, from_addresses: list[str], command: str) ->
 
 
 def sshd_config(port: int, directory: str, command: str, address: str | None = None) -> str:
-    """The ephemeral sshd's whole configuration: key-only root login forced to ``command``,
-    listening on ``address`` only (the one its receivers connect to) when given."""
-    return "\n".join([
-        "# specfleet fan-out: an ephemeral sshd serving model weights to peers (read-only).",
-        f"Port {int(port)}",
-        *([f"ListenAddress {address}"] if address else []),
-        f"HostKey {directory}/host_key",
-        f"AuthorizedKeysFile {directory}/authorized_keys",
-        "AuthorizedPrincipalsFile none",
-        "PidFile none",
-        "AllowUsers root",
-        "PermitRootLogin forced-commands-only",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "HostbasedAuthentication no",
-        "UsePAM no",
-        "PermitTTY no",
-        "X11Forwarding no",
-        "AllowTcpForwarding no",
-        "AllowStreamLocalForwarding no",
-        "AllowAgentForwarding no",
-        "PermitTunnel no",
-        "PermitUserRC no",
-        "PermitUserEnvironment no",
-        "StrictModes yes",
-        "UseDNS no",
-        "MaxStartups 64:30:128",
-        "MaxSessions 32",
-        "LogLevel INFO",
-        f"ForceCommand {command}",
-        "",
-    ])
+    """The ephemeral sshd's whole configuration (``templates/fanout_sshd_config.j2``): key-only
+    root login forced to ``command``, listening on ``address`` only (the one its receivers connect
+    to) when given."""
+    template = jinja2.Template(
+        SSHD_TEMPLATE.read_text(), trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+    )
+    return template.render(port=int(port), directory=directory, command=command, address=address)
 
 
 def known_hosts(servers: dict[str, dict]) -> str:
@@ -328,7 +304,7 @@ def _fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None
 
 
 def weights_job(s: Settings, which: str, token_path: str | None, host_name: str) -> dict:
-    """The weights agent's job for ``which``, as ``weights.snapshot`` makes it, for the pull
+    """The weights agent's job for ``which``, as ``weights.downloaded`` makes it, for the pull
     agent to finish a complete copy with (``verify`` fast: the pull hashed every byte)."""
     src, w = getattr(s, which), s.weights
     root = weights.model_root(s, which)

@@ -46,7 +46,7 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
         (PatchState, {"venv": s.venv}),
         (SGLangInstall, {"python": py}),
     ]
-    # weights.host_tools, host_token, model (target, drafter)
+    # weights.tools_from_settings, host_token, model (target, drafter)
     token = control_token_path(s)
     specs += [(WeightsTools, {"path": TOOLS_PATH}), (File, {"path": token}),
               (Sha256File, {"path": token})]

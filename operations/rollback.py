@@ -185,7 +185,7 @@ def pip_source_args(settings: Settings, wheels: str) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def snapshot_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str:
+def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str:
     """Take a rollback point in a new folder, then swap it in: a failed copy keeps the old one."""
     q = shlex.quote
     d = q(rp.directory)
@@ -274,14 +274,14 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
         raise SpecfleetError(
             f"there is no rollback point in {rollback_paths(s).directory}",
             host=host.name,
-            fix="take one with rollback.snapshot before changing the host "
+            fix="take one with rollback.checkpoint before changing the host "
             "(python -m specfleet.fleet.rollout does it for every host it changes)",
         )
     return state["saved"]
 
 
 @operation()
-def snapshot(settings: Settings | None = None):
+def checkpoint(settings: Settings | None = None):
     """
     Keep a rollback point on the host: the server's unit, env and secret files, the venv's
     ``pip freeze``, the PR#20547 patch state, and wheels of the managed pins.
@@ -298,7 +298,7 @@ def snapshot(settings: Settings | None = None):
 
     .. code:: python
 
-        rollback.snapshot(name="Keep a rollback point")
+        rollback.checkpoint(name="Keep a rollback point")
     """
     s = _settings(settings)
     rp = rollback_paths(s)
@@ -317,7 +317,7 @@ def snapshot(settings: Settings | None = None):
         return
     if reasons:
         host.log(f"rollback point: keeps {', '.join(reasons)}", logger.info)
-        yield _sh(snapshot_script(rp, live_files(server_paths(s)), s.venv))
+        yield _sh(checkpoint_script(rp, live_files(server_paths(s)), s.venv))
     if missing:
         argv = [
             posixpath.join(s.venv, "bin", "python"), "-m", "pip", "download", "--no-deps",

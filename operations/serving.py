@@ -288,7 +288,7 @@ class CurrentPlan:
     env: dict[str, str]
     build: dict[str, str]
     # Why the plan is predicted (SGLang or the drafter not on the host yet), or None.
-    predicted: str | None
+    predicted_because: str | None
     rendered: str
 
 
@@ -382,7 +382,7 @@ def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = 
         argv=list(plan.argv),
         env=dict(plan.env),
         build=build_info(settings, install, weights),
-        predicted="; ".join(missing) or None,
+        predicted_because="; ".join(missing) or None,
         rendered=plan.render(),
     )
 
@@ -526,18 +526,18 @@ def _unit(settings: Settings | None, present: bool):
     facts = _gather(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name)
-    if current.predicted:
+    if current.predicted_because:
         if state.is_executing:
             raise SpecfleetError(
-                f"cannot write the unit from a predicted plan: {current.predicted}",
+                f"cannot write the unit from a predicted plan: {current.predicted_because}",
                 host=host.name,
                 fix="run the SGLang install and the weights steps before server.unit "
                 "(deploys/kimi_k26.py does it in that order)",
             )
-        host.log(f"{current.rendered}\n  (predicted: {current.predicted})", logger.info)
+        host.log(f"{current.rendered}\n  (predicted: {current.predicted_because})", logger.info)
 
     try:
-        ctx = unit_context(current.argv, current.env, s, current.build, current.predicted)
+        ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
         secret = secret_yaml(s.api_key) if s.api_key else None
     except ValueError as exc:
         raise SpecfleetError(

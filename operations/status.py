@@ -207,8 +207,8 @@ def host_status(settings: Settings, facts: dict[str, Any], host_name: str = "") 
     problem = None
     try:
         current = plan_from_facts(settings, facts, host_name)
-        if current.predicted:
-            problem = current.predicted
+        if current.predicted_because:
+            problem = current.predicted_because
         else:
             ctx = unit_context(current.argv, current.env, settings, current.build)
             paths = server_paths(settings)

@@ -232,7 +232,7 @@ def token(path: str, token_file: str | None = None):
 
 
 @operation()
-def snapshot(
+def downloaded(
     repo_id: str,
     root: str,
     revision: str | None = None,
@@ -279,7 +279,7 @@ def snapshot(
 
     .. code:: python
 
-        weights.snapshot(
+        weights.downloaded(
             name="Fetch the drafter",
             repo_id="z-lab/Kimi-K2.6-DFlash",
             revision="0123456789abcdef0123456789abcdef01234567",
@@ -544,7 +544,7 @@ def model(which: str = "target", verify: str | None = None):
     except SpecfleetError as e:
         yield from _fail(e.problem, e.fix)
         return
-    yield from snapshot._inner(
+    yield from downloaded._inner(
         repo_id=src.repo_id,
         root=model_root(s, which),
         revision=src.revision,
@@ -564,7 +564,7 @@ def model(which: str = "target", verify: str | None = None):
 
 
 @operation()
-def host_tools():
+def tools_from_settings():
     """``weights.tools`` with the host's settings (pip sources of ``sglang``)."""
     s = settings_for_host(host)
     yield from tools._inner(
@@ -575,10 +575,13 @@ def host_tools():
 
 
 @operation()
-def host_token():
+def token_from_settings():
     """``weights.token`` with the host's settings."""
     s = settings_for_host(host)
     yield from token._inner(path=control_token_path(s), token_file=s.weights.token_file)
 
 
-__all__ = ["GIB", "model", "model_path", "model_root", "snapshot", "token", "tools"]
+__all__ = [
+    "GIB", "downloaded", "model", "model_path", "model_root", "token", "token_from_settings",
+    "tools", "tools_from_settings",
+]

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fleet import Fleet, HostSpec
-from tests.fleet.core import default_specs
+from tests.harness import Fleet, HostSpec
+from tests.harness.core import default_specs
 
 
 def _session_name(name: str) -> str:
@@ -49,3 +49,11 @@ def make_fleet(_fleets):
 def fleet(make_fleet) -> Fleet:
     """Three real hosts: h1 (h200x2, 64G), h2 (another GPU profile, 593G), h3 (nogpu, 8G)."""
     return make_fleet("fleet", default_specs())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/fleet/ boots or uses real hosts: marked ``fleet`` (root needed), so
+    ``pytest -m "not fleet"`` runs the rest without root."""
+    for item in items:
+        if "fleet" in item.path.relative_to(config.rootpath).parts[:2]:
+            item.add_marker(pytest.mark.fleet)

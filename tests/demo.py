@@ -6,9 +6,9 @@ What is real: the hosts (systemd-nspawn, sshd, systemd), pyinfra over SSH, SGLan
 from PyPI (installed --no-deps: no torch here), huggingface_hub downloading through a hub on the
 fleet bridge, systemd units, the readiness gate. What stands in, and why:
 - `nvidia-smi` replays real captures of each machine type (there is no GPU here);
-- the hub is `tests/standin_hub.py`, serving small git repos shaped like Kimi K2.6 and its
+- the hub is `tests/harness/standin_hub.py`, serving small git repos shaped like Kimi K2.6 and its
   gated DFlash drafter (no route to the Hub here);
-- the SGLang server is `tests/standin_sglang_server.py`, started through the test-only
+- the SGLang server is `tests/harness/standin_sglang_server.py`, started through the test-only
   `launcher` setting with the plan's exact flags (the real one needs GPUs and torch).
 
 The CT200-like host mirrors CT200: 8x RTX PRO 6000 (SM120, PCIe), an existing venv at
@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.fleet import Fleet, HostSpec
-from tests.weights_support import StandinHub, make_repo, random_bytes
+from tests.harness import Fleet, HostSpec
+from tests.harness.weights_support import StandinHub, make_repo, random_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
@@ -129,7 +129,7 @@ def prepare_hosts(fleet: Fleet) -> None:
     pip = " ".join(fleet.pip_args())
     for name in fleet.hosts:
         fleet.run(name, "mkdir -p /opt/specfleet-standin", check=True)
-        fleet.put(name, REPO_ROOT / "tests" / "standin_sglang_server.py", STANDIN)
+        fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
     if "ct200" in fleet.hosts:
         fleet.run(
             "ct200",

@@ -48,9 +48,12 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench.converged.relay import Relays  # noqa: E402
 from tests import demo as demo_mod  # noqa: E402
-from tests import weights_support  # noqa: E402
-from tests.fleet import Fleet, HostSpec  # noqa: E402
-from tests.fleet.core import STATE_ROOT  # noqa: E402
+from tests.harness import (  # noqa: E402
+    Fleet,
+    HostSpec,
+    weights_support,  # noqa: E402
+)
+from tests.harness.core import STATE_ROOT  # noqa: E402
 
 FLEET = "perf"
 PROFILES = ["h100x8", "b200x8", "rtx6000x8"]

@@ -1,7 +1,7 @@
 """Benchmark of the fan-out: 4 hosts, one upstream link limited with ``tc ... tbf``.
 
-The stand-in hub (tests/standin_hub.py) runs in a network namespace of its own, joined to the
-fleet's bridge by a veth pair; ``tc qdisc ... tbf`` on that veth limits the **upstream** link
+The stand-in hub (tests/harness/standin_hub.py) runs in a network namespace of its own, joined
+to the fleet's bridge by a veth pair; ``tc qdisc ... tbf`` on that veth limits the **upstream** link
 (hub -> fleet) to 100 Mbit/s for every host together, while the LAN between the hosts (the
 bridge) runs at full speed. The test model is a git repository of random bytes in the hub's
 mirror (>= 500 MB, 32 MB shards, on disk); each host's models disk is a tmpfs.
@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from specfleet.fleet.fanout import run_prefetch  # noqa: E402
 from specfleet.fleet.rollout import run_pyinfra  # noqa: E402
-from tests.fleet import Fleet, HostSpec  # noqa: E402
-from tests.weights_support import (  # noqa: E402
+from tests.harness import Fleet, HostSpec  # noqa: E402
+from tests.harness.weights_support import (  # noqa: E402
     commit_files,
     git,
     inventory,
@@ -86,7 +86,8 @@ class LimitedHub:
             "tbf", "rate", f"{mbit}mbit", "burst", "64kb", "latency", "400ms")
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, sys.executable,
-             str(REPO_ROOT / "tests" / "standin_hub.py"), "--root", str(mirrors), "--host",
+             str(REPO_ROOT / "tests" / "harness" / "standin_hub.py"), "--root", str(mirrors),
+             "--host",
              self.ip, "--port", str(self.port), "--config", str(cfg), "--log",
              str(self.log_path)],
             stdout=subprocess.DEVNULL, stderr=open(work / "hub.err", "w"),  # noqa: SIM115

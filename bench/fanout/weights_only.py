@@ -2,7 +2,7 @@
 
 from operations import weights
 
-weights.host_tools(name="Weights tools")
-weights.host_token(name="Hugging Face token")
+weights.tools_from_settings(name="Weights tools")
+weights.token_from_settings(name="Hugging Face token")
 weights.model(name="Target weights", which="target")
 weights.model(name="Drafter weights", which="drafter")

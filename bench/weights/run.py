@@ -26,8 +26,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.fleet import Fleet, HostSpec  # noqa: E402
-from tests.weights_support import (  # noqa: E402
+from tests.harness import Fleet, HostSpec  # noqa: E402
+from tests.harness.weights_support import (  # noqa: E402
     PYINFRA,
     StandinHub,
     inventory,

@@ -58,7 +58,7 @@ def pull_progress_path(state_dir: str, dir_name: str) -> str:
 
 
 def weights_progress_path(state_dir: str, dir_name: str) -> str:
-    """Where ``operations.weights.snapshot`` has the weights agent write its progress."""
+    """Where ``operations.weights.downloaded`` has the weights agent write its progress."""
     return f"{state_dir.rstrip('/')}/weights/{dir_name}.progress.json"
 
 

@@ -1,14 +1,7 @@
-"""A fleet of real Debian bookworm hosts (systemd-nspawn) for specfleet's tests and demo.
+"""Tests on real hosts (marked ``fleet``: they need root), and ``python -m tests.fleet``, the
+fleet CLI. The harness itself is ``tests.harness``."""
 
-    from tests.fleet import Fleet, HostSpec
-    fleet = Fleet.up("mine", [HostSpec("h1", gpu="h200x2", disk="64G"), HostSpec("h2")])
-    fleet.run("h1", "nvidia-smi topo -m").stdout
-    fleet.down()
-
-CLI: ``python -m tests.fleet up|down|status|list|wheelhouse`` (see ``--help``).
-"""
-
-from tests.fleet.core import (
+from tests.harness import (  # noqa: F401 (re-exported for `from tests.harness import Fleet`)
     FLEET_NETWORK,
     NO_GPU,
     Fleet,
@@ -18,8 +11,3 @@ from tests.fleet.core import (
     list_fleets,
     parse_hosts,
 )
-
-__all__ = [
-    "FLEET_NETWORK", "NO_GPU", "Fleet", "FleetError", "HostSpec", "check_target", "list_fleets",
-    "parse_hosts",
-]

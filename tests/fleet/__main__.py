@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from tests.fleet import rootfs, wheelhouse
-from tests.fleet.core import Fleet, FleetError, default_specs, list_fleets, parse_hosts
+from tests.harness import rootfs, wheelhouse
+from tests.harness.core import Fleet, FleetError, default_specs, list_fleets, parse_hosts
 
 DEFAULT_HOSTS = ",".join(f"{s.name}:{s.gpu}:disk={s.disk}" for s in default_specs())
 

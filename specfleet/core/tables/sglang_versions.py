@@ -13,7 +13,7 @@ installs of a release (``0.5.14rc1``, ``0.5.14.dev12+g1234``) fall in that relea
 ``<0.5.14`` would leave them out of the row below and ``>=0.5.14`` out of the row above.
 
 Sources: the released wheels, unpacked and read (see the comments on each row; the checks are
-tests/test_plan_versions.py), and /work/shared/reference/sglang.md sections 2 and 4.
+tests/unit/test_plan_versions.py), and /work/shared/reference/sglang.md sections 2 and 4.
 """
 
 from __future__ import annotations

@@ -1,0 +1,23 @@
+"""The deploy the rollout tests roll out: a stand-in for deploys/kimi_k26.py with its steps in its
+order (SGLang software, weights, the unit, restart on change, readiness), on the stand-in server
+(settings.launcher) since no GPU exists here."""
+
+from pyinfra import host
+from pyinfra.operations.util import any_changed
+
+from operations import serving, weights
+from operations.sglang import ensure_software
+from specfleet.core.settings import settings_for_host
+
+software = ensure_software(settings_for_host(host))
+weights.tools_from_settings(name="Weights tools")
+weights.token_from_settings(name="Hugging Face token")
+target = weights.model(name="Target weights", which="target")
+drafter = weights.model(name="Drafter weights", which="drafter")
+serving.unit(name="SGLang unit")
+serving.restart_pending(
+    name="Restart for new software or weights",
+    reason="the software or weights",
+    _if=any_changed(*software.values(), target, drafter),
+)
+serving.service(name="SGLang server", running=True, enabled=True)

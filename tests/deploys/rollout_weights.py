@@ -1,0 +1,8 @@
+"""The weights-only deploy of the rollout tests' prefetch stage (like deploys/weights_only.py)."""
+
+from operations import weights
+
+weights.tools_from_settings(name="Weights tools")
+weights.token_from_settings(name="Hugging Face token")
+weights.model(name="Target weights", which="target")
+weights.model(name="Drafter weights", which="drafter")

@@ -1,0 +1,492 @@
+"""deploys/kimi_k26.py and deploys/status.py through the real pyinfra CLI, on one fleet of real hosts.
+
+The fleet (tests.fleet, booted once for this module) has four hosts that converge, of different
+machine types: a CT200-like 8x RTX PRO 6000 with an existing venv and a host token and 593 GiB
+free, an 8x B200, an 8x H100 and a 2x H200. The other hosts exist to fail preflight, each in one
+way, for real: no GPU, a broken nvidia-smi, busy GPUs, an old driver, a tiny models disk, and
+plain 2x H200 hosts whose settings or state are wrong (TP 16, an unknown attention backend, the
+real Kimi target on 2 GPUs, a foreign server on the port, an SGLang with no wheel, an SGLang
+without DFLASH, a gated drafter and no token).
+
+What stands in (see tests/demo.py): nvidia-smi replays real captures, the hub serves small
+Kimi-shaped repos, the SGLang server is tests/harness/standin_sglang_server.py. Runs are few and use
+--limit: the machine is small and shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from specfleet.core.settings import settings_from_dict
+from tests.demo import (
+    DEMO_TOKEN,
+    DRAFTER,
+    PYINFRA,
+    REPO_ROOT,
+    TARGET,
+    Demo,
+    drafter_files,
+    prepare_hosts,
+    target_files,
+)
+from tests.harness import HostSpec
+from tests.harness.weights_support import StandinHub, commit_files, make_repo, random_bytes
+
+pytestmark = pytest.mark.timeout(1800)
+
+CONVERGE = ["ct200", "b200", "h100", "h200"]
+UNIT = "specfleet-sglang.service"
+LOCK = "/var/lib/specfleet/run.lock"
+STATE_FILES = f"/etc/systemd/system/{UNIT} /etc/specfleet/specfleet-sglang.env"
+
+SPECS = [
+    HostSpec("ct200", gpu="rtx6000x8", disk="593G"),
+    HostSpec("b200", gpu="b200x8", disk="64G"),
+    HostSpec("h100", gpu="h100x8", disk="64G"),
+    HostSpec("h200", gpu="h200x2", disk="64G"),
+    # Preflight failures from the machine itself.
+    HostSpec("nogpu", gpu="nogpu", disk="64G"),
+    HostSpec("mismatch", gpu="driver-mismatch", disk="64G"),
+    HostSpec("busy", gpu="h200x2-busy", disk="64G"),
+    HostSpec("olddrv", gpu="old-driver", disk="64G"),
+    HostSpec("tinydisk", gpu="h200x2", disk="4M"),
+    # Preflight failures from settings or state (each a plain 2x H200).
+    HostSpec("tp16", gpu="h200x2", disk="64G"),
+    HostSpec("backend", gpu="h200x2", disk="64G"),
+    HostSpec("memory", gpu="h200x2", disk="64G"),
+    HostSpec("port", gpu="h200x2", disk="64G"),
+    HostSpec("nowheel", gpu="h200x2", disk="64G"),
+    HostSpec("nodflash", gpu="h200x2", disk="64G"),
+    HostSpec("notoken", gpu="h200x2", disk="64G"),
+]
+
+# Per host: the settings that make it fail, and what its preflight must say (every string).
+PREFLIGHT = {
+    "nogpu": ({}, ["preflight plan: no GPUs: no nvidia-smi on the host, or it lists none",
+                   "fix: run on a host with NVIDIA GPUs and a working driver"]),
+    "mismatch": ({}, ["preflight plan: no GPUs: nvidia-smi failed: Failed to initialize NVML: "
+                      "Driver/library version mismatch", "NVML library version: 570.124",
+                      "(exit status 18)"]),
+    "busy": ({}, ["preflight gpus-busy: the GPUs are already in use by processes outside "
+                  "specfleet-sglang: pid 719 (10758 MiB)", "fix: stop those processes"]),
+    "olddrv": ({}, ["preflight plan: GPU compute capability unknown",
+                    'nvidia-smi said: Field "compute_cap" is not a valid field to query.',
+                    "fix: update the NVIDIA driver"]),
+    "tinydisk": ({"weights": {"margin_min_gib": 0.0}},
+                 ["preflight disk: not enough disk space at /srv/models: 6.0 MiB still to "
+                  "download + 0.1 MiB margin = 6.1 MiB needed, 4.0 MiB free (short by ",
+                  "on the filesystem of /srv/models"]),
+    "tp16": ({"plan": {"tp_size": 16}},
+             ["preflight plan: --tp-size 16 needs 16 GPUs, the host has 2",
+              "fix: set plan.tp_size to at most 2"]),
+    "backend": ({"plan": {"attention_backend": "no_such_backend"}},
+                ["preflight plan: plan.attention_backend 'no_such_backend' is not in SGLang "
+                 "0.5.11's attention registry"]),
+    "memory": ({"target": {"repo_id": "moonshotai/Kimi-K2.6"}},
+               ["preflight plan: 2 GPUs hold 281 GiB in all, far below the 561 GiB of weights "
+                "(moonshotai/Kimi-K2.6 + demo/Kimi-K2.6-DFlash-mini)",
+                "fix: use a host with more GPU memory"]),
+    "port": ({}, ["preflight port-taken: port 30000 is already taken by a process that is not "
+                  "specfleet-sglang: python3 (pid ", "fix: stop that process, or give this host "
+                  "another port"]),
+    "nowheel": ({"sglang": {"version": "0.5.13"}},
+                ["preflight sglang-wheel: no SGLang 0.5.13 wheel for this host's interpreter",
+                 "No matching distribution found for sglang==0.5.13",
+                 "fix: use an SGLang version with a wheel for this Python and glibc"]),
+    "nodflash": ({"sglang": {"version": "0.5.10"}},
+                 ["preflight plan: SGLang 0.5.10 has no DFLASH speculative decoding",
+                  "fix: install sglang >= 0.5.11",
+                  "No matching distribution found for sglang==0.5.10"]),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The fleet and the CLI
+# --------------------------------------------------------------------------------------------------
+
+
+class Env:
+    """The booted demo, plus the per-host settings overrides the deploy currently runs with."""
+
+    def __init__(self, demo: Demo):
+        self.demo = demo
+        self.fleet = demo.fleet
+        self.over: dict[str, dict] = {h: dict(PREFLIGHT.get(h, ({},))[0]) for h in demo.fleet.hosts}
+
+    def inventory(self, name: str = "inventory.py", **extra) -> Path:
+        over = {h: {**self.over.get(h, {}), **extra.get(h, {})} for h in self.fleet.hosts}
+        return self.demo.write_inventory(self.demo.workdir / name, **over)
+
+    def pyinfra(self, *args: str, deploy: str = "deploys/kimi_k26.py", inventory: Path | None = None,
+                token: bool = True, timeout: float = 900) -> tuple[int, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        if token:
+            env["HF_TOKEN"] = DEMO_TOKEN
+        argv = [PYINFRA, *args, str(inventory or self.inventory()), deploy]
+        start = time.monotonic()
+        res = subprocess.run(argv, cwd=REPO_ROOT, env=env, timeout=timeout, capture_output=True,
+                             text=True)
+        out = res.stdout + res.stderr
+        TIMINGS.append((" ".join(a for a in args if a != "-y") or "-y", deploy,
+                        round(time.monotonic() - start, 1)))
+        return res.returncode, out
+
+    def run(self, host: str, cmd: str, check: bool = True) -> str:
+        return self.fleet.run(host, cmd, check=check).stdout
+
+    def starts(self, host: str) -> int:
+        """How many times systemd started the SGLang unit on this host (its journal)."""
+        out = self.run(host, f"journalctl -u {UNIT} -o cat --no-pager | grep -c '^Started ' "
+                             "|| true")
+        return int(out.strip() or 0)
+
+    def snapshot(self, host: str) -> str:
+        """What a deploy could change on a host: unit files, venv, weights, lock, server pid."""
+        return self.run(host, (
+            f"for f in {STATE_FILES} {LOCK}; do test -e $f && sha1sum $f || echo absent $f; done; "
+            "ls -la --time-style=+%s /srv/models /opt/specfleet 2>&1; "
+            f"systemctl show -p MainPID -p ActiveState -p InvocationID {UNIT}"))
+
+
+TIMINGS: list[tuple[str, str, float]] = []
+
+
+def limit(*hosts: str) -> list[str]:
+    return [a for h in hosts for a in ("--limit", h)]
+
+
+_RESULT = re.compile(r"^\s+\[([^\]]+)\]\s+(Success|No changes|Error\b.*)$")
+
+
+def op_results(out: str) -> dict[str, dict[str, str]]:
+    """{host: {operation: "Success" | "No changes" | "Error..."}} from pyinfra's run output."""
+    results: dict[str, dict[str, str]] = {}
+    op = None
+    for line in out.splitlines():
+        if line.startswith("--> Starting operation: "):
+            # Operations of a @deploy are named "<deploy> | <operation>".
+            op = line[len("--> Starting operation: "):].strip().split(" | ")[-1]
+        elif line.startswith("--> "):
+            op = None
+        elif op and (m := _RESULT.match(line)):
+            results.setdefault(m.group(1), {})[op] = m.group(2)
+    return results
+
+
+def changed(out: str) -> dict[str, list[str]]:
+    """{host: [operations that reported a change]}."""
+    return {h: [op for op, r in ops.items() if r == "Success"] for h, ops in op_results(out).items()}
+
+
+def results_table(out: str) -> dict[str, list[str]]:
+    """pyinfra's closing Results table: {operation: [hosts, success, error, no change]}."""
+    rows = {}
+    section = out.split("--> Results:", 1)[-1].split("--> ", 1)[0]
+    for line in section.splitlines()[2:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) == 5:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def host_output(out: str, host: str) -> str:
+    """Everything pyinfra printed for one host, continuation lines included."""
+    lines, mine = [], False
+    for line in out.splitlines():
+        m = re.match(r"^\s*\[([^\]]+)\]\s", line)
+        if m:
+            mine = m.group(1) == host
+        elif line.startswith("-->"):
+            mine = False
+        if mine:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def model_info(env: Env, host: str, port: int = 30000) -> dict:
+    return json.loads(env.run(host, f"curl -s --max-time 10 http://127.0.0.1:{port}/get_model_info"))
+
+
+def standin_argv(env: Env, host: str) -> list[str]:
+    return json.loads(env.run(host, "cat /run/standin.json"))["argv"]
+
+
+@pytest.fixture(scope="module")
+def env(make_fleet, tmp_path_factory):
+    """tests/demo.py's `up()`, on a fleet from `make_fleet` (reaped if this process dies)."""
+    workdir = tmp_path_factory.mktemp("deploy")
+    fleet = make_fleet("deploy", SPECS)
+    mirrors = workdir / "mirrors"
+    revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
+                 DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}
+    hub = StandinHub(mirrors, fleet.bridge_ip, workdir)
+    try:
+        hub.configure(gated={DRAFTER: [hashlib.sha256(DEMO_TOKEN.encode()).hexdigest()]})
+        hub.wait(TARGET)
+        prepare_hosts(fleet)
+        # A server started by hand on the port (CT200 may have one): not our unit.
+        fleet.run("port", "systemd-run --unit=hand-started-server python3 -m http.server 30000 "
+                          "--bind 127.0.0.1", check=True)
+        demo = Demo(fleet, hub, workdir, revisions)
+        yield Env(demo)
+    finally:
+        hub.stop()
+        print("\npyinfra runs (args, deploy, seconds):", *TIMINGS, sep="\n  ")
+
+
+# --------------------------------------------------------------------------------------------------
+# Converge, idempotence, restart on change
+# --------------------------------------------------------------------------------------------------
+
+
+def test_first_run_converges_every_host(env):
+    before = {h: env.starts(h) for h in CONVERGE}
+    rc, out = env.pyinfra("-y", *limit(*CONVERGE))
+    assert rc == 0, out[-4000:]
+    results = op_results(out)
+    assert sorted(results) == sorted(CONVERGE)
+    for host in CONVERGE:
+        assert all(r in ("Success", "No changes") for r in results[host].values()), results[host]
+        assert results[host]["SGLang server running, enabled and ready"] == "Success"
+        assert results[host]["Preflight"] == "No changes"
+        settings = settings_from_dict(env.demo.settings(host), host=host)
+        assert model_info(env, host)["model_path"] == settings.target.serve_path(settings.models_root)
+        assert env.starts(host) == before[host] + 1
+        assert env.run(host, f"test -e {LOCK} && echo held || echo free").strip() == "free"
+    # CT200's existing venv is reused in place, not replaced by a new one.
+    assert "0.5.11" in env.run("ct200", "/root/venv_sglang211/bin/pip show sglang")
+    assert env.run("ct200", "test -e /opt/specfleet/sglang && echo yes || echo no").strip() == "no"
+
+
+def test_second_run_changes_nothing(env):
+    before = {h: env.starts(h) for h in CONVERGE}
+    rc, out = env.pyinfra("-y", *limit(*CONVERGE))
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in CONVERGE}
+    table = results_table(out)
+    assert table and all(success == "-" and no_change == hosts
+                         for hosts, success, _, no_change in table.values()), table
+    assert table["Grand total"][3] == str((len(table) - 1) * len(CONVERGE))
+    assert {h: env.starts(h) for h in CONVERGE} == before
+
+
+def test_changed_settings_restart_exactly_once(env):
+    """b200 gets a new flag, h100 a new target revision committed to the hub; the other two
+    hosts keep theirs. Each changed host restarts once; a rerun changes nothing again."""
+    demo = env.demo
+    new_rev = commit_files(demo.workdir / "mirrors", TARGET, {
+        "model-00002-of-00002.safetensors": random_bytes(2 << 20, "t2-v2")}, message="v2")
+    env.over["b200"] = {"plan": {"extra_args": {"--context-length": "4096"}}}
+    env.over["h100"] = {"target": {"repo_id": TARGET, "revision": new_rev}}
+    before = {h: env.starts(h) for h in CONVERGE}
+    rc, out = env.pyinfra("-y", *limit(*CONVERGE))
+    assert rc == 0, out[-4000:]
+    after = {h: env.starts(h) for h in CONVERGE}
+    assert {h: after[h] - before[h] for h in CONVERGE} == {"ct200": 0, "b200": 1, "h100": 1,
+                                                           "h200": 0}
+    moved = changed(out)
+    assert moved["ct200"] == [] and moved["h200"] == []
+    assert "SGLang unit from the launch plan" in moved["b200"]
+    assert {"Target weights demo/Kimi-K2.6-mini", "SGLang unit from the launch plan"} <= set(
+        moved["h100"])
+    argv = standin_argv(env, "b200")
+    assert argv[argv.index("--context-length") + 1] == "4096"
+    assert env.run("h100", "readlink /srv/models/demo--Kimi-K2.6-mini/current").strip().endswith(
+        new_rev)
+    assert "--context-length" not in standin_argv(env, "h200")
+
+    rc, out = env.pyinfra("-y", *limit(*CONVERGE))
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in CONVERGE}
+    assert {h: env.starts(h) for h in CONVERGE} == after
+
+
+# --------------------------------------------------------------------------------------------------
+# The status view
+# --------------------------------------------------------------------------------------------------
+
+
+def status_lines(out: str) -> dict[str, str]:
+    """The verdict lines of the status table: {host: verdict}."""
+    table = out.split("--> Status:\n", 1)[1]
+    verdicts = {}
+    for line in table.split("\n\n", 1)[1].splitlines():
+        if not line.startswith("    "):
+            break
+        host, verdict = line.strip().split(None, 1)
+        verdicts[host] = verdict
+    return verdicts
+
+
+def test_status_of_a_converged_fleet_is_in_sync_and_healthy(env):
+    before = {h: env.snapshot(h) for h in CONVERGE}
+    rc, out = env.pyinfra("-y", *limit(*CONVERGE), deploy="deploys/status.py")
+    assert rc == 0, out[-4000:]
+    assert status_lines(out) == {h: "in sync, healthy" for h in CONVERGE}
+    assert changed(out) == {h: [] for h in CONVERGE}
+    assert {h: env.snapshot(h) for h in CONVERGE} == before
+    table = out.split("--> Status:", 1)[1]
+    row = next(line for line in table.splitlines() if line.split()[:1] == ["ct200"])
+    assert "0.5.11" in row and "none (DFLASH v1)" in row and "healthy" in row
+    assert env.demo.revisions[TARGET][:10] in row and env.demo.revisions[DRAFTER][:10] in row
+
+
+def test_status_reports_drift_without_deploying(env):
+    """Settings changed in the inventory but not deployed: the unit differs from the plan; a
+    stopped server is down; a wrong SGLang pin is named. Nothing on the hosts changes."""
+    inv = env.inventory("drift.py", h200={"plan": {"extra_args": {"--max-running-requests": "8"}}},
+                        ct200={"sglang": {"version": "0.5.14"}})
+    env.run("b200", f"systemctl stop {UNIT}")
+    try:
+        before = {h: env.snapshot(h) for h in CONVERGE}
+        rc, out = env.pyinfra("-y", *limit(*CONVERGE), deploy="deploys/status.py", inventory=inv)
+        assert rc == 0, out[-4000:]
+        verdicts = status_lines(out)
+        assert verdicts["h200"] == "drift: unit differs; healthy"
+        assert verdicts["ct200"] == "drift: SGLang 0.5.11, want 0.5.14; healthy"
+        assert verdicts["b200"] == "in sync, down (inactive, nothing on 127.0.0.1:30000)"
+        assert verdicts["h100"] == "in sync, healthy"
+        assert changed(out) == {h: [] for h in CONVERGE}
+        assert {h: env.snapshot(h) for h in CONVERGE} == before
+    finally:
+        env.run("b200", f"systemctl start {UNIT}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Preflight, on real hosts
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def preflight_run(env):
+    hosts = list(PREFLIGHT)
+    before = {h: env.snapshot(h) for h in hosts}
+    rc, out = env.pyinfra("-y", *limit(*hosts))
+    return rc, out, before
+
+
+@pytest.mark.parametrize("host", list(PREFLIGHT))
+def test_preflight_fails_closed_on_a_real_host(env, preflight_run, host):
+    rc, out, before = preflight_run
+    assert rc != 0
+    results = op_results(out)[host]
+    assert results["Hold the run lock"] == "No changes"
+    assert results["Preflight"].startswith("Error"), results
+    # Nothing after preflight ran on this host, and nothing on it changed (the lock is gone).
+    assert list(results) == ["Hold the run lock", "Preflight"], results
+    text = host_output(out, host)
+    for expected in PREFLIGHT[host][1]:
+        assert expected in text, f"{host}: {expected!r} not in\n{text}"
+    assert "Traceback" not in out
+    assert env.snapshot(host) == before[host]
+    assert f"absent {LOCK}" in before[host]
+
+
+def test_gated_drafter_without_a_token(env):
+    """No HF_TOKEN on the control machine: the host with no token of its own fails preflight,
+    the CT200-like host (its token at huggingface_hub's default path) passes and changes nothing."""
+    before = env.snapshot("notoken")
+    rc, out = env.pyinfra("-y", *limit("notoken", "ct200"), token=False)
+    assert rc != 0
+    text = host_output(out, "notoken")
+    assert ("preflight token: demo/Kimi-K2.6-DFlash-mini is gated and there is no Hugging Face "
+            "token: none at /root/.cache/huggingface/token on the host and none given on the "
+            "control machine") in text
+    assert "fix: export HF_TOKEN (or set weights.token_file) on the control machine" in text
+    assert env.snapshot("notoken") == before
+    assert changed(out)["ct200"] == []
+    assert op_results(out)["ct200"]["SGLang server running, enabled and ready"] == "No changes"
+
+
+# --------------------------------------------------------------------------------------------------
+# The run lock
+# --------------------------------------------------------------------------------------------------
+
+
+def test_run_lock_held_by_another_and_left_by_a_dead_run(env):
+    """h100: a lock held from another control machine fails the host with the way to clear it.
+    h200: a lock left by a dead run on this machine is reported and taken over; the run goes on
+    and releases it."""
+    foreign = {"owner": "alice@laptop", "control_host": "laptop", "pid": 4242,
+               "started": time.time() - 60, "command": "pyinfra inventories/fleet.py deploys/kimi_k26.py"}
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = {"owner": "bob@" + socket.gethostname(), "control_host": socket.gethostname(),
+             "pid": dead.pid, "started": time.time() - 3600, "command": "pyinfra x.py deploy.py"}
+    for host, lock in (("h100", foreign), ("h200", stale)):
+        env.fleet.run(host, f"mkdir -p /var/lib/specfleet && cat > {LOCK}",
+                      input=json.dumps(lock), check=True)
+    before = env.snapshot("h100")
+    try:
+        rc, out = env.pyinfra("-y", *limit("h100", "h200"))
+        assert rc != 0  # h100 failed
+        h100 = host_output(out, "h100")
+        assert "another specfleet run holds this host: alice@laptop (pid 4242, since " in h100
+        assert ("fix: wait for that run to end; if it is dead, clear the lock on the host: "
+                f"rm -f {LOCK}") in h100
+        assert list(op_results(out)["h100"]) == ["Hold the run lock"]
+        assert op_results(out)["h100"]["Hold the run lock"].startswith("Error")
+        assert json.loads(env.run("h100", f"cat {LOCK}")) == foreign
+        assert env.snapshot("h100") == before
+
+        h200 = host_output(out, "h200")
+        assert (f"a lock left by a dead run of bob@{socket.gethostname()} (pid {dead.pid}, since "
+                in h200 and "is cleared and taken over" in h200)
+        assert changed(out)["h200"] == []
+        assert op_results(out)["h200"]["Release the run lock"] == "No changes"
+        assert env.run("h200", f"test -e {LOCK} && echo held || echo free").strip() == "free"
+        assert "Traceback" not in out
+    finally:
+        env.run("h100", f"rm -f {LOCK}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad inventory data, through the real CLI
+# --------------------------------------------------------------------------------------------------
+
+BAD = [
+    ("unknown key", {"prot": 30001}, "unknown settings key 'prot'"),
+    ("wrong type", {"port": "30001"}, "settings key 'port' is '30001' (str), expected an integer"),
+    ("nested unknown key", {"plan": {"tp_sise": 2}}, "unknown settings key 'plan.tp_sise'"),
+    ("bad revision", {"target": {"revision": "main"}},
+     "settings key 'target.revision' is 'main', which is not a commit sha"),
+    ("bad literal", {"weights": {"verify": "paranoid"}},
+     "settings key 'weights.verify' is 'paranoid' (str), expected 'fast' or 'deep'"),
+    ("specfleet not a dict", "port=30001", "'specfleet' data is str, expected a mapping"),
+    ("bad port", {"port": 70000}, "settings key 'port' is 70000, expected 1..65535"),
+    ("patch without sha256", {"patch": {"source": "/tmp/pr20547.diff"}},
+     "settings key 'patch.source' is set without 'patch.sha256'"),
+    ("list item type", {"sglang": {"trusted_hosts": ["10.0.0.1", 5]}},
+     "settings key 'sglang.trusted_hosts[1]' is 5 (int), expected a string"),
+    ("section not a mapping", {"plan": ["--tp-size", "2"]},
+     "settings key 'plan' is ['--tp-size', '2'] (list), expected a mapping (section PlanOverrides)"),
+    ("mem fraction out of range", {"plan": {"mem_fraction_static": 1.2}},
+     "settings key 'plan.mem_fraction_static' is 1.2, expected a number in (0, 1)"),
+]
+
+
+@pytest.mark.parametrize("data, message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_inventory_data_is_a_clear_error_and_changes_nothing(env, data, message):
+    host = "h200"
+    good = env.demo.settings(host, **env.over[host])
+    # The host's specfleet data with the bad value merged in (or replaced by it).
+    bad = {**good, **data} if isinstance(data, dict) else data
+    inv = env.fleet.write_inventory(env.demo.workdir / "bad.py",
+                                    host_data={host: {"specfleet": bad}})
+    before = env.snapshot(host)
+    rc, out = env.pyinfra("-y", *limit(host), inventory=inv)
+    assert rc != 0
+    assert f"[{host}] {message}" in out, out[-3000:]
+    assert "\n  fix: " in out
+    assert "Traceback" not in out
+    assert "--> Starting operation" not in out
+    assert env.snapshot(host) == before

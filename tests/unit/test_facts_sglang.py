@@ -1,0 +1,323 @@
+"""facts.sglang.SGLangInstall against real SGLang wheels, the PR#20547 head and authored trees.
+
+The wheels come from PyPI (``pip download --no-deps --python-version 3.11 --only-binary=:all:``)
+into a cache outside the repository ($SPECFLEET_WHEELS_FACTS, default
+/var/cache/specfleet/wheels-facts); only the files the fact reads are unpacked, into a temporary
+directory. The PR#20547 head (modal-labs/sglang e67a0d488) is read from a git mirror when one is
+present ($SPECFLEET_PR20547_GIT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from pyinfra.api import StringCommand
+from pyinfra_testing.util import get_command_string
+
+from facts import sglang
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELS = Path(os.environ.get("SPECFLEET_WHEELS_FACTS", "/var/cache/specfleet/wheels-facts"))
+PR20547_GIT = Path(os.environ.get("SPECFLEET_PR20547_GIT", "/work/.mirror/modal-labs+sglang/repo"))
+PR20547_COMMIT = "e67a0d488"
+PLAN_FIXTURES = ROOT / "tests" / "fixtures" / "sglang"
+
+# Expected values, from ../shared/reference/sglang.md section 2, re-checked against the wheels.
+REGISTRY_0511 = [
+    "aiter", "ascend", "cutlass_mla", "dual_chunk_flash_attn", "fa3", "fa4", "flashinfer",
+    "flashmla", "flex_attention", "intel_amx", "intel_xpu", "nsa", "torch_native", "triton",
+    "trtllm_mha", "trtllm_mla", "wave",
+]  # fmt: skip
+EXPECTED = {
+    "0.5.11": {
+        "features": {
+            "dflash": "v1",
+            "dflash_pr20547": False,
+            "ddtree": False,
+            "kimi_k25_model": True,
+            "deepseek_v3_model": True,
+            "compressed_tensors_quant": True,
+        },
+        "speculative_algorithms": ["DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE"],
+        "attention_backends": REGISTRY_0511,
+    },
+    "0.5.14": {
+        "features": {
+            "dflash": "v2",
+            "dflash_pr20547": False,
+            "ddtree": False,
+            "kimi_k25_model": True,
+            "deepseek_v3_model": True,
+            "compressed_tensors_quant": True,
+        },
+        "speculative_algorithms": [
+            "DFLASH",
+            "EAGLE",
+            "EAGLE3",
+            "FROZEN_KV_MTP",
+            "STANDALONE",
+            "NGRAM",
+            "NONE",
+        ],  # fmt: skip
+        # 0.5.11's 17 plus tokenspeed_mla, cutedsl_mla, dsa, dsv4.
+        "attention_backends": sorted(
+            REGISTRY_0511 + ["tokenspeed_mla", "cutedsl_mla", "dsa", "dsv4"]
+        ),
+    },
+    "0.5.23": {
+        "features": {
+            "dflash": "v2",
+            "dflash_pr20547": False,
+            "ddtree": False,
+            "kimi_k25_model": True,
+            "deepseek_v3_model": True,
+            "compressed_tensors_quant": True,
+        },
+        "speculative_algorithms": [
+            "DFLASH",
+            "UNO",
+            "DSPARK",
+            "EAGLE",
+            "EAGLE3",
+            "FROZEN_KV_MTP",
+            "STANDALONE",
+            "NGRAM",
+            "NONE",
+        ],  # fmt: skip
+        # 0.5.14's minus cutlass_mla, tokenspeed_mla and (not in sglang.md) dual_chunk_flash_attn,
+        # plus llada2_cfg_flashinfer, qsa, hpc_ops and the two minicpm_* backends.
+        "attention_backends": sorted(
+            set(REGISTRY_0511 + ["cutedsl_mla", "dsa", "dsv4"])
+            - {"cutlass_mla", "dual_chunk_flash_attn"}
+            | {"llada2_cfg_flashinfer", "qsa", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer"}
+        ),
+    },
+}
+
+# What the collector needs from a wheel: the listed directories and the files it reads.
+NEEDED_PREFIXES = tuple(f"sglang/{d}/" for d in sglang.DIRS) + tuple(
+    f"sglang/{f}" for f in [*sglang.TEXTS, *sglang.LINES, "__init__.py"]
+)
+
+
+def collect(tree: Path, python: str = sys.executable) -> dict | None:
+    """Run the real collector with ``tree`` searched first; return the parsed fact value."""
+    done = subprocess.run(
+        [python, "-I", "-c", sglang.COLLECT, sglang.collect_request(), str(tree)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return sglang.SGLangInstall().process(done.stdout.splitlines())
+
+
+def wheel_path(version: str) -> Path:
+    from tests.harness.wheelhouse import WHEELHOUSE_DIR  # the fleet's wheels, when already there
+
+    for directory in (WHEELS, WHEELHOUSE_DIR):
+        found = sorted(directory.glob(f"sglang-{version}-cp311-*.whl"))
+        if found:
+            return found[0]
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--python-version",
+            "3.11",
+            "--only-binary=:all:",
+            "-d",
+            str(WHEELS),
+            f"sglang=={version}",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    found = sorted(WHEELS.glob(f"sglang-{version}-cp311-*.whl"))
+    if not found:
+        pytest.skip(f"sglang {version} wheel not in {WHEELS} and not downloadable: {done.stderr}")
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def wheel_trees(tmp_path_factory) -> dict[str, Path]:
+    trees = {}
+    for version in EXPECTED:
+        tree = tmp_path_factory.mktemp(f"sglang-{version}")
+        with zipfile.ZipFile(wheel_path(version)) as wheel:
+            members = [
+                n
+                for n in wheel.namelist()
+                if n.startswith(NEEDED_PREFIXES) or n.split("/")[0].endswith(".dist-info")
+            ]
+            wheel.extractall(tree, members)
+        trees[version] = tree
+    return trees
+
+
+@pytest.mark.parametrize("version", sorted(EXPECTED))
+def test_real_wheels(version, wheel_trees):
+    value = collect(wheel_trees[version])
+    assert value["version"] == version
+    assert value["location"] == str(wheel_trees[version] / "sglang")
+    for key, expected in EXPECTED[version].items():
+        assert value[key] == expected, key
+    # The plan tests use fixtures made by their own reader: the two readers must agree.
+    plan_fixture = PLAN_FIXTURES / f"{version}.json"
+    if plan_fixture.exists():
+        fact = json.loads(plan_fixture.read_text())["fact"]
+        assert {k: v for k, v in value.items() if k != "location"} == {
+            k: v for k, v in fact.items() if k != "location"
+        }
+
+
+def test_pr20547_head_from_git(tmp_path):
+    if not (PR20547_GIT / "HEAD").exists() and not (PR20547_GIT / ".git").exists():
+        pytest.skip(f"no git mirror of modal-labs/sglang at {PR20547_GIT}")
+    paths = [f"python/sglang/{p.rstrip('/')}" for p in NEEDED_PREFIXES]
+    listed = subprocess.run(
+        ["git", "-C", str(PR20547_GIT), "ls-tree", "--name-only", PR20547_COMMIT, *paths],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    archive = subprocess.run(
+        ["git", "-C", str(PR20547_GIT), "archive", PR20547_COMMIT, *listed],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    value = collect(tmp_path / "python")
+    assert value["version"] is None  # a source tree: setuptools-scm writes _version.py on build
+    assert value["features"] == {
+        "dflash": "v2",
+        "dflash_pr20547": True,
+        "ddtree": False,
+        "kimi_k25_model": True,
+        "deepseek_v3_model": True,
+        "compressed_tensors_quant": True,
+    }
+    assert value["speculative_algorithms"] == EXPECTED["0.5.11"]["speculative_algorithms"]
+    assert value["attention_backends"] == REGISTRY_0511
+
+
+# --- test-authored trees --------------------------------------------------------------------
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "sglang" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+POISON = 'raise RuntimeError("sglang was imported; the fact must only read files")\n'
+
+
+def test_ddtree_tree_without_importing(tmp_path):
+    tree = write_tree(
+        tmp_path,
+        {
+            "__init__.py": POISON,
+            "_version.py": "__version__ = version = '0.6.0.dev1+gddtree'\n",
+            "srt/speculative/spec_info.py": (
+                "from enum import Enum, auto\n\n"
+                "class SpeculativeAlgorithm(Enum):\n"
+                "    DFLASH = auto()\n    DDTREE = auto()\n    NONE = auto()\n"
+            ),
+            "srt/speculative/dflash_worker_v2.py": "class DFlashWorkerV2: ...\n",
+            "srt/speculative/ddtree_worker.py": "class DDTreeWorker: ...\n",
+            "srt/layers/attention/attention_registry.py": (
+                "ATTENTION_BACKENDS = {}\n"
+                "@register_attention_backend('triton')\ndef a(r): ...\n"
+                '@register_attention_backend( "flashinfer" )\ndef b(r): ...\n'
+            ),
+        },
+    )
+    value = collect(tree)
+    assert value["version"] == "0.6.0.dev1+gddtree"
+    assert value["features"]["ddtree"] is True
+    assert value["features"]["dflash"] == "v2"
+    assert value["features"]["dflash_pr20547"] is False
+    assert value["features"]["kimi_k25_model"] is False
+    assert value["speculative_algorithms"] == ["DFLASH", "DDTREE", "NONE"]
+    assert value["attention_backends"] == ["flashinfer", "triton"]
+
+
+def test_ddtree_worker_file_alone(tmp_path):
+    tree = write_tree(tmp_path, {"__init__.py": "", "srt/speculative/ddtree_worker.py": ""})
+    assert collect(tree)["features"]["ddtree"] is True
+
+
+def test_pr20547_like_tree(tmp_path):
+    tree = write_tree(
+        tmp_path,
+        {
+            "__init__.py": POISON,
+            "srt/speculative/dflash_worker.py": "",
+            "srt/speculative/dflash_worker_v2.py": "",
+            "srt/environ.py": (
+                "class Envs:\n"
+                "    SGLANG_ENABLE_SPEC_V2 = EnvBool(False)\n"
+                "    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)\n"
+            ),
+            "srt/models/kimi_k25.py": "class KimiK25ForConditionalGeneration(nn.Module): ...\n",
+            "srt/models/deepseek_v2.py": "class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):\n",
+            "srt/layers/quantization/compressed_tensors/__init__.py": "",
+        },
+    )
+    value = collect(tree)
+    assert value["version"] is None
+    assert value["features"] == {
+        "dflash": "v2",
+        "dflash_pr20547": True,
+        "ddtree": False,
+        "kimi_k25_model": True,
+        "deepseek_v3_model": True,
+        "compressed_tensors_quant": True,
+    }
+    assert value["speculative_algorithms"] == []
+
+
+def test_not_installed(tmp_path):
+    assert collect(tmp_path) is None
+
+
+# --- the fact's real command, through sh, in a real venv ------------------------------------
+
+
+def test_command_in_a_venv_and_absent_interpreter(tmp_path, wheel_trees):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    fact = sglang.SGLangInstall()
+    cmd = get_command_string(StringCommand(fact.command(python=str(python))))
+
+    def run(command: str) -> dict | None:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout.splitlines()
+        return fact.process(out) if out else fact.default()
+
+    assert run(cmd) is None  # a venv without SGLang
+    site = next((env_dir / "lib").glob("python3*/site-packages"))
+    (site / "sglang-under-test.pth").write_text(str(wheel_trees["0.5.11"]) + "\n")
+    value = run(cmd)
+    assert value["version"] == "0.5.11"
+    assert value["features"]["dflash"] == "v1"
+    missing = get_command_string(StringCommand(fact.command(python=str(tmp_path / "no" / "py"))))
+    assert run(missing) is None

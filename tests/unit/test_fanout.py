@@ -1,0 +1,246 @@
+"""Fan-out: the pure parts (tree, swarms, key restrictions, sshd config, status protocol) and the
+agent's serve command run for real on local files. The fleet tests are tests/fleet/test_fanout_fleet.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from facts.fanout import parse_leftovers, parse_serve
+from operations.fanout import authorized_keys, known_hosts, serve_command, sshd_config
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.fanout import plan_fanout, swarm_key, tree_sources
+from specfleet.core.settings import settings_from_dict
+from specfleet.fleet.fanout import add_keys, make_keypair
+from specfleet.hostside.fanout_agent import (
+    available,
+    parse_status_request,
+    source_finished,
+    ssh_command,
+)
+from specfleet.hostside.weights_agent import expected_hash
+
+AGENT = Path(__file__).resolve().parents[2] / "specfleet" / "hostside" / "fanout_agent.py"
+REV = "a" * 40
+ADDR = {"h1": "10.250.9.11", "h2": "10.250.9.12", "h3": "10.250.9.13", "h4": "10.250.9.14",
+        "h5": "10.250.9.15"}
+
+
+def same_keys(hosts, key=("m",)):
+    return {w: {h: key for h in hosts} for w in ("target", "drafter")}
+
+
+def sources(plan, host, which="target"):
+    return [s["host"] for s in plan["hosts"][host]["models"][which]["sources"]]
+
+
+def test_tree_sources_walk_up_to_the_seed():
+    assert tree_sources(0, 2) == []
+    assert tree_sources(1, 2) == [0]
+    assert tree_sources(2, 2) == [0]
+    assert tree_sources(3, 2) == [1, 0]
+    assert tree_sources(6, 2) == [2, 0]
+    assert tree_sources(3, 1) == [2, 1, 0]  # a chain
+    assert tree_sources(3, 3) == [0]  # a star
+
+
+def test_plan_four_hosts_binary_tree():
+    hosts = ["h1", "h2", "h3", "h4"]
+    plan = plan_fanout(hosts, ADDR, same_keys(hosts), degree=2)
+    t = {h: plan["hosts"][h]["models"]["target"] for h in hosts}
+    assert t["h1"] == {"role": "seed", "sources": []}
+    assert [t[h]["role"] for h in ("h2", "h3", "h4")] == ["peer"] * 3
+    assert sources(plan, "h2") == ["h1"] and sources(plan, "h3") == ["h1"]
+    assert sources(plan, "h4") == ["h2", "h1"]  # its parent, then the seed
+    # The drafter's swarm starts one host on: another host takes the second upstream download.
+    assert plan["hosts"]["h2"]["models"]["drafter"]["role"] == "seed"
+    assert sources(plan, "h1", "drafter") == ["h3", "h2"]
+    # from= of each server: exactly the hosts that copy from it.
+    assert sorted(plan["hosts"]["h1"]["receivers"]) == [ADDR["h2"], ADDR["h3"], ADDR["h4"]]
+    assert plan["hosts"]["h4"]["receivers"] == []
+    assert [s["seed"] for s in plan["swarms"]] == ["h1", "h2"]
+
+
+def test_plan_follows_order_and_degree():
+    hosts = ["h1", "h2", "h3", "h4", "h5"]
+    plan = plan_fanout(hosts, ADDR, same_keys(hosts), order=["h3", "h5"], degree=1)
+    assert plan["swarms"][0]["hosts"] == ["h3", "h5", "h1", "h2", "h4"]
+    assert sources(plan, "h4") == ["h2", "h1", "h5", "h3"]
+    with pytest.raises(SpecfleetError):
+        plan_fanout(hosts, ADDR, same_keys(hosts), degree=0)
+
+
+def test_plan_groups_hosts_by_what_they_want():
+    """A host that wants another revision (or mirror, or path) is a swarm of its own."""
+    base = {"target": {"repo_id": "o/m", "revision": REV},
+            "drafter": {"repo_id": "o/d", "revision": "b" * 40}}
+    other = {**base, "target": {"repo_id": "o/m", "revision": "c" * 40}}
+    mirror = {**base, "weights": {"hf_endpoint": "http://mirror.b:8080"}}
+    settings = {"h1": settings_from_dict(base), "h2": settings_from_dict(other),
+                "h3": settings_from_dict(base), "h4": settings_from_dict(mirror)}
+    hosts = list(settings)
+    keys = {w: {h: swarm_key(settings[h], w) for h in hosts} for w in ("target", "drafter")}
+    plan = plan_fanout(hosts, ADDR, keys)
+    target = [s["hosts"] for s in plan["swarms"] if s["which"] == "target"]
+    assert target == [["h1", "h3"], ["h2"], ["h4"]]
+    assert plan["hosts"]["h2"]["models"]["target"]["role"] == "seed"
+    assert sources(plan, "h3") == ["h1"]
+    drafter = [s["hosts"] for s in plan["swarms"] if s["which"] == "drafter"]
+    assert drafter == [["h2", "h3", "h1"], ["h4"]]
+
+
+def test_plan_one_seed_per_site():
+    base = {"target": {"repo_id": "o/m", "revision": REV},
+            "drafter": {"repo_id": "o/d", "revision": "b" * 40}}
+    site = {h: settings_from_dict({**base, "rollout": {"fanout_site": s}})
+            for h, s in (("h1", "dc-a"), ("h2", "dc-b"), ("h3", "dc-a"), ("h4", "dc-b"))}
+    hosts = list(site)
+    keys = {w: {h: swarm_key(site[h], w) for h in hosts} for w in ("target", "drafter")}
+    plan = plan_fanout(hosts, ADDR, keys)
+    assert [s["hosts"] for s in plan["swarms"] if s["which"] == "target"] == [
+        ["h1", "h3"], ["h2", "h4"]]
+    assert sources(plan, "h3") == ["h1"] and sources(plan, "h4") == ["h2"]
+
+
+def test_keys_are_real_openssh_keys(tmp_path):
+    private, public = make_keypair("specfleet-fanout-test")
+    key = tmp_path / "k"
+    key.write_text(private)
+    key.chmod(0o600)
+    derived = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert derived[:2] == public.split()[:2]
+    assert public.startswith("ssh-ed25519 ") and public.endswith(" specfleet-fanout-test")
+    plan = add_keys(plan_fanout(["h1", "h2", "h3"], ADDR, same_keys(["h1", "h2", "h3"])),
+                    22113, "abc123")
+    assert set(plan["servers"]) == {"h1", "h2"}  # h3 serves no one
+    assert "host_private_key" in plan["hosts"]["h1"]
+    assert "host_private_key" not in plan["hosts"]["h3"]
+    pubs = {s["host_public_key"] for s in plan["servers"].values()}
+    assert len(pubs) == 2  # a host key of its own per server
+
+
+def test_authorized_keys_restricts_the_key():
+    cmd = serve_command("/opt/specfleet/tools", "/srv/models", "/var/lib/specfleet")
+    line = authorized_keys("ssh-ed25519 AAAAC3 c", ["10.250.9.12", "10.250.9.13"], cmd)
+    assert line == ('from="10.250.9.12,10.250.9.13",restrict,command="/opt/specfleet/tools/'
+                    'bin/python /opt/specfleet/tools/fanout_agent.py serve /srv/models '
+                    '/var/lib/specfleet" ssh-ed25519 AAAAC3 c\n')
+    with pytest.raises(ValueError):
+        authorized_keys("ssh-ed25519 AAAAC3 c", [], cmd)
+    with pytest.raises(ValueError):
+        authorized_keys("ssh-ed25519 AAAAC3 c", ['1.2.3.4",command="sh'], cmd)
+    with pytest.raises(ValueError):
+        authorized_keys("ssh-ed25519 AAAAC3 c", ["10.0.0.1"], 'rm -rf "/"')
+
+
+def test_sshd_config_is_key_only_and_forced():
+    cfg = sshd_config(22113, "/var/lib/specfleet/fanout/sshd", "CMD", "10.250.9.11")
+    lines = set(cfg.splitlines())
+    assert "ListenAddress 10.250.9.11" in lines
+    assert "ListenAddress" not in sshd_config(22113, "/d", "CMD")
+    for want in ("Port 22113", "PermitRootLogin forced-commands-only", "PasswordAuthentication no",
+                 "AllowTcpForwarding no", "PermitTTY no", "ForceCommand CMD",
+                 "AuthorizedKeysFile /var/lib/specfleet/fanout/sshd/authorized_keys",
+                 "HostKey /var/lib/specfleet/fanout/sshd/host_key", "UsePAM no"):
+        assert want in lines
+
+
+def test_known_hosts_pins_each_server():
+    kh = known_hosts({"h1": {"address": "10.250.9.11", "port": 22113,
+                             "host_public_key": "ssh-ed25519 AAA h1"},
+                      "h2": {"address": "10.250.9.12", "port": 22113,
+                             "host_public_key": "ssh-ed25519 BBB h2"}})
+    assert kh == ("[10.250.9.11]:22113 ssh-ed25519 AAA h1\n"
+                  "[10.250.9.12]:22113 ssh-ed25519 BBB h2\n")
+    argv = ssh_command("/k", "/kh", 22113, "/run/x")
+    assert "StrictHostKeyChecking=yes" in argv and "UserKnownHostsFile=/kh" in argv
+    assert "IdentitiesOnly=yes" in argv and "BatchMode=yes" in argv
+
+
+def test_status_request_parsing():
+    assert parse_status_request(f"specfleet-status o--m {REV}") == ("o--m", REV)
+    for bad in (f"specfleet-status ../etc {REV}", f"specfleet-status o--m {REV} x",
+                "specfleet-status o--m main", f"specfleet-status .. {REV}",
+                f"specfleet-status a/b {REV}", "rsync --server --sender . x", ""):
+        assert parse_status_request(bad) is None, bad
+
+
+def test_available_only_files_the_source_verified_with_the_hubs_hash():
+    wanted = {"a.safetensors": {"path": "a.safetensors", "size": 5, "sha256": "s1",
+                                "blob_id": "b1"},
+              "c.json": {"path": "c.json", "size": 2, "blob_id": "g2"},
+              "d.json": {"path": "d.json", "size": 2, "blob_id": "g3"}}
+    status = {"verified": {"a.safetensors": {"size": 5, "hash": "s1"},
+                           "c.json": {"size": 2, "hash": "other"},  # another content
+                           "zzz": {"size": 1, "hash": "x"}}}  # not wanted
+    assert available(status, wanted, expected_hash) == ["a.safetensors"]
+
+
+def test_source_finished():
+    rid = "r1"
+    assert source_finished({"complete": True}, REV, rid)
+    assert source_finished({"weights": {"revision": REV, "state": "done"}}, REV, rid)
+    assert source_finished({"weights": {"revision": REV, "state": "failed"}}, REV, rid)
+    # Another revision's old download says nothing about this one.
+    assert not source_finished({"weights": {"revision": "b" * 40, "state": "done"}}, REV, rid)
+    assert not source_finished({"weights": {"revision": REV, "state": "downloading"}}, REV, rid)
+    assert source_finished({"pull": {"rollout_id": rid, "state": "partial"}}, REV, rid)
+    # A pull of an earlier fan-out says nothing about this one.
+    assert not source_finished({"pull": {"rollout_id": "old", "state": "done"}}, REV, rid)
+
+
+def test_fact_parsers():
+    assert parse_serve(["unit specfleet-fanout-sshd-ab.service", "digest ff00"]) == {
+        "active": ["specfleet-fanout-sshd-ab.service"], "digest": "ff00"}
+    assert parse_serve([]) == {"active": [], "digest": None}
+    assert parse_leftovers(["unit specfleet-fanout-pull-x-1.service", "file sshd",
+                            "file o--m.key"]) == {
+        "units": ["specfleet-fanout-pull-x-1.service"], "files": ["sshd", "o--m.key"]}
+
+
+def serve(models: Path, state: Path, command: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SSH_ORIGINAL_COMMAND": command}
+    return subprocess.run([sys.executable, str(AGENT), "serve", str(models), str(state)],
+                          env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_serve_status_reports_only_files_that_still_match(tmp_path):
+    models, state = tmp_path / "models", tmp_path / "state"
+    rev_dir = models / "o--m" / REV
+    (rev_dir / ".specfleet").mkdir(parents=True)
+    entries = []
+    for name, data in (("a.bin", b"hello"), ("b.bin", b"world!")):
+        (rev_dir / name).write_bytes(data)
+        st = (rev_dir / name).stat()
+        entries.append({"path": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                        "hash_kind": "git", "hash": f"h-{name}", "at": 1.0})
+    (rev_dir / ".specfleet" / "verified.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in entries))
+    (rev_dir / "b.bin").write_bytes(b"WORLD!!")  # changed since it was verified
+    (state / "weights").mkdir(parents=True)
+    (state / "weights" / "o--m.progress.json").write_text(json.dumps(
+        {"revision": REV, "state": "downloading", "updated_at": 5.0, "job_id": "x"}))
+    r = serve(models, state, f"specfleet-status o--m {REV}")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert status["verified"] == {"a.bin": {"size": 5, "hash": "h-a.bin"}}
+    assert status["complete"] is False
+    assert status["weights"] == {"revision": REV, "state": "downloading", "updated_at": 5.0}
+    assert status["pull"] == {"rollout_id": None, "revision": None, "state": None,
+                              "updated_at": None}
+
+
+def test_serve_refuses_anything_but_status_and_rsync_send(tmp_path):
+    for command in ("cat /etc/shadow", "rsync --server . /srv/models/x",
+                    f"specfleet-status ../.. {REV}", "sh"):
+        r = serve(tmp_path, tmp_path, command)
+        assert r.returncode == 1, command
+        assert "only read-only rsync and status" in r.stderr
+        assert r.stdout == ""

@@ -1,0 +1,14 @@
+"""operations.sglang against pyinfra-testing fixtures (tests/specs/op_sglang/<op>/*.yaml): the
+op's branches, commands and present-tense no-op messages, from given fact values, in ms."""
+
+from pathlib import Path
+
+from pyinfra_testing.operations import make_operation_tests
+
+SPECS = Path(__file__).parents[1] / "specs" / "op_sglang"
+
+TestInstalled = make_operation_tests("operations", "sglang.installed", SPECS / "sglang.installed")
+TestCompressedTensors = make_operation_tests(
+    "operations", "sglang.compressed_tensors", SPECS / "sglang.compressed_tensors"
+)
+TestPr20547 = make_operation_tests("operations", "sglang.pr20547", SPECS / "sglang.pr20547")

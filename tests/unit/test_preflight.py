@@ -1,0 +1,265 @@
+"""specfleet.core.preflight.check and the run lock's verdict, as pure functions (milliseconds).
+
+Facts are real wherever they can be: GPU facts are the facts helper's parsers run on the real
+nvidia-smi captures (tests.unit.test_plan.gpus_fact), SGLang installs are read from the real wheels
+(tests/fixtures/sglang), GPU processes and listening ports are the facts' own recorded fixtures
+(tests/facts/). The fleet versions of these cases are in tests/fleet/test_deploy_fleet.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from operations.preflight import lock_verdict
+from specfleet.core.plan import GIB
+from specfleet.core.preflight import FREE_SPACE, GPU_PROCESSES, PORTS, SERVICE, TOKEN, check
+from specfleet.core.settings import settings_from_dict
+from tests.unit.test_plan import host_facts, profile_exists
+
+FACT_FIXTURES = Path(__file__).parents[1] / "specs" / "facts"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# CT200 as its owner describes it (issue 8): 593 GiB free on /, Kimi K2.6 554.3 GiB + the DFlash
+# drafter 6.5 GiB still to download, 8x RTX PRO 6000, SGLang 0.5.11 in /root/venv_sglang211.
+CT200_FREE = int(593 * GIB)
+CT200_MISSING = int(554.3 * GIB) + int(6.5 * GIB)
+
+
+def recorded(fact: str, name: str):
+    """The value a fact computed on recorded real output (tests/facts/<fact>/<name>.yaml)."""
+    return yaml.safe_load((FACT_FIXTURES / fact / f"{name}.yaml").read_text())["fact"]
+
+
+def facts_for(profile: str = "rtx6000x8", sglang: str | None = "0.5.11", *, free=CT200_FREE,
+              token: bool = True, processes=None, ports=None, service=None) -> dict:
+    facts = host_facts(profile, sglang=sglang)
+    facts[FREE_SPACE] = {"path": "/root/models", "mount": "/", "total_bytes": free * 2,
+                         "free_bytes": free}
+    facts[TOKEN] = {"path": "/root/.cache/huggingface/token", "exists": token}
+    facts[GPU_PROCESSES] = {"processes": processes or [], "error": None}
+    facts[PORTS] = ports or []
+    facts[SERVICE] = service or {"active_state": "inactive", "main_pid": 0}
+    return facts
+
+
+def ct200_settings(**over):
+    data = {"venv": "/root/venv_sglang211", "models_root": "/root/models",
+            "sglang": {"version": "0.5.11"},
+            "target": {"revision": COMMIT}, "drafter": {"revision": COMMIT, "gated": True}}
+    data.update(over)
+    return settings_from_dict(data, host="ct200")
+
+
+def checks(result):
+    return [p.check for p in result.problems]
+
+
+needs = pytest.mark.skipif(not profile_exists("rtx6000x8"), reason="rtx6000x8 captures missing")
+
+
+@needs
+def test_ct200_real_numbers_pass_with_low_headroom_warning():
+    result = check(facts_for(), ct200_settings(), missing_weights_bytes=CT200_MISSING)
+    assert result.ok, [p.render() for p in result.problems]
+    (warning,) = [w for w in result.warnings if "headroom" in w]
+    # 593 - 560.8 = 32.2 GiB left, 5.4 % of the free space: under the 10 % warning line.
+    assert "low disk headroom at /root/models" in warning
+    assert "560.8 GiB" in warning and "5.4 %" in warning and "593.0 GiB" in warning
+    assert "the missing weights fit on the models disk" in result.passed
+    assert any("launch plan" in p for p in result.passed)
+
+
+@needs
+def test_ct200_with_less_free_space_fails_with_the_shortfall():
+    # 2 % margin of 560.8 GiB = 11.2 GiB; 565 GiB free is short by 7.0 GiB.
+    result = check(facts_for(free=int(565 * GIB)), ct200_settings(),
+                   missing_weights_bytes=CT200_MISSING)
+    assert checks(result) == ["disk"]
+    text = result.problems[0].render()
+    assert "not enough disk space at /root/models" in text
+    assert "560.8 GiB still to download + 11.2 GiB margin = 572.0 GiB needed" in text
+    assert "short by 7.0 GiB" in text and "fix: free at least 7.0 GiB" in text
+
+
+@needs
+def test_weights_already_there_need_no_disk():
+    result = check(facts_for(free=int(1 * GIB)), ct200_settings(), missing_weights_bytes=0)
+    assert result.ok and not any("headroom" in w for w in result.warnings)
+
+
+@needs
+def test_unknown_missing_bytes_defer_the_disk_check_with_a_warning():
+    result = check(facts_for(free=0), ct200_settings(), missing_weights_bytes=None)
+    assert result.ok
+    assert any("checks them against the free space before any byte moves" in w
+               for w in result.warnings)
+
+
+def test_no_gpu():
+    facts = facts_for("rtx6000x8" if profile_exists("rtx6000x8") else "h200x2")
+    facts["facts.gpu.Gpus"] = {"gpus": [], "error": None}
+    result = check(facts, ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["plan"]
+    assert "no GPUs" in result.problems[0].problem
+    assert "working driver" in result.problems[0].fix
+
+
+@pytest.mark.parametrize("profile, quoted", [
+    ("driver-mismatch", "Failed to initialize NVML: Driver/library version mismatch"),
+    ("no-driver", "NVIDIA-SMI has failed"),
+])
+def test_broken_nvidia_smi_is_quoted(profile, quoted):
+    if not profile_exists(profile):
+        pytest.skip(f"no {profile} capture")
+    result = check(facts_for(profile), ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["plan"]
+    assert quoted in result.problems[0].problem
+
+
+@needs
+def test_fewer_gpus_than_tp_size():
+    result = check(facts_for(), ct200_settings(plan={"tp_size": 16}), missing_weights_bytes=0)
+    assert checks(result) == ["plan"]
+    assert "--tp-size 16 needs 16 GPUs, the host has 8" in result.problems[0].problem
+    assert "set plan.tp_size to at most 8" in result.problems[0].fix
+
+
+@needs
+def test_attention_backend_not_in_the_registry():
+    result = check(facts_for(), ct200_settings(plan={"attention_backend": "no_such_backend"}),
+                   missing_weights_bytes=0)
+    assert checks(result) == ["plan"]
+    assert "'no_such_backend'" in result.problems[0].problem
+
+
+def test_old_driver_without_compute_cap():
+    if not profile_exists("old-driver"):
+        pytest.skip("no old-driver capture")
+    result = check(facts_for("old-driver"), ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["plan"]
+    assert "compute capability unknown" in result.problems[0].problem
+    assert "compute_cap" in result.problems[0].problem
+    assert "driver >= 510" in result.problems[0].fix
+
+
+def test_gpu_memory_too_small_for_kimi():
+    # 2x H200 (143771 MiB each) against Kimi K2.6 + DFlash (560.8 GiB): the default target.
+    result = check(facts_for("h200x2"), settings_from_dict({}, host="h"), missing_weights_bytes=0,
+                   control_token=True)
+    assert checks(result) == ["plan"]
+    assert "2 GPUs hold 281 GiB in all, far below the 561 GiB of weights" in (
+        result.problems[0].problem)
+
+
+@needs
+def test_busy_gpus_name_the_processes():
+    busy = recorded("gpu.GpuProcesses", "busy")
+    result = check(facts_for(processes=busy["processes"]), ct200_settings(),
+                   missing_weights_bytes=0)
+    assert checks(result) == ["gpus-busy"]
+    assert "pid 269473 (96860 MiB)" in result.problems[0].problem
+    assert "a hand-started server" in result.problems[0].fix
+
+
+@needs
+def test_our_own_running_server_does_not_make_the_gpus_busy():
+    busy = recorded("gpu.GpuProcesses", "busy")
+    ours = {"active_state": "active", "main_pid": 5120}
+    result = check(facts_for(processes=busy["processes"], service=ours), ct200_settings(),
+                   missing_weights_bytes=0)
+    assert result.ok
+
+
+@needs
+def test_port_taken_by_a_process_that_is_not_our_unit():
+    ports = recorded("net.ListeningPorts", "sshd_and_server")
+    result = check(facts_for(ports=ports), ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["port-taken"]
+    assert ("port 30000 is already taken by a process that is not specfleet-sglang: "
+            "python3 (pid 5120) on 127.0.0.1") in result.problems[0].problem
+    # Our unit's own main pid on the port is no problem; another port is no problem either.
+    assert check(facts_for(ports=ports, service={"active_state": "active", "main_pid": 5120}),
+                 ct200_settings(), missing_weights_bytes=0).ok
+    assert check(facts_for(ports=ports), ct200_settings(port=30001), missing_weights_bytes=0).ok
+
+
+@needs
+def test_gated_drafter_without_any_token():
+    result = check(facts_for(token=False), ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["token"]
+    assert "is gated and there is no Hugging Face token" in result.problems[0].problem
+    assert "/root/.cache/huggingface/token" in result.problems[0].problem
+    assert "export HF_TOKEN" in result.problems[0].fix
+    assert check(facts_for(token=False), ct200_settings(), missing_weights_bytes=0,
+                 control_token=True).ok
+    ungated = ct200_settings(drafter={"revision": COMMIT, "gated": False})
+    assert check(facts_for(token=False), ungated, missing_weights_bytes=0).ok
+
+
+@needs
+def test_sglang_without_dflash_from_the_version_table():
+    # Nothing installed yet: the plan is predicted from specfleet.core.tables.sglang_versions for 0.5.10.
+    result = check(facts_for(sglang=None), ct200_settings(sglang={"version": "0.5.10"}),
+                   missing_weights_bytes=0)
+    assert checks(result) == ["plan"]
+    assert "SGLang 0.5.10 has no DFLASH speculative decoding" in result.problems[0].problem
+    assert "sglang >= 0.5.11" in result.problems[0].fix
+
+
+@needs
+def test_no_wheel_quotes_pip():
+    pip = ("ERROR: Could not find a version that satisfies the requirement sglang==0.5.13 "
+           "(from versions: 0.5.11, 0.5.14, 0.5.23)\n"
+           "ERROR: No matching distribution found for sglang==0.5.13")
+    result = check(facts_for(sglang=None), ct200_settings(sglang={"version": "0.5.14"}),
+                   missing_weights_bytes=0, wheel_error=pip)
+    assert checks(result) == ["sglang-wheel"]
+    assert "No matching distribution found for sglang==0.5.13" in result.problems[0].problem
+    assert "sglang.find_links" in result.problems[0].fix
+
+
+@needs
+def test_every_problem_is_reported_not_only_the_first():
+    busy = recorded("gpu.GpuProcesses", "busy")
+    result = check(facts_for(processes=busy["processes"], token=False, free=int(GIB)),
+                   ct200_settings(plan={"tp_size": 16}), missing_weights_bytes=CT200_MISSING)
+    assert checks(result) == ["plan", "gpus-busy", "disk", "token"]
+    assert all(p.render().startswith(f"preflight {p.check}: ") and "\n  fix: " in p.render()
+               for p in result.problems)
+
+
+# --------------------------------------------------------------------------------------------------
+# The run lock
+# --------------------------------------------------------------------------------------------------
+
+ME = {"owner": "ops@laptop", "control_host": "laptop", "pid": 100, "started": 0.0, "command": "x"}
+
+
+def test_lock_free_is_taken():
+    assert lock_verdict(None, ME, lambda pid: True) == ("take", None)
+
+
+def test_lock_of_this_run_is_ours():
+    assert lock_verdict(dict(ME), ME, lambda pid: True)[0] == "ours"
+
+
+def test_lock_of_a_dead_run_here_is_stale_and_taken_over():
+    held = {**ME, "pid": 4242, "owner": "ops@laptop", "command": "pyinfra inv.py deploy.py"}
+    verdict, message = lock_verdict(held, ME, lambda pid: pid != 4242)
+    assert verdict == "stale"
+    assert "a lock left by a dead run of ops@laptop (pid 4242" in message
+    assert "cleared and taken over" in message
+
+
+@pytest.mark.parametrize("held", [
+    {**ME, "pid": 4242},  # a live run on this machine
+    {**ME, "control_host": "other-box", "pid": 4242},  # any run elsewhere: its pid means nothing
+    {"owner": "unknown", "unreadable": "garbage"},  # a lock file nobody can read
+])
+def test_lock_held_by_another_run_is_busy(held):
+    verdict, message = lock_verdict(held, ME, lambda pid: True)
+    assert verdict == "busy"
+    assert message.startswith("another specfleet run holds this host: ")
+    assert held["owner"] in message
