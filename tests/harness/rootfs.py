@@ -15,7 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-CACHE_DIR = Path(os.environ.get("SPECFLEET_CACHE", "/var/cache/specfleet"))
+# Root (the fleet, CI) caches machine-wide; a user without root (`pytest -m "not fleet"`) in
+# their own cache folder.
+CACHE_DIR = Path(
+    os.environ.get("SPECFLEET_CACHE")
+    or ("/var/cache/specfleet" if os.geteuid() == 0 else os.path.expanduser("~/.cache/specfleet"))
+)
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPECFLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 INCLUDE = [

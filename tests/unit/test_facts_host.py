@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -109,7 +108,6 @@ def test_free_space_mount_with_spaces():
 # --- facts.net.ListeningPorts ---------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="no ss here")
 def test_listening_ports_sees_our_socket():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

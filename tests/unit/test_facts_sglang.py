@@ -1,16 +1,13 @@
 """facts.sglang.SGLangInstall against real SGLang wheels, the PR#20547 head and authored trees.
 
-The wheels come from PyPI (``pip download --no-deps --python-version 3.11 --only-binary=:all:``)
-into a cache outside the repository ($SPECFLEET_WHEELS_FACTS, default
-/var/cache/specfleet/wheels-facts); only the files the fact reads are unpacked, into a temporary
-directory. The PR#20547 head (modal-labs/sglang e67a0d488) is read from a git mirror when one is
-present ($SPECFLEET_PR20547_GIT).
+The wheels come from PyPI into the one wheel cache (tests.harness.sources); only the files the
+fact reads are unpacked, into a temporary directory. The PR#20547 head (modal-labs/sglang
+e67a0d488) is read from ../shared/fixtures/sglang-pr20547/.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import venv
@@ -22,10 +19,9 @@ from pyinfra.api import StringCommand
 from pyinfra_testing.util import get_command_string
 
 from facts import sglang
+from tests.harness.sources import pr20547_files, sglang_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEELS = Path(os.environ.get("SPECFLEET_WHEELS_FACTS", "/var/cache/specfleet/wheels-facts"))
-PR20547_GIT = Path(os.environ.get("SPECFLEET_PR20547_GIT", "/work/.mirror/modal-labs+sglang/repo"))
 PR20547_COMMIT = "e67a0d488"
 PLAN_FIXTURES = ROOT / "tests" / "fixtures" / "sglang"
 
@@ -120,36 +116,7 @@ def collect(tree: Path, python: str = sys.executable) -> dict | None:
 
 
 def wheel_path(version: str) -> Path:
-    from tests.harness.wheelhouse import WHEELHOUSE_DIR  # the fleet's wheels, when already there
-
-    for directory in (WHEELS, WHEELHOUSE_DIR):
-        found = sorted(directory.glob(f"sglang-{version}-cp311-*.whl"))
-        if found:
-            return found[0]
-    WHEELS.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--python-version",
-            "3.11",
-            "--only-binary=:all:",
-            "-d",
-            str(WHEELS),
-            f"sglang=={version}",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    found = sorted(WHEELS.glob(f"sglang-{version}-cp311-*.whl"))
-    if not found:
-        pytest.skip(f"sglang {version} wheel not in {WHEELS} and not downloadable: {done.stderr}")
-    return found[0]
+    return sglang_wheel(version)
 
 
 @pytest.fixture(scope="module")
@@ -184,22 +151,13 @@ def test_real_wheels(version, wheel_trees):
         }
 
 
-def test_pr20547_head_from_git(tmp_path):
-    if not (PR20547_GIT / "HEAD").exists() and not (PR20547_GIT / ".git").exists():
-        pytest.skip(f"no git mirror of modal-labs/sglang at {PR20547_GIT}")
-    paths = [f"python/sglang/{p.rstrip('/')}" for p in NEEDED_PREFIXES]
-    listed = subprocess.run(
-        ["git", "-C", str(PR20547_GIT), "ls-tree", "--name-only", PR20547_COMMIT, *paths],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    archive = subprocess.run(
-        ["git", "-C", str(PR20547_GIT), "archive", PR20547_COMMIT, *listed],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+def test_pr20547_head_from_the_fixture_tarball(tmp_path):
+    """The PR head's package (../shared/fixtures/sglang-pr20547/, e67a0d488), the collector's
+    files only."""
+    for name, data in pr20547_files().items():
+        if name.startswith(NEEDED_PREFIXES):
+            (tmp_path / "python" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "python" / name).write_bytes(data)
     value = collect(tmp_path / "python")
     assert value["version"] is None  # a source tree: setuptools-scm writes _version.py on build
     assert value["features"] == {

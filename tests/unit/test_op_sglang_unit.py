@@ -40,8 +40,6 @@ from specfleet.core.sglang.patch import (
 )
 from specfleet.core.tables.sglang_versions import compressed_tensors_specifier
 
-needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
-
 ENVIRON = """\
 class Envs:
     SGLANG_USE_MODELSCOPE = EnvBool(False)
@@ -181,7 +179,6 @@ def test_filter_refuses_a_truncated_patch():
 # --- GNU patch, for real, on a temporary site-packages -----------------------------------------
 
 
-@needs_patch
 def test_apply_and_restore_scripts_round_trip(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
@@ -212,7 +209,6 @@ def test_apply_and_restore_scripts_round_trip(tmp_path):
     assert fact.process(sh(fact.command(str(tmp_path / "venv"))).stdout.splitlines()) is None
 
 
-@needs_patch
 def test_created_directories_are_removed_on_restore(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
@@ -230,7 +226,6 @@ def test_created_directories_are_removed_on_restore(tmp_path):
     assert tree_hash(site) == before
 
 
-@needs_patch
 def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
     site = make_site(tmp_path)
     (site / "sglang/srt/environ.py").write_text(ENVIRON.replace("SGLANG_ENABLE_SPEC_V2", "OTHER"))
@@ -269,7 +264,6 @@ def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
     assert "v1 with overlap scheduling off" in msg
 
 
-@needs_patch
 def test_missing_file_and_reversed_patch_are_named(tmp_path):
     site = make_site(tmp_path)
     fp = filter_patch(PATCH)
@@ -417,7 +411,6 @@ def test_venv_fact_parses_its_own_command_output(tmp_path):
     assert fact.process(sh(fact.command(str(venv))).stdout.splitlines())["python"].startswith("3.")
 
 
-@needs_patch
 def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
@@ -447,7 +440,6 @@ def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp
     assert tree_hash(site) == before and not d.exists()
 
 
-@needs_patch
 def test_forget_keeps_a_file_that_is_no_longer_ours(tmp_path):
     site = make_site(tmp_path)
     fp = filter_patch(PATCH)

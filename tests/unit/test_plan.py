@@ -143,12 +143,7 @@ def matrix():
         where = gpus if topo == gpus else f"{gpus}-topo-from-{topo}"
         for build in BUILD:
             case_id = f"{arch}-{link}-{build}-{where}"
-            if not (profile_exists(gpus) and profile_exists(topo)):
-                # Only while the facts helper's captures are not committed yet.
-                mark = pytest.mark.skip(reason=f"capture {gpus}/{topo} not in tests/fixtures")
-                yield pytest.param(arch, link, gpus, topo, build, marks=mark, id=case_id)
-            else:
-                yield pytest.param(arch, link, gpus, topo, build, id=case_id)
+            yield pytest.param(arch, link, gpus, topo, build, id=case_id)
 
 
 def expected_argv(arch: str, build: str, tp: int, pcie_many: bool) -> list[str]:
@@ -258,8 +253,6 @@ def test_h200x2_small_model_full_argv():
     ],
 )  # fmt: skip
 def test_no_gpus_quotes_nvidia_smi_error(profile, quoted):
-    if not profile_exists(profile):
-        pytest.skip(f"capture {profile} not in tests/fixtures")
     facts = {
         "facts.gpu.Gpus": gpus_fact(profile),
         "facts.sglang.SGLangInstall": load_sglang("0.5.23"),
@@ -272,8 +265,6 @@ def test_no_gpus_quotes_nvidia_smi_error(profile, quoted):
 
 
 def test_old_driver_without_compute_cap():
-    if not profile_exists("old-driver"):
-        pytest.skip("capture old-driver not in tests/fixtures")
     facts = {"facts.gpu.Gpus": gpus_fact("old-driver")}
     with pytest.raises(PlanError) as err:
         make_plan(facts, settings(), predicted=True)
@@ -468,9 +459,7 @@ def test_overrides_are_reported_and_applied():
 
 def test_sm120_backend_override_rejects_runtime_failures():
     # fa3 on SM120 passes SGLang's checks at startup and fails at runtime: refused by the plan.
-    facts = host_facts("rtx6000x8") if profile_exists("rtx6000x8") else None
-    if facts is None:
-        pytest.skip("needs the rtx6000x8 capture")
+    facts = host_facts("rtx6000x8")
     with pytest.raises(PlanError) as err:
         make_plan(facts, settings(plan={"attention_backend": "fa3"}), DRAFTER_CONFIG)
     assert err.value.problem == "plan.attention_backend 'fa3' fails at runtime on SM120"

@@ -5,22 +5,21 @@ code: the PyPI wheels 0.5.11, 0.5.14 and 0.5.23 (``pip download --no-deps --pyth
 --only-binary=:all: sglang==V``) and, for the PR#20547 build, the PR's head commit e67a0d488
 (modal-labs/sglang branch dflash_v2, the branch `refs/pull/20547/head` points at).
 
-Regenerate (needs the wheels in $SPECFLEET_WHEELS, default /var/cache/specfleet/wheels-plan, and
-for pr20547 a git clone of modal-labs/sglang in $SPECFLEET_PR20547_GIT)::
+Regenerate (the wheels come from the wheel cache, the PR head from
+``../shared/fixtures/sglang-pr20547/``; tests.harness.sources)::
 
     .venv/bin/python -m tests.unit.test_plan_sglang_fixtures --write
 
 The values are what facts.sglang.SGLangInstall computes: its host-side collector is run (python -I)
 on a minimal copy of each tree, then its parser. ``extract`` below is an independent reading of the
 same files; a test checks that both agree. The tests re-read the sources when they are present
-(the wheel cache, the PR#20547 clone) and compare with the fixtures, so a fixture cannot drift.
+(the wheel cache, the PR#20547 fixture tarball) and compare with the fixtures, so a fixture cannot drift.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import subprocess
 import sys
@@ -31,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from facts import sglang as fact
+from tests.harness.sources import PR20547_COMMIT, pr20547_tree, sglang_wheel
+
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sglang"
-WHEELS = Path(os.environ.get("SPECFLEET_WHEELS", "/var/cache/specfleet/wheels-plan"))
-PR20547_GIT = Path(os.environ.get("SPECFLEET_PR20547_GIT", "/work/.mirror/modal-labs+sglang/repo"))
-PR20547_COMMIT = "e67a0d488"
 RELEASES = ("0.5.11", "0.5.14", "0.5.23")
 
 Reader = Callable[[str], "str | None"]
@@ -93,14 +92,10 @@ def _location(version: str) -> str:
     return "/opt/specfleet/sglang/lib/python3.11/site-packages/sglang"
 
 
-def via_fact(read: Reader, names: list[str], location: str) -> dict | None:
+def via_fact(read: Reader, names: list[str], location: str) -> dict:
     """The value facts.sglang.SGLangInstall computes for this tree: its real host-side collector
     run (python -I) on a minimal copy of the tree (the listed directories' entries, empty, plus
-    the files it reads), then its parser. None where facts.sglang does not exist yet."""
-    try:
-        from facts import sglang as fact
-    except ImportError:
-        return None
+    the files it reads), then its parser."""
     request = {"dirs": fact.DIRS, "texts": fact.TEXTS, "lines": fact.LINES}
     with tempfile.TemporaryDirectory() as tmp:
         pkg = Path(tmp) / "sglang"
@@ -139,10 +134,7 @@ def via_fact(read: Reader, names: list[str], location: str) -> dict | None:
 
 
 def _zip_source(version: str):
-    wheels = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
-    if not wheels:
-        return None
-    zf = zipfile.ZipFile(wheels[0])
+    zf = zipfile.ZipFile(sglang_wheel(version))
 
     def read(name: str) -> str | None:
         try:
@@ -153,43 +145,18 @@ def _zip_source(version: str):
     return read, zf.namelist()
 
 
-def _git_source():
-    if not (PR20547_GIT / "HEAD").exists() and not (PR20547_GIT / ".git").exists():
-        return None
-    git = ["git", "-C", str(PR20547_GIT)]
-    listing = subprocess.run(
-        [*git, "ls-tree", "-r", "--name-only", PR20547_COMMIT, "python/sglang/"],
-        capture_output=True,
-        text=True,
-    )
-    if listing.returncode != 0:
-        return None
-
-    def read(name: str) -> str | None:
-        out = subprocess.run(
-            [*git, "show", f"{PR20547_COMMIT}:python/{name}"], capture_output=True, text=True
-        )
-        return out.stdout if out.returncode == 0 else None
-
-    return read, [n[len("python/") :] for n in listing.stdout.splitlines()]
-
-
 SOURCES: dict[str, Callable[[], tuple[Reader, list[str]] | None]] = {
     **{v: (lambda v=v: _zip_source(v)) for v in RELEASES},
-    "pr20547": _git_source,
+    "pr20547": pr20547_tree,
 }
 
 
-def from_source(name: str) -> dict | None:
-    """The fixture value: what facts.sglang makes of the source; this file's own reading where
-    facts.sglang is absent. The PR#20547 tree has no _version.py (setuptools-scm writes it when a
-    git install is built, from upstream tags this mirror lacks), so its version is None."""
-    source = SOURCES[name]()
-    if source is None:
-        return None
-    read, names = source
-    location = _location(name)
-    value = via_fact(read, names, location) or extract(read, names, location)
+def from_source(name: str) -> dict:
+    """The fixture value: what facts.sglang makes of the source. The PR#20547 tree has no
+    _version.py (setuptools-scm writes it when a git install is built, from upstream tags the
+    archive lacks), so its version is None."""
+    read, names = SOURCES[name]()
+    value = via_fact(read, names, _location(name))
     if name == "pr20547":
         value["version"] = None
     return value
@@ -201,22 +168,14 @@ def load(name: str) -> dict:
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fixture_matches_source(name):
-    fact = from_source(name)
-    if fact is None:
-        pytest.skip(f"source for {name} not here (wheel cache / PR#20547 clone)")
-    assert load(name) == fact
+    assert load(name) == from_source(name)
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fact_parser_agrees_with_independent_reading(name):
     """facts.sglang (host collector + parser) and this file's reading agree on every field."""
-    source = SOURCES[name]()
-    if source is None:
-        pytest.skip(f"source for {name} not here (wheel cache / PR#20547 clone)")
-    read, names = source
+    read, names = SOURCES[name]()
     by_fact = via_fact(read, names, "L")
-    if by_fact is None:
-        pytest.skip("facts.sglang not here")
     mine = extract(read, names, "L")
     if name == "pr20547":
         by_fact["version"] = mine["version"] = None
@@ -258,9 +217,6 @@ def _write() -> int:
     }
     for name in SOURCES:
         fact = from_source(name)
-        if fact is None:
-            print(f"skip {name}: source not here", file=sys.stderr)
-            continue
         doc = {
             "note": notes[name] + "; made by tests/unit/test_plan_sglang_fixtures.py --write: the "
             "value facts.sglang.SGLangInstall computes (its host collector run on the tree's "

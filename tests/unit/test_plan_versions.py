@@ -1,8 +1,7 @@
 """specfleet.core.tables.sglang_versions: the version table, and (when the wheels are here) the table against them.
 
-The wheel checks read the real PyPI wheels from $SPECFLEET_WHEELS (default
-/var/cache/specfleet/wheels-plan; fetch with `pip download --no-deps --python-version 3.11
---only-binary=:all: sglang==V -d DIR`) and skip where a wheel is absent.
+The wheel checks read the real PyPI wheels from the one wheel cache (tests.harness.sources:
+filled from PyPI by the test command, or on first use).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from specfleet.core.tables.sglang_versions import (
     predicted_install,
     version_row,
 )
-from tests.unit.test_plan_sglang_fixtures import WHEELS
+from tests.harness.sources import sglang_wheel
 
 # compressed-tensors releases on PyPI around these sglang releases (sglang.md section 4).
 CT_RELEASES = ["0.9.4", "0.10.0", "0.13.0", "0.14.0", "0.14.0.1", "0.15.0.1", "0.16.0",
@@ -108,10 +107,7 @@ def test_bad_version():
 
 
 def wheel(version: str) -> zipfile.ZipFile:
-    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.skip(f"sglang {version} wheel not in {WHEELS}")
-    return zipfile.ZipFile(found[0])
+    return zipfile.ZipFile(sglang_wheel(version))
 
 
 def _text(zf: zipfile.ZipFile, prefix: str) -> str:

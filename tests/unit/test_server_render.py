@@ -122,7 +122,7 @@ def test_env_line_rejects_bad_names_and_newlines():
 
 
 def test_secret_yaml_is_valid_yaml_and_json_string():
-    yaml = pytest.importorskip("yaml")
+    import yaml
     key = 'k3y-with "quotes" and \\ and: colon #hash'
     text = serving.secret_yaml(key)
     assert yaml.safe_load(text) == {"api-key": key}

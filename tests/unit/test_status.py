@@ -212,8 +212,6 @@ def _run_fact(cls, **kwargs):
     return cls().process(out.stdout.splitlines())
 
 
-@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v curl"]).returncode,
-                    reason="no curl here")
 def test_health_fact_command_against_the_standin(standin):
     port, config = standin
     with_key = _run_fact(Health, host="127.0.0.1", port=port, secret_file=str(config))

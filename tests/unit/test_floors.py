@@ -1,0 +1,222 @@
+"""The floor plan, read from the source: every import (module-level, inside functions, and
+``importlib.import_module``/``__import__`` with a literal name) goes down a floor, never up, and no
+module imports itself back through others.
+
+Floors, top to bottom: ``specfleet.fleet``/``specfleet.cli``/``specfleet.plan`` (the CLI) ->
+``deploys`` -> ``operations`` -> ``facts`` -> ``specfleet.core``. ``specfleet.hostside`` stands
+apart: stdlib only (the weights agent also uses huggingface_hub, installed beside it in the hosts'
+tools venv), importing nothing of the project; any floor may read it.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("specfleet", "deploys", "operations", "facts")
+# Third-party modules a host-side program may import, and why.
+HOSTSIDE_THIRD_PARTY = {"huggingface_hub"}  # the weights agent, in the hosts' tools venv
+
+
+def floor(module: str) -> str:
+    if module.startswith(("specfleet.fleet", "specfleet.cli", "specfleet.plan")) or module in (
+        "specfleet.fleet", "specfleet.cli", "specfleet.plan"
+    ):
+        return "top"
+    if module.startswith("specfleet.hostside"):
+        return "hostside"
+    if module.startswith("specfleet.core") or module == "specfleet":
+        return "core"
+    return module.split(".")[0]
+
+
+RANK = {"core": 0, "facts": 1, "operations": 2, "deploys": 3, "top": 4}
+# What each floor may import from the project, besides itself and hostside.
+ALLOWED = {
+    "core": {"core"},
+    "facts": {"core", "facts"},
+    "operations": {"core", "facts", "operations"},
+    "deploys": {"core", "facts", "operations"},
+    # The controllers run deploy files by path; they never import the floors between.
+    "top": {"core", "top"},
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_files() -> list[Path]:
+    files = []
+    for pkg in PACKAGES:
+        files += sorted((ROOT / pkg).rglob("*.py"))
+    return files
+
+
+def imports_of(path: Path, me: str | None = None) -> list[tuple[str, int, bool]]:
+    """(module imported, line, inside a function) for every import in ``path`` (module ``me``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[str, int, bool]] = []
+    me = me or module_name(path)
+
+    def visit(node: ast.AST, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, nested) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    pkg = me.split(".")
+                    if not path.name == "__init__.py":
+                        pkg = pkg[:-1]
+                    pkg = pkg[: len(pkg) - (child.level - 1)]
+                    base = ".".join(pkg + ([base] if base else []))
+                found.append((base, child.lineno, nested))
+                # `from pkg import module` imports pkg.module when it is one
+                for a in child.names:
+                    sub = f"{base}.{a.name}"
+                    if (ROOT / (sub.replace(".", "/") + ".py")).exists() or (
+                        ROOT / sub.replace(".", "/") / "__init__.py"
+                    ).exists():
+                        found.append((sub, child.lineno, nested))
+            elif isinstance(child, ast.Call):
+                fn = child.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if name in ("import_module", "__import__") and child.args:
+                    arg = child.args[0]
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        found.append((arg.value, child.lineno, True))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def project_import(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+GRAPH = {
+    module_name(p): [(m, line, nested) for m, line, nested in imports_of(p) if project_import(m)]
+    for p in project_files()
+}
+
+
+def violations(module: str, imports: list[tuple[str, int, bool]]) -> list[str]:
+    mine = floor(module)
+    wrong = []
+    for imported, line, _ in imports:
+        theirs = floor(imported)
+        if theirs == "hostside" and mine != "hostside":
+            continue  # anyone may read the host-side programs
+        if mine == "hostside" or theirs not in ALLOWED[mine]:
+            wrong.append(f"line {line}: {imported} ({theirs}) from {mine}")
+    return wrong
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_only_go_down(module):
+    wrong = violations(module, GRAPH[module])
+    assert not wrong, f"{module} imports against the floor plan: {wrong}"
+
+
+def test_no_function_level_imports_of_the_project():
+    """Imports inside functions are how circles hide: none of the project's own modules."""
+    hidden = [
+        f"{module}:{line} {imported}"
+        for module, imports in GRAPH.items()
+        for imported, line, nested in imports
+        if nested and not floor(imported) == "hostside"
+    ]
+    assert not hidden, hidden
+
+
+def test_no_circles():
+    def resolve(name: str) -> str | None:
+        while name and name not in GRAPH:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {m: {r for i, _, _ in imps if (r := resolve(i)) and r != m} for m, imps in GRAPH.items()}
+    # A package's __init__ importing its own submodules is how packages re-export, not a circle.
+    edges = {m: {r for r in rs if not r.startswith(m + ".")} for m, rs in edges.items()}
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    assert not cycles, cycles
+
+
+def test_hostside_is_stdlib_only():
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for path in sorted((ROOT / "specfleet" / "hostside").rglob("*.py")):
+        for imported, line, _ in imports_of(path):
+            top = imported.split(".")[0]
+            sibling = (path.parent / f"{top}.py").exists()  # a program next to it on the host
+            if top not in stdlib and top not in HOSTSIDE_THIRD_PARTY and not sibling:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} {imported}")
+    assert not wrong, wrong
+
+
+def test_deploys_holds_only_deploy_files():
+    files = sorted(p.name for p in (ROOT / "deploys").iterdir())
+    assert files and all(f.endswith(".py") for f in files), files
+    assert "__init__.py" not in files  # deploy files are run by path, never imported
+    importers = [m for m, imps in GRAPH.items() for i, _, _ in imps if i.split(".")[0] == "deploys"]
+    assert not importers, importers
+
+
+def test_templates_holds_only_jinja2():
+    files = sorted(p.name for p in (ROOT / "templates").iterdir())
+    assert files and all(f.endswith(".j2") for f in files), files
+
+
+def test_the_checker_sees_upward_and_hidden_imports(tmp_path):
+    """The checks above are not vacuous: a core module importing operations at the top, facts
+    inside a function and deploys through importlib is refused on all three counts."""
+    bad = tmp_path / "probe.py"
+    bad.write_text(
+        "import importlib\nimport operations.serving\n\n"
+        "def f():\n    from facts import gpu\n    importlib.import_module('deploys.x')\n"
+    )
+    found = [i for i in imports_of(bad, "specfleet.core.probe") if project_import(i[0])]
+    assert ("operations.serving", 2, False) in found
+    assert ("facts.gpu", 5, True) in found
+    assert ("deploys.x", 6, True) in found
+    assert {w.split(": ")[1].split(" ")[0] for w in violations("specfleet.core.probe", found)} == {
+        "operations.serving", "facts", "facts.gpu", "deploys.x"}
+    assert violations("specfleet.fleet.x", [("operations.serving", 1, False)])
+    assert violations("specfleet.hostside.x", [("specfleet.core.errors", 1, False)])
