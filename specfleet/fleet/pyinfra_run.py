@@ -44,6 +44,11 @@ def checkout_dir(checkout: str | None = None) -> Path:
     )
 
 
+def _absolute(path: str) -> str:
+    """A file given relative to where the user stands, for a run in the checkout."""
+    return os.path.abspath(path) if os.path.exists(path) else path
+
+
 def deploy_path(name: str, checkout: str | None = None) -> Path:
     """A deploy file of the checkout, by name (``deploys/<name>``)."""
     return checkout_dir(checkout) / "deploys" / name
@@ -185,15 +190,17 @@ def say(text: str) -> None:
 
 
 def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str) -> StepRun:
-    """``pyinfra -y --json INVENTORY DEPLOY --limit h ...``: its log streams to our stderr."""
+    """``pyinfra -y --json INVENTORY DEPLOY --limit h ...``: its log streams to our stderr. It runs
+    in the checkout, as pyinfra puts the working directory on sys.path for the deploy's imports."""
     argv = [sys.executable, "-m", "pyinfra", "-y", "--json"]
     for host in hosts:
         argv += ["--limit", host]
-    argv += [inventory, deploy]
+    argv += [_absolute(inventory), _absolute(deploy)]
     say(f"{name}: {', '.join(hosts)}")
     start = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+        cwd=checkout_dir(),
     )
     stderr_lines: list[str] = []
 

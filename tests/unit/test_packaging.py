@@ -1,0 +1,93 @@
+"""The wheel: only the ``specfleet`` namespace, with its templates and host-side programs as
+package data, and a ``specfleet`` console script that plans from outside any checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_plan import host_facts
+from tests.unit.test_plan_sglang_fixtures import load as load_sglang
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # No build isolation: the test extras bring setuptools, so no index is needed here.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True, cwd=out,
+    )  # fmt: skip
+    (found,) = out.glob("specfleet-*.whl")
+    return found
+
+
+def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"specfleet"}  # never facts/, operations/ or deploys/: they would shadow a checkout
+    for needed in (
+        "specfleet/templates/sglang.service.j2",
+        "specfleet/templates/sglang.env.j2",
+        "specfleet/templates/fanout_sshd_config.j2",
+        "specfleet/hostside/weights_agent.py",
+        "specfleet/hostside/fanout_agent.py",
+        "specfleet/hostside/readiness_gate.py",
+        "specfleet/hostside/facts/runner.py",
+        "specfleet/hostside/facts/sglang_install.py",
+    ):
+        assert needed in names, needed
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "specfleet = specfleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", str(wheel)], check=True)  # fmt: skip
+    facts = dict(host_facts("rtx6000x8"))
+    facts["facts.sglang.SGLangInstall"] = load_sglang("0.5.11")
+    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    # The dependencies from this interpreter's site-packages (PYTHONPATH runs no .pth files, so
+    # not the editable specfleet of the checkout): specfleet itself comes from the wheel.
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    env.pop("SPECFLEET_CHECKOUT", None)
+    where = subprocess.run(
+        [py, "-c", "import specfleet.core.resources as r; print(r.__file__); "
+         "print(r.template_path('sglang.service.j2').is_file(), "
+         "r.hostside_path('weights_agent.py').is_file())"],
+        cwd=away, env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert where[0].startswith(str(env_dir)), where
+    assert where[1:] == ["True", "True"]
+    done = subprocess.run(
+        [env_dir / "bin" / "specfleet", "plan", "--facts", str(tmp_path / "facts.json"),
+         "--host", "ct200", "--json"],
+        cwd=away, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["argv"][plan["argv"].index("--attention-backend") + 1] == "triton"
+    assert "--disable-custom-all-reduce" in plan["argv"]
+    # What needs a checkout says so, with the fix, and no traceback.
+    done = subprocess.run([env_dir / "bin" / "specfleet", "status", "inv.py"], cwd=away,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 3
+    assert "no specfleet checkout here" in done.stderr and "--checkout PATH" in done.stderr
+    assert "Traceback" not in done.stderr
