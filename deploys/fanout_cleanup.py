@@ -1,5 +1,5 @@
 """After a fan-out prefetch in which some host failed: stop every fan-out sshd and pull, and
-remove keys, known_hosts and jobs on every host (deploys/fanout.py runs it)."""
+remove keys, known_hosts and jobs on every host (specfleet/fleet/fanout.py runs it)."""
 
 from pyinfra import host
 

@@ -9,7 +9,7 @@ This drives pyinfra's own CLI (``pyinfra -y --json INVENTORY FILE --limit ...``)
 and batch, with the hosts of one batch in parallel:
 
 1. prefetch: the weights on every host before anything restarts: by default the fan-out of
-   ``deploys/fanout.py`` (once from upstream, then host to host), else a weights-only deploy;
+   ``specfleet/fleet/fanout.py`` (once from upstream, then host to host), else a weights-only deploy;
 2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``):
    snapshot (``deploys/rollout_snapshot.py``: a rollback point on each host), the deploy, the
    readiness gate (``deploys/rollout_gate.py``), and for each host that failed the deploy or the
@@ -402,7 +402,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--prefetch-deploy",
         help="a weights-only deploy for the prefetch stage (default: the fan-out of "
-        "deploys/fanout.py; with --no-fanout, deploys/weights_only.py where it exists)",
+        "specfleet/fleet/fanout.py; with --no-fanout, deploys/weights_only.py where it exists)",
     )
     p.add_argument("--report", help="write the per-host results as JSON here")
     return p.parse_args(argv)

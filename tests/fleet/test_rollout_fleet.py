@@ -372,7 +372,7 @@ def test_a_new_weights_revision_rolls_out_everywhere_then_nothing_changes(env):
 
 
 def test_the_default_prefetch_fans_the_weights_out_host_to_host(env):
-    """Without --prefetch-deploy the prefetch is deploys/fanout.py's: the hub serves each new
+    """Without --prefetch-deploy the prefetch is specfleet/fleet/fanout.py's: the hub serves each new
     file once for the whole fleet, the hosts copy it from each other."""
     rev3 = commit_files(env["mirrors"], "testorg/tiny", target_files("tiny-rev3"), "rev3")
     shard = "model-00001-of-00001.safetensors"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,10 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # A copy of the checkout: setuptools writes build/ and *.egg-info where it builds.
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".ruff_cache"))  # fmt: skip
     # No build isolation: the test extras bring setuptools, so no index is needed here.
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-w", str(out), str(ROOT)],
+         "--disable-pip-version-check", "-w", str(out), str(src)],
         check=True, capture_output=True, text=True, cwd=out,
     )  # fmt: skip
     (found,) = out.glob("specfleet-*.whl")

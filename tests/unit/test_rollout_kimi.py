@@ -1,7 +1,7 @@
 """python -m specfleet.fleet.rollout with the real deploy, deploys/kimi_k26.py (preflight and run lock,
 software, weights, unit, restart, readiness), on the demo's stand-ins (tests/demo.py: nvidia-smi
 captures, the stand-in hub with a gated Kimi-shaped drafter, the stand-in server) and with the
-default prefetch, the fan-out of deploys/fanout.py."""
+default prefetch, the fan-out of specfleet/fleet/fanout.py."""
 
 from __future__ import annotations
 
