@@ -14,6 +14,8 @@ from facts.hostpy import PythonJob, parse_printed, script_source
 from specfleet.core.sglang.install import PATCH_OPTS, REVERSE_OPTS, patch_state_dir, venv_python
 
 DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
+# PR#20547's opt-in switch for the DFlash v2 (overlap) worker.
+V2_SWITCH = "SGLANG_ENABLE_DFLASH_SPEC_V2"
 
 SPEC = "srt/speculative"
 REGISTRY = "srt/layers/attention/attention_registry.py"
@@ -29,7 +31,21 @@ LINES = {
     "srt/models/kimi_k25.py": ["class KimiK25ForConditionalGeneration"],
     "srt/models/deepseek_v2.py": ["class DeepseekV3ForCausalLM"],
     "srt/models/deepseek_v3.py": ["class DeepseekV3ForCausalLM"],
+    "srt/server_args.py": [V2_SWITCH],
 }
+# Where a v2 worker file is installed, the host also checks that it is wired in: the files below
+# compile, and the v2 modules' `from sglang... import NAME` resolve in the same tree. Detection by
+# file names alone was fooled (a v2 worker copied into 0.5.11 is never called).
+V2_WORKER = f"{SPEC}/dflash_worker_v2.py"
+V2_IMPORTS = [V2_WORKER, f"{SPEC}/dflash_info_v2.py"]
+V2_COMPILES = [
+    *V2_IMPORTS,
+    f"{SPEC}/spec_info.py",
+    "srt/server_args.py",
+    "srt/model_executor/model_runner.py",
+    "srt/model_executor/cuda_graph_runner.py",
+    "srt/model_executor/model_runner_kv_cache_mixin.py",
+]
 
 # Runs in the target interpreter with -I (no cwd, no PYTHONPATH, no user site). find_spec of a
 # top-level name locates the package without executing its __init__ (which imports torch).
@@ -47,6 +63,8 @@ def collect_request() -> str:
     (``dir REL``, ``text REL``, ``line REL NEEDLE...``); the collector imports no parser."""
     rows = [f"dir\t{rel}" for rel in DIRS] + [f"text\t{rel}" for rel in TEXTS]
     rows += ["\t".join(["line", rel, *needles]) for rel, needles in LINES.items()]
+    rows += [f"when\t{V2_WORKER}"] + [f"compile\t{rel}" for rel in V2_COMPILES]
+    rows += [f"import\t{rel}" for rel in V2_IMPORTS]
     return "\n".join(rows)
 
 
@@ -98,27 +116,75 @@ def parse_install(collected: dict | None) -> dict | None:
                 break
 
     speculative = dirs.get(SPEC) or []
-    algorithms = enum_members(texts.get(f"{SPEC}/spec_info.py") or "", "SpeculativeAlgorithm")
-    v2 = has(SPEC, "dflash_worker_v2.py")
+    spec_info = texts.get(f"{SPEC}/spec_info.py") or ""
+    algorithms = enum_members(spec_info, "SpeculativeAlgorithm")
     v1 = has(SPEC, "dflash_worker.py")
+    wiring = v2_wiring(
+        collected,
+        spec_info,
+        environ_has_switch=found("srt/environ.py", V2_SWITCH),
+        server_args_has_switch=found("srt/server_args.py", V2_SWITCH),
+    )
+    wired = wiring is not None and not wiring["missing"]
+    features = {
+        "dflash": "v2" if wired else "v1" if v1 else None,
+        "dflash_pr20547": wired and wiring["switch"],
+        "ddtree": "DDTREE" in algorithms or any(name.startswith("ddtree") for name in speculative),
+        "kimi_k25_model": found("srt/models/kimi_k25.py", "class KimiK25ForConditionalGeneration"),
+        "deepseek_v3_model": found("srt/models/deepseek_v2.py", "class DeepseekV3ForCausalLM")
+        or found("srt/models/deepseek_v3.py", "class DeepseekV3ForCausalLM"),
+        "compressed_tensors_quant": has("srt/layers/quantization", "compressed_tensors"),
+    }
+    if wiring is not None and wiring["missing"]:
+        # A v2 worker is installed but not wired in: what is missing, for the plan and status.
+        features["dflash_v2_missing"] = wiring["missing"]
     return {
         "version": version,
         "location": collected.get("location"),
-        "features": {
-            "dflash": "v2" if v2 else "v1" if v1 else None,
-            "dflash_pr20547": v2 and found("srt/environ.py", "SGLANG_ENABLE_DFLASH_SPEC_V2"),
-            "ddtree": "DDTREE" in algorithms
-            or any(name.startswith("ddtree") for name in speculative),
-            "kimi_k25_model": found(
-                "srt/models/kimi_k25.py", "class KimiK25ForConditionalGeneration"
-            ),
-            "deepseek_v3_model": found("srt/models/deepseek_v2.py", "class DeepseekV3ForCausalLM")
-            or found("srt/models/deepseek_v3.py", "class DeepseekV3ForCausalLM"),
-            "compressed_tensors_quant": has("srt/layers/quantization", "compressed_tensors"),
-        },
+        "features": features,
         "speculative_algorithms": algorithms,
         "attention_backends": attention_backends(texts.get(REGISTRY) or ""),
     }
+
+
+def routes_to_v2(spec_info: str) -> bool:
+    """Whether spec_info.py hands DFLASH to ``DFlashWorkerV2`` (an import of it from the v2
+    worker module anywhere in the file: both the PR and 0.5.14 import it where they route)."""
+    try:
+        tree = ast.parse(spec_info)
+    except SyntaxError:
+        return False
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "sglang.srt.speculative.dflash_worker_v2"
+        and any(a.name == "DFlashWorkerV2" for a in node.names)
+        for node in ast.walk(tree)
+    )
+
+
+def v2_wiring(
+    collected: dict, spec_info: str, *, environ_has_switch: bool, server_args_has_switch: bool
+) -> dict | None:
+    """Whether an installed DFlash v2 worker is wired in: ``None`` without one, else
+    ``{"switch": bool, "missing": [why it would not run, ...]}``. ``switch``: routed only under
+    PR#20547's opt-in switch (``SGLANG_ENABLE_DFLASH_SPEC_V2``), as the PR does; 0.5.14 and later
+    route DFLASH to v2 unconditionally."""
+    if "compile_errors" not in collected:
+        return None  # the host found no v2 worker file
+    missing = [
+        f"{rel} does not compile: {why}"
+        for rel, why in sorted((collected.get("compile_errors") or {}).items())
+    ]
+    for rel, names in sorted((collected.get("unresolved") or {}).items()):
+        missing.append(f"{rel} imports {', '.join(names)}, which this SGLang does not define")
+    switch = V2_SWITCH in spec_info
+    if not routes_to_v2(spec_info):
+        missing.append("spec_info.py does not route DFLASH to DFlashWorkerV2 (v1 runs)")
+    if switch and not environ_has_switch:
+        missing.append(f"environ.py does not define {V2_SWITCH}")
+    if switch and not server_args_has_switch:
+        missing.append("server_args.py still turns the overlap scheduler off for DFLASH")
+    return {"switch": switch, "missing": missing}
 
 
 def parse_collected_output(output: list[str]) -> dict | None:

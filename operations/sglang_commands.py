@@ -81,69 +81,91 @@ def _q(value: str) -> str:
 
 
 def apply_script(state_dir: str, site: str, patch: FilteredPatch) -> str:
-    """Back up, dry-run, apply. A dry-run that fails leaves every file as it was and writes GNU
-    patch's words to ``conflict``; a real apply that fails restores the backup and exits 1."""
+    """Back up, commit the journal, dry-run, apply. Safe to kill at any line:
+
+    1. the state of every path the patch touches is read from the tree (``existing``: there now,
+       backed up in ``backup.tar``; ``created``: absent now, removed on restore; ``created_dirs``:
+       directories to remove), each written to a temporary file and synced;
+    2. ``journal`` is renamed into place: the commit point. Before it, the tree is untouched and
+       a restore only forgets the state directory; after it, a restore puts every path back;
+    3. a dry run: a conflict leaves every file as it was, writes GNU patch's words to
+       ``conflict`` and drops the journal;
+    4. the apply (each file GNU patch writes is renamed into place); a failure restores.
+
+    The marker (``sha256``) is written by the caller after it verified the result."""
     d, s = _q(state_dir), _q(site)
-    existing = " ".join(_q(p) for p in patch.existing)
-    created = " ".join(_q(p) for p in patch.created)
+    touched = " ".join(_q(p) for p in patch.touched)
     opts = " ".join(PATCH_OPTS)
     return "\n".join(
         [
             "set -e",
             f"d={d}",
             f"cd {s}",
+            'rm -f -- "$d/journal" "$d"/*.tmp "$d/conflict"',
             'printf "%s\\n" "$PWD" > "$d/site"',
-            f'printf "%s\\n" {created} > "$d/created"' if created else ': > "$d/created"',
-            # Directories the patch will create, deepest first, so that a revert can remove them.
-            f'for f in {created}; do p=$(dirname "$f"); '
+            ': > "$d/existing.tmp"; : > "$d/created.tmp"',
+            f"for f in {touched}; do",
+            '  if [ -e "$f" ] || [ -L "$f" ]; then echo "$f" >> "$d/existing.tmp"; '
+            'else echo "$f" >> "$d/created.tmp"; fi',
+            "done",
+            # Directories the apply will create, deepest first, so that a restore removes them.
+            'while IFS= read -r f; do p=$(dirname "$f"); '
             'while [ "$p" != . ] && [ ! -e "$p" ]; do echo "$p"; p=$(dirname "$p"); done; '
-            'done | sort -u -r > "$d/created_dirs"'
-            if created
-            else ': > "$d/created_dirs"',
-            f'tar -cf "$d/backup.tar" -- {existing}'
-            if existing
-            else 'tar -cf "$d/backup.tar" -T /dev/null',
+            'done < "$d/created.tmp" | sort -u -r > "$d/created_dirs.tmp"',
+            'tar -cf "$d/backup.tar.tmp" --verbatim-files-from -T "$d/existing.tmp"',
+            'sync -f "$d/backup.tar.tmp" 2>/dev/null || sync',
+            'for f in existing created created_dirs backup.tar; do mv -f "$d/$f.tmp" "$d/$f"; done',
+            'printf "%s\\n" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$d/journal.tmp"',
+            'mv -f "$d/journal.tmp" "$d/journal"',
+            'sync -f "$d/journal" 2>/dev/null || sync',
             f'if ! patch --dry-run {opts} -i "$d/applied.diff" > "$d/dryrun.out" 2>&1; then',
-            '  cp "$d/dryrun.out" "$d/conflict"; cat "$d/conflict"; exit 0',
+            '  cp "$d/dryrun.out" "$d/conflict"; rm -f -- "$d/journal"; cat "$d/conflict"; exit 0',
             "fi",
             f'if ! patch {opts} -i "$d/applied.diff"; then',
             '  echo "patch failed after a clean dry run; restoring" >&2',
             f"  {restore_files_script()}",
+            '  rm -f -- "$d/journal"',
             "  exit 1",
             "fi",
             # What it added, by content: after an out-of-band reinstall these are the leftovers.
-            f'sha256sum -- {created} > "$d/created.sha256"'
-            if created
-            else ': > "$d/created.sha256"',
+            'if [ -s "$d/created" ]; then tr "\\n" "\\0" < "$d/created" | '
+            'xargs -0 sha256sum -- > "$d/created.sha256"; else : > "$d/created.sha256"; fi',
         ]
     )
 
 
 def restore_files_script() -> str:
-    """Undo an apply from ``$d`` (cwd = the site it patched): remove what it created, untar what
-    it modified. Needs ``d`` set."""
+    """Undo an apply from ``$d`` (cwd = the site it patched): remove what was absent before it,
+    untar what was there. Idempotent, so a restore killed half-way is finished by the next
+    one. Needs ``d`` set."""
     return (
         'while IFS= read -r f; do [ -n "$f" ] || continue; rm -f -- "$f"; '
         'b=$(basename "$f" .py); rm -f -- "$(dirname "$f")/__pycache__/$b".*.pyc; '
         'done < "$d/created"; '
         'tar -xf "$d/backup.tar"; '
-        'while IFS= read -r p; do [ -n "$p" ] || continue; '
+        'while IFS= read -r f; do [ -n "$f" ] || continue; '
+        'b=$(basename "$f" .py); rm -f -- "$(dirname "$f")/__pycache__/$b".*.pyc; '
+        'done < "$d/existing"; '
+        'while IFS= read -r p; do [ -n "$p" ] || continue; [ -d "$p" ] || continue; '
         'rm -rf -- "$p/__pycache__"; rmdir --ignore-fail-on-non-empty -- "$p"; '
         'done < "$d/created_dirs"'
     )
 
 
 def restore_script(state_dir: str) -> str:
-    """Restore the files an apply (complete or interrupted) touched, then forget it."""
+    """Restore the files an apply (complete or interrupted) touched, then forget it. The marker
+    goes first and the journal last, so a restore killed half-way is seen as one to finish."""
     d = _q(state_dir)
     return "\n".join(
         [
             "set -e",
             f"d={d}",
-            'if [ -f "$d/backup.tar" ] && [ -f "$d/site" ]; then',
+            'rm -f -- "$d/sha256" "$d/unproven"',
+            'if [ -f "$d/journal" ] && [ -f "$d/site" ]; then',
             '  cd "$(cat "$d/site")"',
             f"  {restore_files_script()}",
             "fi",
+            'rm -f -- "$d/journal"',
             'rm -rf -- "$d"',
         ]
     )
@@ -158,6 +180,7 @@ def forget_script(state_dir: str) -> str:
         [
             "set -e",
             f"d={d}",
+            'rm -f -- "$d/sha256" "$d/unproven"',
             'if [ -f "$d/created.sha256" ] && [ -f "$d/site" ]; then',
             '  cd "$(cat "$d/site")"',
             '  sha256sum -c "$d/created.sha256" 2>/dev/null | sed -n "s/: OK$//p" | '

@@ -97,10 +97,8 @@ EXPECTED = {
     },
 }
 
-# What the collector needs from a wheel: the listed directories and the files it reads.
-NEEDED_PREFIXES = tuple(f"sglang/{d}/" for d in sglang.DIRS) + tuple(
-    f"sglang/{f}" for f in [*sglang.TEXTS, *sglang.LINES, "__init__.py"]
-)
+# The whole package: the v2 wiring check resolves imports across the tree.
+NEEDED_PREFIXES = ("sglang/",)
 
 
 def collect(tree: Path, python: str = sys.executable) -> dict | None:
@@ -152,8 +150,8 @@ def test_real_wheels(version, wheel_trees):
 
 
 def test_pr20547_head_from_the_fixture_tarball(tmp_path):
-    """The PR head's package (../shared/fixtures/sglang-pr20547/, e67a0d488), the collector's
-    files only."""
+    """The PR head's package (../shared/fixtures/sglang-pr20547/, e67a0d488): its v2 worker is
+    wired in (compiles, imports resolve, routed under the PR's switch, overlap allowed)."""
     for name, data in pr20547_files().items():
         if name.startswith(NEEDED_PREFIXES):
             (tmp_path / "python" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -186,17 +184,25 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
 POISON = 'raise RuntimeError("sglang was imported; the fact must only read files")\n'
 
 
+SPEC_INFO_ROUTED = (
+    "from enum import Enum, auto\n\n"
+    "class SpeculativeAlgorithm(Enum):\n"
+    "    DFLASH = auto()\n    DDTREE = auto()\n    NONE = auto()\n\n"
+    "    def create_worker(self):\n"
+    "        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2\n"
+    "        return DFlashWorkerV2\n"
+)
+
+
 def test_ddtree_tree_without_importing(tmp_path):
     tree = write_tree(
         tmp_path,
         {
             "__init__.py": POISON,
             "_version.py": "__version__ = version = '0.6.0.dev1+gddtree'\n",
-            "srt/speculative/spec_info.py": (
-                "from enum import Enum, auto\n\n"
-                "class SpeculativeAlgorithm(Enum):\n"
-                "    DFLASH = auto()\n    DDTREE = auto()\n    NONE = auto()\n"
-            ),
+            "srt/__init__.py": "",
+            "srt/speculative/__init__.py": "",
+            "srt/speculative/spec_info.py": SPEC_INFO_ROUTED,
             "srt/speculative/dflash_worker_v2.py": "class DFlashWorkerV2: ...\n",
             "srt/speculative/ddtree_worker.py": "class DDTreeWorker: ...\n",
             "srt/layers/attention/attention_registry.py": (
@@ -209,7 +215,7 @@ def test_ddtree_tree_without_importing(tmp_path):
     value = collect(tree)
     assert value["version"] == "0.6.0.dev1+gddtree"
     assert value["features"]["ddtree"] is True
-    assert value["features"]["dflash"] == "v2"
+    assert value["features"]["dflash"] == "v2"  # routed with no switch: built in, as 0.5.14
     assert value["features"]["dflash_pr20547"] is False
     assert value["features"]["kimi_k25_model"] is False
     assert value["speculative_algorithms"] == ["DFLASH", "DDTREE", "NONE"]
@@ -221,24 +227,49 @@ def test_ddtree_worker_file_alone(tmp_path):
     assert collect(tree)["features"]["ddtree"] is True
 
 
+ENVIRON = (
+    "class Envs:\n"
+    "    SGLANG_ENABLE_SPEC_V2 = EnvBool(False)\n"
+    "    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)\n"
+)
+SPEC_INFO_GATED = (
+    "from sglang.srt.environ import envs\n\n"
+    "def create_worker():\n"
+    "    if envs.SGLANG_ENABLE_DFLASH_SPEC_V2.get():\n"
+    "        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2\n"
+    "        return DFlashWorkerV2\n"
+    "    from sglang.srt.speculative.dflash_worker import DFlashWorker\n"
+    "    return DFlashWorker\n"
+)
+SERVER_ARGS_GATED = (
+    "from sglang.srt.environ import envs\n"
+    "def f(self):\n"
+    "    if envs.SGLANG_ENABLE_DFLASH_SPEC_V2.get():\n"
+    "        self.disable_overlap_schedule = False\n"
+)
+V2_WORKER = (
+    "from sglang.srt.speculative.dflash_utils import helper, other_helper\n"
+    "from sglang.srt.speculative.dflash_worker import DFlashWorker\n\n"
+    "class DFlashWorkerV2(DFlashWorker): ...\n"
+)
+PR_LIKE = {
+    "__init__.py": POISON,
+    "srt/__init__.py": "",
+    "srt/speculative/__init__.py": "",
+    "srt/speculative/dflash_worker.py": "class DFlashWorker: ...\n",
+    "srt/speculative/dflash_utils.py": "def helper(): ...\n\ntry:\n    other_helper = 1\nexcept Exception:\n    pass\n",
+    "srt/speculative/dflash_worker_v2.py": V2_WORKER,
+    "srt/speculative/spec_info.py": SPEC_INFO_GATED,
+    "srt/environ.py": ENVIRON,
+    "srt/server_args.py": SERVER_ARGS_GATED,
+    "srt/models/kimi_k25.py": "class KimiK25ForConditionalGeneration(nn.Module): ...\n",
+    "srt/models/deepseek_v2.py": "class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):\n",
+    "srt/layers/quantization/compressed_tensors/__init__.py": "",
+}
+
+
 def test_pr20547_like_tree(tmp_path):
-    tree = write_tree(
-        tmp_path,
-        {
-            "__init__.py": POISON,
-            "srt/speculative/dflash_worker.py": "",
-            "srt/speculative/dflash_worker_v2.py": "",
-            "srt/environ.py": (
-                "class Envs:\n"
-                "    SGLANG_ENABLE_SPEC_V2 = EnvBool(False)\n"
-                "    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)\n"
-            ),
-            "srt/models/kimi_k25.py": "class KimiK25ForConditionalGeneration(nn.Module): ...\n",
-            "srt/models/deepseek_v2.py": "class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):\n",
-            "srt/layers/quantization/compressed_tensors/__init__.py": "",
-        },
-    )
-    value = collect(tree)
+    value = collect(write_tree(tmp_path, PR_LIKE))
     assert value["version"] is None
     assert value["features"] == {
         "dflash": "v2",
@@ -248,7 +279,37 @@ def test_pr20547_like_tree(tmp_path):
         "deepseek_v3_model": True,
         "compressed_tensors_quant": True,
     }
-    assert value["speculative_algorithms"] == []
+
+
+@pytest.mark.parametrize(
+    "change,missing",
+    [
+        # The six clean files of the PR on 0.5.11: a v2 worker that nothing calls.
+        ({"srt/speculative/spec_info.py": "class SpeculativeAlgorithm: ...\n"},
+         "spec_info.py does not route DFLASH to DFlashWorkerV2 (v1 runs)"),
+        ({"srt/speculative/dflash_utils.py": "def helper(): ...\n"},
+         "srt/speculative/dflash_worker_v2.py imports "
+         "sglang.srt.speculative.dflash_utils.other_helper, which this SGLang does not define"),
+        ({"srt/server_args.py": "def f(self):\n    self.disable_overlap_schedule = True\n"},
+         "server_args.py still turns the overlap scheduler off for DFLASH"),
+        ({"srt/environ.py": "class Envs: ...\n"},
+         "environ.py does not define SGLANG_ENABLE_DFLASH_SPEC_V2"),
+        # A hand-patched tree where model_runner.py does not compile.
+        ({"srt/model_executor/model_runner.py": "def broken(:\n"},
+         "srt/model_executor/model_runner.py does not compile: invalid syntax (line 1)"),
+    ],
+)  # fmt: skip
+def test_v2_worker_not_wired_in_is_v1(tmp_path, change, missing):
+    value = collect(write_tree(tmp_path, {**PR_LIKE, **change}))
+    assert value["features"]["dflash"] == "v1"
+    assert value["features"]["dflash_pr20547"] is False
+    assert value["features"]["dflash_v2_missing"] == [missing]
+
+
+def test_v1_files_alone_have_no_wiring_report(tmp_path):
+    tree = {k: v for k, v in PR_LIKE.items() if "dflash_worker_v2" not in k}
+    features = collect(write_tree(tmp_path, tree))["features"]
+    assert features["dflash"] == "v1" and "dflash_v2_missing" not in features
 
 
 def test_not_installed(tmp_path):

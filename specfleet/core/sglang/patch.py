@@ -46,6 +46,18 @@ class FilteredPatch:
         return out
 
     @property
+    def touched(self) -> list[str]:
+        """Every path the patch may write, create or delete. Which of them exist is read from the
+        tree at apply time, never from the diff's "new file" headers: a file the PR creates may
+        already ship in the installed release (0.5.11 ships DFlash v1)."""
+        out: list[str] = []
+        for f in self.files:
+            for path in (f.old_path, f.path):
+                if path and path not in out:
+                    out.append(path)
+        return out
+
+    @property
     def hunks(self) -> int:
         return sum(f.hunks for f in self.files)
 
