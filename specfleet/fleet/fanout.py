@@ -29,7 +29,8 @@ which runs on every host after the copy, writes the manifest and flips ``current
 the sshd units stop and every key, known_hosts and job file is removed (by the prefetch deploy,
 and by a cleanup run when a host failed before that step).
 
-The rollout (``specfleet/fleet/rollout.py``) runs this as its prefetch stage when ``rollout.fanout`` is
+The rollout (``specfleet/fleet/rollout.py``) runs this as its prefetch stage when
+``rollout.fanout`` is
 set (the default) or ``--fanout`` is given: ``run_prefetch(inventory, hosts, order, runner)``.
 """
 

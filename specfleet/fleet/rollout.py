@@ -9,7 +9,8 @@ This drives pyinfra's own CLI (``pyinfra -y --json INVENTORY FILE --limit ...``)
 and batch, with the hosts of one batch in parallel:
 
 1. prefetch: the weights on every host before anything restarts: by default the fan-out of
-   ``specfleet/fleet/fanout.py`` (once from upstream, then host to host), else a weights-only deploy;
+   ``specfleet/fleet/fanout.py`` (once from upstream, then host to host), else a weights-only
+   deploy;
 2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``):
    snapshot (``deploys/rollout_snapshot.py``: a rollback point on each host), the deploy, the
    readiness gate (``deploys/rollout_gate.py``), and for each host that failed the deploy or the
