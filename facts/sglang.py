@@ -294,8 +294,9 @@ class GitRemoteRefs(FactBase[list[str]]):
 class PatchState(FactBase[dict | None]):
     """An applied PR#20547 in a venv: the marker's sha256, the site it patched, and whether the
     applied diff still reverses cleanly there (``patch -R --dry-run``). None if no patch was
-    applied; ``partial`` for an apply that never reached its marker; ``leftovers``, for a marker
-    that no longer reverses, the files it added that are still exactly as it added them.
+    applied; ``partial`` for an apply that never reached its marker (its journal says what to
+    restore); ``leftovers``, for a marker that no longer reverses, the files it added that are
+    still exactly as it added them; ``rejected``, a port that failed the readiness gate here.
 
     .. code:: python
 
@@ -320,7 +321,8 @@ class PatchState(FactBase[dict | None]):
             '| sed -n "s/^\\(.*\\): OK$/leftover=\\1/p"); '
             "fi; fi; "
             'elif [ -d "$d" ]; then echo partial=1; '
-            'if [ -f "$d/conflict" ]; then sed "s/^/conflict:/" "$d/conflict"; fi; fi'
+            'if [ -f "$d/conflict" ]; then sed "s/^/conflict:/" "$d/conflict"; fi; fi; '
+            'if [ -f "$d.rejected" ]; then echo "rejected=$(cat "$d.rejected")"; fi'
         )
 
     def process(self, output: list[str]) -> dict | None:
@@ -328,7 +330,7 @@ class PatchState(FactBase[dict | None]):
             return None
         out: dict[str, Any] = {
             "sha256": None, "site": None, "reverse_applies": False, "partial": False,
-            "conflict": [], "leftovers": [],
+            "conflict": [], "leftovers": [], "rejected": None,
         }  # fmt: skip
         for line in output:
             if line.startswith("sha256="):
@@ -343,6 +345,8 @@ class PatchState(FactBase[dict | None]):
                 out["leftovers"].append(line[len("leftover=") :])
             elif line.startswith("conflict:"):
                 out["conflict"].append(line[len("conflict:") :])
+            elif line.startswith("rejected="):
+                out["rejected"] = line[len("rejected=") :].strip() or None
         return out
 
 
@@ -371,3 +375,30 @@ class PatchCheck(FactBase[dict]):
     def process(self, output: list[str]) -> dict:
         applies = "##applies=1" in output
         return {"applies": applies, "output": [x for x in output if not x.startswith("##applies")]}
+
+
+class FileHashes(FactBase[dict]):
+    """The sha256 of each of ``paths`` under ``directory`` (None where absent): does a tree still
+    hold a release's own files (a port of PR#20547 is keyed to them).
+
+    .. code:: python
+
+        {"sglang/srt/environ.py": "5a1f...", "sglang/srt/speculative/spec_info.py": None}
+    """
+
+    default = dict
+
+    def command(self, directory: str, paths: tuple[str, ...] = ()) -> str:
+        files = " ".join(shlex.quote(p) for p in paths)
+        return (
+            f"cd {shlex.quote(directory)} && for f in {files}; do "
+            'if [ -f "$f" ]; then sha256sum -- "$f"; else printf "absent  %s\\n" "$f"; fi; done'
+        )
+
+    def process(self, output: list[str]) -> dict:
+        out: dict[str, str | None] = {}
+        for line in output:
+            digest, _, path = line.partition("  ")
+            if path:
+                out[path] = None if digest == "absent" else digest.strip().lower()
+        return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pyinfra.operations import files
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import ServiceState
+from operations.sglang_commands import rejected_port_path, restore_script
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.resources import hostside_path, template_path
@@ -739,14 +741,19 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):
         argv += ["--secret-file", paths.secret]
     if model_path:
         argv += ["--model-path", model_path]
-    yield FunctionCommand(_run_gate, (argv, paths.unit_name, budget), {})
+    yield FunctionCommand(_run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {})
 
 
 JOURNAL_LINES = 30
 
 
-def _run_gate(state, host, argv: list[str], unit_name: str, budget: float) -> bool:
-    """Run the gate on the host, its progress printed live; on failure, quote the journal."""
+def _run_gate(
+    state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None = None
+) -> bool:
+    """Run the gate on the host, its progress printed live; on failure, quote the journal. A
+    PR#20547 port applied in this run (``unproven``) is proven by a passing gate and rolled back by
+    a failing one (remembered as rejected, so the next run keeps v1 instead of applying it
+    again)."""
     # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's commands too.
     connector_args: dict[str, Any] = {}
     if host.executing_op_hash:
@@ -761,7 +768,14 @@ def _run_gate(state, host, argv: list[str], unit_name: str, budget: float) -> bo
         **connector_args,
     )
     if ok:
+        if patch_dir:
+            connector_args.pop("_stdin", None)
+            host.run_shell_command(
+                StringCommand("rm", "-f", QuoteString(f"{patch_dir}/unproven")),
+                print_output=False, print_input=False, **connector_args,
+            )  # fmt: skip
         return True
+    rolled_back = _reject_unproven_port(host, patch_dir, connector_args)
     lines = output.output_lines if output else []
     since = next((m.group(1) for ln in lines if (m := re.search(r"since @(\d+)", ln))), None)
     failed = next((ln.split("FAILED ", 1)[1] for ln in lines if "gate: FAILED " in ln), None)
@@ -789,4 +803,31 @@ def _run_gate(state, host, argv: list[str], unit_name: str, budget: float) -> bo
         "weights) and run again: the restart stays pending until the server is ready",
     )
     logger.error(error.render())
+    if rolled_back:
+        logger.error(
+            f"{host.print_prefix}rolled back the PR#20547 port applied in this run (the server did "
+            "not pass readiness with it): the next run restarts the server on DFLASH v1; delete "
+            f"{rolled_back} on the host to try the port again"
+        )
     return False
+
+
+def _reject_unproven_port(host, patch_dir: str | None, connector_args: dict) -> str | None:
+    """Restore a port that has not passed a gate yet; returns the rejection file, or None."""
+    if not patch_dir:
+        return None
+    d = shlex.quote(patch_dir)
+    rejected = rejected_port_path(patch_dir)
+    script = (
+        f'if [ -f {d}/unproven ] && [ -f {d}/sha256 ]; then '
+        f'cp {d}/sha256 {shlex.quote(rejected)}; {restore_script(patch_dir)}\n'
+        "echo rolled-back; fi"
+    )
+    args = {k: v for k, v in connector_args.items() if k != "_stdin"}
+    args["_timeout"] = 300
+    ok, out = host.run_shell_command(
+        StringCommand("sh", "-c", QuoteString(script)), print_output=False, print_input=False,
+        **args,
+    )  # fmt: skip
+    lines = out.output_lines if out else []
+    return rejected if ok and "rolled-back" in lines else None

@@ -12,11 +12,12 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cache import cached_fact
 from facts.python import Packages
-from facts.sglang import GitRemoteRefs, PatchCheck, PatchState, SGLangInstall, Venv
+from facts.sglang import FileHashes, GitRemoteRefs, PatchState, SGLangInstall, Venv
 from operations.sglang_commands import (
     apply_script,
     forget_script,
     load_patch,
+    load_port,
     pinned_install_script,
     restore_script,
     script_command,
@@ -26,7 +27,6 @@ from specfleet.core.errors import SpecfleetError
 from specfleet.core.sglang.install import (
     decide_compressed_tensors,
     decide_install,
-    decide_pr20547,
     direct_url,
     git_requirement,
     has_v2_worker,
@@ -43,9 +43,10 @@ from specfleet.core.sglang.patch import (
     CONFLICT_FIX,
     PatchFormatError,
     conflict_message,
-    filter_patch,
     parse_patch_failures,
 )
+from specfleet.core.sglang.portdata import no_port_verdict, port_verdict
+from specfleet.core.sglang.pr20547 import KEEP_V1, decide_pr20547
 from specfleet.core.tables.sglang_versions import predicted_install
 
 ON_CONFLICT = ("keep-v1", "fail")
@@ -306,7 +307,6 @@ def compressed_tensors(
 
 
 @operation()
-@fails_host(raise_while_planning=True)
 def pr20547(
     venv: str,
     source: str | None = None,
@@ -316,30 +316,34 @@ def pr20547(
     sglang_version: str | None = None,
 ):
     """
-    Apply PR#20547 (the DFlash spec-v2 worker) where the installed SGLang lacks it.
+    Wire PR#20547's DFlash v2 (overlap) worker into an SGLang that lacks it, where this project
+    has a port of the PR for that exact tree (``specfleet/patchdata/pr20547/``).
 
     + venv: the venv SGLang is installed in
-    + source: the patch, a path on the control machine or an http(s) URL (no default)
-    + sha256: the patch's sha256; a mismatch fails the host
-    + on_conflict: ``"keep-v1"`` (warn, DFLASH v1 with overlap off) or ``"fail"``
-    + present: ``False`` removes an applied patch
+    + source: the PR diff, a path on the control machine or an http(s) URL; giving it (with its
+      sha256) opts in. No default: the library keeps DFLASH v1 unless asked.
+    + sha256: the diff's sha256; a mismatch fails the host
+    + on_conflict: ``"keep-v1"`` (say so in one line, DFLASH v1 with overlap off) or ``"fail"``
+      (fail the host when it opted in and no port fits)
+    + present: ``False`` removes an applied port, restoring every file byte for byte
     + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
 
-    Only hunks under ``python/sglang/`` are kept, mapped onto site-packages. A dry run comes
-    first; a patch that does not apply changes nothing and names the failing files and hunks. The
-    apply backs up what it touches, re-reads the SGLang facts and rolls back if the v2 worker is
-    still missing. A marker with the patch's sha256, confirmed by a reverse dry run, makes a
-    second run a no-op.
+    The decision is ``specfleet.core.sglang.pr20547``'s table: built in (the PR branch, or
+    SGLang >= 0.5.14), apply the port (opted in, and the tree's files hash as the port's release
+    wheel), or keep v1, said in one line with the fix at normal verbosity. The apply commits a
+    journal of the tree's own state before it writes anything, so an apply or a restore killed at
+    any point is finished or rolled back by the next run; it is verified by re-reading the SGLang
+    facts (the v2 worker wired in) before its marker is written.
 
     **Example:**
 
     .. code:: python
 
         sglang.pr20547(
-            name="Apply PR#20547 where missing",
-            venv="/opt/specfleet/sglang",
-            source="patches/sglang-pr20547.diff",
-            sha256="9f2c...",
+            name="PR#20547 (DFlash v2 worker) where missing",
+            venv="/root/venv_sglang211",
+            source="https://example.org/pr20547-head-e67a0d488.diff",
+            sha256="1c844c0f...",
         )
     """
     _check_venv_path(venv)
@@ -349,6 +353,7 @@ def pr20547(
             host=host.name,
             fix="set patch.on_conflict to 'keep-v1' or 'fail'",
         )
+    opted_in = bool(source and sha256)
     py = venv_python(venv)
     state = cached_fact(host, Venv, path=venv)
     has_python = bool(state and state.get("python"))
@@ -365,16 +370,26 @@ def pr20547(
                 host=host.name,
                 fix="run sglang.installed before sglang.pr20547",
             )
-        yield from _predict_patch(venv, source, sha256, sglang_version)
+        yield from _predict_patch(source, sha256, opted_in, on_conflict, sglang_version)
         return
 
-    decision = decide_pr20547(install, marker, present=present, source=source, sha256=sha256)
+    features = install.get("features") or {}
+    port = None
+    if opted_in and present and features.get("dflash") != "v2":
+        port, _ = _port_for_install(venv, install, source or "", sha256 or "")
+    decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port)
     if decision.warning:
         _warn(decision.warning)
+    if decision.row == KEEP_V1:
+        if opted_in and on_conflict == "fail":
+            raise SpecfleetError(decision.reason, host=host.name, fix=decision.fix)
+        # Said at normal verbosity: the plan's "dflash-worker v1" has this reason.
+        logger.info(f"{host.print_prefix}{decision.reason} (fix: {decision.fix})")
     if decision.noop:
         host.noop(decision.reason)
         return
-    _say(decision.reason)
+    if decision.row != KEEP_V1:
+        _say(decision.reason)
     d = patch_state_dir(venv)
     # Commands are gathered first so that every reason is said before the first yield (--dry).
     commands: list[Any] = []
@@ -384,58 +399,20 @@ def pr20547(
         elif step == "drop-marker":
             commands.append(script_command(forget_script(d)))
         elif step == "apply":
-            commands += _apply_commands(
-                venv, install, source or "", sha256, on_conflict, precheck=decision.precheck
-            )
+            commands += _apply_commands(venv, install, source or "", sha256 or "", on_conflict)
     yield from commands
 
 
-def _filtered(source: str, sha256: str | None):
-    text = load_patch(source, sha256, host=host.name)
-    try:
-        return filter_patch(text)
-    except PatchFormatError as exc:
-        raise SpecfleetError(
-            f"the PR#20547 patch from {source} cannot be used: {exc}",
-            host=host.name,
-            fix="give a unified diff of the SGLang repository (paths under python/sglang/)",
-        ) from None
+def _pr_text(source: str, sha256: str) -> str:
+    return load_patch(source, sha256, host=host.name)
 
 
-def _predict_patch(venv: str, source: str | None, sha256: str | None, sglang_version: str):
-    """``--dry`` on a host without SGLang: say what the installed version will need."""
-
-    predicted = predicted_install(sglang_version)
-    version = predicted["version"]
-    if has_v2_worker(predicted["features"]):
-        host.noop(f"SGLang {version} (to be installed) has the DFlash v2 worker")
-        return
-    if not source:
-        host.noop(
-            f"SGLang {version} (to be installed) has no DFlash v2 worker and no patch source is "
-            "set; DFLASH runs v1 with overlap off"
-        )
-        return
-    patch = _filtered(source, sha256)
-    _say(
-        f"SGLang {version} (to be installed) has no DFlash v2 worker; applies PR#20547 "
-        f"({short(sha256)}): {patch.summary()}"
-    )
-    # Never executed: the real run re-reads the facts once SGLang is installed.
-    yield StringCommand(
-        "patch", *("--dry-run", "-d", QuoteString(f"{venv}/lib/<python>/site-packages")), "..."
-    )
-
-
-def _apply_commands(
-    venv: str,
-    install: dict,
-    source: str,
-    sha256: str | None,
-    on_conflict: str,
-    precheck: bool,
-) -> list[Any]:
+def _port_for_install(venv: str, install: dict, source: str, sha256: str):
+    """The port verdict for the installed tree, and the patch it would apply (or None)."""
     version = install.get("version") or "?"
+    port = load_port(version)
+    if port is None:
+        return no_port_verdict(version), None
     site = site_packages(install.get("location"))
     if not site:
         raise SpecfleetError(
@@ -443,18 +420,58 @@ def _apply_commands(
             host=host.name,
             fix="check that sglang imports from the venv (facts.sglang.SGLangInstall)",
         )
-    patch = _filtered(source, sha256)
-    _say(f"PR#20547 {short(sha256)}: {patch.summary()}, onto {site}")
-    if precheck:
-        check = host.get_fact(PatchCheck, directory=site, _stdin=patch.text)
-        if not check.get("applies"):
-            failures = parse_patch_failures(check.get("output", []))
-            message = conflict_message(version, site, sha256, failures, on_conflict)
-            if on_conflict == "fail":
-                raise SpecfleetError(message, host=host.name, fix=CONFLICT_FIX)
-            _warn(message)
-            host.noop(f"SGLang {version} keeps DFLASH v1 (PR#20547 {short(sha256)} conflicts)")
-            return []
+    hashes = host.get_fact(FileHashes, directory=site, paths=tuple(sorted(port.targets)))
+    try:
+        patch = port.patch(_pr_text(source, sha256))
+    except PatchFormatError as exc:
+        raise SpecfleetError(
+            f"the PR#20547 diff from {source} cannot be used for the port: {exc}",
+            host=host.name,
+            fix="give the PR's diff against its merge base (python/sglang/), as pinned",
+        ) from None
+    verdict = port_verdict(port, version, sha256, hashes or {}, patch.text)
+    return verdict, patch if verdict.available else None
+
+
+def _predict_patch(
+    source: str | None, sha256: str | None, opted_in: bool, on_conflict: str, sglang_version: str
+):
+    """``--dry`` on a host without SGLang: say exactly what the run will do once it is in."""
+    predicted = predicted_install(sglang_version)
+    version = predicted["version"]
+    if has_v2_worker(predicted["features"]):
+        host.noop(f"SGLang {version} (to be installed) has the DFlash v2 worker")
+        return
+    port = load_port(version) if opted_in else None
+    install = {"version": f"{version} (to be installed)", "features": predicted["features"]}
+    verdict = None
+    patch = None
+    if port is not None:
+        patch = port.patch(_pr_text(source or "", sha256 or ""))
+        # The wheel about to be installed is the one the port was made from: its files match.
+        verdict = port_verdict(port, version, sha256 or "", dict(port.targets), patch.text)
+    elif opted_in:
+        verdict = no_port_verdict(version)
+    decision = decide_pr20547(install, None, present=True, opted_in=opted_in, port=verdict)
+    if decision.row == KEEP_V1:
+        if opted_in and on_conflict == "fail":
+            raise SpecfleetError(decision.reason, host=host.name, fix=decision.fix)
+        logger.info(f"{host.print_prefix}{decision.reason} (fix: {decision.fix})")
+        host.noop(decision.reason)
+        return
+    _say(decision.reason)
+    # Never executed: the real run re-reads the facts once SGLang is installed.
+    yield StringCommand("patch", "--dry-run", "...", "#", QuoteString(patch.summary()))
+
+
+def _apply_commands(
+    venv: str, install: dict, source: str, sha256: str, on_conflict: str
+) -> list[Any]:
+    version = install.get("version") or "?"
+    verdict, patch = _port_for_install(venv, install, source, sha256)
+    if patch is None:  # the decision saw an available port: the same facts say so again
+        raise SpecfleetError(verdict.text, host=host.name, fix=verdict.fix)
+    site = site_packages(install.get("location")) or ""
     d = patch_state_dir(venv)
     connector_args = {
         k: v
@@ -467,7 +484,7 @@ def _apply_commands(
         script_command(apply_script(d, site, patch)),
         FunctionCommand(
             _verify_or_roll_back,
-            (venv, version, site, sha256 or "", on_conflict, connector_args),
+            (venv, version, site, verdict.port_id or "", on_conflict, connector_args),
             {},
         ),
     ]
@@ -479,12 +496,13 @@ def _verify_or_roll_back(
     venv: str,
     version: str,
     site: str,
-    sha256: str,
+    port_id: str,
     on_conflict: str,
     connector_args: dict,
 ) -> bool:
-    """After the apply script: a dry-run conflict, or a patch that left the v2 worker missing, is
-    rolled back and handled by ``on_conflict``; a good one gets its marker."""
+    """After the apply script: a conflict, or a port that left the v2 worker not wired in, is
+    rolled back and handled by ``on_conflict``; a good one gets its marker, and ``unproven``
+    until the server passes its readiness gate with it (a failed gate rolls it back)."""
     d = patch_state_dir(venv)
 
     def run(script: str) -> bool:
@@ -492,19 +510,21 @@ def _verify_or_roll_back(
         return ok
 
     marker = host.get_fact(PatchState, venv=venv) or {}
-    problem = None
     if marker.get("conflict"):
         failures = parse_patch_failures(marker["conflict"])
-        problem = conflict_message(version, site, sha256, failures, on_conflict)
-        run(f"rm -rf -- {shlex.quote(d)}")
+        problem = conflict_message(version, site, port_id, failures, on_conflict)
+        run(restore_script(d))
     else:
         facts = host.get_fact(SGLangInstall, python=venv_python(venv)) or {}
-        if has_v2_worker(facts.get("features")):
-            return run(f"printf '%s\\n' {shlex.quote(sha256)} > {shlex.quote(d)}/sha256")
+        features = facts.get("features") or {}
+        if features.get("dflash_pr20547"):
+            q = shlex.quote(d)
+            return run(f"touch {q}/unproven && printf '%s\\n' {shlex.quote(port_id)} > {q}/sha256")
         run(restore_script(d))
+        missing = "; ".join(features.get("dflash_v2_missing") or ["no v2 worker found"])
         problem = (
-            f"PR#20547 patch {short(sha256)} applied to SGLang {version} in {site} but the facts "
-            "still show no DFlash v2 worker; rolled back, the install is unchanged."
+            f"PR#20547 port {short(port_id)} applied to SGLang {version} in {site} but the v2 "
+            f"worker is not wired in ({missing}); rolled back, the install is unchanged."
         )
     if on_conflict == "fail":
         host.log(f"{problem}\n  fix: {CONFLICT_FIX}", logger.error)

@@ -4,10 +4,12 @@ machine and the shell scripts that apply, restore and forget it on a host."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 import urllib.parse
 import urllib.request
+from importlib import resources
 from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
@@ -15,6 +17,7 @@ from pyinfra.api import QuoteString, StringCommand
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.sglang.install import PATCH_OPTS
 from specfleet.core.sglang.patch import FilteredPatch
+from specfleet.core.sglang.portdata import PORTED_RELEASES, Port
 
 # --------------------------------------------------------------------------------------------------
 # Reading the patch on the control machine
@@ -69,6 +72,20 @@ def load_patch(source: str, sha256: str | None, host: str | None = None) -> str:
         ) from None
     _PATCH_CACHE[key] = text
     return text
+
+
+def load_port(version: str) -> Port | None:
+    """This project's port of PR#20547 onto SGLang ``version`` (package data under
+    ``specfleet/patchdata/pr20547/sglang-<version>/``), or None."""
+    if version not in PORTED_RELEASES:
+        return None
+    try:
+        folder = resources.files("specfleet.patchdata") / "pr20547" / f"sglang-{version}"
+        data = json.loads((folder / "port.json").read_text(encoding="utf-8"))
+        adaptation = (folder / data.get("adaptation", "adaptation.diff")).read_text("utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        return None
+    return Port.from_data(data, adaptation)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,6 +167,12 @@ def restore_files_script() -> str:
         'rm -rf -- "$p/__pycache__"; rmdir --ignore-fail-on-non-empty -- "$p"; '
         'done < "$d/created_dirs"'
     )
+
+
+def rejected_port_path(state_dir: str) -> str:
+    """Where a port that failed the readiness gate is remembered (beside the state directory,
+    which a restore removes): the next run keeps v1 instead of applying it again."""
+    return state_dir.rstrip("/") + ".rejected"
 
 
 def restore_script(state_dir: str) -> str:

@@ -26,7 +26,6 @@ from specfleet.core.sglang.install import (
     PATCH_STATE_DIR,
     decide_compressed_tensors,
     decide_install,
-    decide_pr20547,
     git_requirement,
     is_commit,
     parse_ls_remote,
@@ -38,6 +37,7 @@ from specfleet.core.sglang.patch import (
     filter_patch,
     parse_patch_failures,
 )
+from specfleet.core.sglang.pr20547 import PortVerdict, decide_pr20547
 from specfleet.core.tables.sglang_versions import compressed_tensors_specifier
 
 ENVIRON = """\
@@ -359,30 +359,43 @@ SHA, OTHER = "a" * 64, "b" * 64
 APPLIED = {"sha256": SHA, "site": "/x", "reverse_applies": True, "partial": False}
 
 
+PORT = PortVerdict(True, port_id=SHA, text="the PR#20547 port for SGLang 0.5.11 (5 PR hunks)")
+OTHER_PORT = PortVerdict(True, port_id=OTHER, text="the PR#20547 port for SGLang 0.5.11 (6)")
+NO_PORT = PortVerdict(False, text="this project has no port of PR#20547 for SGLang 0.5.12",
+                      fix="set sglang.version >= 0.5.14")  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "install, marker, present, source, sha, steps, words",
+    "install, marker, present, opted_in, port, steps, row, words",
     [
-        (V1, None, True, "p.diff", SHA, ("apply",), "has no DFlash v2 worker; applies"),
-        (V1, None, True, None, SHA, (), "no patch source is set"),
-        (V2, None, True, "p.diff", SHA, (), "has the DFlash v2 worker"),
-        (
-            {**V1, "features": {"dflash": "v2", "dflash_pr20547": True}},
-            None, True, "p.diff", SHA, (), "PR#20547 built in",
-        ),
-        ({**V1, "features": {"dflash": "v2"}}, APPLIED, True, "p.diff", SHA, (), "is applied"),
-        (V1, APPLIED, True, "p.diff", OTHER, ("restore", "apply"), "replaces it"),
-        (V1, {**APPLIED, "reverse_applies": False}, True, "p.diff", SHA, ("drop-marker", "apply"),
-         "applies"),
-        (V1, {"partial": True}, True, "p.diff", SHA, ("restore", "apply"), "applies"),
-        (V1, APPLIED, False, "p.diff", SHA, ("restore",), "removes PR#20547 patch aaaaaaaaaaaa"),
-        (V1, None, False, None, None, (), "is not applied"),
-        (V2, {**APPLIED, "reverse_applies": False}, False, None, None, ("drop-marker",), "not"),
+        (V1, None, True, True, PORT, ("apply",), "apply port", "applies the PR#20547 port"),
+        (V1, None, True, False, None, (), "keep v1", "PR#20547 is not opted in"),
+        (V1, None, True, True, NO_PORT, (), "keep v1", "no port of PR#20547 for SGLang 0.5.12"),
+        (V2, None, True, True, None, (), "built in", "has the DFlash v2 worker"),
+        ({**V1, "features": {"dflash": "v2", "dflash_pr20547": True}}, None, True, True, None, (),
+         "built in", "PR#20547 built in"),
+        (V1, APPLIED, True, True, PORT, (), "applied", "is applied"),
+        (V1, APPLIED, True, True, OTHER_PORT, ("restore", "apply"), "apply port", "replaces it"),
+        (V1, {**APPLIED, "reverse_applies": False}, True, True, PORT, ("drop-marker", "apply"),
+         "apply port", "applies"),
+        (V1, {"partial": True}, True, True, PORT, ("restore", "apply"), "apply port", "applies"),
+        (V1, {"partial": True}, False, True, PORT, ("restore",), "keep v1", "not opted in"),
+        (V1, APPLIED, False, True, PORT, ("restore",), "remove", "removes PR#20547 port aaaa"),
+        (V1, APPLIED, True, False, None, ("restore",), "remove", "removes"),
+        (V1, None, False, False, None, (), "keep v1", "keeps DFLASH v1"),
+        (V1, {"rejected": SHA}, True, True, PORT, (), "keep v1", "failed the readiness gate"),
+        (V1, {"rejected": OTHER}, True, True, PORT, ("apply",), "apply port", "applies"),
+        ({**V1, "features": {"dflash": "v1", "dflash_v2_missing": ["spec_info.py does not route"]}},
+         None, True, False, None, (), "keep v1", "not wired in: spec_info.py does not route"),
     ],
 )  # fmt: skip
-def test_decide_pr20547(install, marker, present, source, sha, steps, words):
-    d = decide_pr20547(install, marker, present=present, source=source, sha256=sha)
+def test_decide_pr20547(install, marker, present, opted_in, port, steps, row, words):
+    d = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port)
     assert d.steps == steps
+    assert d.row == row
     assert words in d.reason
+    if row == "keep v1":
+        assert d.fix and "\n" not in d.reason
 
 
 def test_load_patch_checks_sha256(tmp_path):
@@ -429,11 +442,10 @@ def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp
     assert state["reverse_applies"] is False
     assert state["leftovers"] == ["sglang/srt/speculative/dflash_worker_v2.py"]
 
-    install = {**V1, "features": {"dflash": "v2", "dflash_pr20547": False}}  # the leftover's doing
-    d1 = decide_pr20547(install, state, present=True, source="p.diff", sha256=SHA)
-    assert d1.steps == ("drop-marker", "apply") and d1.precheck is False
-    assert "dflash_worker_v2.py" in d1.warning
-    d2 = decide_pr20547(install, state, present=False, source=None, sha256=None)
+    # The leftover worker is not wired in, so the facts say v1: the port is applied again.
+    d1 = decide_pr20547(V1, state, present=True, opted_in=True, port=PORT)
+    assert d1.steps == ("drop-marker", "apply") and "no longer matches" in d1.warning
+    d2 = decide_pr20547(V1, state, present=False, opted_in=False, port=None)
     assert d2.steps == ("drop-marker",)
 
     assert sh(forget_script(str(d))).returncode == 0

@@ -21,8 +21,8 @@ import pytest
 
 from facts.sglang import PatchState
 from operations.sglang_commands import apply_script, restore_script
-from specfleet.core.sglang.install import decide_pr20547
 from specfleet.core.sglang.patch import filter_patch
+from specfleet.core.sglang.pr20547 import decide_pr20547
 from tests.harness.sources import pr20547_diff, sglang_wheel
 
 # The files of the PR that apply cleanly to 0.5.11 (shared/fixtures/sglang-pr20547/README.md).
@@ -121,7 +121,7 @@ def recover(state_dir: Path) -> list[str]:
     """The next run: read the state, decide, restore. Returns the steps taken."""
     marker = patch_state(state_dir)
     install = {"version": "0.5.11", "features": {"dflash": "v1"}}
-    decision = decide_pr20547(install, marker, present=False, source=None, sha256=None)
+    decision = decide_pr20547(install, marker, present=False, opted_in=False, port=None)
     for step in decision.steps:
         assert step == "restore", decision
         sh(restore_script(str(state_dir)))

@@ -92,8 +92,11 @@ def _worker(c: PlanContext) -> None:
         b.why("dflash-worker", "v2", "the overlap (spec v2) DFLASH worker is SGLang's default here",
               c.src)  # fmt: skip
     else:
-        b.why("dflash-worker", dflash,
-              "the v1 DFLASH worker: SGLang turns the overlap scheduler off", c.src)  # fmt: skip
+        missing = c.features.get("dflash_v2_missing") or []
+        why = "the v1 DFLASH worker: SGLang turns the overlap scheduler off"
+        if missing:
+            why += f"; a v2 worker is installed but not wired in ({missing[0]})"
+        b.why("dflash-worker", dflash, why, c.src)
     if c.features.get("ddtree"):
         b.why(
             "ddtree",

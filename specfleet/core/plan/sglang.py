@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specfleet.core.plan.context import SGLANG, PlanContext
+from specfleet.core.sglang.portdata import PORTED_RELEASES
 from specfleet.core.tables import sglang_versions as versions
 
 
@@ -67,6 +68,13 @@ def _install(c: PlanContext) -> tuple[dict[str, Any], versions.VersionRow, bool]
             else:
                 install = versions.predicted_install(s.version)
                 row = versions.version_row(s.version)
+                patch = c.settings.patch
+                features = install["features"]
+                if (patch.source and patch.sha256 and str(versions.parse_version(s.version))
+                        in PORTED_RELEASES and features.get("dflash") != "v2"):
+                    # The deploy applies this project's port of PR#20547 before the server starts.
+                    install["features"] = {**features, "dflash": "v2", "dflash_pr20547": True}
+                    install["version"] = f"{s.version} + PR#20547 port"  # fmt: skip
         except ValueError as exc:
             raise c.b.error(
                 f"settings sglang.version {s.version!r} is not a version ({exc})",

@@ -13,7 +13,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE, compressed_tensors_row
+from specfleet.core.tables.sglang_versions import compressed_tensors_row
 
 # Where an applied PR#20547 keeps its state, relative to the venv: the mapped diff it applied
 # (``applied.diff``), a tar of the files it modified (``backup.tar``), the files and directories
@@ -221,107 +221,3 @@ def decide_compressed_tensors(
 def has_v2_worker(features: dict | None) -> bool:
     features = features or {}
     return features.get("dflash") == "v2" or bool(features.get("dflash_pr20547"))
-
-
-@dataclass(frozen=True)
-class PatchDecision:
-    """``steps`` run in order: "restore" (undo an applied or half-applied patch from its backup),
-    "drop-marker" (forget a marker whose patch is no longer on disk), "apply"."""
-
-    steps: tuple[str, ...]
-    reason: str
-    warning: str | None = None
-    # Whether the files are as the facts saw them when "apply" runs, so that a dry run made now
-    # (before any step) says whether it applies.
-    precheck: bool = True
-
-    @property
-    def noop(self) -> bool:
-        return not self.steps
-
-
-def decide_pr20547(
-    install: dict | None,
-    marker: dict | None,
-    *,
-    present: bool,
-    source: str | None,
-    sha256: str | None,
-) -> PatchDecision:
-    """What to do about PR#20547 given the SGLangInstall fact, the patch-state fact and settings.
-
-    ``marker`` is ``PatchState``'s value: None, or ``{"sha256", "site", "reverse_applies",
-    "partial"}``. A marker counts only while the applied diff still reverses cleanly.
-    """
-    version = (install or {}).get("version") or "?"
-    steps: list[str] = []
-    warning = None
-    applied_sha = None
-    if marker:
-        if marker.get("partial"):
-            steps.append("restore")
-            warning = "a PR#20547 apply was interrupted; restores the files it had touched"
-        elif marker.get("reverse_applies"):
-            applied_sha = marker.get("sha256")
-        else:
-            steps.append("drop-marker")
-            leftovers = marker.get("leftovers") or []
-            warning = (
-                f"the PR#20547 marker ({short(marker.get('sha256'))}) no longer matches the files "
-                "on disk (SGLang was reinstalled?); forgets it"
-            )
-            if leftovers:
-                warning += (
-                    f" and removes the {len(leftovers)} files it had added, which pip does not "
-                    f"know: {', '.join(leftovers[:4])}"
-                )
-                # The facts saw those leftovers (a v2 worker file, say): they cannot be trusted
-                # until the files are gone, so apply again and let the verify step decide.
-                if present and source:
-                    return PatchDecision(
-                        ("drop-marker", "apply"),
-                        f"SGLang {version} keeps leftovers of an earlier PR#20547; removes them "
-                        f"and applies PR#20547 ({short(sha256)})",
-                        warning,
-                        precheck=False,
-                    )
-                return PatchDecision(("drop-marker",), "PR#20547 patch is not applied", warning)
-
-    if not present:
-        if applied_sha:
-            return PatchDecision(
-                ("restore",), f"removes PR#20547 patch {short(applied_sha)} from SGLang {version}"
-            )
-        return PatchDecision(tuple(steps), "PR#20547 patch is not applied", warning)
-
-    if applied_sha:
-        if sha256 and applied_sha.lower() == sha256.lower():
-            return PatchDecision((), f"PR#20547 patch {short(applied_sha)} is applied")
-        if not source:
-            # The settings no longer name a patch: what is there stays (present=False removes it).
-            return PatchDecision((), f"PR#20547 patch {short(applied_sha)} is applied")
-        return PatchDecision(
-            ("restore", "apply"),
-            f"PR#20547 patch {short(applied_sha)} is applied but settings pin {short(sha256)}; "
-            "replaces it",
-            precheck=False,
-        )
-    features = (install or {}).get("features") or {}
-    if has_v2_worker(features):
-        what = "PR#20547 built in" if features.get("dflash_pr20547") else "the DFlash v2 worker"
-        return PatchDecision(tuple(steps), f"SGLang {version} has {what}", warning)
-    if not source:
-        return PatchDecision(
-            tuple(steps),
-            f"SGLang {version} has no DFlash v2 worker and no patch source is set; "
-            f"DFLASH runs v1 with overlap off (SGLang >={V2_BUILTIN_SINCE} has v2 built in)",
-            warning,
-        )
-    return PatchDecision(
-        (*steps, "apply"),
-        f"SGLang {version} has no DFlash v2 worker; applies PR#20547 ({short(sha256)})",
-        warning,
-        # A half-applied patch is restored first: the files change before "apply".
-        precheck="restore" not in steps,
-    )
-
