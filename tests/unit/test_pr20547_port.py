@@ -27,6 +27,7 @@ import pytest
 from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.port import (
     HASH_FORMAT,
+    PROVENANCE_FILE,
     PortError,
     check_port,
     count_lines,
@@ -122,7 +123,7 @@ def upstream_reader(release_wheels: Mapping[str, str] = RELEASE_WHEELS):
 def check_provenance(folder: Path, reader=None) -> list[str]:
     """The provenance check of a port's data folder (its adaptation.diff and provenance.json)."""
     adaptation = (folder / "adaptation.diff").read_text(encoding="utf-8")
-    records = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    records = json.loads((folder / PROVENANCE_FILE).read_text(encoding="utf-8"))
     return provenance_problems(adaptation, records, reader or upstream_reader())
 
 
@@ -394,6 +395,8 @@ def test_a_bad_port_json_is_refused(port):
     bad = {**port, "targets": {"sglang/srt/environ.py": "not-a-hash"}}
     assert check_port(bad)
     assert check_port({k: v for k, v in port.items() if k != "pr_hunks"})
+    assert check_port({**port, "pr_hunks": [60, 5]})
+    assert check_port({**port, "hash": "sha256-b64"})
 
 
 # --------------------------------------------------------------------------------------------------

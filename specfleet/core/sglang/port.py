@@ -198,8 +198,13 @@ def check_port(port: Mapping) -> list[str]:
     for field in ("pr_diff_sha256", "sglang_version", "targets", "pr_hunks", "adaptation"):
         if field not in port:
             problems.append(f"missing {field}")
-    if port.get("hash") not in (None, HASH_FORMAT):
+    if port.get("hash") != HASH_FORMAT:
         problems.append(f"hash is {port.get('hash')!r}, not {HASH_FORMAT!r}")
+    hunks = port.get("pr_hunks")
+    if not isinstance(hunks, list) or not all(isinstance(i, int) for i in hunks):
+        problems.append(f"pr_hunks is not a list of hunk indexes: {hunks!r}")
+    elif hunks != sorted(set(hunks)):
+        problems.append(f"pr_hunks is not strictly increasing: {hunks}")
     for field in ("targets", "requires"):
         for path, digest in (port.get(field) or {}).items():
             if not isinstance(digest, str) or not _SHA256_RE.match(digest):
