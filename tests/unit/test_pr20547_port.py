@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -554,6 +555,45 @@ def test_dflash_overlap_results_commit_what_the_v2_worker_materialised(ported):
     assert "kv_committed_len +=" not in info
 
 
+def _decode_estimate(root: Path, algo: str, is_spec_v2: bool, bs: int, page_size: int) -> int:
+    """Run ScheduleBatch.new_tokens_required_next_decode from the tree's schedule_batch.py on a
+    stub batch (block of 16 draft tokens); the tight spec-v2 estimate answers -1."""
+    from types import SimpleNamespace
+
+    src = (root / "sglang/srt/managers/schedule_batch.py").read_text()
+    fn = next(
+        n for n in ast.walk(ast.parse(src))
+        if isinstance(n, ast.FunctionDef) and n.name == "new_tokens_required_next_decode"
+    )  # fmt: skip
+    args = SimpleNamespace(
+        speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=16
+    )
+    scope = {
+        "Optional": Optional, "List": list, "get_global_server_args": lambda: args,
+        "ceil_align": lambda x, n: (x + n - 1) // n * n,
+    }  # fmt: skip
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "schedule_batch.py", "exec"), scope)
+    batch = SimpleNamespace(
+        token_to_kv_pool_allocator=SimpleNamespace(page_size=page_size),
+        reqs=[SimpleNamespace(kv_committed_len=100)] * bs,
+        spec_algorithm=SimpleNamespace(is_none=lambda: False, is_dflash=lambda: algo == "DFLASH"),
+        is_spec_v2=is_spec_v2,
+        _new_tokens_required_next_decode_spec_v2=lambda reqs, page: -1,
+    )
+    return scope["new_tokens_required_next_decode"](batch)
+
+
+def test_dflash_v2_keeps_the_pr_branch_decode_memory_estimate(ported, pristine):
+    """The PR's DFlashDraftInputV2 reserves up to 2 blocks per request from the GPU seq_lens;
+    0.5.11's tight host-side estimate matches only EAGLE's reservation."""
+    tree, _ = ported
+    assert _decode_estimate(tree, "DFLASH", True, bs=3, page_size=1) == 2 * 16 * 3
+    assert _decode_estimate(tree, "DFLASH", True, bs=3, page_size=64) == 2 * 64 * 3
+    assert _decode_estimate(tree, "DFLASH", False, bs=3, page_size=1) == 16 * 3  # v1 as before
+    assert _decode_estimate(tree, "EAGLE", True, bs=3, page_size=1) == -1  # EAGLE as before
+    assert _decode_estimate(pristine, "DFLASH", True, bs=3, page_size=1) == -1
+
+
 # --------------------------------------------------------------------------------------------------
 # Provenance
 # --------------------------------------------------------------------------------------------------
@@ -597,9 +637,10 @@ def test_provenance_needs_a_readable_source_and_reasons(tmp_path):
     folder = tmp_path / "data"
     shutil.copytree(DATA, folder)
     records = json.loads((folder / "provenance.json").read_text())
+    with_adapted = [r for r in records if r["adapted_lines"]]
     records[0]["source"]["commit"] = "1" * 40
-    records[3]["adapted_lines"][0]["why"] = ""
-    records[4]["adapted_lines"] = [{"line": "    pass", "why": "not in the hunk"}]
+    with_adapted[0]["adapted_lines"][0]["why"] = ""
+    with_adapted[1]["adapted_lines"].append({"line": "    pass", "why": "not in the hunk"})
     del records[-1]
     (folder / "provenance.json").write_text(json.dumps(records))
     problems = "\n".join(check_provenance(folder))
