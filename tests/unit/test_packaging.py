@@ -51,6 +51,11 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
         "specfleet/hostside/readiness_gate.py",
         "specfleet/hostside/facts/runner.py",
         "specfleet/hostside/facts/sglang_install.py",
+        "specfleet/patchdata/__init__.py",
+        "specfleet/patchdata/pr20547/sglang-0.5.11/NOTICE",
+        "specfleet/patchdata/pr20547/sglang-0.5.11/port.json",
+        "specfleet/patchdata/pr20547/sglang-0.5.11/adaptation.diff",
+        "specfleet/patchdata/pr20547/sglang-0.5.11/provenance.json",
     ):
         assert needed in names, needed
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
@@ -81,6 +86,11 @@ def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     ).stdout.split()  # fmt: skip
     assert where[0].startswith(str(env_dir)), where
     assert where[1:] == ["True", "True"]
+    ports = subprocess.run(
+        [py, "-c", "from specfleet.core.sglang.port import load_ports; print(*load_ports())"],
+        cwd=away, env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert "pr20547/sglang-0.5.11" in ports
     done = subprocess.run(
         [env_dir / "bin" / "specfleet", "plan", "--facts", str(tmp_path / "facts.json"),
          "--host", "ct200", "--json"],
