@@ -11,7 +11,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import PythonJob, parse_printed, script_source
-from specfleet.core.sglang.install import PATCH_OPTS, REVERSE_OPTS, patch_state_dir, venv_python
+from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
 
 DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
 # PR#20547's opt-in switch for the DFlash v2 (overlap) worker.
@@ -293,15 +293,16 @@ class GitRemoteRefs(FactBase[list[str]]):
 
 class PatchState(FactBase[dict | None]):
     """An applied PR#20547 in a venv: the marker's sha256, the site it patched, and whether the
-    applied diff still reverses cleanly there (``patch -R --dry-run``). None if no patch was
-    applied; ``partial`` for an apply that never reached its marker (its journal says what to
-    restore); ``leftovers``, for a marker that no longer reverses, the files it added that are
-    still exactly as it added them; ``rejected``, a port that failed the readiness gate here.
+    files the apply wrote are still as it left them (``intact``: their sha256 were recorded).
+    None if no patch was applied; ``partial`` for an apply that never reached its marker (its
+    journal says what to restore); ``leftovers``, for a marker whose files changed, the files it
+    added that are still exactly as it added them; ``rejected``, a port that failed the
+    readiness gate here.
 
     .. code:: python
 
         {"sha256": "9f2c...", "site": "/opt/v/lib/python3.11/site-packages",
-         "reverse_applies": True, "partial": False}
+         "intact": True, "partial": False}
     """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
@@ -309,13 +310,13 @@ class PatchState(FactBase[dict | None]):
 
     def command(self, venv: str) -> str:
         d = shlex.quote(patch_state_dir(venv))
-        rev = " ".join(REVERSE_OPTS)
         return (
             f"d={d}; "
             'if [ -f "$d/sha256" ]; then '
             'echo "sha256=$(cat "$d/sha256")"; echo "site=$(cat "$d/site")"; '
-            f'if (cd "$(cat "$d/site")" && patch --dry-run {rev} -i "$d/applied.diff") '
-            ">/dev/null 2>&1; then echo reverse=ok; else echo reverse=fail; "
+            # Intact: every file the apply wrote is still as it left it.
+            'if (cd "$(cat "$d/site")" && sha256sum --status -c "$d/applied.sha256") '
+            ">/dev/null 2>&1; then echo intact=ok; else echo intact=no; "
             'if [ -f "$d/created.sha256" ]; then (cd "$(cat "$d/site")" && '
             'sha256sum -c "$d/created.sha256" 2>/dev/null '
             '| sed -n "s/^\\(.*\\): OK$/leftover=\\1/p"); '
@@ -329,7 +330,7 @@ class PatchState(FactBase[dict | None]):
         if not any(line.strip() for line in output):
             return None
         out: dict[str, Any] = {
-            "sha256": None, "site": None, "reverse_applies": False, "partial": False,
+            "sha256": None, "site": None, "intact": False, "partial": False,
             "conflict": [], "leftovers": [], "rejected": None,
         }  # fmt: skip
         for line in output:
@@ -337,8 +338,8 @@ class PatchState(FactBase[dict | None]):
                 out["sha256"] = line[len("sha256=") :].strip() or None
             elif line.startswith("site="):
                 out["site"] = line[len("site=") :].strip() or None
-            elif line.startswith("reverse="):
-                out["reverse_applies"] = line.strip() == "reverse=ok"
+            elif line.startswith("intact="):
+                out["intact"] = line.strip() == "intact=ok"
             elif line.startswith("partial="):
                 out["partial"] = True
             elif line.startswith("leftover="):

@@ -45,7 +45,7 @@ from specfleet.core.sglang.patch import (
     conflict_message,
     parse_patch_failures,
 )
-from specfleet.core.sglang.portdata import no_port_verdict, port_verdict
+from specfleet.core.sglang.portdata import no_port_verdict, port_verdict, predicted_hashes
 from specfleet.core.sglang.pr20547 import KEEP_V1, decide_pr20547
 from specfleet.core.tables.sglang_versions import predicted_install
 
@@ -109,7 +109,7 @@ def _patch_restore_steps(venv: str, marker: dict | None):
     if not marker:
         return
     d = patch_state_dir(venv)
-    if marker.get("partial") or marker.get("reverse_applies"):
+    if marker.get("partial") or marker.get("intact"):
         yield script_command(restore_script(d))
     else:
         yield script_command(forget_script(d))
@@ -420,7 +420,7 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str):
             host=host.name,
             fix="check that sglang imports from the venv (facts.sglang.SGLangInstall)",
         )
-    hashes = host.get_fact(FileHashes, directory=site, paths=tuple(sorted(port.targets)))
+    hashes = host.get_fact(FileHashes, directory=site, paths=tuple(port.hashed_paths))
     try:
         patch = port.patch(_pr_text(source, sha256))
     except PatchFormatError as exc:
@@ -449,7 +449,7 @@ def _predict_patch(
     if port is not None:
         patch = port.patch(_pr_text(source or "", sha256 or ""))
         # The wheel about to be installed is the one the port was made from: its files match.
-        verdict = port_verdict(port, version, sha256 or "", dict(port.targets), patch.text)
+        verdict = port_verdict(port, version, sha256 or "", predicted_hashes(port), patch.text)
     elif opted_in:
         verdict = no_port_verdict(version)
     decision = decide_pr20547(install, None, present=True, opted_in=opted_in, port=verdict)

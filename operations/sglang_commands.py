@@ -4,12 +4,10 @@ machine and the shell scripts that apply, restore and forget it on a host."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 import urllib.parse
 import urllib.request
-from importlib import resources
 from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
@@ -17,6 +15,7 @@ from pyinfra.api import QuoteString, StringCommand
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.sglang.install import PATCH_OPTS
 from specfleet.core.sglang.patch import FilteredPatch
+from specfleet.core.sglang.port import load_ports, read_port_file
 from specfleet.core.sglang.portdata import PORTED_RELEASES, Port
 
 # --------------------------------------------------------------------------------------------------
@@ -79,13 +78,11 @@ def load_port(version: str) -> Port | None:
     ``specfleet/patchdata/pr20547/sglang-<version>/``), or None."""
     if version not in PORTED_RELEASES:
         return None
-    try:
-        folder = resources.files("specfleet.patchdata") / "pr20547" / f"sglang-{version}"
-        data = json.loads((folder / "port.json").read_text(encoding="utf-8"))
-        adaptation = (folder / data.get("adaptation", "adaptation.diff")).read_text("utf-8")
-    except (ModuleNotFoundError, FileNotFoundError):
-        return None
-    return Port.from_data(data, adaptation)
+    for name, data in load_ports().items():
+        if data.get("sglang_version") == version:
+            adaptation = read_port_file(name, data.get("adaptation", "adaptation.diff"))
+            return Port(name, data, adaptation)
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -105,8 +102,8 @@ def apply_script(state_dir: str, site: str, patch: FilteredPatch) -> str:
        directories to remove), each written to a temporary file and synced;
     2. ``journal`` is renamed into place: the commit point. Before it, the tree is untouched and
        a restore only forgets the state directory; after it, a restore puts every path back;
-    3. a dry run: a conflict leaves every file as it was, writes GNU patch's words to
-       ``conflict`` and drops the journal;
+    3. a trial on a copy of the touched files: a conflict leaves every file as it was, writes
+       GNU patch's words to ``conflict`` and drops the journal;
     4. the apply (each file GNU patch writes is renamed into place); a failure restores.
 
     The marker (``sha256``) is written by the caller after it verified the result."""
@@ -135,9 +132,15 @@ def apply_script(state_dir: str, site: str, patch: FilteredPatch) -> str:
             'printf "%s\\n" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$d/journal.tmp"',
             'mv -f "$d/journal.tmp" "$d/journal"',
             'sync -f "$d/journal" 2>/dev/null || sync',
-            f'if ! patch --dry-run {opts} -i "$d/applied.diff" > "$d/dryrun.out" 2>&1; then',
-            '  cp "$d/dryrun.out" "$d/conflict"; rm -f -- "$d/journal"; cat "$d/conflict"; exit 0',
+            # The trial: the whole diff on a copy of the files it touches (a port's adaptation edits
+            # files its first sections create, which a --dry-run cannot follow).
+            'rm -rf -- "$d/trial"; mkdir "$d/trial"; tar -xf "$d/backup.tar" -C "$d/trial"',
+            f'if ! (cd "$d/trial" && patch {opts} -i "$d/applied.diff") > "$d/dryrun.out" 2>&1',
+            "then",
+            '  cp "$d/dryrun.out" "$d/conflict"; rm -rf -- "$d/journal" "$d/trial"; '
+            'cat "$d/conflict"; exit 0',
             "fi",
+            'rm -rf -- "$d/trial"',
             f'if ! patch {opts} -i "$d/applied.diff"; then',
             '  echo "patch failed after a clean dry run; restoring" >&2',
             f"  {restore_files_script()}",
@@ -147,6 +150,9 @@ def apply_script(state_dir: str, site: str, patch: FilteredPatch) -> str:
             # What it added, by content: after an out-of-band reinstall these are the leftovers.
             'if [ -s "$d/created" ]; then tr "\\n" "\\0" < "$d/created" | '
             'xargs -0 sha256sum -- > "$d/created.sha256"; else : > "$d/created.sha256"; fi',
+            # What every touched file is now: the marker stays valid while they are.
+            'cat "$d/existing" "$d/created" | while IFS= read -r f; do '
+            '[ -f "$f" ] && sha256sum -- "$f"; done > "$d/applied.sha256" || true',
         ]
     )
 

@@ -86,7 +86,7 @@ def sglang_status(settings: Settings, install: dict | None, patch: dict | None, 
         if patch.get("partial"):
             st.patch = "PR#20547 half-applied"
             st.drift.append("PR#20547 half-applied")
-        elif patch.get("reverse_applies"):
+        elif patch.get("intact"):
             st.patch = f"PR#20547 applied ({sha})"
             if settings.patch.sha256 and not settings.patch.sha256.startswith(sha):
                 st.drift.append("PR#20547 applied is not the pinned patch")

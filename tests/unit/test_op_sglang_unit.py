@@ -199,7 +199,7 @@ def test_apply_and_restore_scripts_round_trip(tmp_path):
     fact = PatchState()
     out = sh(fact.command(str(tmp_path / "venv")))
     state = fact.process(out.stdout.splitlines())
-    assert state["sha256"] == "ab" * 32 and state["reverse_applies"] is True
+    assert state["sha256"] == "ab" * 32 and state["intact"] is True
     assert state["site"] == str(site)
 
     r = sh(restore_script(str(d)))
@@ -356,7 +356,7 @@ def test_decide_compressed_tensors_uses_the_version_table():
 V1 = {"version": "0.5.11", "location": "/x", "features": {"dflash": "v1", "dflash_pr20547": False}}
 V2 = {"version": "0.5.14", "location": "/x", "features": {"dflash": "v2", "dflash_pr20547": False}}
 SHA, OTHER = "a" * 64, "b" * 64
-APPLIED = {"sha256": SHA, "site": "/x", "reverse_applies": True, "partial": False}
+APPLIED = {"sha256": SHA, "site": "/x", "intact": True, "partial": False}
 
 
 PORT = PortVerdict(True, port_id=SHA, text="the PR#20547 port for SGLang 0.5.11 (5 PR hunks)")
@@ -376,7 +376,7 @@ NO_PORT = PortVerdict(False, text="this project has no port of PR#20547 for SGLa
          "built in", "PR#20547 built in"),
         (V1, APPLIED, True, True, PORT, (), "applied", "is applied"),
         (V1, APPLIED, True, True, OTHER_PORT, ("restore", "apply"), "apply port", "replaces it"),
-        (V1, {**APPLIED, "reverse_applies": False}, True, True, PORT, ("drop-marker", "apply"),
+        (V1, {**APPLIED, "intact": False}, True, True, PORT, ("drop-marker", "apply"),
          "apply port", "applies"),
         (V1, {"partial": True}, True, True, PORT, ("restore", "apply"), "apply port", "applies"),
         (V1, {"partial": True}, False, True, PORT, ("restore",), "keep v1", "not opted in"),
@@ -439,7 +439,7 @@ def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp
     (site / "sglang/srt/environ.py").write_text(ENVIRON)
     fact = PatchState()
     state = fact.process(sh(fact.command(str(venv))).stdout.splitlines())
-    assert state["reverse_applies"] is False
+    assert state["intact"] is False
     assert state["leftovers"] == ["sglang/srt/speculative/dflash_worker_v2.py"]
 
     # The leftover worker is not wired in, so the facts say v1: the port is applied again.

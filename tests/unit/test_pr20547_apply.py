@@ -1,8 +1,8 @@
 """PR#20547's apply and restore can be killed at any line and lose nothing.
 
 The real PR diff (../shared/fixtures/sglang-pr20547/) meets the real SGLang 0.5.11 wheel, unpacked:
-the whole diff (which conflicts there, and names as "new" six files 0.5.11 already ships) and the
-six files of it that apply cleanly. The apply script is killed (SIGKILL) after each of its lines;
+the whole diff (which conflicts there, and names as "new" six files 0.5.11 already ships) and this
+project's port (its PR hunks and adaptation, specfleet/patchdata/pr20547/sglang-0.5.11/). The apply script is killed (SIGKILL) after each of its lines;
 the next run reads the patch state with the real fact command, restores, and every file of the
 wheel is checked against the wheel's own RECORD hashes. Restores are killed the same way.
 """
@@ -20,17 +20,11 @@ from pathlib import Path
 import pytest
 
 from facts.sglang import PatchState
-from operations.sglang_commands import apply_script, restore_script
+from operations.sglang_commands import apply_script, load_port, restore_script
 from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.pr20547 import decide_pr20547
 from tests.harness.sources import pr20547_diff, sglang_wheel
 
-# The files of the PR that apply cleanly to 0.5.11 (shared/fixtures/sglang-pr20547/README.md).
-CLEAN_ON_0511 = (
-    "sglang/srt/environ.py", "sglang/srt/managers/schedule_batch.py",
-    "sglang/srt/managers/scheduler.py", "sglang/srt/models/qwen3_next.py",
-    "sglang/srt/speculative/dflash_info_v2.py", "sglang/srt/speculative/dflash_worker_v2.py",
-)  # fmt: skip
 # Files 0.5.11 ships that the PR's diff says it creates.
 SHIPPED_BUT_NEW_IN_PR = (
     "sglang/srt/speculative/dflash_worker.py", "sglang/srt/speculative/dflash_info.py",
@@ -91,11 +85,8 @@ def whole_pr():
 
 
 @pytest.fixture(scope="module")
-def clean_part():
-    sections = pr20547_diff().decode().split("diff --git ")
-    keep = [s for s in sections[1:] if s.split()[0][len("a/python/"):] in CLEAN_ON_0511]
-    assert len(keep) == len(CLEAN_ON_0511)
-    return filter_patch("".join("diff --git " + s for s in keep))
+def the_port():
+    return load_port("0.5.11").patch(pr20547_diff().decode())
 
 
 def sh(script: str, check: bool = True, syntax_only: bool = False) -> subprocess.CompletedProcess:
@@ -154,7 +145,7 @@ def state_dir_of(site: Path) -> Path:
     return site.parents[2] / ".specfleet" / "pr20547"
 
 
-@pytest.mark.parametrize("which", ["whole_pr", "clean_part"])
+@pytest.mark.parametrize("which", ["whole_pr", "the_port"])
 def test_apply_killed_at_every_line_loses_nothing(which, site, wheel_record, request):
     patch = request.getfixturevalue(which)
     d = state_dir_of(site)
@@ -175,12 +166,12 @@ def test_apply_killed_at_every_line_loses_nothing(which, site, wheel_record, req
     assert kills >= 10
 
 
-def test_a_complete_apply_and_its_restore_give_the_wheel_back(site, clean_part, wheel_record):
+def test_a_complete_apply_and_its_restore_give_the_wheel_back(site, the_port, wheel_record):
     d = state_dir_of(site)
-    start_apply(d, clean_part)
-    done = sh(apply_script(str(d), str(site), clean_part))
+    start_apply(d, the_port)
+    done = sh(apply_script(str(d), str(site), the_port))
     assert "conflict" not in done.stdout
-    changed = differences(site, wheel_record, clean_part.touched)
+    changed = differences(site, wheel_record, the_port.touched)
     assert "added sglang/srt/speculative/dflash_worker_v2.py" in changed
     assert "changed sglang/srt/environ.py" in changed
     (d / "sha256").write_text("a" * 64 + "\n")  # the marker, as the operation writes it
@@ -188,12 +179,12 @@ def test_a_complete_apply_and_its_restore_give_the_wheel_back(site, clean_part, 
     for line in kill_points(restore):
         sh(killed_after(restore, line), check=False)
         recover(d)
-        assert differences(site, wheel_record, clean_part.touched) == [], line
-        start_apply(d, clean_part)
-        sh(apply_script(str(d), str(site), clean_part))
+        assert differences(site, wheel_record, the_port.touched) == [], line
+        start_apply(d, the_port)
+        sh(apply_script(str(d), str(site), the_port))
         (d / "sha256").write_text("a" * 64 + "\n")
     sh(restore)
-    assert differences(site, wheel_record, [*clean_part.touched, *SHIPPED_BUT_NEW_IN_PR]) == []
+    assert differences(site, wheel_record, [*the_port.touched, *SHIPPED_BUT_NEW_IN_PR]) == []
 
 
 def test_the_whole_pr_conflicts_on_0511_and_changes_nothing(site, whole_pr, wheel_record):

@@ -70,12 +70,12 @@ def test_sglang_status_version_and_patch_states():
     assert st.patch == "PR#20547 built in" and st.drift == []
 
     st = HostStatus("h1")
-    applied = {"sha256": "9f2c" * 16, "site": "/x", "reverse_applies": True, "partial": False}
+    applied = {"sha256": "9f2c" * 16, "site": "/x", "intact": True, "partial": False}
     sglang_status(s, load_sglang("0.5.11"), applied, st)
     assert st.patch == "PR#20547 applied (9f2c9f2c9f2c)" and st.drift == []
 
     st = HostStatus("h1")
-    sglang_status(s, load_sglang("0.5.11"), {**applied, "reverse_applies": False}, st)
+    sglang_status(s, load_sglang("0.5.11"), {**applied, "intact": False}, st)
     assert st.drift == ["PR#20547 marker no longer matches the files"]
 
     st = HostStatus("h1")

@@ -23,15 +23,9 @@ PATCH_STATE_DIR = ".specfleet/pr20547"
 PACKAGE_PREFIX = "python/sglang/"
 # GNU patch options shared by every check and apply: strip a/ b/, never ask, never reverse a patch
 # on its own, no .orig files, rejects thrown away.
-PATCH_OPTS = ("-p1", "--forward", "--batch", "--no-backup-if-mismatch", "--reject-file=-")
-REVERSE_OPTS = (
-    "-p1",
-    "--reverse",
-    "--forward",
-    "--batch",
-    "--no-backup-if-mismatch",
-    "--reject-file=-",
-)
+PATCH_OPTS = (
+    "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-",
+)  # fmt: skip
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 

@@ -191,18 +191,21 @@ def _split_sections(text: str) -> list[_Section]:
     return sections
 
 
-def _map(path: str | None) -> str | None:
+def _map(path: str | None, site_paths: bool = False) -> str | None:
     if path is None:
         return None
+    if site_paths:
+        return path if path.startswith("sglang/") else None
     if path.startswith(PACKAGE_PREFIX):
         return path[len("python/") :]
     return None
 
 
-def filter_patch(text: str) -> FilteredPatch:
+def filter_patch(text: str, site_paths: bool = False) -> FilteredPatch:
     """Keep only the files under ``python/sglang/`` and rewrite their paths onto site-packages
     (``python/sglang/srt/x.py`` -> ``sglang/srt/x.py``, still with ``a/``/``b/`` for ``-p1``).
-    Everything else (``benchmark/``, ``pyproject.toml``, tests) is dropped and listed."""
+    Everything else (``benchmark/``, ``pyproject.toml``, tests) is dropped and listed.
+    ``site_paths``: the diff is already in site-packages paths (``sglang/...``), as a port's."""
     kept: list[str] = []
     files: list[FileChange] = []
     dropped: list[str] = []
@@ -214,9 +217,9 @@ def filter_patch(text: str) -> FilteredPatch:
         if sec.deleted:
             new = None
         label = new or old or sec.git_new or "?"
-        m_old, m_new = _map(old), _map(new)
+        m_old, m_new = _map(old, site_paths), _map(new, site_paths)
         inside = [p for p in (old, new) if p is not None]
-        if not inside or not all(_map(p) for p in inside):
+        if not inside or not all(_map(p, site_paths) for p in inside):
             dropped.append(label)
             continue
         if sec.binary:

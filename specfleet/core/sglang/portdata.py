@@ -1,90 +1,51 @@
-"""A port of PR#20547 onto one SGLang release, as data: which of the PR's hunks to take (by
-index, from the PR diff pinned by sha256), this project's adaptation diff applied after them, and
-the sha256 of every file it touches in that release's wheel (its RECORD). Pure: the caller reads
-the files (``operations.sglang_commands.load_port``) and the host's file hashes.
+"""The verdict on a port of PR#20547 for one host's tree, and the one diff it applies. Pure: the
+port's data comes from ``specfleet.core.sglang.port`` (``port.json``, ``adaptation.diff``) and the
+host's file hashes from ``facts.sglang.FileHashes``.
 
-A tree whose files do not hash as the wheel's gets "no port for this tree" and keeps v1: a port is
-never applied fuzzily.
+A tree whose files do not hash as the port's release wheel gets "no port for this tree" and keeps
+v1: a port is never applied fuzzily (``--fuzz=0``).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specfleet.core.sglang.patch import FilteredPatch, _split_sections, filter_patch
+from specfleet.core.sglang.patch import FilteredPatch, filter_patch
+from specfleet.core.sglang.port import hashed_paths, port_matches, select_pr_hunks
 from specfleet.core.sglang.pr20547 import PortVerdict
 from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE
 
-_HUNK = re.compile(r"^@@ ")
 # Releases with a port (specfleet/patchdata/pr20547/sglang-<version>/).
 PORTED_RELEASES = ("0.5.11",)
 
 
-def hex_sha256(value: str) -> str:
-    """A sha256 as lower-case hex, given as hex or as RECORD's urlsafe base64 (no padding)."""
-    if re.fullmatch(r"[0-9a-fA-F]{64}", value):
-        return value.lower()
-    raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-    return raw.hex()
-
-
-def select_hunks(text: str, indexes) -> str:
-    """The unified diff ``text`` with only the hunks whose index (from 0, in the diff's order)
-    is in ``indexes``, each under its file's headers."""
-    wanted = set(indexes)
-    out: list[str] = []
-    n = 0
-    for sec in _split_sections(text):
-        header: list[str] = []
-        hunks: list[list[str]] = []
-        for line in sec.lines:
-            if _HUNK.match(line) and sec.has_headers:
-                hunks.append([line])
-            elif hunks:
-                hunks[-1].append(line)
-            else:
-                header.append(line)
-        taken = [h for i, h in enumerate(hunks, start=n) if i in wanted]
-        n += len(hunks)
-        if taken:
-            out += header + [line for h in taken for line in h]
-    return "".join(out)
-
-
 @dataclass(frozen=True)
 class Port:
-    version: str
-    pr_diff_sha256: str
-    # {path under site-packages: sha256 hex} in the release's wheel.
-    targets: Mapping[str, str]
-    pr_hunks: tuple[int, ...]
+    name: str  # pr20547/sglang-0.5.11
+    data: Mapping  # port.json
     adaptation: str
-    adaptation_hunks: int = 0
 
-    @classmethod
-    def from_data(cls, data: Mapping, adaptation: str) -> Port:
-        return cls(
-            version=str(data["sglang_version"]),
-            pr_diff_sha256=str(data["pr_diff_sha256"]).lower(),
-            targets={p: hex_sha256(h) for p, h in dict(data["targets"]).items()},
-            pr_hunks=tuple(int(i) for i in data["pr_hunks"]),
-            adaptation=adaptation,
-            adaptation_hunks=adaptation.count("\n@@ ") + adaptation.startswith("@@ "),
-        )
+    @property
+    def version(self) -> str:
+        return str(self.data["sglang_version"])
+
+    @property
+    def hashed_paths(self) -> list[str]:
+        return hashed_paths(self.data)
 
     def patch(self, pr_text: str) -> FilteredPatch:
-        """The one diff this port applies: its PR hunks, then the adaptation."""
-        taken = select_hunks(pr_text, self.pr_hunks)
-        return filter_patch(filter_patch(taken).text + self.adaptation)
+        """The one diff this port applies, sections in order: its PR hunks, then the adaptation
+        (which edits files the PR hunks create: GNU patch applies the sections in turn)."""
+        text = select_pr_hunks(pr_text, self.data["pr_hunks"]) + self.adaptation
+        return filter_patch(text, site_paths=True)
 
     def describe(self) -> str:
+        hunks = self.adaptation.count("\n@@ ") + self.adaptation.startswith("@@ ")
         return (
-            f"the PR#20547 port for SGLang {self.version} ({len(self.pr_hunks)} PR hunks + "
-            f"{self.adaptation_hunks} adaptation hunks)"
+            f"the PR#20547 port for SGLang {self.version} ({len(self.data['pr_hunks'])} PR hunks "
+            f"+ {hunks} adaptation hunks)"
         )
 
 
@@ -101,31 +62,38 @@ def no_port_verdict(version: str) -> PortVerdict:
 def port_verdict(
     port: Port, version: str, pr_sha256: str, file_hashes: Mapping[str, str | None], patch_text: str
 ) -> PortVerdict:
-    """Whether ``port`` fits this tree: the same release, the same PR diff, and every target file
-    hashing as in the release's wheel. ``file_hashes``: {path: sha256 hex or None (absent)}."""
+    """Whether ``port`` fits this tree: the same release and PR diff, every file it modifies or
+    relies on hashing as in the release's wheel, and none it creates already there.
+    ``file_hashes``: {path: sha256 hex or None (absent)}."""
+    data = port.data
     if version != port.version:
         return no_port_verdict(version)
-    if pr_sha256.lower() != port.pr_diff_sha256:
+    if pr_sha256.lower() != data["pr_diff_sha256"]:
         return PortVerdict(
             False,
             text=f"the port for SGLang {port.version} is made from PR diff "
-            f"{port.pr_diff_sha256[:12]}, settings pin {pr_sha256[:12]}",
-            fix=f"set patch.sha256 to {port.pr_diff_sha256} and patch.source to that diff",
+            f"{data['pr_diff_sha256'][:12]}, settings pin {pr_sha256[:12]}",
+            fix=f"set patch.sha256 to {data['pr_diff_sha256']} and patch.source to that diff",
         )
-    differ = [
-        p for p, want in sorted(port.targets.items())
-        if (file_hashes.get(p) or "").lower() != want
-    ]  # fmt: skip
-    if differ:
+    if not port_matches(data, version, pr_sha256.lower(), file_hashes):
+        expected = {**(data.get("targets") or {}), **(data.get("requires") or {})}
+        differ = [p for p, h in sorted(expected.items()) if file_hashes.get(p) != h]
+        differ += [p for p in data.get("creates") or () if file_hashes.get(p) is not None]
         return PortVerdict(
             False,
             text=f"no port for this tree: {len(differ)} file(s) differ from the SGLang "
             f"{port.version} wheel ({', '.join(differ[:3])})",
             fix=f"reinstall sglang=={port.version} (pip install --force-reinstall --no-deps) to "
-            "use the port, or set sglang.version >= " + V2_BUILTIN_SINCE,
+            f"use the port, or set sglang.version >= {V2_BUILTIN_SINCE}",
         )
     return PortVerdict(
-        True,
-        port_id=hashlib.sha256(patch_text.encode()).hexdigest(),
-        text=port.describe(),
+        True, port_id=hashlib.sha256(patch_text.encode()).hexdigest(), text=port.describe()
     )
+
+
+def predicted_hashes(port: Port) -> dict[str, str | None]:
+    """The file hashes a fresh install of the port's release will have (``--dry``)."""
+    data = port.data
+    out: dict[str, str | None] = {**(data.get("targets") or {}), **(data.get("requires") or {})}
+    out.update({p: None for p in data.get("creates") or ()})
+    return out

@@ -78,7 +78,7 @@ def decide_pr20547(
         if marker.get("partial"):
             steps.append("restore")
             warning = "a PR#20547 apply was interrupted; restores every file it had touched first"
-        elif marker.get("reverse_applies"):
+        elif marker.get("intact"):
             applied = marker.get("sha256")
         else:
             steps.append("drop-marker")
