@@ -16,12 +16,15 @@ from pyinfra.api import deploy
 from pyinfra.operations.util import any_changed
 
 from operations import preflight, serving, sglang, weights
+from operations.venvs import effective_settings
 from specfleet.core.settings import Settings
 
 
 @deploy("Kimi K2.6")
 def kimi_k26(settings: Settings) -> None:
     preflight.lock(name="Hold the run lock", settings=settings)
+    # The venv this run uses: the configured one, or one beside it for another release.
+    settings = effective_settings(settings)
     preflight.checks(name="Preflight", settings=settings)
 
     software = sglang.ensure_software(settings)

@@ -25,6 +25,7 @@ from facts.weights import WeightsState
 from operations.probe import deploy_specs
 from operations.serving import service_state_args
 from operations.util import fails_host
+from operations.venvs import effective_settings
 from operations.weights import read_control_token
 from specfleet.core import preflight as pure
 from specfleet.core.errors import SpecfleetError
@@ -234,7 +235,7 @@ def checks(settings: Settings | None = None):
     still missing, no token for a gated repo, an SGLang without DFLASH, no SGLang wheel for this
     interpreter or glibc. Warnings (low disk headroom) are printed and do not fail.
     """
-    s = settings or settings_for_host(host)
+    s = effective_settings(settings)
     venv_python = posixpath.join(s.venv, "bin", "python")
     specs = default_specs(
         python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path

@@ -22,6 +22,7 @@ from facts.serving import ServiceState
 from facts.sglang import PatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
 from operations.serving import host_specs, server_paths, service_state_args, unit_files
+from operations.venvs import candidate_venvs
 from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_pattern
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import venv_python
@@ -29,7 +30,6 @@ from specfleet.core.sglang.install import venv_python
 
 def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]]:
     """``[(fact, kwargs)]`` for ``facts.cache``: each step's facts, in deploy order."""
-    py = venv_python(s.venv)
     specs: list[tuple[Any, dict[str, Any]]] = [(RunLock, {"path": lock_path})]
     # preflight.checks
     specs += default_specs(
@@ -39,13 +39,16 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
     specs.append((ServiceState, service_state_args(s)))
     for src in (s.target, s.drafter):
         specs.append((WeightsState, {"path": posixpath.join(s.models_root, src.dir_name)}))
-    # sglang.installed, compressed_tensors, pr20547
-    specs += [
-        (Venv, {"path": s.venv}),
-        (Packages, {"python": py}),
-        (PatchState, {"venv": s.venv}),
-        (SGLangInstall, {"python": py}),
-    ]
+    # sglang.installed, compressed_tensors, pr20547: in the configured venv, and in the one beside
+    # it for this release (operations.venvs picks)
+    for venv in candidate_venvs(s):
+        vpy = venv_python(venv)
+        specs += [
+            (Venv, {"path": venv}),
+            (Packages, {"python": vpy}),
+            (PatchState, {"venv": venv}),
+            (SGLangInstall, {"python": vpy}),
+        ]
     # weights.tools_from_settings, host_token, model (target, drafter)
     token = control_token_path(s)
     specs += [(WeightsTools, {"path": TOOLS_PATH}), (File, {"path": token}),

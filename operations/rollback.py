@@ -16,8 +16,9 @@ from facts.rollback import FILE_KEYS, RollbackState
 from operations import sglang as sglang_ops
 from operations.serving import ServerPaths, server_paths
 from operations.sglang_commands import restore_script
+from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir
 
 # The distributions specfleet's software step changes; their wheels are kept in the cache so that
@@ -247,7 +248,7 @@ def _sh(script: str) -> StringCommand:
 
 
 def _settings(settings: Settings | None) -> Settings:
-    return settings if settings is not None else settings_for_host(host)
+    return effective_settings(settings)
 
 
 def rollback_state(settings: Settings | None = None) -> dict[str, Any]:

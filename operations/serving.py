@@ -21,10 +21,11 @@ from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
+from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.resources import hostside_path, template_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import patch_state_dir
 
 UNIT_TEMPLATE = template_path("sglang.service.j2")
@@ -406,7 +407,7 @@ def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
 
 
 def _settings(settings: Settings | None) -> Settings:
-    return settings if settings is not None else settings_for_host(host)
+    return effective_settings(settings)
 
 
 def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:

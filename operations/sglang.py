@@ -23,6 +23,7 @@ from operations.sglang_commands import (
     script_command,
 )
 from operations.util import fails_host
+from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.sglang.install import (
     decide_compressed_tensors,
@@ -536,7 +537,9 @@ def _verify_or_roll_back(
 def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
     """Call the three operations with a host's ``Settings``: SGLang installed,
     compressed-tensors pinned, PR#20547 applied where missing. Returns their OperationMeta by name.
-    Call it from a deploy (it adds operations, like any op call)."""
+    Call it from a deploy (it adds operations, like any op call). The venv is the one
+    ``operations.venvs`` picks: a new release goes beside the configured venv."""
+    settings = effective_settings(settings)
     sg = settings.sglang
     git = sg.kind == "git"
     source = dict(

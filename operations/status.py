@@ -30,8 +30,9 @@ from operations.serving import (
     sha1_text,
     unit_context,
 )
+from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings
 
 SGLANG = "facts.sglang.SGLangInstall"
 PATCH = "status_patch"
@@ -282,7 +283,7 @@ def report(settings: Settings | None = None):
 
         status.report(name="Status (read-only)")
     """
-    s = settings if settings is not None else settings_for_host(host)
+    s = effective_settings(settings)
     try:
         facts = gather(host, status_specs(s))
     except SpecfleetError as exc:

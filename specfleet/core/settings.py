@@ -70,6 +70,10 @@ class SGLangSource:
     no_deps: bool = False
     # A user-given specifier for compressed-tensors overrides the version table.
     compressed_tensors: str | None = None
+    # Moving to another release installs it into a new venv beside ``venv`` (``<venv>-sglang-X``)
+    # and switches the unit to it, keeping the old venv untouched for rollback. False: upgrade
+    # ``venv`` in place (pip may then replace torch in it).
+    side_by_side: bool = True
 
 
 @dataclass(frozen=True)

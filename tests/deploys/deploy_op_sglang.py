@@ -8,9 +8,10 @@ Host data ``sglang_test`` narrows it for one test: ``{"ops": ["installed", ...],
 from pyinfra import host
 
 from operations import sglang
+from operations.venvs import effective_settings
 from specfleet.core.settings import settings_for_host
 
-settings = settings_for_host(host)
+settings = effective_settings(settings_for_host(host))
 opts = host.data.get("sglang_test") or {}
 ops = opts.get("ops")
 present = opts.get("pr20547_present", True)

@@ -215,3 +215,40 @@ def decide_compressed_tensors(
 def has_v2_worker(features: dict | None) -> bool:
     features = features or {}
     return features.get("dflash") == "v2" or bool(features.get("dflash_pr20547"))
+
+
+def sibling_venv(base: str, version: str) -> str:
+    """Where SGLang ``version`` goes beside the venv ``base``: ``/root/venv-sglang-0.5.14``."""
+    return f"{base.rstrip('/')}-sglang-{version}"
+
+
+@dataclass(frozen=True)
+class VenvChoice:
+    venv: str
+    # Why it is not ``base`` (one line), or None.
+    reason: str | None = None
+
+
+def choose_venv(
+    base: str,
+    base_packages: dict | None,
+    *,
+    version: str | None,
+    git: bool,
+    side_by_side: bool,
+) -> VenvChoice:
+    """The venv this run installs into and the unit runs from. ``base`` (settings ``venv``) while
+    it has no SGLang or holds the wanted release; else, with ``side_by_side``, a venv beside it
+    for that release, so that the user's venv is never changed under them (pip would replace
+    torch in it) and stays there to roll back to. Git installs stay in ``base``."""
+    current = package_version(base_packages, "sglang")
+    if not side_by_side or git or not version or current is None:
+        return VenvChoice(base)
+    if _pin_matches(current, version) and direct_url(base_packages, "sglang") is None:
+        return VenvChoice(base)
+    sibling = sibling_venv(base, version)
+    return VenvChoice(
+        sibling,
+        f"{base} holds SGLang {current}: SGLang {version} goes into {sibling} beside it and the "
+        f"unit switches to it; {base} is kept as it is, for rollback",
+    )

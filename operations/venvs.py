@@ -1,0 +1,51 @@
+"""Which venv a run installs SGLang into and the unit runs from: the host's settings with their
+``venv`` resolved (``specfleet.core.sglang.install.choose_venv``) from what that venv holds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pyinfra import host, logger
+
+from facts.cache import cached_fact
+from facts.python import Packages
+from facts.sglang import Venv
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.sglang.install import VenvChoice, choose_venv, sibling_venv, venv_python
+
+_SAID: set[tuple[str, str]] = set()
+
+
+def venv_choice(settings: Settings) -> VenvChoice:
+    base = settings.venv
+    state = cached_fact(host, Venv, path=base)
+    packages = (
+        cached_fact(host, Packages, python=venv_python(base)) or {}
+        if state and state.get("python")
+        else {}
+    )
+    sg = settings.sglang
+    return choose_venv(
+        base, packages, version=sg.version, git=sg.kind == "git", side_by_side=sg.side_by_side
+    )
+
+
+def effective_settings(settings: Settings | None = None) -> Settings:
+    """``settings`` (default: the host's) with ``venv`` the one this run uses. Said once per host
+    at normal verbosity when it is not the configured one."""
+    s = settings if settings is not None else settings_for_host(host)
+    choice = venv_choice(s)
+    if choice.venv == s.venv:
+        return s
+    if (host.name, choice.venv) not in _SAID:
+        _SAID.add((host.name, choice.venv))
+        logger.info(f"{host.print_prefix}{choice.reason}")
+    return dataclasses.replace(s, venv=choice.venv)
+
+
+def candidate_venvs(settings: Settings) -> list[str]:
+    """The venvs a probe asks about: the configured one and the one beside it for this release."""
+    out = [settings.venv]
+    if settings.sglang.side_by_side and settings.sglang.kind != "git":
+        out.append(sibling_venv(settings.venv, settings.sglang.version))
+    return out
