@@ -511,7 +511,8 @@ def test_forbidden_flags_with_dflash(build, flag, forbidden):
         assert flag in make_plan(facts, s, DRAFTER_CONFIG, weights_bytes=1).argv
 
 
-def test_launcher_stand_in_keeps_flags():
+def test_launcher_stand_in_keeps_flags(monkeypatch):
+    monkeypatch.setenv("SPECFLEET_ALLOW_TEST_SETTINGS", "1")  # launcher is test-only
     s = settings(launcher=["/usr/bin/python3", "/srv/standin_sglang_server.py"])
     plan = make_plan(host_facts("h200x2"), s, DRAFTER_CONFIG, weights_bytes=1)
     real = make_plan(host_facts("h200x2"), settings(), DRAFTER_CONFIG, weights_bytes=1)
