@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import types
 import typing
 import weakref
@@ -603,10 +604,12 @@ def _check_sglang(sg: SGLangSource, p: _Problems, test_ok: bool) -> None:
             expected = url_problem(sg.find_links, schemes=("https", "http", "file"),
                                    http_hosts=_hosts(sg.trusted_hosts),
                                    http_setting="sglang.trusted_hosts")  # fmt: skip
+            fix = http_fix
         else:
             expected = abs_path_problem(sg.find_links)
             expected = expected and "a URL or an absolute path to a wheelhouse on the host"
-        p.check("sglang.find_links", sg.find_links, expected, http_fix)
+            fix = "give the wheelhouse's URL, or its absolute path on the host"
+        p.check("sglang.find_links", sg.find_links, expected, fix)
     if sg.git_url is not None:
         p.check("sglang.git_url", sg.git_url,
                 url_problem(sg.git_url, schemes=_GIT_SCHEMES, http_hosts=_hosts(sg.trusted_hosts),
@@ -675,7 +678,13 @@ def _check_weights(w: WeightsOptions, p: _Problems) -> None:
                 "set weights.token_file to a file on the control machine, e.g. "
                 "'~/.cache/huggingface/token'")  # fmt: skip
     if w.token_env is not None:
-        if not ENV_NAME.fullmatch(w.token_env):
+        if re.fullmatch(r"hf_[A-Za-z0-9]{20,}", w.token_env):
+            # A pasted token: never quoted back.
+            p.bad("weights.token_env", "what looks like a Hugging Face token (not shown)",
+                  "the name of the environment variable that holds the token",
+                  "remove the token from the inventory (revoke it if the inventory was shared) "
+                  "and set weights.token_env to a name such as 'HF_TOKEN'")  # fmt: skip
+        elif not ENV_NAME.fullmatch(w.token_env):
             p.bad("weights.token_env", repr(w.token_env), "an environment variable's name",
                   "set weights.token_env to the name of the variable holding the token, e.g. "
                   "'HF_TOKEN' (the name, not the token)")  # fmt: skip

@@ -221,7 +221,7 @@ def url_problem(
             return "a file:// URL of an absolute path"
         return None
     if not host:
-        return f"a {scheme}:// URL with a host"
+        return f"a URL with a host, such as {scheme}://HOST/"
     if port is not None and not 1 <= port <= 65535:
         return "a URL whose port is in 1..65535"
     if scheme.removeprefix("git+") == "http" and http_hosts is not None:
