@@ -415,7 +415,7 @@ def settings_for_all_hosts(inventory: Any) -> dict[str, Settings]:
 _ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def test_settings_allowed(environ: Mapping[str, str] | None = None) -> bool:
+def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
     """Whether test-only settings (``launcher``, ``sglang.no_deps``) are accepted: only with
     ``SPECFLEET_ALLOW_TEST_SETTINGS=1`` in the environment of the run (the test fleet sets it)."""
     env = os.environ if environ is None else environ
@@ -490,7 +490,7 @@ def validate(
     are allowed.
     """
     p = _Problems(host)
-    _check_top(settings, p, test_settings_allowed(environ))
+    _check_top(settings, p, allow_test_settings(environ))
     for name in ("target", "drafter"):
         _check_model(name, getattr(settings, name), p)
     if settings.target.dir_name == settings.drafter.dir_name:
@@ -499,7 +499,7 @@ def validate(
             f"{settings.target.root(settings.models_root)!r}",
             "give the drafter another repo_id or local_dir (target.local_dir / drafter.local_dir)",
         )
-    _check_sglang(settings.sglang, p, test_settings_allowed(environ))
+    _check_sglang(settings.sglang, p, allow_test_settings(environ))
     _check_patch(settings.patch, p)
     _check_weights(settings.weights, p)
     _check_plan(settings.plan, p, has_api_key=_has_key(settings))
@@ -518,13 +518,17 @@ _TEST_FIX = (
 )
 
 
+_PATH_EXAMPLES = {"models_root": "/srv/models", "venv": "/opt/specfleet/sglang",
+                  "state_dir": "/var/lib/specfleet"}  # fmt: skip
+
+
 def _check_top(s: Settings, p: _Problems, test_ok: bool) -> None:
     if not 1 <= s.port <= 65535:
         p.bad("port", str(s.port), "1..65535", "set port to a free TCP port such as 30000")
-    for key in ("models_root", "venv", "state_dir"):
+    for key, example in _PATH_EXAMPLES.items():
         value = getattr(s, key)
         p.check(key, value, abs_path_problem(value),
-                f"set {key} to an absolute path such as {getattr(Settings(), key)!r}")  # fmt: skip
+                f"set {key} to an absolute path such as {example!r}")  # fmt: skip
     if not (COMMAND_NAME.fullmatch(s.python) or abs_path_problem(s.python) is None):
         p.bad("python", repr(s.python), "an interpreter's name on PATH or its absolute path",
               "set python to e.g. 'python3' or '/usr/bin/python3.11'")  # fmt: skip
@@ -733,10 +737,10 @@ def _check_plan(plan: PlanOverrides, p: _Problems, has_api_key: bool) -> None:
             p.bad("plan.extra_args", f"a mapping with the key {flag!r}",
                   "long flags as keys, such as '--context-length' (no '=value': the value is the "
                   "mapping's value)", f"write it as '--{flag.lstrip('-').split('=')[0]}'")
-        elif secret_flag(flag) and value not in (None, False):
+        elif secret_flag(flag) and value is not None and value is not False:
             p.bad(key, f"the flag {flag}", "no secrets in plan.extra_args (flags named key, "
                   "token, secret or password end up in the unit's argv)", _SECRET_FIX)
-        elif flag == "--config" and value not in (None, False) and has_api_key:
+        elif flag == "--config" and value is not None and value is not False and has_api_key:
             p.bad(key, repr(value), "no --config while an API key is set (specfleet passes the "
                   "key through its own --config file)",
                   "remove --config from plan.extra_args, or put its options in plan.extra_args")
