@@ -386,7 +386,7 @@ def model(
     if not (sources and private_key and servers):
         raise ValueError("fanout.model role=peer needs sources, private_key and servers")
     token_path = s.weights.host_token_path
-    if weights.read_control_token(s.weights.token_file) is not None:
+    if weights.control_token(s.weights) is not None:
         token_path = weights.control_token_path(s)
     job = model_job(s, which, rollout_id=rollout_id, sources=sources, port=port,
                     token_path=token_path, host_name=host.name)

@@ -26,7 +26,7 @@ from operations.probe import deploy_specs
 from operations.serving import service_state_args
 from operations.util import fails_host
 from operations.venvs import effective_settings
-from operations.weights import read_control_token
+from operations.weights import control_token
 from specfleet.core import preflight as pure
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.settings import Settings, settings_for_host
@@ -185,7 +185,7 @@ def _hub_files(endpoint: str | None, repo_id: str, revision: str, token: str | N
 def missing_weights_bytes(s: Settings) -> int | None:
     """Bytes the weights step would still fetch, from the Hub's metadata; None if unknown."""
 
-    token = read_control_token(s.weights.token_file)
+    token = control_token(s.weights)
     total = 0
     for src in (s.target, s.drafter):
         if src.revision is None:
@@ -254,7 +254,7 @@ def checks(settings: Settings | None = None):
     result = pure.check(
         facts,
         s,
-        control_token=read_control_token(s.weights.token_file) is not None,
+        control_token=control_token(s.weights) is not None,
         missing_weights_bytes=missing_weights_bytes(s),
         wheel_error=wheel_error,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import re
 import shlex
@@ -171,6 +172,47 @@ def server_env(plan_env: dict[str, str], settings: Settings) -> dict[str, str]:
     return env
 
 
+def has_api_key(settings: Settings) -> bool:
+    """Whether the server gets an API key (``api_key``, or ``api_key_file`` not read yet)."""
+    return settings.api_key is not None or settings.api_key_file is not None
+
+
+def read_api_key_file(path: str) -> str:
+    """The API key in ``path`` (``api_key_file``, on the control machine), read now: at deploy
+    time, never when the inventory loads. One line; surrounding whitespace is dropped."""
+    try:
+        text = Path(os.path.expanduser(path)).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise SpecfleetError(
+            f"api_key_file {path} cannot be read on the control machine ({e.strerror})",
+            fix="point api_key_file at a file holding the key, or unset it",
+        ) from None
+    except UnicodeDecodeError:
+        raise SpecfleetError(f"api_key_file {path} is not UTF-8 text",
+                             fix="write the key into it (one line of printable ASCII)") from None
+    if not text:
+        raise SpecfleetError(f"api_key_file {path} is empty",
+                             fix="write the key into it (one line), or unset api_key_file for a "
+                             "server without a key")  # fmt: skip
+    if any(ord(c) < 32 or ord(c) > 126 for c in text):
+        # The key is never quoted back.
+        raise SpecfleetError(
+            f"api_key_file {path} holds more than one line, or a character that is not "
+            "printable ASCII",
+            fix="write the key alone on one line of printable ASCII",
+        )
+    return text
+
+
+def api_key(settings: Settings) -> str | None:
+    """The server's API key: ``api_key``, or the content of ``api_key_file`` read now."""
+    if settings.api_key is not None:
+        return settings.api_key
+    if settings.api_key_file is not None:
+        return read_api_key_file(settings.api_key_file)
+    return None
+
+
 def secret_yaml(api_key: str) -> str:
     """The ``--config`` YAML holding the API key (a JSON string is a YAML double-quoted scalar)."""
     import json
@@ -243,7 +285,7 @@ def unit_context(
 ) -> dict[str, Any]:
     """Everything the unit and env templates read, already quoted for systemd."""
     paths = server_paths(settings)
-    secret = paths.secret if settings.api_key else None
+    secret = paths.secret if has_api_key(settings) else None
     full_env = server_env(env, settings)
     build_env = "SPECFLEET_BUILD=" + " ".join(f"{k}={v}" for k, v in build.items())
     return {
@@ -498,8 +540,9 @@ def unit(settings: Settings | None = None, present: bool = True):
     ``ExecStart`` is the plan's argv, quoted for systemd. The environment file (mode 0600) holds the
     plan's env and the JIT/DeepGEMM cache directories under ``<models_root>/.cache``. The unit
     carries the SGLang version, its patch state and the weights revisions, so a change of any of
-    them changes the unit. An API key (``settings.api_key``) goes to a 0600 YAML file that SGLang
-    reads with ``--config``; it never appears in an argv, the unit or a diff.
+    them changes the unit. An API key (``settings.api_key``, or ``settings.api_key_file`` read
+    on the control machine now) goes to a 0600 YAML file that SGLang reads with ``--config``; it
+    never appears in an argv, the unit or a diff.
 
     When any of these files changes, a restart-pending marker is written on the host *before* the
     files, so a run that fails between here and the restart still restarts on the next run.
@@ -541,7 +584,8 @@ def _unit(settings: Settings | None, present: bool):
 
     try:
         ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
-        secret = secret_yaml(s.api_key) if s.api_key else None
+        key = api_key(s)
+        secret = secret_yaml(key) if key is not None else None
     except ValueError as exc:
         raise SpecfleetError(
             f"the plan cannot be written as a systemd unit: {exc}",
@@ -738,7 +782,7 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):
         "python3", "-", "--unit", paths.unit_name, "--host", s.listen_host,
         "--port", str(s.port), "--timeout", str(int(budget)),
     ]
-    if s.api_key:
+    if has_api_key(s):
         argv += ["--secret-file", paths.secret]
     if model_path:
         argv += ["--model-path", model_path]

@@ -22,6 +22,8 @@ from operations.serving import (
     ENV_TEMPLATE,
     SERVICE,
     UNIT_TEMPLATE,
+    api_key,
+    has_api_key,
     host_specs,
     plan_from_facts,
     render,
@@ -193,13 +195,14 @@ def status_specs(settings: Settings) -> dict[str, Any]:
         )
     specs[HEALTH] = (Health, {
         "host": settings.listen_host, "port": settings.port,
-        "secret_file": paths.secret if settings.api_key else None,
+        "secret_file": paths.secret if has_api_key(settings) else None,
     })
     return specs
 
 
 def host_status(settings: Settings, facts: dict[str, Any], host_name: str = "") -> HostStatus:
-    """The status of one host from the facts of ``status_specs`` (pure: no I/O)."""
+    """The status of one host from the facts of ``status_specs`` (pure: no I/O, but for reading
+    ``api_key_file`` on the control machine where that is how the key is given)."""
     st = HostStatus(host=host_name)
     sglang_status(settings, facts.get(SGLANG), facts.get(PATCH), st)
     st.target = weights_status(settings, "target", facts.get(_weights("target")), st)
@@ -217,8 +220,9 @@ def host_status(settings: Settings, facts: dict[str, Any], host_name: str = "") 
                 paths.unit: render(UNIT_TEMPLATE, ctx),
                 paths.env: render(ENV_TEMPLATE, ctx),
             }
-            if settings.api_key:
-                expected[paths.secret] = secret_yaml(settings.api_key)
+            if has_api_key(settings):
+                # api_key_file is read here, on the control machine (the only I/O).
+                expected[paths.secret] = secret_yaml(api_key(settings))
     except (SpecfleetError, ValueError) as exc:
         problem = getattr(exc, "problem", None) or str(exc)
     unit_status(settings, facts.get(SERVICE), expected, problem, st)

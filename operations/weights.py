@@ -38,7 +38,7 @@ from facts.weights import (
 from operations.util import fail_step
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings, WeightsOptions, settings_for_host
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
 TOOLS_PATH = "/opt/specfleet/tools"
@@ -69,25 +69,50 @@ def control_token_path(settings: Settings) -> str:
     return f"{settings.state_dir.rstrip('/')}/hf/token"
 
 
-def read_control_token(token_file: str | None, environ: dict | None = None) -> str | None:
-    """The token given on the control machine: ``token_file`` first, then ``HF_TOKEN``."""
+def read_control_token(
+    token_file: str | None, environ: dict | None = None, token_env: str | None = None
+) -> str | None:
+    """The token given on the control machine, read now (at deploy time): the file
+    ``token_file`` (``weights.token_file``), else the environment variable named ``token_env``
+    (``weights.token_env``), else ``HF_TOKEN``; None when none of them gives one.
+
+    A file or a variable named in the settings that gives no token is an error, not "no token":
+    the settings said where the token is.
+    """
     env = os.environ if environ is None else environ
     if token_file:
         path = os.path.expanduser(token_file)
         try:
-            text = Path(path).read_text().strip()
+            text = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise SpecfleetError(
                 f"weights.token_file {token_file} cannot be read on the control machine "
                 f"({e.strerror})",
                 fix="point weights.token_file at a file holding the token, or unset it",
             ) from None
+        except UnicodeDecodeError:
+            raise SpecfleetError(f"weights.token_file {token_file} is not UTF-8 text",
+                                 fix="write the token into it (one line)") from None
         if not text:
             raise SpecfleetError(f"weights.token_file {token_file} is empty",
                                  fix="write the token into it (one line)")
         return text
+    if token_env:
+        token = (env.get(token_env) or "").strip()
+        if not token:
+            raise SpecfleetError(
+                f"weights.token_env names {token_env}, which is not set (or empty) in the control "
+                "machine's environment",
+                fix=f"export {token_env} with the token before the run, or unset weights.token_env",
+            )
+        return token
     token = (env.get("HF_TOKEN") or "").strip()
     return token or None
+
+
+def control_token(w: WeightsOptions, environ: dict | None = None) -> str | None:
+    """``read_control_token`` with the host's ``weights`` settings (token_file, token_env)."""
+    return read_control_token(w.token_file, environ, w.token_env)
 
 
 def unit_name(root: str) -> str:
@@ -195,19 +220,21 @@ def tools(
 
 
 @operation()
-def token(path: str, token_file: str | None = None):
+def token(path: str, token_file: str | None = None, token_env: str | None = None):
     """
     Put the token given on the control machine into its own 0600 file on the host.
 
     + path: the file on the host (never huggingface_hub's default path: the host's own token
       there is left alone)
-    + token_file: a file on the control machine holding the token; else ``HF_TOKEN``
+    + token_file: a file on the control machine holding the token
+    + token_env: else the environment variable on the control machine holding it; else
+      ``HF_TOKEN``
 
     The token goes through stdin: it appears in no command line, no output at any verbosity
     and no ``--diff`` (only its sha256 is compared). With no token given, nothing.
     """
     try:
-        secret = read_control_token(token_file)
+        secret = read_control_token(token_file, token_env=token_env)
     except SpecfleetError as e:
         yield from _fail(e.problem, e.fix)
         return
@@ -539,7 +566,7 @@ def model(which: str = "target", verify: str | None = None):
     w = s.weights
     token_path = w.host_token_path
     try:
-        if read_control_token(w.token_file) is not None:
+        if control_token(w) is not None:
             token_path = control_token_path(s)
     except SpecfleetError as e:
         yield from _fail(e.problem, e.fix)
@@ -578,7 +605,8 @@ def tools_from_settings():
 def token_from_settings():
     """``weights.token`` with the host's settings."""
     s = settings_for_host(host)
-    yield from token._inner(path=control_token_path(s), token_file=s.weights.token_file)
+    yield from token._inner(path=control_token_path(s), token_file=s.weights.token_file,
+                            token_env=s.weights.token_env)
 
 
 __all__ = [

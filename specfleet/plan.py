@@ -29,8 +29,15 @@ def _load_json(path: str, what: str) -> Any:
             return json.load(fh)
     except OSError as exc:
         raise FactsInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise FactsInputError(
+            f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+            fix="write it as UTF-8 JSON (pyinfra's --json output is)",
+        ) from None
     except json.JSONDecodeError as exc:
         raise FactsInputError(f"{what} {path} is not JSON: {exc}") from None
+    except RecursionError:
+        raise FactsInputError(f"{what} {path} is nested too deep to read") from None
 
 
 def build_parser(prog: str = "python -m specfleet.plan") -> argparse.ArgumentParser:
@@ -95,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
         )
     except SpecfleetError as exc:
         return fail(exc.render())
+    except Exception as exc:  # noqa: BLE001 - the CLI's promise: an error line, never a traceback
+        return fail(
+            f"unexpected {type(exc).__name__} while planning: {exc}\n  fix: this is a bug in "
+            "specfleet; please report it with the facts file"
+        )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,9 @@ TARGET = "demo/Kimi-K2.6-mini"
 DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
 # The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
 DEMO_TOKEN = "hf_demo_" + "0" * 24
+# The demo's settings use test-only keys (launcher, sglang.no_deps): every run that loads them sets
+# this in its environment, or the settings are refused.
+TEST_ENV = {"SPECFLEET_ALLOW_TEST_SETTINGS": "1"}
 
 HOSTS = [
     HostSpec("ct200", gpu="rtx6000x8", disk="593G"),
@@ -86,7 +90,9 @@ class Demo:
                 "version": "0.5.11", "find_links": self.fleet.wheelhouse_url,
                 "trusted_hosts": [self.fleet.bridge_ip], "no_deps": True,
             },
-            "weights": {"hf_endpoint": self.hub.url, "poll_seconds": 0.5},
+            # The stand-in hub serves plain http on the fleet's bridge: allowed by name.
+            "weights": {"hf_endpoint": self.hub.url, "poll_seconds": 0.5,
+                        "allow_http_hosts": [urllib.parse.urlsplit(self.hub.url).hostname]},
             "readiness_timeout_s": 120.0,
             "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json"],
         }
@@ -113,6 +119,7 @@ class Demo:
     def pyinfra(self, *args: str, inventory: Path | None = None, token: bool = True,
                 timeout: float = 900, capture: bool = True) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(TEST_ENV)
         if token:
             env["HF_TOKEN"] = DEMO_TOKEN
         argv = [PYINFRA, *args, str(inventory or self.inventory), DEPLOY]

@@ -72,6 +72,7 @@ TREE = REPO_ROOT
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_TOKEN"] = demo_mod.DEMO_TOKEN
+    env.update(demo_mod.TEST_ENV)  # the demo's settings use test-only keys (launcher)
     if TREE != REPO_ROOT:
         # Ahead of the editable install of /work/main.
         env["PYTHONPATH"] = str(TREE)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import os
+import re
 import types
 import typing
 import weakref
@@ -20,8 +23,30 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specfleet.core.errors import SettingsError
+from specfleet.core.validators import (
+    BACKEND_NAME,
+    COMMAND_NAME,
+    ENV_NAME,
+    LONG_FLAG,
+    abs_path_problem,
+    control_path_problem,
+    dir_name_problem,
+    git_ref_problem,
+    has_control_chars,
+    host_problem,
+    repo_id_problem,
+    secret_env_name,
+    secret_flag,
+    sha256_problem,
+    specifier_problem,
+    unit_name_problem,
+    url_problem,
+    version_problem,
+)
 
 DATA_KEY = "specfleet"
+# Test-only settings (launcher, sglang.no_deps) are refused unless this is "1" in the environment.
+TEST_SETTINGS_ENV = "SPECFLEET_ALLOW_TEST_SETTINGS"
 
 
 @dataclass(frozen=True)
@@ -66,7 +91,8 @@ class SGLangSource:
     trusted_hosts: list[str] = field(default_factory=list)
     git_url: str | None = None
     git_ref: str | None = None
-    # Tests only: install without dependencies (no torch here).
+    # Tests only (refused unless SPECFLEET_ALLOW_TEST_SETTINGS=1): install without dependencies
+    # (no torch here).
     no_deps: bool = False
     # A user-given specifier for compressed-tensors overrides the version table.
     compressed_tensors: str | None = None
@@ -88,9 +114,15 @@ class PatchSource:
 
 @dataclass(frozen=True)
 class WeightsOptions:
+    # The Hub (or a mirror) the hosts download from; the token goes there, so https, or plain
+    # http only to a loopback address or a host listed in allow_http_hosts.
     hf_endpoint: str | None = None
-    # A token file on the control machine; HF_TOKEN in the control machine's environment also works.
+    # Hosts that hf_endpoint may name over plain http (a mirror on a trusted LAN).
+    allow_http_hosts: list[str] = field(default_factory=list)
+    # The token by reference, read on the control machine at deploy time (never stored here):
+    # a file (absolute or under ~/), or the name of an environment variable. Neither: HF_TOKEN.
     token_file: str | None = None
+    token_env: str | None = None
     # Where a host's own token lives, if not at huggingface_hub's default path.
     host_token_path: str | None = None
     margin_percent: float = 2.0
@@ -155,10 +187,14 @@ class Settings:
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
     port: int = 30000
-    # A secret: kept out of argv, --diff and logs (and out of this object's repr).
+    # A secret: kept out of argv, --diff and logs (and out of this object's repr). Prefer
+    # api_key_file: a file on the control machine holding the key, read at deploy time, so that an
+    # inventory in git holds no secret.
     api_key: str | None = field(default=None, repr=False)
+    api_key_file: str | None = None
     readiness_timeout_s: float = 3600.0
-    # Tests only: the command that stands in for `python -m sglang.launch_server`.
+    # Tests only (refused unless SPECFLEET_ALLOW_TEST_SETTINGS=1): the command that stands in for
+    # `python -m sglang.launch_server`.
     launcher: list[str] | None = None
     state_dir: str = "/var/lib/specfleet"
 
@@ -299,10 +335,14 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return merged
 
 
-def settings_from_layers(layers: Iterable[Any], host: str = "") -> Settings:
+def settings_from_layers(
+    layers: Iterable[Any], host: str = "", environ: Mapping[str, str] | None = None
+) -> Settings:
     """Build Settings from data layers ordered lowest priority first (all, group..., host).
 
     Each layer is the value of the ``specfleet`` key in that layer, or None where it has none.
+    Every value is checked (``validate``); ``environ`` (default ``os.environ``) only says whether
+    test-only settings are allowed.
     """
     merged: dict[str, Any] = {}
     for layer in layers:
@@ -316,11 +356,13 @@ def settings_from_layers(layers: Iterable[Any], host: str = "") -> Settings:
             )
         merged = deep_merge(merged, layer)
     settings = _build(Settings, merged, host)
-    return validate(settings, host)
+    return validate(settings, host, environ)
 
 
-def settings_from_dict(data: Mapping[str, Any] | None, host: str = "") -> Settings:
-    return settings_from_layers([data], host)
+def settings_from_dict(
+    data: Mapping[str, Any] | None, host: str = "", environ: Mapping[str, str] | None = None
+) -> Settings:
+    return settings_from_layers([data], host, environ)
 
 
 def settings_for_host(host: Any) -> Settings:
@@ -377,51 +419,376 @@ def settings_for_all_hosts(inventory: Any) -> dict[str, Settings]:
 _ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def validate(settings: Settings, host: str = "") -> Settings:
-    """Cross-field checks the types alone cannot express."""
-    if not 1 <= settings.port <= 65535:
-        raise SettingsError(
-            f"settings key 'port' is {settings.port}, expected 1..65535",
-            host=host,
-            fix=f"set {DATA_KEY}['port'] to a free TCP port such as 30000",
+def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether test-only settings (``launcher``, ``sglang.no_deps``) are accepted: only with
+    ``SPECFLEET_ALLOW_TEST_SETTINGS=1`` in the environment of the run (the test fleet sets it)."""
+    env = os.environ if environ is None else environ
+    return env.get(TEST_SETTINGS_ENV) == "1"
+
+
+class _Problems:
+    """The bad values of one host's settings, each a SettingsError; raised together."""
+
+    def __init__(self, host: str):
+        self.host = host
+        self.errors: list[SettingsError] = []
+
+    def bad(self, key: str, found: str, expected: str, fix: str) -> None:
+        self.errors.append(
+            SettingsError(f"settings key '{key}' is {found}, expected {expected}",
+                          host=self.host, fix=fix)  # fmt: skip
         )
-    for name in ("target", "drafter"):
-        src: ModelSource = getattr(settings, name)
-        if src.revision is not None and not src.follow_branch and not _is_commit(src.revision):
+
+    def problem(self, problem: str, fix: str) -> None:
+        self.errors.append(SettingsError(problem, host=self.host, fix=fix))
+
+    def check(self, key: str, value: Any, expected: str | None, fix: str) -> None:
+        """Record ``expected`` (a checker's answer) as a problem of ``key`` unless it is None."""
+        if expected is not None:
+            self.bad(key, repr(value), expected, fix)
+
+    def number(self, key: str, value: float | int | None, low: float | None, high: float | None,
+               *, low_open: bool = False, high_open: bool = False, fix: str) -> None:  # fmt: skip
+        """``value`` within [low, high] (an open end excludes the bound); finite; None passes."""
+        if value is None:
+            return
+        ok = math.isfinite(value)
+        if ok and low is not None:
+            ok = value > low if low_open else value >= low
+        if ok and high is not None:
+            ok = value < high if high_open else value <= high
+        if ok:
+            return
+        if low is not None and high is not None:
+            rng = f"{'(' if low_open else '['}{_num(low)}, {_num(high)}{')' if high_open else ']'}"
+            expected = f"a number in {rng}"
+        elif low is not None:
+            expected = f"a number {'>' if low_open else '>='} {_num(low)}"
+        else:
+            expected = f"a number {'<' if high_open else '<='} {_num(high)}"
+        self.bad(key, repr(value), expected, fix)
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
             raise SettingsError(
-                f"settings key '{name}.revision' is {src.revision!r}, which is not a commit sha",
-                host=host,
-                fix=(
-                    f"pin {DATA_KEY}['{name}']['revision'] to a 40-hex commit, or set "
-                    f"{DATA_KEY}['{name}']['follow_branch'] = True to follow it on purpose"
-                ),
+                f"{len(self.errors)} settings are bad:\n"
+                + "\n".join(e.render() for e in self.errors),
+                host=self.host,
+                fix="fix each key above in the host or group data",
             )
-    if settings.sglang.kind == "git" and not (settings.sglang.git_url and settings.sglang.git_ref):
-        raise SettingsError(
-            "settings key 'sglang.kind' is 'git' but 'sglang.git_url' or 'sglang.git_ref' is unset",
-            host=host,
-            fix="set both sglang.git_url and sglang.git_ref, or use kind 'index'",
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def validate(
+    settings: Settings, host: str = "", environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Every value's own checks and the cross-field ones the types alone cannot express.
+
+    All problems of the host are reported together, each naming the key, what was found, what is
+    expected and a fix. ``environ`` (default: ``os.environ``) only says whether test-only settings
+    are allowed.
+    """
+    p = _Problems(host)
+    _check_top(settings, p, allow_test_settings(environ))
+    for name in ("target", "drafter"):
+        _check_model(name, getattr(settings, name), p)
+    if settings.target.dir_name == settings.drafter.dir_name:
+        p.problem(
+            f"settings keys 'target' and 'drafter' resolve to one model folder "
+            f"{settings.target.root(settings.models_root)!r}",
+            "give the drafter another repo_id or local_dir (target.local_dir / drafter.local_dir)",
         )
-    if settings.patch.source and not settings.patch.sha256:
-        raise SettingsError(
-            "settings key 'patch.source' is set without 'patch.sha256'",
-            host=host,
-            fix="pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)",
-        )
-    mfs = settings.plan.mem_fraction_static
-    if mfs is not None and not 0.0 < mfs < 1.0:
-        raise SettingsError(
-            f"settings key 'plan.mem_fraction_static' is {mfs}, expected a number in (0, 1)",
-            host=host,
-            fix="use e.g. 0.85",
-        )
-    if settings.plan.tp_size is not None and settings.plan.tp_size < 1:
-        raise SettingsError(
-            f"settings key 'plan.tp_size' is {settings.plan.tp_size}, expected >= 1",
-            host=host,
-            fix="leave it unset to use every GPU, or give the number of GPUs to shard over",
-        )
+    _check_sglang(settings.sglang, p, allow_test_settings(environ))
+    _check_patch(settings.patch, p)
+    _check_weights(settings.weights, p)
+    _check_plan(settings.plan, p, has_api_key=_has_key(settings))
+    _check_rollout(settings.rollout, p)
+    p.raise_any()
     return settings
+
+
+def _has_key(settings: Settings) -> bool:
+    return settings.api_key is not None or settings.api_key_file is not None
+
+
+_TEST_FIX = (
+    f"remove it: it is for specfleet's own tests (they set {TEST_SETTINGS_ENV}=1 in the "
+    "environment of the run)"
+)
+
+
+_PATH_EXAMPLES = {"models_root": "/srv/models", "venv": "/opt/specfleet/sglang",
+                  "state_dir": "/var/lib/specfleet"}  # fmt: skip
+
+
+def _check_top(s: Settings, p: _Problems, test_ok: bool) -> None:
+    if not 1 <= s.port <= 65535:
+        p.bad("port", str(s.port), "1..65535", "set port to a free TCP port such as 30000")
+    for key, example in _PATH_EXAMPLES.items():
+        value = getattr(s, key)
+        p.check(key, value, abs_path_problem(value),
+                f"set {key} to an absolute path such as {example!r}")  # fmt: skip
+    if not (COMMAND_NAME.fullmatch(s.python) or abs_path_problem(s.python) is None):
+        p.bad("python", repr(s.python), "an interpreter's name on PATH or its absolute path",
+              "set python to e.g. 'python3' or '/usr/bin/python3.11'")  # fmt: skip
+    p.check("service_name", s.service_name, unit_name_problem(s.service_name),
+            "set service_name to a plain name such as 'specfleet-sglang'")  # fmt: skip
+    p.check("listen_host", s.listen_host, host_problem(s.listen_host),
+            "set listen_host to an address of the host, e.g. '127.0.0.1' or '0.0.0.0'")  # fmt: skip
+    p.number("readiness_timeout_s", s.readiness_timeout_s, 0, None, low_open=True,
+             fix="set readiness_timeout_s to the seconds a start may take, e.g. 3600")  # fmt: skip
+    if s.api_key is not None:
+        # The key itself is never shown.
+        if s.api_key == "":
+            p.bad("api_key", "an empty string", "a non-empty key",
+                  "omit api_key for a server without a key (an empty key is no key)")  # fmt: skip
+        elif any(ord(c) < 32 or ord(c) > 126 for c in s.api_key):
+            p.bad("api_key", f"a {len(s.api_key)}-character string with a control or non-ASCII "
+                  "character (not shown: it is a secret)", "printable ASCII",
+                  "use a key of letters, digits and punctuation")  # fmt: skip
+        if s.api_key_file is not None:
+            p.problem("settings keys 'api_key' and 'api_key_file' are both set",
+                      "keep api_key_file (the key stays out of the inventory) and remove api_key")
+    if s.api_key_file is not None:
+        p.check("api_key_file", s.api_key_file, control_path_problem(s.api_key_file),
+                "set api_key_file to a file on the control machine, e.g. '~/.specfleet/api-key'")
+    if s.launcher is not None:
+        if not test_ok:
+            p.bad("launcher", repr(s.launcher), f"no value: 'launcher' is a test-only setting "
+                  f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip
+        elif not s.launcher or not s.launcher[0] or any(map(has_control_chars, s.launcher)):
+            p.bad("launcher", repr(s.launcher), "a command: a program, then its arguments",
+                  "give the stand-in's command, e.g. ['/usr/bin/python3', '/srv/standin.py']")
+
+
+def _check_model(name: str, src: ModelSource, p: _Problems) -> None:
+    p.check(f"{name}.repo_id", src.repo_id, repo_id_problem(src.repo_id),
+            f"set {name}.repo_id to the repo as the Hub names it, e.g. 'moonshotai/Kimi-K2.6'")
+    if src.revision is not None:
+        if not src.follow_branch and not _is_commit(src.revision):
+            p.problem(
+                f"settings key '{name}.revision' is {src.revision!r}, which is not a commit sha",
+                f"pin {DATA_KEY}['{name}']['revision'] to a 40-hex commit, or set "
+                f"{DATA_KEY}['{name}']['follow_branch'] = True to follow it on purpose",
+            )
+        else:
+            p.check(f"{name}.revision", src.revision, git_ref_problem(src.revision),
+                    f"set {name}.revision to a 40-hex commit or a branch such as 'main'")
+    if src.local_dir is not None:
+        p.check(f"{name}.local_dir", src.local_dir, dir_name_problem(src.local_dir),
+                f"set {name}.local_dir to a folder name such as 'kimi-k26', or unset it "
+                "(default: the repo id with '/' as '--')")  # fmt: skip
+    for key in ("allow_patterns", "ignore_patterns"):
+        for i, pattern in enumerate(getattr(src, key) or []):
+            if not pattern or has_control_chars(pattern):
+                p.bad(f"{name}.{key}[{i}]", repr(pattern), "a non-empty glob such as '*.json'",
+                      f"fix or remove that entry of {name}.{key}")
+
+
+_GIT_SCHEMES = ("https", "git+https", "ssh", "git+ssh", "file", "git+file", "http", "git+http")
+
+
+def _check_sglang(sg: SGLangSource, p: _Problems, test_ok: bool) -> None:
+    p.check("sglang.version", sg.version, version_problem(sg.version),
+            "set sglang.version to a release such as '0.5.23'")  # fmt: skip
+    for i, trusted in enumerate(sg.trusted_hosts):
+        p.check(f"sglang.trusted_hosts[{i}]", trusted, host_problem(trusted, allow_port=True),
+                "list host names or IP addresses (host or host:port) in sglang.trusted_hosts")
+    http_fix = (
+        "use https, or list the host in sglang.trusted_hosts (pip's own list of hosts it may "
+        "reach over plain http)"
+    )
+    if sg.index_url is not None:
+        p.check("sglang.index_url", sg.index_url,
+                url_problem(sg.index_url, http_hosts=_hosts(sg.trusted_hosts),
+                            http_setting="sglang.trusted_hosts"), http_fix)  # fmt: skip
+    if sg.find_links is not None:
+        if "://" in sg.find_links:
+            expected = url_problem(sg.find_links, schemes=("https", "http", "file"),
+                                   http_hosts=_hosts(sg.trusted_hosts),
+                                   http_setting="sglang.trusted_hosts")  # fmt: skip
+            fix = http_fix
+        else:
+            expected = abs_path_problem(sg.find_links)
+            expected = expected and "a URL or an absolute path to a wheelhouse on the host"
+            fix = "give the wheelhouse's URL, or its absolute path on the host"
+        p.check("sglang.find_links", sg.find_links, expected, fix)
+    if sg.git_url is not None:
+        p.check("sglang.git_url", sg.git_url,
+                url_problem(sg.git_url, schemes=_GIT_SCHEMES, http_hosts=_hosts(sg.trusted_hosts),
+                            http_setting="sglang.trusted_hosts"),
+                "use e.g. 'git+https://github.com/sgl-project/sglang.git#subdirectory=python'")
+    if sg.git_ref is not None:
+        p.check("sglang.git_ref", sg.git_ref, git_ref_problem(sg.git_ref),
+                "set sglang.git_ref to a branch, tag or commit")  # fmt: skip
+    if sg.kind == "git" and not (sg.git_url and sg.git_ref):
+        p.problem(
+            "settings key 'sglang.kind' is 'git' but 'sglang.git_url' or 'sglang.git_ref' is unset",
+            "set both sglang.git_url and sglang.git_ref, or use kind 'index'",
+        )
+    if sg.compressed_tensors is not None:
+        p.check("sglang.compressed_tensors", sg.compressed_tensors,
+                specifier_problem(sg.compressed_tensors),
+                "set sglang.compressed_tensors to a specifier, or unset it to use the version "
+                "table's")  # fmt: skip
+    if sg.no_deps and not test_ok:
+        p.bad("sglang.no_deps", "True", f"false: 'sglang.no_deps' is a test-only setting "
+              f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip
+
+
+def _hosts(hosts: Iterable[str]) -> list[str]:
+    """Host names from ``host`` or ``host:port`` entries."""
+    out = []
+    for h in hosts:
+        name, sep, port = h.rpartition(":")
+        out.append(name if sep and port.isdigit() and ":" not in name else h)
+    return out
+
+
+def _check_patch(patch: PatchSource, p: _Problems) -> None:
+    if patch.source is not None:
+        if "://" in patch.source:
+            # Pinned by its sha256: plain http cannot slip another diff in.
+            expected = url_problem(patch.source, schemes=("https", "http", "file"),
+                                   http_hosts=None)  # fmt: skip
+        else:
+            expected = control_path_problem(patch.source)
+        p.check("patch.source", patch.source, expected,
+                "set patch.source to a path on the control machine (absolute or under ~/) or an "
+                "http(s) URL")  # fmt: skip
+        if not patch.sha256:
+            p.problem(
+                "settings key 'patch.source' is set without 'patch.sha256'",
+                "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)",
+            )
+    if patch.sha256:
+        p.check("patch.sha256", patch.sha256, sha256_problem(patch.sha256),
+                "set patch.sha256 to the output of sha256sum on the diff")  # fmt: skip
+
+
+def _check_weights(w: WeightsOptions, p: _Problems) -> None:
+    for i, h in enumerate(w.allow_http_hosts):
+        p.check(f"weights.allow_http_hosts[{i}]", h, host_problem(h),
+                "list host names or IP addresses in weights.allow_http_hosts")  # fmt: skip
+    if w.hf_endpoint is not None:
+        p.check("weights.hf_endpoint", w.hf_endpoint,
+                url_problem(w.hf_endpoint, http_hosts=w.allow_http_hosts,
+                            http_setting="weights.allow_http_hosts"),
+                "use the endpoint's https:// URL (the token is sent there), or list a trusted "
+                "mirror's host in weights.allow_http_hosts")  # fmt: skip
+    if w.token_file is not None:
+        p.check("weights.token_file", w.token_file, control_path_problem(w.token_file),
+                "set weights.token_file to a file on the control machine, e.g. "
+                "'~/.cache/huggingface/token'")  # fmt: skip
+    if w.token_env is not None:
+        if re.fullmatch(r"hf_[A-Za-z0-9]{20,}", w.token_env):
+            # A pasted token: never quoted back.
+            p.bad("weights.token_env", "what looks like a Hugging Face token (not shown)",
+                  "the name of the environment variable that holds the token",
+                  "remove the token from the inventory (revoke it if the inventory was shared) "
+                  "and set weights.token_env to a name such as 'HF_TOKEN'")  # fmt: skip
+        elif not ENV_NAME.fullmatch(w.token_env):
+            p.bad("weights.token_env", repr(w.token_env), "an environment variable's name",
+                  "set weights.token_env to the name of the variable holding the token, e.g. "
+                  "'HF_TOKEN' (the name, not the token)")  # fmt: skip
+        if w.token_file is not None:
+            p.problem("settings keys 'weights.token_file' and 'weights.token_env' are both set",
+                      "keep one of them")  # fmt: skip
+    if w.host_token_path is not None:
+        p.check("weights.host_token_path", w.host_token_path, abs_path_problem(w.host_token_path),
+                "set weights.host_token_path to the token's absolute path on the host")
+    p.number("weights.margin_percent", w.margin_percent, 0, 100, high_open=True,
+             fix="set weights.margin_percent to the free-space margin in percent, e.g. 2")
+    p.number("weights.margin_min_gib", w.margin_min_gib, 0, None,
+             fix="set weights.margin_min_gib to the least free space to keep, e.g. 10")
+    p.number("weights.stall_minutes", w.stall_minutes, 0, None, low_open=True,
+             fix="set weights.stall_minutes to the minutes without progress that count as a "
+             "stall, e.g. 10")  # fmt: skip
+    p.number("weights.poll_seconds", w.poll_seconds, 0, None, low_open=True,
+             fix="set weights.poll_seconds to e.g. 5")  # fmt: skip
+
+
+_SECRET_FIX = (
+    "remove it: give the server's API key with api_key_file (a file on the control machine) or "
+    "api_key, and the Hugging Face token with weights.token_file or weights.token_env: those "
+    "stay out of the unit, its argv and its environment file"
+)
+
+
+def _check_plan(plan: PlanOverrides, p: _Problems, has_api_key: bool) -> None:
+    if plan.tp_size is not None and plan.tp_size < 1:
+        p.bad("plan.tp_size", str(plan.tp_size), ">= 1",
+              "leave it unset to use every GPU, or give the number of GPUs to shard over")
+    for key in ("attention_backend", "draft_attention_backend"):
+        value = getattr(plan, key)
+        if value is not None and not BACKEND_NAME.fullmatch(value):
+            p.bad(f"plan.{key}", repr(value), "an attention backend's name such as 'fa3'",
+                  f"unset plan.{key} to let the rules choose, or name one backend")
+    mfs = plan.mem_fraction_static
+    if mfs is not None and not 0.0 < mfs < 1.0:
+        p.bad("plan.mem_fraction_static", str(mfs), "a number in (0, 1)", "use e.g. 0.85")
+    if plan.draft_window_size < 1:
+        p.bad("plan.draft_window_size", str(plan.draft_window_size), ">= 1",
+              "use e.g. 4096 (the default), at least the drafter's block size")
+    for flag, value in plan.extra_args.items():
+        key = f"plan.extra_args.{flag}"
+        if not LONG_FLAG.fullmatch(flag):
+            p.bad("plan.extra_args", f"a mapping with the key {flag!r}",
+                  "long flags as keys, such as '--context-length' (no '=value': the value is the "
+                  "mapping's value)", f"write it as '--{flag.lstrip('-').split('=')[0]}'")
+        elif secret_flag(flag) and value is not None and value is not False:
+            p.bad(key, f"the flag {flag}", "no secrets in plan.extra_args (flags named key, "
+                  "token, secret or password end up in the unit's argv)", _SECRET_FIX)
+        elif flag == "--config" and value is not None and value is not False and has_api_key:
+            p.bad(key, repr(value), "no --config while an API key is set (specfleet passes the "
+                  "key through its own --config file)",
+                  "remove --config from plan.extra_args, or put its options in plan.extra_args")
+        if isinstance(value, str) and has_control_chars(value):
+            p.bad(key, repr(value), "a value without newlines or control characters",
+                  f"fix the value of {flag} in plan.extra_args")  # fmt: skip
+        if isinstance(value, float) and not math.isfinite(value):
+            p.bad(key, repr(value), "a finite number", f"fix the value of {flag}")
+    for name, value in plan.extra_env.items():
+        key = f"plan.extra_env.{name}"
+        if not ENV_NAME.fullmatch(name):
+            p.bad(key, repr(name), "an environment variable's name (letters, digits and _, not "
+                  "starting with a digit)", "rename or remove that entry of plan.extra_env")
+        elif secret_env_name(name):
+            p.bad(key, f"the variable {name}", "no secrets in plan.extra_env (variables named "
+                  "TOKEN, KEY, SECRET or PASSWORD)", _SECRET_FIX)  # fmt: skip
+        if has_control_chars(value):
+            p.bad(key, repr(value), "a value without newlines or control characters",
+                  f"fix the value of {name} in plan.extra_env")  # fmt: skip
+
+
+def _check_rollout(r: RolloutOptions, p: _Problems) -> None:
+    if r.batch_size is not None and r.batch_size < 1:
+        p.bad("rollout.batch_size", str(r.batch_size), ">= 1",
+              "set rollout.batch_size to the hosts per batch (1 or more), or unset it")
+    p.number("rollout.batch_percent", r.batch_percent, 0, 100, low_open=True,
+             fix="set rollout.batch_percent to a percentage of the fleet, e.g. 25")
+    p.number("rollout.max_fail_percent", r.max_fail_percent, 0, 100,
+             fix="set rollout.max_fail_percent to the share of hosts that may fail, e.g. 0")
+    if r.batch_size is not None and r.batch_percent is not None:
+        p.problem("settings keys 'rollout.batch_size' and 'rollout.batch_percent' are both set",
+                  "set one of them")  # fmt: skip
+    for key in ("canary", "fanout_site"):
+        value = getattr(r, key)
+        if value is not None and (not value.strip() or has_control_chars(value)):
+            p.bad(f"rollout.{key}", repr(value), "a non-empty name",
+                  f"set rollout.{key} to a name, or unset it")  # fmt: skip
+    if r.order is not None:
+        seen: set[str] = set()
+        for i, name in enumerate(r.order):
+            if not name.strip() or name in seen:
+                p.bad(f"rollout.order[{i}]", repr(name), "a host name not listed before",
+                      "list each host once in rollout.order")  # fmt: skip
+            seen.add(name)
 
 
 def _is_commit(rev: str) -> bool:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,9 @@ def baseline(env, **over) -> dict:
         "target": {"repo_id": "testorg/tiny", "revision": env["revs"]["target"]},
         "drafter": {"repo_id": "testorg/drafter", "revision": env["revs"]["drafter"]},
         "weights": {"hf_endpoint": env["hub"].url, "poll_seconds": 0.5,
-                    "margin_min_gib": 0.001, "stall_minutes": 1.0},
+                    "margin_min_gib": 0.001, "stall_minutes": 1.0,
+                    # The stand-in hub serves plain http on the fleet's bridge: allowed by name.
+                    "allow_http_hosts": [urllib.parse.urlsplit(env["hub"].url).hostname]},
         "sglang": {"version": "0.5.11", "find_links": fleet.wheelhouse_url,
                    "trusted_hosts": [fleet.bridge_ip], "no_deps": True},
         "service_name": SERVICE,

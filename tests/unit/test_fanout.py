@@ -81,7 +81,7 @@ def test_plan_groups_hosts_by_what_they_want():
     base = {"target": {"repo_id": "o/m", "revision": REV},
             "drafter": {"repo_id": "o/d", "revision": "b" * 40}}
     other = {**base, "target": {"repo_id": "o/m", "revision": "c" * 40}}
-    mirror = {**base, "weights": {"hf_endpoint": "http://mirror.b:8080"}}
+    mirror = {**base, "weights": {"hf_endpoint": "https://mirror.b:8080"}}
     settings = {"h1": settings_from_dict(base), "h2": settings_from_dict(other),
                 "h3": settings_from_dict(base), "h4": settings_from_dict(mirror)}
     hosts = list(settings)

@@ -511,7 +511,8 @@ def test_forbidden_flags_with_dflash(build, flag, forbidden):
         assert flag in make_plan(facts, s, DRAFTER_CONFIG, weights_bytes=1).argv
 
 
-def test_launcher_stand_in_keeps_flags():
+def test_launcher_stand_in_keeps_flags(monkeypatch):
+    monkeypatch.setenv("SPECFLEET_ALLOW_TEST_SETTINGS", "1")  # launcher is test-only
     s = settings(launcher=["/usr/bin/python3", "/srv/standin_sglang_server.py"])
     plan = make_plan(host_facts("h200x2"), s, DRAFTER_CONFIG, weights_bytes=1)
     real = make_plan(host_facts("h200x2"), settings(), DRAFTER_CONFIG, weights_bytes=1)
@@ -665,6 +666,129 @@ def test_cli_bad_input_files(tmp_path, content, message):
     assert out.returncode == 2
     assert message in json.loads(out.stdout)["error"]
     assert "Traceback" not in out.stderr
+
+
+def _cli_facts() -> dict:
+    facts = host_facts("h200x2", sglang="0.5.11")
+    facts["drafter_config"] = DRAFTER_CONFIG
+    facts["weights_bytes"] = 1
+    return facts
+
+
+def _set(path: str, value):
+    """A change to the good facts: set the item at ``path`` (keys and indexes, '/'-separated)."""
+
+    def change(facts: dict) -> dict:
+        *parents, last = [int(p) if p.isdigit() else p for p in path.split("/")]
+        node = facts
+        for p in parents:
+            node = node[p]
+        node[last] = value
+        return facts
+
+    return change
+
+
+GPUS_F, TOPO_F, SGLANG_F = "facts.gpu.Gpus", "facts.gpu.GpuTopology", "facts.sglang.SGLangInstall"
+
+# (id, a change to good facts or the raw bytes of the file, what the error must name)
+MALFORMED_FACTS = [
+    ("gpus not a list", _set(f"{GPUS_F}/gpus", "0,1"), "fact facts.gpu.Gpus.gpus is '0,1' (a string), expected a list"),
+    ("gpus fact a list", _set(GPUS_F, [{"name": "H200"}]), "fact facts.gpu.Gpus is"),
+    ("gpu entry a string", _set(f"{GPUS_F}/gpus/0", "NVIDIA H200"), "fact facts.gpu.Gpus.gpus[0] is 'NVIDIA H200' (a string), expected an object"),
+    ("gpu entry a number", _set(f"{GPUS_F}/gpus/1", 5), "fact facts.gpu.Gpus.gpus[1] is 5"),
+    ("gpu name a number", _set(f"{GPUS_F}/gpus/0/name", 5), "facts.gpu.Gpus.gpus[0].name"),
+    ("compute capability an object", _set(f"{GPUS_F}/gpus/0/compute_capability", {"major": 9}), "facts.gpu.Gpus.gpus[0].compute_capability"),
+    ("features a string", _set(f"{SGLANG_F}/features", "dflash"), "fact facts.sglang.SGLangInstall.features is 'dflash' (a string), expected an object"),
+    ("unknown dflash worker", _set(f"{SGLANG_F}/features/dflash", "v3"), "facts.sglang.SGLangInstall.features.dflash is 'v3'"),
+    ("feature flag a string", _set(f"{SGLANG_F}/features/dflash_pr20547", "yes"), "facts.sglang.SGLangInstall.features.dflash_pr20547"),
+    ("memory as text", _set(f"{GPUS_F}/gpus/0/memory_mib", "141 GiB"), "fact facts.gpu.Gpus.gpus[0].memory_mib is '141 GiB' (a string)"),
+    ("memory negative", _set(f"{GPUS_F}/gpus/1/memory_mib", -143771), "facts.gpu.Gpus.gpus[1].memory_mib is -143771"),
+    ("memory fractional", _set(f"{GPUS_F}/gpus/0/memory_mib", 1.5), "facts.gpu.Gpus.gpus[0].memory_mib is 1.5"),
+    ("memory a boolean", _set(f"{GPUS_F}/gpus/0/memory_mib", True), "facts.gpu.Gpus.gpus[0].memory_mib is True (a boolean)"),
+    ("memory Infinity", lambda f: json.dumps(f).replace("143771", "Infinity", 1).encode(), "facts.gpu.Gpus.gpus[0].memory_mib is inf"),
+    ("memory NaN", lambda f: json.dumps(f).replace("143771", "NaN", 1).encode(), "facts.gpu.Gpus.gpus[0].memory_mib is nan"),
+    ("memory zero", _set(f"{GPUS_F}/gpus/1/memory_mib", 0), "GPU memory unknown: facts.gpu.Gpus gives no memory_mib (null or 0) for GPU 1"),
+    ("memory unknown", _set(f"{GPUS_F}/gpus/0/memory_mib", None), "GPU memory unknown: facts.gpu.Gpus gives no memory_mib (null or 0) for GPU 0"),
+    ("version garbage", _set(f"{SGLANG_F}/version", "garbage"), "the installed SGLang reports the version 'garbage' (facts.sglang.SGLangInstall.version), which does not parse"),
+    ("version a number", _set(f"{SGLANG_F}/version", 5), "fact facts.sglang.SGLangInstall.version is 5 (a number), expected a string"),
+    ("registry a string", _set(f"{SGLANG_F}/attention_backends", "triton"), "facts.sglang.SGLangInstall.attention_backends is 'triton'"),
+    ("algorithm not a string", _set(f"{SGLANG_F}/speculative_algorithms", ["DFLASH", 1]), "facts.sglang.SGLangInstall.speculative_algorithms[1] is 1"),
+    ("install a list", _set(SGLANG_F, ["0.5.11"]), "fact facts.sglang.SGLangInstall is ['0.5.11'] (a list)"),
+    ("nvlink flag a string", _set(f"{TOPO_F}/nvlink_all_pairs", "false"), "fact facts.gpu.GpuTopology.nvlink_all_pairs is 'false' (a string)"),
+    ("topology a string", _set(TOPO_F, "NV18"), "fact facts.gpu.GpuTopology is 'NV18'"),
+    ("weights_bytes negative", _set("weights_bytes", -1), "weights_bytes"),
+    ("not UTF-8", lambda f: b'{"facts.gpu.Gpus": "\xff\xfe"}', "facts file"),
+    ("Latin-1 file", lambda f: json.dumps({GPUS_F: {"gpus": [], "error": "caf\u00e9"}}).encode().replace(b"\\u00e9", b"\xe9"), "is not UTF-8 text"),
+    ("nested too deep", lambda f: b"[" * 200000 + b"]" * 200000, "nested too deep"),
+]
+
+
+@pytest.mark.parametrize("change, names", [m[1:] for m in MALFORMED_FACTS],
+                         ids=[m[0] for m in MALFORMED_FACTS])
+def test_cli_malformed_facts_exit_2_with_an_error_naming_the_fact(tmp_path, change, names):
+    out = change(_cli_facts())
+    path = tmp_path / "facts.json"
+    path.write_bytes(out if isinstance(out, bytes) else json.dumps(out).encode())
+    res = run_cli("--facts", str(path), "--json")
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    error = json.loads(res.stdout)["error"]
+    assert names in error, error
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
+    # Without --json: one error line on stderr, no traceback.
+    res = run_cli("--facts", str(path))
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and names in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_the_good_facts_of_the_malformed_cases_plan(tmp_path):
+    (tmp_path / "facts.json").write_text(json.dumps(_cli_facts()))
+    res = run_cli("--facts", str(tmp_path / "facts.json"), "--json")
+    assert res.returncode == 0, res.stdout
+    assert json.loads(res.stdout)["argv"][:3] == LAUNCH
+
+
+def test_cli_settings_file_not_utf8(tmp_path):
+    (tmp_path / "facts.json").write_text(json.dumps(_cli_facts()))
+    (tmp_path / "settings.json").write_bytes(b'{"venv": "/opt/\xe9"}')
+    res = run_cli("--facts", str(tmp_path / "facts.json"), "--settings",
+                  str(tmp_path / "settings.json"), "--json")  # fmt: skip
+    assert res.returncode == 2
+    assert "settings file" in json.loads(res.stdout)["error"]
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_settings_checked_as_at_load(tmp_path):
+    (tmp_path / "facts.json").write_text(json.dumps(_cli_facts()))
+    (tmp_path / "settings.json").write_text(json.dumps({"service_name": "../x", "port": 0}))
+    res = run_cli("--facts", str(tmp_path / "facts.json"), "--settings",
+                  str(tmp_path / "settings.json"), "--host", "gpu-3", "--json")  # fmt: skip
+    assert res.returncode == 2
+    error = json.loads(res.stdout)["error"]
+    assert error.startswith("[gpu-3] 2 settings are bad:")
+    assert "settings key 'service_name' is '../x'" in error and "settings key 'port' is 0" in error
+
+
+def test_an_install_without_a_version_goes_by_its_dflash_worker_and_says_so():
+    facts = host_facts("h200x2", sglang="0.5.14")
+    facts["facts.sglang.SGLangInstall"]["version"] = None
+    plan = make_plan(facts, settings(), DRAFTER_CONFIG, weights_bytes=1)
+    reason = plan.reason("version-table")
+    assert (reason.choice, reason.kind) == ("SGLang 0.5.14 row", "assumed")
+    assert "reports no version; its DFLASH worker is v2" in reason.why
+    assert "--speculative-draft-window-size" in plan.argv
+    # No version and no DFLASH worker: no plan.
+    facts["facts.sglang.SGLangInstall"]["features"]["dflash"] = None
+    with pytest.raises(PlanError, match="has no DFLASH speculative decoding"):
+        make_plan(facts, settings(), DRAFTER_CONFIG, weights_bytes=1)
+
+
+def test_an_unparseable_installed_version_never_falls_back_to_another_release():
+    facts = host_facts("h200x2", sglang="0.5.11")
+    facts["facts.sglang.SGLangInstall"]["version"] = "garbage"
+    with pytest.raises(PlanError) as err:
+        make_plan(facts, settings(), DRAFTER_CONFIG, weights_bytes=1)
+    assert "'garbage' (facts.sglang.SGLangInstall.version), which does not parse" in str(err.value)
 
 
 def test_cli_bad_settings(tmp_path):

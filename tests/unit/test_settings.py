@@ -1,5 +1,7 @@
 """The typed settings object: merging over defaults and clear errors for bad data."""
 
+from pathlib import Path
+
 import pytest
 from pyinfra.api import State
 from pyinfra.context import ctx_state
@@ -58,6 +60,238 @@ def test_bad_settings_name_key_host_and_fix(data, message):
     assert text.startswith("[gpu-7] ")
     assert message in text
     assert "\n  fix: " in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Every value checked at load: (what, data, the key the error names, a fragment of what it says)
+# --------------------------------------------------------------------------------------------------
+
+SHA = "ab" * 32
+INF, NAN = float("inf"), float("nan")
+
+BAD_VALUES = [
+    # Paths on the host: absolute, normalized, no "..", not "/".
+    ("relative models_root", {"models_root": "srv/models"}, "models_root", "'srv/models', expected an absolute path"),
+    ("models_root is /", {"models_root": "/"}, "models_root", "other than / itself"),
+    ("models_root with ..", {"models_root": "/srv/../etc"}, "models_root", "without '.' or '..' parts"),
+    ("models_root with //", {"models_root": "/srv//models"}, "models_root", "normalized absolute path"),
+    ("relative venv", {"venv": "venv"}, "venv", "'venv', expected an absolute path"),
+    ("venv with .", {"venv": "/opt/./venv"}, "venv", "without '.' or '..' parts"),
+    ("empty state_dir", {"state_dir": ""}, "state_dir", "expected an absolute path"),
+    ("state_dir with newline", {"state_dir": "/var/lib/x\n"}, "state_dir", "without control characters"),
+    ("relative host_token_path", {"weights": {"host_token_path": "token"}}, "weights.host_token_path", "absolute path"),
+    # Paths on the control machine: absolute or under ~/.
+    ("relative token_file", {"weights": {"token_file": "token.txt"}}, "weights.token_file", "an absolute path or one under ~/"),
+    ("token_file escaping ~", {"weights": {"token_file": "~/../etc/shadow"}}, "weights.token_file", "a path under ~/ without '.' or '..'"),
+    ("relative api_key_file", {"api_key_file": "key.txt"}, "api_key_file", "an absolute path or one under ~/"),
+    ("relative patch source", {"patch": {"source": "../pr.diff", "sha256": SHA}}, "patch.source", "an absolute path or one under ~/"),
+    ("patch over ftp", {"patch": {"source": "ftp://x/pr.diff", "sha256": SHA}}, "patch.source", "a URL with scheme"),
+    # Folder names under models_root.
+    ("local_dir escaping", {"target": {"local_dir": "../escape"}}, "target.local_dir", "a folder name under models_root"),
+    ("absolute local_dir", {"target": {"local_dir": "/abs/dir"}}, "target.local_dir", "no '/' or '..'"),
+    ("nested local_dir", {"drafter": {"local_dir": "a/b"}}, "drafter.local_dir", "a folder name"),
+    ("one folder for both", {"target": {"local_dir": "z-lab--Kimi-K2.6-DFlash"}}, "target", "'target' and 'drafter' resolve to one model folder"),
+    ("same repo for both", {"drafter": {"repo_id": "moonshotai/Kimi-K2.6"}}, "drafter", "resolve to one model folder"),
+    # Names fit for systemd units, file names and argv.
+    ("service_name traversal", {"service_name": "../../../tmp/x"}, "service_name", "a systemd unit name"),
+    ("empty service_name", {"service_name": ""}, "service_name", "a systemd unit name"),
+    ("service_name with ;", {"service_name": "a;b"}, "service_name", "no '/', spaces or shell characters"),
+    ("service_name with suffix", {"service_name": "sglang.service"}, "service_name", "without the '.service' suffix"),
+    ("service_name too long", {"service_name": "s" * 65}, "service_name", "1-64 letters"),
+    ("python with shell", {"python": "python3; rm -rf /"}, "python", "an interpreter's name on PATH or its absolute path"),
+    ("listen_host not a host", {"listen_host": "not a host"}, "listen_host", "a host name or IP address"),
+    ("backend with shell", {"plan": {"attention_backend": "fa3; rm"}}, "plan.attention_backend", "an attention backend's name"),
+    # Repo ids as the Hub defines them; revisions.
+    ("repo id without namespace", {"target": {"repo_id": "Kimi-K2.6"}}, "target.repo_id", "a Hugging Face repo id 'namespace/name'"),
+    ("repo id with 3 parts", {"target": {"repo_id": "a/b/c"}}, "target.repo_id", "'namespace/name'"),
+    ("repo id ..", {"target": {"repo_id": "moonshotai/.."}}, "target.repo_id", "no '--' or '..'"),
+    ("repo id --", {"target": {"repo_id": "org/--name"}}, "target.repo_id", "'namespace/name'"),
+    ("repo id trailing .", {"target": {"repo_id": "org/name."}}, "target.repo_id", "'namespace/name'"),
+    ("repo id too long", {"drafter": {"repo_id": "org/" + "x" * 97}}, "drafter.repo_id", "at most 96 characters"),
+    ("repo id with space", {"drafter": {"repo_id": "org/na me"}}, "drafter.repo_id", "'namespace/name'"),
+    ("branch not pinned", {"target": {"revision": "main"}}, "target.revision", "which is not a commit sha"),
+    ("followed ref with ..", {"target": {"revision": "../x", "follow_branch": True}}, "target.revision", "a branch, tag or commit"),
+    ("git_ref with space", {"sglang": {"kind": "git", "git_url": "https://github.com/sgl-project/sglang.git", "git_ref": "a b"}}, "sglang.git_ref", "no spaces"),
+    # Environment names and secrets in plan.extra_env.
+    ("env name digit", {"plan": {"extra_env": {"1BAD": "x"}}}, "plan.extra_env.1BAD", "an environment variable's name"),
+    ("env name dash", {"plan": {"extra_env": {"A-B": "x"}}}, "plan.extra_env.A-B", "an environment variable's name"),
+    ("HF_TOKEN in extra_env", {"plan": {"extra_env": {"HF_TOKEN": "hf_x"}}}, "plan.extra_env.HF_TOKEN", "no secrets in plan.extra_env"),
+    ("API key in extra_env", {"plan": {"extra_env": {"OPENAI_API_KEY": "x"}}}, "plan.extra_env.OPENAI_API_KEY", "no secrets"),
+    ("password in extra_env", {"plan": {"extra_env": {"DB_PASSWORD": "x"}}}, "plan.extra_env.DB_PASSWORD", "no secrets"),
+    ("secret in extra_env", {"plan": {"extra_env": {"client_secret": "x"}}}, "plan.extra_env.client_secret", "no secrets"),
+    ("env value newline", {"plan": {"extra_env": {"A": "x\ny"}}}, "plan.extra_env.A", "without newlines"),
+    # Flags and secrets in plan.extra_args.
+    ("--api-key in extra_args", {"plan": {"extra_args": {"--api-key": "sk-1"}}}, "plan.extra_args.--api-key", "no secrets in plan.extra_args"),
+    ("--admin-api-key", {"plan": {"extra_args": {"--admin-api-key": "sk-1"}}}, "plan.extra_args.--admin-api-key", "no secrets"),
+    ("--hf-token", {"plan": {"extra_args": {"--hf-token": "hf_x"}}}, "plan.extra_args.--hf-token", "no secrets"),
+    ("--ssl-keyfile-password", {"plan": {"extra_args": {"--ssl-keyfile-password": "pw"}}}, "plan.extra_args.--ssl-keyfile-password", "no secrets"),
+    ("not a long flag", {"plan": {"extra_args": {"context-length": 1}}}, "plan.extra_args", "long flags as keys"),
+    ("flag with =value", {"plan": {"extra_args": {"--context-length=4": True}}}, "plan.extra_args", "no '=value'"),
+    ("arg value newline", {"plan": {"extra_args": {"--served-model-name": "a\nb"}}}, "plan.extra_args.--served-model-name", "without newlines"),
+    ("--config with a key", {"api_key_file": "/etc/specfleet/key", "plan": {"extra_args": {"--config": "/x.yaml"}}}, "plan.extra_args.--config", "no --config while an API key is set"),
+    # Versions and specifiers that packaging parses; hashes.
+    ("garbage sglang.version", {"sglang": {"version": "garbage"}}, "sglang.version", "a version that packaging parses"),
+    ("empty sglang.version", {"sglang": {"version": ""}}, "sglang.version", "PEP 440"),
+    ("bad specifier", {"sglang": {"compressed_tensors": "latest"}}, "sglang.compressed_tensors", "a version specifier"),
+    ("short sha256", {"patch": {"source": "/tmp/pr.diff", "sha256": "abc"}}, "patch.sha256", "64 hex digits"),
+    # Numbers in range.
+    ("negative margin_percent", {"weights": {"margin_percent": -1}}, "weights.margin_percent", "a number in [0, 100)"),
+    ("negative margin_min_gib", {"weights": {"margin_min_gib": -0.5}}, "weights.margin_min_gib", "a number >= 0"),
+    ("zero poll_seconds", {"weights": {"poll_seconds": 0}}, "weights.poll_seconds", "a number > 0"),
+    ("negative stall_minutes", {"weights": {"stall_minutes": -1}}, "weights.stall_minutes", "a number > 0"),
+    ("infinite stall_minutes", {"weights": {"stall_minutes": INF}}, "weights.stall_minutes", "is inf, expected a number > 0"),
+    ("zero readiness timeout", {"readiness_timeout_s": 0}, "readiness_timeout_s", "a number > 0"),
+    ("NaN readiness timeout", {"readiness_timeout_s": NAN}, "readiness_timeout_s", "is nan"),
+    ("zero batch_size", {"rollout": {"batch_size": 0}}, "rollout.batch_size", ">= 1"),
+    ("zero batch_percent", {"rollout": {"batch_percent": 0}}, "rollout.batch_percent", "a number in (0, 100]"),
+    ("batch_percent 150", {"rollout": {"batch_percent": 150}}, "rollout.batch_percent", "(0, 100]"),
+    ("negative max_fail_percent", {"rollout": {"max_fail_percent": -1}}, "rollout.max_fail_percent", "[0, 100]"),
+    ("max_fail_percent 101", {"rollout": {"max_fail_percent": 101}}, "rollout.max_fail_percent", "[0, 100]"),
+    ("batch size and percent", {"rollout": {"batch_size": 2, "batch_percent": 50}}, "rollout.batch_size", "are both set"),
+    ("host twice in order", {"rollout": {"order": ["a", "a"]}}, "rollout.order[1]", "a host name not listed before"),
+    ("port 0", {"port": 0}, "port", "expected 1..65535"),
+    ("zero draft window", {"plan": {"draft_window_size": 0}}, "plan.draft_window_size", ">= 1"),
+    ("zero tp_size", {"plan": {"tp_size": 0}}, "plan.tp_size", ">= 1"),
+    # URL schemes: the token goes to hf_endpoint; pip's indexes over http only to trusted hosts.
+    ("hf_endpoint over http", {"weights": {"hf_endpoint": "http://mirror.example:8080"}}, "weights.hf_endpoint", "plain http:// only to a loopback address or to a host listed in weights.allow_http_hosts"),
+    ("hf_endpoint over ftp", {"weights": {"hf_endpoint": "ftp://hub.example"}}, "weights.hf_endpoint", "a URL with scheme https:// or http://"),
+    ("hf_endpoint without host", {"weights": {"hf_endpoint": "https://"}}, "weights.hf_endpoint", "a URL with a host, such as https://HOST/"),
+    ("hf_endpoint without scheme", {"weights": {"hf_endpoint": "hf.co"}}, "weights.hf_endpoint", "a URL with scheme"),
+    ("http allowed for another host", {"weights": {"hf_endpoint": "http://evil.example", "allow_http_hosts": ["mirror.lan"]}}, "weights.hf_endpoint", "an https:// URL"),
+    ("index_url over http", {"sglang": {"index_url": "http://pypi.internal/simple"}}, "sglang.index_url", "a host listed in sglang.trusted_hosts"),
+    ("find_links over http", {"sglang": {"find_links": "http://10.0.0.5:8000/"}}, "sglang.find_links", "sglang.trusted_hosts"),
+    ("relative find_links", {"sglang": {"find_links": "wheels"}}, "sglang.find_links", "a URL or an absolute path"),
+    ("git_url over ftp", {"sglang": {"kind": "git", "git_url": "ftp://x/y", "git_ref": "main"}}, "sglang.git_url", "a URL with scheme"),
+    ("bad allow_http_hosts", {"weights": {"allow_http_hosts": ["not a host!"]}}, "weights.allow_http_hosts[0]", "a host name or IP address"),
+    ("bad trusted host", {"sglang": {"trusted_hosts": ["bad host"]}}, "sglang.trusted_hosts[0]", "a host name or IP address"),
+    # Secrets.
+    ("empty api_key", {"api_key": ""}, "api_key", "omit api_key for a server without a key"),
+    ("api_key with newline", {"api_key": "sk-a\nb"}, "api_key", "not shown: it is a secret"),
+    ("api_key and api_key_file", {"api_key": "sk-1", "api_key_file": "/etc/k"}, "api_key_file", "are both set"),
+    ("token_file and token_env", {"weights": {"token_file": "/t", "token_env": "HF_TOKEN"}}, "weights.token_env", "are both set"),
+    ("token_env not a name", {"weights": {"token_env": "hf abc"}}, "weights.token_env", "the name, not the token"),
+    ("token pasted as token_env", {"weights": {"token_env": "hf_" + "x" * 34}}, "weights.token_env", "looks like a Hugging Face token (not shown)"),
+    # Test-only settings, without SPECFLEET_ALLOW_TEST_SETTINGS=1.
+    ("launcher outside tests", {"launcher": ["/usr/bin/python3", "/srv/standin.py"]}, "launcher", "'launcher' is a test-only setting"),
+    ("no_deps outside tests", {"sglang": {"no_deps": True}}, "sglang.no_deps", "'sglang.no_deps' is a test-only setting"),
+]
+
+
+@pytest.mark.parametrize(("data", "key", "fragment"), [b[1:] for b in BAD_VALUES],
+                         ids=[b[0] for b in BAD_VALUES])
+def test_every_bad_value_names_host_key_found_and_fix(data, key, fragment, monkeypatch):
+    monkeypatch.delenv("SPECFLEET_ALLOW_TEST_SETTINGS", raising=False)
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict(data, host="gpu-7")
+    text = str(err.value)
+    assert text.startswith("[gpu-7] "), text
+    assert f"'{key}" in text, text
+    assert fragment in text, text
+    assert "\n  fix: " in text, text
+    assert "Traceback" not in text
+    # A secret given in the data is never quoted back.
+    for secret in ("sk-1", "hf_x", "sk-a\nb", "pw", "hf_" + "x" * 34):
+        if secret in repr(data):
+            assert repr(secret) not in text and f"={secret}" not in text, text
+
+
+def test_there_are_at_least_forty_bad_values():
+    assert len(BAD_VALUES) >= 40
+
+
+GOOD_VALUES = [
+    {"models_root": "/data/models/", "venv": "/root/venv_sglang211/", "state_dir": "/var/lib/sf"},
+    {"service_name": "sglang@kimi"}, {"service_name": "sf-k26.prod_1"},
+    {"python": "/usr/bin/python3.11"}, {"python": "python3.12"},
+    {"listen_host": "0.0.0.0"}, {"listen_host": "::"}, {"listen_host": "gpu-1.lan"},
+    {"target": {"repo_id": "Org-1/Model.Name_2", "local_dir": "k26"}},
+    {"target": {"revision": "refs/pr/1", "follow_branch": True}},
+    {"drafter": {"revision": "v1.2", "follow_branch": True}},
+    {"target": {"revision": COMMIT}, "drafter": {"revision": COMMIT}},
+    {"plan": {"extra_env": {"TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "0,1",
+                            "NCCL_DEBUG": "INFO", "_X": "a b $HOME"}}},
+    {"plan": {"extra_args": {"--speculative-num-draft-tokens": 8, "--ssl-keyfile": "/etc/k.pem",
+                             "--tokenizer-path": "/m/tok", "--max-total-tokens": 4096,
+                             "--enable-metrics": True, "--api-key": None, "--disable-x": False}}},
+    {"plan": {"extra_args": {"--config": "/etc/sglang.yaml"}}},
+    {"weights": {"hf_endpoint": "https://hf-mirror.com"}},
+    {"weights": {"hf_endpoint": "http://127.0.0.1:8080"}},
+    {"weights": {"hf_endpoint": "http://[::1]:9000"}},
+    {"weights": {"hf_endpoint": "http://localhost:9000/hub"}},
+    {"weights": {"hf_endpoint": "http://mirror.lan:8080", "allow_http_hosts": ["mirror.lan"]}},
+    {"weights": {"hf_endpoint": "http://10.250.3.1:4567", "allow_http_hosts": ["10.250.3.1"]}},
+    {"weights": {"token_file": "~/.cache/huggingface/token"}},
+    {"weights": {"token_file": "/etc/specfleet/hf-token"}},
+    {"weights": {"token_env": "HF_TOKEN_PROD"}},
+    {"weights": {"margin_percent": 0, "margin_min_gib": 0, "poll_seconds": 0.1,
+                 "stall_minutes": 0.2}},
+    {"sglang": {"find_links": "/opt/wheels"}}, {"sglang": {"find_links": "file:///opt/wheels"}},
+    {"sglang": {"find_links": "http://10.0.0.5:8000/", "trusted_hosts": ["10.0.0.5"]}},
+    {"sglang": {"index_url": "http://pypi.lan:3141/simple", "trusted_hosts": ["pypi.lan:3141"]}},
+    {"sglang": {"index_url": "https://user:pw@pypi.internal/simple"}},
+    {"sglang": {"kind": "git", "git_ref": "dflash_v2",
+                "git_url": "git+https://github.com/sgl-project/sglang.git#subdirectory=python"}},
+    {"sglang": {"kind": "git", "git_ref": COMMIT,
+                "git_url": "git+file:///srv/sglang#subdirectory=python"}},
+    {"sglang": {"version": "0.5.14rc1", "compressed_tensors": ">=0.15.0.1,<0.19"}},
+    {"sglang": {"version": "0.5.11.dev12+g1234"}},
+    {"patch": {"source": "https://example.org/pr20547.diff", "sha256": SHA}},
+    {"patch": {"source": "~/pr20547.diff", "sha256": SHA.upper()}},
+    {"patch": {"source": "http://10.0.0.9/pr.diff", "sha256": SHA}},
+    {"api_key": "sk-with spaces and \"quotes\""}, {"api_key_file": "~/.specfleet/api-key"},
+    {"rollout": {"batch_percent": 100, "max_fail_percent": 0, "order": ["a", "b"],
+                 "canary": "a", "fanout_site": "rack-1"}},
+    {"rollout": {"batch_size": 1, "max_fail_percent": 100}},
+    {"readiness_timeout_s": 0.5, "port": 65535},
+]
+
+
+@pytest.mark.parametrize("data", GOOD_VALUES, ids=[repr(g)[:60] for g in GOOD_VALUES])
+def test_good_values_are_accepted(data, monkeypatch):
+    monkeypatch.delenv("SPECFLEET_ALLOW_TEST_SETTINGS", raising=False)
+    settings_from_dict(data, host="gpu-7")
+
+
+def test_test_only_settings_need_the_environment_variable(monkeypatch):
+    data = {"launcher": ["/usr/bin/python3", "/srv/standin.py", ";", ""],
+            "sglang": {"no_deps": True}}
+    monkeypatch.delenv("SPECFLEET_ALLOW_TEST_SETTINGS", raising=False)
+    with pytest.raises(SettingsError, match="2 settings are bad"):
+        settings_from_dict(data, host="h")
+    for value in ("0", "true", ""):
+        with pytest.raises(SettingsError):
+            settings_from_dict(data, host="h", environ={"SPECFLEET_ALLOW_TEST_SETTINGS": value})
+    s = settings_from_dict(data, host="h", environ={"SPECFLEET_ALLOW_TEST_SETTINGS": "1"})
+    assert s.launcher[0] == "/usr/bin/python3" and s.sglang.no_deps
+    monkeypatch.setenv("SPECFLEET_ALLOW_TEST_SETTINGS", "1")
+    assert settings_from_dict(data, host="h").sglang.no_deps
+    # Unset or false, they are no test-only setting at all.
+    monkeypatch.delenv("SPECFLEET_ALLOW_TEST_SETTINGS")
+    assert settings_from_dict({"launcher": None, "sglang": {"no_deps": False}}).launcher is None
+    with pytest.raises(SettingsError, match="a command: a program, then its arguments"):
+        settings_from_dict({"launcher": []}, environ={"SPECFLEET_ALLOW_TEST_SETTINGS": "1"})
+
+
+def test_all_problems_of_a_host_are_reported_together():
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"models_root": "models", "service_name": "a/b", "api_key": ""},
+                           host="h9")
+    text = str(err.value)
+    assert text.startswith("[h9] 3 settings are bad:\n")
+    for key in ("models_root", "service_name", "api_key"):
+        assert f"[h9] settings key '{key}' is" in text
+    assert text.count("\n  fix: ") == 4
+
+
+def test_every_inventory_loads():
+    from specfleet.core.settings import settings_for_all_hosts
+
+    inventories = sorted(Path("inventories").glob("*.py"))
+    assert inventories
+    for path in inventories:
+        ctx_state.set(State())
+        hosts = settings_for_all_hosts(make_inventory(str(path)))
+        assert hosts, path
 
 
 def test_specfleet_data_must_be_a_mapping():

@@ -26,7 +26,7 @@ from specfleet.core.plan.attention import plan_attention
 from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, PlanContext
 from specfleet.core.plan.dflash import block_size, plan_dflash
 from specfleet.core.plan.gpus import plan_gpus
-from specfleet.core.plan.inputs import FactsInputError, one_host_facts
+from specfleet.core.plan.inputs import FactsInputError, check_facts, one_host_facts
 from specfleet.core.plan.launch import launch_argv, plan_model_args, plan_model_paths
 from specfleet.core.plan.memory import plan_gpu_memory, plan_mem_fraction
 from specfleet.core.plan.model import Plan, PlanBuilder, PlanError, Reason, ReasonKind
@@ -38,8 +38,8 @@ from specfleet.core.tables.models import DEFAULT_BLOCK_SIZE, KIMI_K26_WEIGHTS_BY
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "GIB", "GPUS", "KIMI_K26_WEIGHTS_BYTES", "MIB", "SGLANG", "TOPOLOGY",
-    "FactsInputError", "Plan", "PlanError", "Reason", "ReasonKind", "block_size", "make_plan",
-    "one_host_facts",
+    "FactsInputError", "Plan", "PlanError", "Reason", "ReasonKind", "block_size", "check_facts",
+    "make_plan", "one_host_facts",
 ]  # fmt: skip
 
 # The topics in the order they decide; later ones read what earlier ones set on the context.
@@ -74,8 +74,18 @@ def make_plan(
     Kimi-K2.6-DFlash's. ``predicted`` takes SGLang's features from the version table for
     ``settings.sglang.version`` (a fresh host, before install). ``weights_bytes`` is the size of
     target + drafter weights; by default the models table's for a known target, else unchecked.
-    Raises ``PlanError`` when no working plan exists.
+    Raises ``PlanError`` when no working plan exists, ``FactsInputError`` (a ``PlanError``) when a
+    fact has the wrong shape (``inputs.check_facts``).
     """
+    check_facts(facts, host)
+    if weights_bytes is not None and (
+        isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int) or weights_bytes < 0
+    ):
+        raise FactsInputError(
+            f"weights_bytes is {weights_bytes!r}, expected a whole number of bytes >= 0",
+            host=host,
+            fix="give the size of target + drafter weights in bytes, or leave it out",
+        )
     c = PlanContext(
         facts=facts,
         settings=settings,

@@ -1,19 +1,32 @@
-"""Facts as the plan takes them: one host's {fact name: value}."""
+"""Facts as the plan takes them: one host's {fact name: value}, checked for shape at the edge.
+
+``check_facts`` runs first in ``make_plan``: a fact of the wrong shape (hand-written, truncated,
+from another tool) is refused with a ``FactsInputError`` naming the fact and the field, instead of
+failing deep in a topic with a traceback or, worse, giving a plan built on nonsense. A fact that
+is missing (None) is unknown, which is no shape error: the topics decide what unknown means.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
-from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan.context import GPUS, SGLANG, TOPOLOGY
+from specfleet.core.plan.model import PlanError
 
 
-class FactsInputError(SpecfleetError):
-    """A facts file the plan cannot read, with what is wrong."""
+class FactsInputError(PlanError):
+    """Facts the plan cannot read (a file, or a fact of the wrong shape), with what is wrong."""
 
 
 # A key every value of these facts has: tells a fact's own value from pyinfra's {host: value}.
 _VALUE_KEYS = {GPUS: "gpus", TOPOLOGY: "links", SGLANG: "features"}
+
+FACTS_FIX = (
+    "give the facts as pyinfra gathers them: pyinfra INVENTORY fact facts.gpu.Gpus "
+    "facts.gpu.GpuTopology facts.sglang.SGLangInstall python=VENV/bin/python --json"
+)
 
 
 def one_host_facts(facts: dict[str, Any], host: str | None = None) -> dict[str, Any]:
@@ -47,3 +60,152 @@ def one_host_facts(facts: dict[str, Any], host: str | None = None) -> dict[str, 
         if host in value:
             out[name] = value[host]
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Shape:
+    """Checks of one host's facts; the first bad field raises."""
+
+    def __init__(self, host: str | None):
+        self.host = host
+
+    def bad(self, where: str, value: Any, expected: str) -> FactsInputError:
+        return FactsInputError(
+            f"fact {where} is {_shown(value)} ({_kind(value)}), expected {expected}",
+            host=self.host,
+            fix=FACTS_FIX,
+        )
+
+    def mapping(self, where: str, value: Any, optional: bool = True) -> Mapping[str, Any] | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, Mapping):
+            raise self.bad(where, value, "an object" + (" or null" if optional else ""))
+        return value
+
+    def listing(self, where: str, value: Any) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, (list, tuple)):
+            raise self.bad(where, value, "a list or null")
+        return list(value)
+
+    def text(self, where: str, value: Any) -> None:
+        if value is not None and not isinstance(value, str):
+            raise self.bad(where, value, "a string or null")
+
+    def flag(self, where: str, value: Any) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise self.bad(where, value, "true, false or null")
+
+    def count(self, where: str, value: Any, what: str) -> None:
+        """A whole, finite, non-negative number, or null."""
+        if value is None:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and value >= 0 and float(value).is_integer()
+        if not ok:
+            raise self.bad(where, value, f"{what} (a whole number >= 0) or null")
+
+    def strings(self, where: str, value: Any) -> None:
+        for i, item in enumerate(self.listing(where, value)):
+            if not isinstance(item, str):
+                raise self.bad(f"{where}[{i}]", item, "a string")
+
+
+def check_facts(facts: Any, host: str | None = None) -> None:
+    """Raise ``FactsInputError`` where a fact the plan reads has the wrong shape.
+
+    Checks only what the plan reads: ``facts.gpu.Gpus`` (its ``gpus`` list, each GPU's memory,
+    compute capability and name), ``facts.gpu.GpuTopology`` and ``facts.sglang.SGLangInstall``.
+    Other keys of the facts are left alone.
+    """
+    s = _Shape(host)
+    if not isinstance(facts, Mapping):
+        raise FactsInputError(
+            f"the facts are {_kind(facts)}, expected an object of fact names", host=host,
+            fix=FACTS_FIX,
+        )  # fmt: skip
+    _check_gpus(s, facts.get(GPUS))
+    _check_topology(s, facts.get(TOPOLOGY))
+    _check_sglang(s, facts.get(SGLANG))
+
+
+def _check_gpus(s: _Shape, fact: Any) -> None:
+    value = s.mapping(GPUS, fact)
+    if value is None:
+        return
+    s.text(f"{GPUS}.error", value.get("error"))
+    for i, gpu in enumerate(s.listing(f"{GPUS}.gpus", value.get("gpus"))):
+        where = f"{GPUS}.gpus[{i}]"
+        gpu = s.mapping(where, gpu, optional=False)
+        s.count(f"{where}.memory_mib", gpu.get("memory_mib"), "the GPU's memory in MiB")
+        s.count(f"{where}.index", gpu.get("index"), "the GPU's index")
+        cap = gpu.get("compute_capability")
+        if cap is not None and (
+            isinstance(cap, bool)
+            or not isinstance(cap, (str, int, float))
+            or (isinstance(cap, float) and not math.isfinite(cap))
+        ):
+            raise s.bad(f"{where}.compute_capability", cap, "a capability such as '9.0', or null")
+        sm = gpu.get("sm")
+        if sm is not None and (isinstance(sm, bool) or not isinstance(sm, (str, int))):
+            raise s.bad(f"{where}.sm", sm, "an SM number such as 90, or null")
+        for key in ("name", "driver", "pci_bus_id"):
+            s.text(f"{where}.{key}", gpu.get(key))
+
+
+def _check_topology(s: _Shape, fact: Any) -> None:
+    value = s.mapping(TOPOLOGY, fact)
+    if value is None:
+        return
+    s.text(f"{TOPOLOGY}.error", value.get("error"))
+    s.flag(f"{TOPOLOGY}.nvlink_all_pairs", value.get("nvlink_all_pairs"))
+    s.listing(f"{TOPOLOGY}.gpus", value.get("gpus"))
+    s.mapping(f"{TOPOLOGY}.links", value.get("links"))
+
+
+_WORKERS = (None, "v1", "v2")
+
+
+def _check_sglang(s: _Shape, fact: Any) -> None:
+    value = s.mapping(SGLANG, fact)
+    if value is None:
+        return
+    s.text(f"{SGLANG}.version", value.get("version"))
+    s.text(f"{SGLANG}.location", value.get("location"))
+    s.strings(f"{SGLANG}.speculative_algorithms", value.get("speculative_algorithms"))
+    s.strings(f"{SGLANG}.attention_backends", value.get("attention_backends"))
+    features = s.mapping(f"{SGLANG}.features", value.get("features"))
+    for key, feature in (features or {}).items():
+        where = f"{SGLANG}.features.{key}"
+        if key == "dflash":
+            if feature not in _WORKERS:
+                raise s.bad(where, feature, "the DFLASH worker: 'v1', 'v2' or null")
+        else:
+            s.flag(where, feature)

@@ -8,7 +8,19 @@ from specfleet.core.tables.models import known_weights_bytes
 
 def plan_gpu_memory(c: PlanContext) -> None:
     b, s, tp = c.b, c.settings, c.tp
-    mib = [int(g.get("memory_mib") or 0) for g in c.gpus[:tp]]
+    unknown = [
+        str(i if g.get("index") is None else g["index"])
+        for i, g in enumerate(c.gpus[:tp])
+        if not g.get("memory_mib")
+    ]
+    if unknown:
+        raise b.error(
+            f"GPU memory unknown: facts.gpu.Gpus gives no memory_mib (null or 0) for GPU "
+            f"{', '.join(unknown)}; no plan is made on unknown memory",
+            "check `nvidia-smi --query-gpu=index,memory.total --format=csv` on the host (a "
+            "driver or MIG problem shows there), then gather the facts again",
+        )
+    mib = [int(g["memory_mib"]) for g in c.gpus[:tp]]
     total = sum(mib) * MIB
     size = c.weights_bytes
     if size is None:

@@ -89,11 +89,33 @@ def _install(c: PlanContext) -> tuple[dict[str, Any], versions.VersionRow, bool]
         )
     features = install.get("features") or {}
     pr = bool(features.get("dflash_pr20547"))
-    try:
-        if install.get("version") is None and not pr:
-            raise ValueError("no version")
-        row = versions.row_for_install(install.get("version"), pr)
-    except ValueError:
-        # An install whose version cannot be read: go by the DFLASH worker it has.
-        row = versions.row_for_worker(features.get("dflash"))
-    return dict(install), row, False
+    version = install.get("version")
+    if version is not None:
+        try:
+            versions.parse_version(version)
+        except ValueError:
+            # Never a guess: another release's flags could crash-loop the server.
+            raise c.b.error(
+                f"the installed SGLang reports the version {version!r} "
+                f"({SGLANG}.version), which does not parse as a version",
+                "check the install (pip show sglang in the venv); reinstall a release such as "
+                f"{s.version!r}, or plan with --predicted for settings.sglang.version",
+            ) from None
+    if pr:
+        return dict(install), versions.PR20547, False
+    if version is None:
+        # An install whose version file is absent (a source tree without _version.py): plan
+        # with the row of a release that has the same DFLASH worker, and say so.
+        worker = features.get("dflash")
+        row = versions.row_for_worker(worker)
+        if worker in versions.RELEASE_FOR_WORKER:
+            release = versions.RELEASE_FOR_WORKER[worker]
+            c.b.why(
+                "version-table",
+                f"SGLang {release} row",
+                f"the install reports no version; its DFLASH worker is {worker}, as in SGLang "
+                f"{release}, so that release's flags are used",
+                "assumed",
+            )
+        return dict(install), row, False
+    return dict(install), versions.row_for_install(version), False

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.demo import DEMO_TOKEN, REPO_ROOT, up
+from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, up
 from tests.harness import HostSpec
 
 pytestmark = pytest.mark.timeout(1800)
@@ -40,6 +40,7 @@ def rollout(demo, name: str, *flags: str, **per_host_over) -> tuple[int, str, di
     report = demo.workdir / f"{name}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_TOKEN"] = DEMO_TOKEN
+    env.update(TEST_ENV)  # the demo's settings use test-only keys (launcher)
     res = subprocess.run(
         [sys.executable, "-m", "specfleet.fleet.rollout", str(inv), "deploys/kimi_k26.py",
          "--report", str(report), *flags],

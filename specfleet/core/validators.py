@@ -1,0 +1,244 @@
+"""Pure checks of single setting values: paths, names, repo ids, URLs, versions, flags.
+
+Each ``*_problem`` function returns ``None`` for a good value, or what was expected instead (a
+phrase that completes "expected ..."). ``specfleet.core.settings.validate`` turns that into a
+``SettingsError`` naming the host, the key, the value found and a fix. Nothing here reads a file
+or the environment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+import urllib.parse
+from collections.abc import Collection
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+# A systemd unit's name (without ".service") that is also a plain file name.
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+# One part of a Hugging Face repo id (huggingface_hub's validate_repo_id: word characters, "-" and
+# ".", starting and ending on a word character; no "--" or ".." anywhere; at most 96 characters).
+REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?")
+REPO_PART_MAX = 96
+# A folder name under models_root.
+DIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# An environment variable name.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A long command-line flag, without a value.
+LONG_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+# An attention backend name as SGLang registers it.
+BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]*")
+# A git ref (branch, tag, "refs/pr/1") or a commit.
+GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}")
+# An executable's bare name (looked up on PATH).
+COMMAND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# Words that make a flag or an environment variable a secret's (split on "-" and "_"). Whole
+# words only: --speculative-num-draft-tokens and TOKENIZERS_PARALLELISM are no secrets.
+SECRET_WORDS = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials"}
+)
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def has_control_chars(text: str) -> bool:
+    return bool(_CONTROL.search(text))
+
+
+def abs_path_problem(value: str) -> str | None:
+    """An absolute, normalized path that is not ``/`` (a single trailing ``/`` is allowed)."""
+    if has_control_chars(value):
+        return "an absolute path without control characters (newline, tab, NUL ...)"
+    if not value.startswith("/"):
+        return "an absolute path (starting with /)"
+    body = value[:-1] if value.endswith("/") and len(value) > 1 else value
+    if body == "/":
+        return "an absolute path other than / itself"
+    parts = body.split("/")[1:]
+    if ".." in parts or "." in parts:
+        return "an absolute path without '.' or '..' parts"
+    if "" in parts or posixpath.normpath(body) != body:
+        return "a normalized absolute path (no '//')"
+    return None
+
+
+def control_path_problem(value: str) -> str | None:
+    """A path on the control machine: absolute or under ``~/``, normalized, no ``..``."""
+    if value.startswith("~/"):
+        problem = abs_path_problem(value[1:])
+        if problem is None:
+            return None
+        return problem.replace("an absolute path", "a path under ~/", 1).replace(
+            "a normalized absolute path", "a normalized path under ~/", 1
+        )
+    problem = abs_path_problem(value)
+    if problem == "an absolute path (starting with /)":
+        return "an absolute path or one under ~/"
+    return problem
+
+
+def unit_name_problem(value: str) -> str | None:
+    if not UNIT_NAME.fullmatch(value):
+        return (
+            "a systemd unit name: 1-64 letters, digits and _ . @ -, starting with a letter or "
+            "digit (no '/', spaces or shell characters)"
+        )
+    if value.endswith(".service"):
+        return "the name without the '.service' suffix (specfleet adds it)"
+    if value.endswith(("@", ".")):
+        return "a name that does not end with '@' or '.'"
+    return None
+
+
+def repo_id_problem(value: str) -> str | None:
+    expected = (
+        "a Hugging Face repo id 'namespace/name': two parts of letters, digits, '.', '_' and "
+        "'-', each starting with a letter or digit, ending with a letter, digit or '_', at most "
+        f"{REPO_PART_MAX} characters, with no '--' or '..'"
+    )
+    parts = value.split("/")
+    if len(parts) != 2:
+        return expected
+    if any(len(p) > REPO_PART_MAX or not REPO_PART.fullmatch(p) for p in parts):
+        return expected
+    if "--" in value or ".." in value or value.endswith(".git"):
+        return expected
+    return None
+
+
+def dir_name_problem(value: str) -> str | None:
+    if not DIR_NAME.fullmatch(value) or ".." in value or value.endswith("."):
+        return (
+            "a folder name under models_root: letters, digits, '.', '_' and '-', starting with a "
+            "letter or digit, no '/' or '..'"
+        )
+    return None
+
+
+def git_ref_problem(value: str) -> str | None:
+    if (
+        not GIT_REF.fullmatch(value)
+        or ".." in value
+        or "//" in value
+        or value.endswith(("/", ".", ".lock"))
+    ):
+        return (
+            "a branch, tag or commit: letters, digits, '.', '_', '-' and '/', no '..', no spaces, "
+            "not starting with '-'"
+        )
+    return None
+
+
+def version_problem(value: str) -> str | None:
+    try:
+        Version(value.strip())
+    except InvalidVersion:
+        return "a version that packaging parses (PEP 440), such as '0.5.23'"
+    return None
+
+
+def specifier_problem(value: str) -> str | None:
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        return "a version specifier such as '>=0.15.0.1,<0.19' or '==0.18.0'"
+    return None
+
+
+def sha256_problem(value: str) -> str | None:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        return "a sha256: 64 hex digits (sha256sum FILE)"
+    return None
+
+
+def host_problem(value: str, allow_port: bool = False) -> str | None:
+    """A host name or an IP address (``host:port`` where ``allow_port``)."""
+    host = value
+    if allow_port and not value.startswith("["):
+        name, sep, port = value.rpartition(":")
+        if sep and port.isdigit() and ":" not in name:
+            if not 1 <= int(port) <= 65535:
+                return "a host name or IP address, with an optional :port in 1..65535"
+            host = name
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if is_ip(host):
+        return None
+    labels = host.rstrip(".").split(".")
+    if host and len(host) <= 253 and all(_HOST_LABEL.fullmatch(lb) for lb in labels):
+        return None
+    what = "a host name or IP address"
+    return what + (" (optionally host:port)" if allow_port else "")
+
+
+def is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower().rstrip(".")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def url_problem(
+    value: str,
+    *,
+    schemes: Collection[str] = ("https", "http"),
+    http_hosts: Collection[str] | None = (),
+    http_setting: str = "",
+) -> str | None:
+    """A URL with one of ``schemes``. Plain ``http`` (also ``git+http``) only to a loopback
+    address or to one of ``http_hosts`` (named by the setting ``http_setting``); to any host
+    where ``http_hosts`` is None (what is fetched is pinned by a hash)."""
+    if has_control_chars(value) or any(c.isspace() for c in value):
+        return "a URL without spaces or control characters"
+    try:
+        parts = urllib.parse.urlsplit(value)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return "a well-formed URL"
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        return "a URL with scheme " + " or ".join(f"{s}://" for s in schemes)
+    if scheme.endswith("file"):
+        if abs_path_problem(parts.path) is not None:
+            return "a file:// URL of an absolute path"
+        return None
+    if not host:
+        return f"a URL with a host, such as {scheme}://HOST/"
+    if port is not None and not 1 <= port <= 65535:
+        return "a URL whose port is in 1..65535"
+    if scheme.removeprefix("git+") == "http" and http_hosts is not None:
+        allowed = {h.lower().strip("[]") for h in http_hosts}
+        if not (is_loopback(host) or host.lower() in allowed):
+            where = f" or to a host listed in {http_setting}" if http_setting else ""
+            return f"an https:// URL (plain http:// only to a loopback address{where})"
+    return None
+
+
+def secret_flag(flag: str) -> bool:
+    """Whether a command-line flag's name says it carries a secret (--api-key, --hf-token ...)."""
+    words = re.split(r"[-_]+", flag.lstrip("-").lower())
+    return any(w in SECRET_WORDS for w in words)
+
+
+def secret_env_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret (HF_TOKEN, API_KEY ...)."""
+    words = name.lower().split("_")
+    return any(w in SECRET_WORDS for w in words)
