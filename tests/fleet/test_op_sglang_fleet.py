@@ -1,103 +1,90 @@
 """operations.sglang on real Debian hosts (tests.fleet), with real SGLang wheels (--no-deps) from the
 fleet's wheelhouse, driven by the pyinfra CLI exactly as a user runs it.
 
-The PR#20547 diffs here are test-authored against the real 0.5.11 files (read from the wheel): the
-real PR cannot be fetched here, and it is expected to conflict with 0.5.11 anyway.
+PR#20547 is the real PR diff (../shared/fixtures/sglang-pr20547/, read on the control machine as
+a user's patch.source would be) and this project's port of it onto 0.5.11
+(specfleet/patchdata/pr20547/sglang-0.5.11/). "The wheel back" is checked against the wheel's own
+RECORD hashes, on the host.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
+import json
 import re
 import shlex
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from operations.sglang_commands import load_port
 from tests.harness import HostSpec
-from tests.harness.wheelhouse import WHEELHOUSE_DIR
+from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256, pr20547_diff
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 DEPLOY = str(REPO / "tests" / "deploys" / "deploy_op_sglang.py")
 SITE = "lib/python3.11/site-packages"
-ENVIRON = "python/sglang/srt/environ.py"
-WORKER = "python/sglang/srt/speculative/dflash_worker_v2.py"
+PR = (str(PR20547_DIFF), PR20547_DIFF_SHA256)
+V1_FILES = ("dflash_worker.py", "dflash_info.py", "dflash_utils.py")
 
 
-# --- the test-authored patches --------------------------------------------------------------------
+def port_id() -> str:
+    """The marker the port writes: the sha256 of the one diff it applies."""
+    patch = load_port("0.5.11").patch(pr20547_diff().decode())
+    return hashlib.sha256(patch.text.encode()).hexdigest()
 
 
-def real_environ() -> str:
-    wheel = next(WHEELHOUSE_DIR.glob("sglang-0.5.11-*.whl"))
-    with zipfile.ZipFile(wheel) as z:
-        return z.read("sglang/srt/environ.py").decode()
+# Run on a host: every file of the installed sglang against the wheel's RECORD, and files
+# that are not in it (bytecode aside). Prints JSON {"changed": [...], "added": [...], "missing":
+# [...]}.
+RECORD_CHECK = r"""
+import base64, csv, glob, hashlib, json, os, sys
+site = sys.argv[1]
+(dist,) = glob.glob(os.path.join(site, "sglang-*.dist-info"))
+rec = {}
+with open(os.path.join(dist, "RECORD"), newline="") as f:
+    for row in csv.reader(f):
+        if row[0].startswith("sglang/") and row[1].startswith("sha256="):
+            rec[row[0]] = row[1].split("=", 1)[1]
+out = {"changed": [], "added": [], "missing": []}
+for path, want in sorted(rec.items()):
+    try:
+        data = open(os.path.join(site, path), "rb").read()
+    except OSError:
+        out["missing"].append(path)
+        continue
+    got = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+    if got != want:
+        out["changed"].append(path)
+for root, dirs, files in os.walk(os.path.join(site, "sglang")):
+    dirs[:] = [d for d in dirs if d != "__pycache__"]
+    for name in files:
+        rel = os.path.relpath(os.path.join(root, name), site)
+        if rel not in rec:
+            out["added"].append(rel)
+print(json.dumps(out))
+"""
 
 
-def _modify(path: str, old: str, new: str) -> str:
-    body = "".join(
-        difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
-            fromfile=f"a/{path}",
-            tofile=f"b/{path}",
-        )
-    )
-    return f"diff --git a/{path} b/{path}\nindex 1111111..2222222 100644\n{body}"
+def against_record(fleet, host: str, venv: str) -> dict:
+    r = fleet.run(host, f"python3 -c {shlex.quote(RECORD_CHECK)} {venv}/{SITE}", check=True)
+    return json.loads(r.stdout)
 
 
-def _create(path: str, text: str) -> str:
-    lines = text.splitlines(keepends=True)
-    body = "".join(f"+{line}" for line in lines)
-    return (
-        f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..3333333\n"
-        f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
-    )
-
-
-def make_patch(*, conflict: bool = False, worker: bool = True) -> str:
-    """A PR#20547-shaped diff: the v2 worker, its env var in environ.py, a benchmark script and a
-    pyproject change (the last two must never land in site-packages)."""
-    environ = real_environ()
-    anchor = "    SGLANG_ENABLE_SPEC_V2 = EnvBool(True)\n"
-    assert anchor in environ
-    patched = environ.replace(
-        anchor, anchor + "    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)\n"
-    )
-    base = environ
-    if conflict:
-        # The diff was made against a different environ.py: its context is not in 0.5.11's.
-        base = environ.replace(anchor, "    SGLANG_ENABLE_SPEC_V2 = EnvBool(False)\n")
-        patched = patched.replace(anchor, "    SGLANG_ENABLE_SPEC_V2 = EnvBool(False)\n")
-    parts = [
-        _create("benchmark/dflash/bench_dflash_gsm8k_sweep.py", "print('sweep')\n"),
-        _modify(
-            "python/pyproject.toml",
-            '[project]\nname = "sglang"\nversion = "0.5.10"\n',
-            '[project]\nname = "sglang"\nversion = "0.5.10"\ndependencies = ["torch==2.9.1"]\n',
-        ),
-        _modify(ENVIRON, base, patched),
-    ]
-    if worker:
-        parts.append(
-            _create(
-                WORKER,
-                '"""DFlash spec-v2 (overlap) worker: test-authored stand-in for PR#20547."""\n\n\n'
-                "class DFlashWorkerV2:\n    pass\n",
-            )
-        )
-    return "".join(parts)
-
-
-def write_patch(tmp_path: Path, name: str, text: str) -> tuple[str, str]:
-    p = tmp_path / name
-    p.write_text(text)
-    return str(p), hashlib.sha256(text.encode()).hexdigest()
+def sglang_fact(fleet, tmp_path, host: str, venv: str) -> dict:
+    """facts.sglang.SGLangInstall on the host, through pyinfra's own fact CLI."""
+    inv = fleet.write_inventory(tmp_path / f"fact_{time.monotonic_ns()}.py")
+    r = subprocess.run(
+        [PYINFRA, "--limit", host, str(inv), "fact", "facts.sglang.SGLangInstall",
+         f"python={venv}/bin/python", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)["facts.sglang.SGLangInstall"][host]
 
 
 # --- running pyinfra ------------------------------------------------------------------------------
@@ -205,30 +192,30 @@ def install_only(fleet, tmp_path, host, venv) -> Run:
 # --- tests ----------------------------------------------------------------------------------------
 
 
-def test_fresh_host_converges_then_changes_nothing(sw, tmp_path):
+def test_fresh_host_converges_with_the_port_then_changes_nothing(sw, tmp_path):
     venv = "/opt/specfleet/sglang"
-    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
-    data = settings(sw, venv, patch)
+    data = settings(sw, venv, PR)
 
     first = deploy(sw, tmp_path, "h1", data)
     assert first.rc == 0, first.output
     for op in ("SGLang 0.5.11 installed", "compressed-tensors pinned", "PR#20547"):
         assert first.status(op, "h1") == "Success", (op, first.output)
-    print(f"timing: {'fresh converge (venv + sglang + c-t + patch)'}: {first.seconds:.1f}s")
+    assert "SGLang 0.5.11: applies the PR#20547 port for SGLang 0.5.11" in first.output
+    print(f"timing: {'fresh converge (venv + sglang + c-t + port)'}: {first.seconds:.1f}s")
 
     versions = pip_versions(sw, "h1", venv)
     assert versions["sglang"] == "0.5.11"
     assert versions["compressed-tensors"] == "0.18.0"
-    site = f"{venv}/{SITE}"
-    environ = sw.run("h1", f"cat {site}/sglang/srt/environ.py", check=True).stdout
-    assert "SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)" in environ
-    assert exists(sw, "h1", f"{site}/sglang/srt/speculative/dflash_worker_v2.py")
-    # Only the package's hunks landed: no benchmark/, no pyproject.toml, no .orig/.rej.
+    # The v2 worker is wired in (compiles, its sglang imports resolve, routed, overlap allowed).
+    fact = sglang_fact(sw, tmp_path, "h1", venv)
+    assert fact["features"]["dflash"] == "v2" and fact["features"]["dflash_pr20547"] is True
+    assert "dflash_v2_missing" not in fact["features"]
+    diff = against_record(sw, "h1", venv)
+    assert not diff["missing"]
+    assert not [p for p in diff["changed"] if p.rsplit("/", 1)[-1] in V1_FILES]  # v1 untouched
+    assert "sglang/srt/speculative/dflash_worker_v2.py" in diff["added"]
     stray = sw.run(
-        "h1",
-        "find / -xdev \\( -name bench_dflash_gsm8k_sweep.py -o -path '*/site-packages/pyproject.toml' "
-        "-o -name '*.orig' -o -name '*.rej' \\) -print",
-        check=True,
+        "h1", f"find {venv} -xdev \\( -name '*.orig' -o -name '*.rej' \\) -print", check=True
     ).stdout
     assert stray == ""
 
@@ -239,64 +226,97 @@ def test_fresh_host_converges_then_changes_nothing(sw, tmp_path):
     print(f"timing: {'second run (no changes)'}: {second.seconds:.1f}s")
 
 
-def test_patch_applies_verifies_is_idempotent_and_reverts(sw, tmp_path):
+def test_port_is_idempotent_and_removal_gives_the_wheel_back(sw, tmp_path):
     venv = "/opt/sf-patch"
     install_only(sw, tmp_path, "h1", venv)
-    pristine = tree_sha(sw, "h1", venv)
-    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
-    data = settings(sw, venv, patch)
+    assert against_record(sw, "h1", venv) == {"changed": [], "added": [], "missing": []}
+    data = settings(sw, venv, PR)
     only = {"ops": ["pr20547"]}
 
     applied = deploy(sw, tmp_path, "h1", data, test=only)
     assert applied.rc == 0 and applied.status("sglang.pr20547", "h1") == "Success", applied.output
-    print(f"timing: {'apply patch'}: {applied.seconds:.1f}s")
+    print(f"timing: {'apply the port'}: {applied.seconds:.1f}s")
     patched = tree_sha(sw, "h1", venv)
-    assert patched != pristine
     marker = sw.run("h1", f"cat {venv}/.specfleet/pr20547/sha256", check=True).stdout.strip()
-    assert marker == patch[1]
+    assert marker == port_id()
 
     again = deploy(sw, tmp_path, "h1", data, test=only)
     assert again.status("sglang.pr20547", "h1") == "No changes", again.output
+    assert f"PR#20547 port {marker[:12]} is applied" in again.output or again.rc == 0
     assert tree_sha(sw, "h1", venv) == patched
 
     revert = {"ops": ["pr20547"], "pr20547_present": False}
     removed = deploy(sw, tmp_path, "h1", data, test=revert)
     assert removed.rc == 0 and removed.status("sglang.pr20547", "h1") == "Success", removed.output
-    assert tree_sha(sw, "h1", venv) == pristine
+    assert against_record(sw, "h1", venv) == {"changed": [], "added": [], "missing": []}
     assert not exists(sw, "h1", f"{venv}/.specfleet/pr20547")
     gone = deploy(sw, tmp_path, "h1", data, test=revert)
     assert gone.status("sglang.pr20547", "h1") == "No changes", gone.output
 
 
-def test_upgrade_removes_the_patch_first(sw, tmp_path):
+def venv_sha(fleet, host: str, venv: str) -> str:
+    """Every file of a whole venv, bytes and paths."""
+    r = fleet.run(
+        host, f"cd {shlex.quote(venv)} && find . -type f -print0 | sort -z | xargs -0 sha256sum "
+        "| sha256sum", check=True,
+    )  # fmt: skip
+    return r.stdout.split()[0]
+
+
+def test_side_by_side_switch_to_0514_and_back_keeps_the_old_venv(sw, tmp_path):
+    venv = "/root/venv_sf211"
+    sibling = f"{venv}-sglang-0.5.14"
+    ops = {"ops": ["installed", "compressed_tensors", "pr20547"]}
+    first = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), test=ops)
+    assert first.rc == 0, first.output
+    old = venv_sha(sw, "h2", venv)
+
+    up = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang={"version": "0.5.14"}), test=ops)
+    assert up.rc == 0, up.output
+    assert f"{venv} holds SGLang 0.5.11: SGLang 0.5.14 goes into {sibling} beside it" in up.output
+    assert up.status("sglang.installed", "h2") == "Success"
+    # 0.5.14 has its v2 worker built in: nothing to port.
+    assert up.status("sglang.pr20547", "h2") == "No changes", up.output
+    assert pip_versions(sw, "h2", sibling)["sglang"] == "0.5.14"
+    assert venv_sha(sw, "h2", venv) == old
+    settled = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang={"version": "0.5.14"}),
+                     test=ops)  # fmt: skip
+    assert settled.rc == 0, settled.output
+    assert all(settled.status(op, "h2") == "No changes"
+               for op in ("sglang.installed", "sglang.compressed_tensors", "sglang.pr20547"))
+
+    back = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), test=ops)
+    assert back.rc == 0, back.output
+    assert all(back.status(op, "h2") == "No changes"
+               for op in ("sglang.installed", "sglang.compressed_tensors", "sglang.pr20547"))
+    assert venv_sha(sw, "h2", venv) == old
+    assert pip_versions(sw, "h2", sibling)["sglang"] == "0.5.14"  # kept for the next switch
+
+
+def test_in_place_upgrade_removes_the_port_first(sw, tmp_path):
     venv = "/opt/sf-upgrade"
-    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
     ops = {"ops": ["installed", "pr20547"]}
-    first = deploy(sw, tmp_path, "h2", settings(sw, venv, patch), test=ops)
+    first = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), test=ops)
     assert first.rc == 0, first.output
     assert exists(sw, "h2", f"{venv}/.specfleet/pr20547/sha256")
 
-    up = deploy(
-        sw, tmp_path, "h2", settings(sw, venv, patch, sglang={"version": "0.5.14"}), test=ops
-    )
+    data = settings(sw, venv, PR, sglang={"version": "0.5.14", "side_by_side": False})
+    up = deploy(sw, tmp_path, "h2", data, test=ops)
     assert up.rc == 0, up.output
     assert "removes PR#20547 from the current SGLang first" in up.output
     assert up.status("sglang.installed", "h2") == "Success"
-    # 0.5.14 ships its own v2 worker: the patch is gone and not re-applied.
     assert up.status("sglang.pr20547", "h2") == "No changes", up.output
     assert pip_versions(sw, "h2", venv)["sglang"] == "0.5.14"
     assert not exists(sw, "h2", f"{venv}/.specfleet/pr20547")
-    worker = sw.run("h2", f"cat {venv}/{SITE}/sglang/srt/speculative/dflash_worker_v2.py").stdout
-    assert "test-authored" not in worker and "class DFlashWorkerV2" in worker
+    assert against_record(sw, "h2", venv) == {"changed": [], "added": [], "missing": []}
 
 
-def test_reinstall_under_the_patch_then_uninstall(sw, tmp_path):
-    """pip reinstalls SGLang behind our back: the marker no longer reverses, the worker file the
-    patch added is left over (not in RECORD). The op removes it and applies again. Uninstalling
-    SGLang removes the patch first."""
+def test_reinstall_under_the_port_then_uninstall(sw, tmp_path):
+    """pip reinstalls SGLang behind our back: the marker's files changed, the worker the port
+    added is left over (not in RECORD). The op forgets the marker and applies again.
+    Uninstalling SGLang removes the port first."""
     venv = "/opt/sf-stale"
-    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
-    data = settings(sw, venv, patch)
+    data = settings(sw, venv, PR)
     ops = {"ops": ["installed", "pr20547"]}
     first = deploy(sw, tmp_path, "h1", data, test=ops)
     assert first.rc == 0, first.output
@@ -358,58 +378,44 @@ def test_existing_venv_is_reused_and_compressed_tensors_moves_into_range(sw, tmp
     assert again.status("sglang.compressed_tensors", "h2") == "No changes", again.output
 
 
-def test_conflicting_patch_keep_v1_and_fail_leave_the_install_untouched(sw, tmp_path):
+def test_no_port_for_a_changed_tree_keeps_v1_or_fails_and_changes_nothing(sw, tmp_path):
     venv = "/opt/sf-conflict"
     install_only(sw, tmp_path, "h2", venv)
+    spec_info = f"{venv}/{SITE}/sglang/srt/speculative/spec_info.py"
+    sw.run("h2", f"echo '# a local edit' >> {spec_info}", check=True)
     before = tree_sha(sw, "h2", venv)
-    patch = write_patch(tmp_path, "conflict.diff", make_patch(conflict=True))
     only = {"ops": ["pr20547"]}
 
-    keep = deploy(sw, tmp_path, "h2", settings(sw, venv, patch), test=only)
+    keep = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), test=only)
     assert keep.rc == 0, keep.output
     assert keep.status("sglang.pr20547", "h2") == "No changes"
-    assert "sglang/srt/environ.py: hunk #1 FAILED" in keep.output
-    assert "DFLASH runs v1 with overlap scheduling off" in keep.output
-    assert ">=0.5.14 has the DFlash v2 worker built in" in keep.output
+    line = next(ln for ln in keep.output.splitlines() if "keeps DFLASH v1" in ln)
+    assert "no port for this tree: 1 file(s) differ from the SGLang 0.5.11 wheel" in line
+    assert "sglang/srt/speculative/spec_info.py" in line and "fix: reinstall sglang==0.5.11" in line
     assert tree_sha(sw, "h2", venv) == before
     assert not exists(sw, "h2", f"{venv}/.specfleet/pr20547")
 
-    fail = deploy(sw, tmp_path, "h2", settings(sw, venv, patch, on_conflict="fail"), test=only)
+    fail = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, on_conflict="fail"), test=only)
     assert fail.rc != 0
     assert fail.status("sglang.pr20547", "h2") == "Error", fail.output
-    assert "sglang/srt/environ.py: hunk #1 FAILED" in fail.output
-    assert ">=0.5.14 has the DFlash v2 worker built in" in fail.output
-    assert "fix: pin sglang.version to 0.5.14 or later" in fail.output
+    assert "no port for this tree" in fail.output and "fix: reinstall sglang==0.5.11" in fail.output
     assert "Traceback" not in fail.output
     assert tree_sha(sw, "h2", venv) == before
 
 
-def test_patch_that_leaves_the_feature_missing_is_rolled_back(sw, tmp_path):
-    venv = "/opt/sf-rollback"
-    install_only(sw, tmp_path, "h2", venv)
-    before = tree_sha(sw, "h2", venv)
-    # Applies cleanly (environ.py only) but adds no v2 worker: the facts still say v1.
-    patch = write_patch(tmp_path, "no-worker.diff", make_patch(worker=False))
-
-    keep = deploy(sw, tmp_path, "h2", settings(sw, venv, patch), test={"ops": ["pr20547"]})
-    assert keep.rc == 0, keep.output
-    assert "still show no DFlash v2 worker; rolled back" in keep.output
-    assert tree_sha(sw, "h2", venv) == before
-    assert not exists(sw, "h2", f"{venv}/.specfleet/pr20547")
-
-    fail = deploy(
-        sw, tmp_path, "h2", settings(sw, venv, patch, on_conflict="fail"),
-        test={"ops": ["pr20547"]},
-    )  # fmt: skip
-    assert fail.rc != 0 and fail.status("sglang.pr20547", "h2") == "Error", fail.output
-    assert tree_sha(sw, "h2", venv) == before
+def test_without_opting_in_v1_is_kept_and_said_at_normal_verbosity(sw, tmp_path):
+    venv = "/opt/sf-conflict"
+    run = deploy(sw, tmp_path, "h2", settings(sw, venv), test={"ops": ["pr20547"]})
+    assert run.rc == 0 and run.status("sglang.pr20547", "h2") == "No changes", run.output
+    assert "SGLang 0.5.11 keeps DFLASH v1 with overlap off: PR#20547 is not opted in" in run.output
+    assert "(fix: set sglang.version >= 0.5.14" in run.output
 
 
 def test_a_patch_with_the_wrong_sha256_fails_the_host_cleanly(sw, tmp_path):
     venv = "/opt/sf-sha"
     install_only(sw, tmp_path, "h2", venv)
     before = tree_sha(sw, "h2", venv)
-    source, _ = write_patch(tmp_path, "pr20547.diff", make_patch())
+    source = PR[0]
     wrong = (source, "0" * 64)
     for flags in (("-y",), ("--dry",)):
         run = deploy(
@@ -427,18 +433,14 @@ def test_a_patch_with_the_wrong_sha256_fails_the_host_cleanly(sw, tmp_path):
 
 def test_dry_run_on_a_fresh_host_says_what_and_why(sw, tmp_path):
     venv = "/opt/sf-dry"
-    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
-    run = deploy(sw, tmp_path, "h2", settings(sw, venv, patch), "--dry")
+    run = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), "--dry")
     assert run.rc == 0, run.output
     assert f"would: creates venv {venv} with python3" in run.output
     assert "would: SGLang is not installed; installs SGLang 0.5.11" in run.output
     assert "would: compressed-tensors is not installed; SGLang 0.5.11 needs" in run.output
-    assert "would: SGLang 0.5.11 (to be installed) has no DFlash v2 worker; applies PR#20547" in (
-        run.output
-    )
-    assert "leaves out 2: benchmark/dflash/bench_dflash_gsm8k_sweep.py, python/pyproject.toml" in (
-        run.output
-    )
+    assert ("would: SGLang 0.5.11 (to be installed): applies the PR#20547 port for SGLang 0.5.11"
+            in run.output)  # fmt: skip
+    assert "\n+class " not in run.output and "@@ -" not in run.output  # no patch text
     assert not exists(sw, "h2", venv)
 
 
