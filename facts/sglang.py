@@ -182,7 +182,8 @@ def v2_wiring(
         missing.append("spec_info.py does not route DFLASH to DFlashWorkerV2 (v1 runs)")
     if switch and not environ_has_switch:
         missing.append(f"environ.py does not define {V2_SWITCH}")
-    if switch and not server_args_has_switch:
+    # PR-style (the switch in spec_info.py or environ.py): server_args must honour it too.
+    if (switch or environ_has_switch) and not server_args_has_switch:
         missing.append("server_args.py still turns the overlap scheduler off for DFLASH")
     return {"switch": switch, "missing": missing}
 

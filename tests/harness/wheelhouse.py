@@ -32,6 +32,8 @@ TARGET = [
 # (requirements, with_dependencies)
 DOWNLOADS: list[tuple[list[str], bool]] = [
     (["sglang==0.5.11"], False),
+    (["sglang==0.5.12"], False),
+    (["sglang==0.5.13"], False),
     (["sglang==0.5.14"], False),
     (["sglang==0.5.23"], False),
     (["compressed-tensors==0.9.4"], False),
