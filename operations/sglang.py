@@ -308,6 +308,7 @@ def compressed_tensors(
 
 
 @operation()
+@fails_host(raise_while_planning=True)
 def pr20547(
     venv: str,
     source: str | None = None,
@@ -375,9 +376,9 @@ def pr20547(
         return
 
     features = install.get("features") or {}
-    port = None
+    port = patch = None
     if opted_in and present and features.get("dflash") != "v2":
-        port, _ = _port_for_install(venv, install, source or "", sha256 or "")
+        port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker)
     decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port)
     if decision.warning:
         _warn(decision.warning)
@@ -400,7 +401,7 @@ def pr20547(
         elif step == "drop-marker":
             commands.append(script_command(forget_script(d)))
         elif step == "apply":
-            commands += _apply_commands(venv, install, source or "", sha256 or "", on_conflict)
+            commands += _apply_commands(venv, install, port, patch, on_conflict)
     yield from commands
 
 
@@ -408,8 +409,10 @@ def _pr_text(source: str, sha256: str) -> str:
     return load_patch(source, sha256, host=host.name)
 
 
-def _port_for_install(venv: str, install: dict, source: str, sha256: str):
-    """The port verdict for the installed tree, and the patch it would apply (or None)."""
+def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None):
+    """The port verdict for the installed tree, and the patch it would apply (or None). Files an
+    earlier apply of ours left (``marker``) are judged as the restore or forget step before the
+    apply leaves them: the apply's trial (no fuzz) and its verify guard that assumption."""
     version = install.get("version") or "?"
     port = load_port(version)
     if port is None:
@@ -421,7 +424,12 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str):
             host=host.name,
             fix="check that sglang imports from the venv (facts.sglang.SGLangInstall)",
         )
-    hashes = host.get_fact(FileHashes, directory=site, paths=tuple(port.hashed_paths))
+    hashes = dict(host.get_fact(FileHashes, directory=site, paths=tuple(port.hashed_paths)) or {})
+    marker = marker or {}
+    if marker.get("partial") or marker.get("intact"):
+        hashes.update(predicted_hashes(port))  # the restore puts the release's files back
+    for leftover in marker.get("leftovers") or ():
+        hashes[leftover] = None  # the forget step removes what we added
     try:
         patch = port.patch(_pr_text(source, sha256))
     except PatchFormatError as exc:
@@ -430,7 +438,7 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str):
             host=host.name,
             fix="give the PR's diff against its merge base (python/sglang/), as pinned",
         ) from None
-    verdict = port_verdict(port, version, sha256, hashes or {}, patch.text)
+    verdict = port_verdict(port, version, sha256, hashes, patch.text)
     return verdict, patch if verdict.available else None
 
 
@@ -466,12 +474,9 @@ def _predict_patch(
 
 
 def _apply_commands(
-    venv: str, install: dict, source: str, sha256: str, on_conflict: str
+    venv: str, install: dict, verdict: Any, patch: Any, on_conflict: str
 ) -> list[Any]:
     version = install.get("version") or "?"
-    verdict, patch = _port_for_install(venv, install, source, sha256)
-    if patch is None:  # the decision saw an available port: the same facts say so again
-        raise SpecfleetError(verdict.text, host=host.name, fix=verdict.fix)
     site = site_packages(install.get("location")) or ""
     d = patch_state_dir(venv)
     connector_args = {

@@ -86,7 +86,8 @@ def sglang_fact(fleet, tmp_path, host: str, venv: str) -> dict:
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(r.stdout)
     name = "facts.sglang.SGLangInstall"
-    return data[name][host] if name in data else next(iter(data[host].values()))
+    # pyinfra keys a fact with arguments as "NAME (arg=value)".
+    return next(value for key, value in data.items() if key.startswith(name))[host]
 
 
 # --- running pyinfra ------------------------------------------------------------------------------
