@@ -39,6 +39,7 @@ from tests.demo import (
     target_files,
 )
 from tests.harness import HostSpec
+from tests.harness.sources import PR20547_DIFF
 from tests.harness.weights_support import StandinHub, commit_files, make_repo, random_bytes
 
 pytestmark = pytest.mark.timeout(1800)
@@ -490,3 +491,65 @@ def test_bad_inventory_data_is_a_clear_error_and_changes_nothing(env, data, mess
     assert "Traceback" not in out
     assert "--> Starting operation" not in out
     assert env.snapshot(host) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# PR#20547 on the CT200-like host (it opts in, as inventories/ct200.py does): the port is proven by
+# the readiness gate, and rolled back by a failing one. Last: it changes ct200 and puts it back.
+# --------------------------------------------------------------------------------------------------
+
+SITE_0511 = "/root/venv_sglang211/lib/python3.11/site-packages"
+PATCH_DIR = "/root/venv_sglang211/.specfleet/pr20547"
+
+
+def unit_env(env: Env, host: str) -> str:
+    return env.run(host, "cat /etc/specfleet/specfleet-sglang.env")
+
+
+def test_ct200_runs_the_port_and_a_failed_gate_rolls_it_back(env):
+    assert PR20547_DIFF.is_file()
+    # Converged by the tests above: the port is applied, proven, and the server has the switches.
+    assert env.run("ct200", f"test -f {PATCH_DIR}/sha256 && echo yes").strip() == "yes"
+    assert env.run("ct200", f"test -e {PATCH_DIR}/unproven || echo proven").strip() == "proven"
+    assert "SGLANG_ENABLE_DFLASH_SPEC_V2=1" in unit_env(env, "ct200")
+    assert env.run("ct200", f"test -f {SITE_0511}/sglang/srt/speculative/dflash_worker_v2.py "
+                            "&& echo yes").strip() == "yes"  # fmt: skip
+
+    # Off: the port is removed, the unit loses the switches, one restart.
+    env.over["ct200"] = {"patch": {"source": None, "sha256": None}}
+    rc, out = env.pyinfra("-y", *limit("ct200"))
+    assert rc == 0, out[-4000:]
+    assert "removes PR#20547 port" in out
+    assert "SGLANG_ENABLE_DFLASH_SPEC_V2" not in unit_env(env, "ct200")
+
+    # On again, with a server that crashes under the v2 switch: the gate fails, the port applied
+    # in this run is rolled back and remembered, and the host fails with both said.
+    launcher = env.demo.settings("ct200")["launcher"]
+    failing = {"launcher": [*launcher, "--standin-fail-if-env", "SGLANG_ENABLE_DFLASH_SPEC_V2"],
+               "readiness_timeout_s": 20.0}  # fmt: skip
+    env.over["ct200"] = failing
+    rc, out = env.pyinfra("-y", *limit("ct200"))
+    assert rc != 0
+    assert "SGLang 0.5.11: applies the PR#20547 port for SGLang 0.5.11" in out
+    assert "rolled back the PR#20547 port applied in this run" in out
+    assert "Traceback" not in out
+    assert env.run("ct200", f"test -e {PATCH_DIR}.rejected && echo yes").strip() == "yes"
+    assert env.run("ct200", f"test -e {PATCH_DIR} || echo gone").strip() == "gone"
+    assert env.run("ct200", f"test -e {SITE_0511}/sglang/srt/speculative/dflash_worker_v2.py "
+                            "|| echo gone").strip() == "gone"  # fmt: skip
+
+    # The next run keeps v1 (said, with the fix), restarts on v1 and passes its gate.
+    rc, out = env.pyinfra("-y", *limit("ct200"))
+    assert rc == 0, out[-4000:]
+    assert "failed the readiness gate on this host and was rolled back" in out
+    assert "SGLANG_ENABLE_DFLASH_SPEC_V2" not in unit_env(env, "ct200")
+    rc, out = env.pyinfra("-y", *limit("ct200"))
+    assert rc == 0 and changed(out)["ct200"] == [], out[-4000:]
+
+    # Put ct200 back: forget the rejection, default settings; the port is applied and proven.
+    env.run("ct200", f"rm -f {PATCH_DIR}.rejected")
+    env.over["ct200"] = {}
+    rc, out = env.pyinfra("-y", *limit("ct200"))
+    assert rc == 0, out[-4000:]
+    assert env.run("ct200", f"test -e {PATCH_DIR}/unproven || echo proven").strip() == "proven"
+    assert "SGLANG_ENABLE_DFLASH_SPEC_V2=1" in unit_env(env, "ct200")

@@ -53,6 +53,9 @@ def main() -> int:
     p.add_argument("--standin-record")
     p.add_argument("--standin-load-s", type=float, default=0.0)
     p.add_argument("--standin-exit", type=int)
+    # Exit 1 at start when this environment variable is "1": a server that crashes with the
+    # DFlash v2 worker on this host (what a real failing port would look like to the gate).
+    p.add_argument("--standin-fail-if-env")
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
@@ -93,6 +96,9 @@ def main() -> int:
     if args.standin_exit is not None:
         print(f"standin: exiting with status {args.standin_exit} as asked", flush=True)
         return args.standin_exit
+    if args.standin_fail_if_env and os.environ.get(args.standin_fail_if_env) == "1":
+        print(f"standin: {args.standin_fail_if_env}=1: crashing at start as asked", flush=True)
+        return 1
 
     started = time.monotonic()
     served = args.served_model_name or args.model_path
