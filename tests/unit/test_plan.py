@@ -846,9 +846,14 @@ def test_ct200_plan():
     assert plan.env == BASE_ENV
     assert plan.reason("custom-all-reduce").why.startswith("PCIe-only (8 GPUs")
     assert plan.reason("kv-cache-room") is None
-    # Before SGLang is installed (--dry), the prediction is the same launch.
+    # Stock 0.5.11 runs v1; CT200 opts in to the PR#20547 port, so before SGLang is installed
+    # (--dry) the prediction is the same launch with the v2 switches the port brings.
+    assert plan.reason("dflash-worker").choice == "v1"
     dry = make_plan(host_facts("rtx6000x8", sglang=None), ct200_settings(), predicted=True)
-    assert (dry.argv, dry.env) == (plan.argv, plan.env)
+    assert dry.argv == plan.argv
+    assert dry.env == {**BASE_ENV, **SPEC_V2_ENV}
+    assert dry.reason("dflash-worker").choice == "v2 (PR#20547)"
+    assert dry.reason("sglang").choice == "0.5.11 + this project's PR#20547 port"
 
 
 def test_sm120_mem_fraction_override_above_085_is_flagged():

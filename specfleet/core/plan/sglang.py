@@ -17,7 +17,9 @@ def plan_sglang(c: PlanContext) -> None:
     version = install.get("version") or (
         "(unknown version)" if not predicted else c.settings.sglang.version
     )
-    if features.get("dflash_pr20547"):
+    if features.get("pr20547_port"):
+        version = f"{version} + this project's PR#20547 port"
+    elif features.get("dflash_pr20547"):
         version = f"PR#20547 build {version}"
     registry = set(install.get("attention_backends") or [])
     c.src = "predicted" if predicted else "rule"
@@ -73,8 +75,8 @@ def _install(c: PlanContext) -> tuple[dict[str, Any], versions.VersionRow, bool]
                 if (patch.source and patch.sha256 and str(versions.parse_version(s.version))
                         in PORTED_RELEASES and features.get("dflash") != "v2"):
                     # The deploy applies this project's port of PR#20547 before the server starts.
-                    install["features"] = {**features, "dflash": "v2", "dflash_pr20547": True}
-                    install["version"] = f"{s.version} + PR#20547 port"  # fmt: skip
+                    install["features"] = {**features, "dflash": "v2", "dflash_pr20547": True,
+                                           "pr20547_port": True}  # fmt: skip
         except ValueError as exc:
             raise c.b.error(
                 f"settings sglang.version {s.version!r} is not a version ({exc})",
