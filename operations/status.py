@@ -34,7 +34,8 @@ from operations.serving import (
 )
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.settings import Settings
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.sglang.portdata import PORTED_RELEASES
 
 SGLANG = "facts.sglang.SGLangInstall"
 PATCH = "status_patch"
@@ -71,12 +72,24 @@ class HostStatus:
         return f"drift: {', '.join(self.drift)}; {state}"
 
 
-def sglang_status(settings: Settings, install: dict | None, patch: dict | None, st: HostStatus):
-    """The SGLang version and the PR#20547 state, against the settings (pure)."""
+def sglang_status(
+    settings: Settings,
+    install: dict | None,
+    patch: dict | None,
+    st: HostStatus,
+    configured_venv: str | None = None,
+):
+    """The SGLang version and the PR#20547 state, against the settings (pure). ``settings.venv``
+    is the venv the deploy uses (``operations.venvs``); ``configured_venv`` the one in the
+    inventory, when a new release goes beside it."""
     want = settings.sglang.version
     if not install:
         st.sglang = "not installed"
-        st.drift.append(f"SGLang not installed in {settings.venv}")
+        if configured_venv and configured_venv != settings.venv:
+            st.drift.append(f"SGLang {want} not installed yet in {settings.venv} (beside "
+                            f"{configured_venv}, which holds another release)")  # fmt: skip
+        else:
+            st.drift.append(f"SGLang not installed in {settings.venv}")
         return
     have = install.get("version") or "?"
     st.sglang = have
@@ -84,24 +97,31 @@ def sglang_status(settings: Settings, install: dict | None, patch: dict | None, 
         st.sglang = f"{have} (want {want})"
         st.drift.append(f"SGLang {have}, want {want}")
     features = install.get("features") or {}
-    if patch:
-        sha = (patch.get("sha256") or "")[:12]
-        if patch.get("partial"):
+    opted_in = bool(settings.patch.source and settings.patch.sha256)
+    marker = patch if patch and (patch.get("sha256") or patch.get("partial")) else None
+    if marker:
+        sha = (marker.get("sha256") or "")[:12]
+        if marker.get("partial"):
             st.patch = "PR#20547 half-applied"
             st.drift.append("PR#20547 half-applied")
-        elif patch.get("intact"):
-            st.patch = f"PR#20547 applied ({sha})"
-            if settings.patch.sha256 and not settings.patch.sha256.startswith(sha):
-                st.drift.append("PR#20547 applied is not the pinned patch")
+        elif marker.get("intact"):
+            st.patch = f"PR#20547 port applied ({sha})"
+            if not opted_in:
+                st.drift.append("PR#20547 port applied, the settings do not opt in")
         else:
             st.patch = f"PR#20547 marker stale ({sha})"
             st.drift.append("PR#20547 marker no longer matches the files")
     elif features.get("dflash_pr20547"):
         st.patch = "PR#20547 built in"
+    elif features.get("dflash") == "v2":
+        st.patch = "DFLASH v2 built in"
+    elif (patch or {}).get("rejected"):
+        st.patch = "none: the port failed a readiness gate here (DFLASH v1)"
+    elif opted_in and have in PORTED_RELEASES:
+        st.patch = "none (DFLASH v1)"
+        st.drift.append("PR#20547 port not applied")
     else:
         st.patch = f"none (DFLASH {features.get('dflash') or 'absent'})"
-        if settings.patch.source and features.get("dflash") != "v2":
-            st.drift.append("PR#20547 not applied")
 
 
 def weights_status(settings: Settings, name: str, state: dict | None, st: HostStatus) -> str:
@@ -200,11 +220,13 @@ def status_specs(settings: Settings) -> dict[str, Any]:
     return specs
 
 
-def host_status(settings: Settings, facts: dict[str, Any], host_name: str = "") -> HostStatus:
+def host_status(
+    settings: Settings, facts: dict[str, Any], host_name: str = "", configured_venv: str = ""
+) -> HostStatus:
     """The status of one host from the facts of ``status_specs`` (pure: no I/O, but for reading
     ``api_key_file`` on the control machine where that is how the key is given)."""
     st = HostStatus(host=host_name)
-    sglang_status(settings, facts.get(SGLANG), facts.get(PATCH), st)
+    sglang_status(settings, facts.get(SGLANG), facts.get(PATCH), st, configured_venv or None)
     st.target = weights_status(settings, "target", facts.get(_weights("target")), st)
     st.drafter = weights_status(settings, "drafter", facts.get(_weights("drafter")), st)
     expected = None
@@ -293,7 +315,8 @@ def report(settings: Settings | None = None):
     except SpecfleetError as exc:
         st = HostStatus(host=host.name, health="unknown", drift=[f"facts failed: {exc.problem}"])
     else:
-        st = host_status(s, facts, host.name)
+        configured = (settings if settings is not None else settings_for_host(host)).venv
+        st = host_status(s, facts, host.name, configured)
     _record(st)
     host.log(f"status: {st.verdict}", logger.warning if st.drift or not st.healthy
              else logger.info)

@@ -71,17 +71,33 @@ def test_sglang_status_version_and_patch_states():
 
     st = HostStatus("h1")
     applied = {"sha256": "9f2c" * 16, "site": "/x", "intact": True, "partial": False}
+    opted = settings(patch={"source": "/p.diff", "sha256": "ab" * 32})
+    sglang_status(opted, load_sglang("0.5.11"), applied, st)
+    assert st.patch == "PR#20547 port applied (9f2c9f2c9f2c)" and st.drift == []
+    st = HostStatus("h1")
     sglang_status(s, load_sglang("0.5.11"), applied, st)
-    assert st.patch == "PR#20547 applied (9f2c9f2c9f2c)" and st.drift == []
+    assert st.drift == ["PR#20547 port applied, the settings do not opt in"]
 
     st = HostStatus("h1")
     sglang_status(s, load_sglang("0.5.11"), {**applied, "intact": False}, st)
     assert st.drift == ["PR#20547 marker no longer matches the files"]
 
     st = HostStatus("h1")
-    sglang_status(settings(patch={"source": "/p.diff", "sha256": "ab" * 32}),
-                  load_sglang("0.5.11"), None, st)
-    assert st.drift == ["PR#20547 not applied"]
+    sglang_status(opted, load_sglang("0.5.11"), None, st)
+    assert st.drift == ["PR#20547 port not applied"]
+    # No port for 0.5.14's tree is needed, nor one for a rejected port: no drift a deploy
+    # cannot fix.
+    st = HostStatus("h1")
+    sglang_status(opted, load_sglang("0.5.11"), {"rejected": "ab" * 32}, st)
+    assert st.drift == [] and "failed a readiness gate" in st.patch
+    st = HostStatus("h1")
+    sglang_status(settings(sglang={"version": "0.5.14"}, patch={"source": "/p.diff",
+                  "sha256": "ab" * 32}), load_sglang("0.5.14"), None, st)  # fmt: skip
+    assert st.drift == [] and st.patch == "DFLASH v2 built in"
+    st = HostStatus("h1")
+    sglang_status(s, None, None, st, configured_venv="/root/venv")
+    assert st.drift == ["SGLang 0.5.11 not installed yet in /opt/specfleet/sglang (beside "
+                        "/root/venv, which holds another release)"]
 
     st = HostStatus("h1")
     sglang_status(s, None, None, st)
