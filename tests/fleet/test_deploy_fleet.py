@@ -337,7 +337,8 @@ def test_status_of_a_converged_fleet_is_in_sync_and_healthy(env):
     assert {h: env.snapshot(h) for h in CONVERGE} == before
     table = out.split("--> Status:", 1)[1]
     row = next(line for line in table.splitlines() if line.split()[:1] == ["ct200"])
-    assert "0.5.11" in row and "none (DFLASH v1)" in row and "healthy" in row
+    # CT200 opts in to PR#20547: its port is applied (and proven by the readiness gate).
+    assert "0.5.11" in row and "PR#20547 port applied" in row and "healthy" in row
     assert env.demo.revisions[TARGET][:10] in row and env.demo.revisions[DRAFTER][:10] in row
 
 
