@@ -16,9 +16,8 @@ from facts.rollback import FILE_KEYS, RollbackState
 from operations import sglang as sglang_ops
 from operations.serving import ServerPaths, server_paths
 from operations.sglang_commands import restore_script
-from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.settings import Settings
+from specfleet.core.settings import Settings, settings_for_host
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir
 
 # The distributions specfleet's software step changes; their wheels are kept in the cache so that
@@ -215,8 +214,9 @@ def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str
 
 
 def reapply_patch_script(saved_patch: str, venv: str) -> str:
-    """Put an applied PR#20547 back from the rollback point: its mapped diff onto the (restored)
-    site-packages, and its state folder (backup, created files, marker) beside the venv."""
+    """Put an applied PR#20547 back from the rollback point: its diff onto the (restored)
+    site-packages, after a trial on a copy of the files it touches (taken from the saved backup),
+    and its state folder (journal, backup, created files, marker) beside the venv."""
 
     q = shlex.quote
     opts = " ".join(PATCH_OPTS)
@@ -226,12 +226,15 @@ def reapply_patch_script(saved_patch: str, venv: str) -> str:
             f"s={q(saved_patch)}",
             f"d={q(patch_state_dir(venv))}",
             'cd "$(cat "$s/site")"',
-            f'if ! out=$(patch --dry-run {opts} -i "$s/applied.diff" 2>&1); then',
+            't=$(mktemp -d); tar -xf "$s/backup.tar" -C "$t"',
+            f'if ! out=$(cd "$t" && patch {opts} -i "$s/applied.diff" 2>&1); then',
+            '  rm -rf "$t"',
             '  echo "the saved PR#20547 patch does not apply to the restored SGLang:" >&2',
             '  echo "$out" >&2; exit 1',
             "fi",
+            'rm -rf "$t"',
             'rm -rf "$d" && mkdir -p "$(dirname "$d")"',
-            'cp -a "$s" "$d.tmp" && rm -f "$d.tmp/sha256" && mv "$d.tmp" "$d"',
+            'cp -a "$s" "$d.tmp" && rm -f "$d.tmp/sha256" "$d.tmp/unproven" && mv "$d.tmp" "$d"',
             f'patch {opts} -i "$d/applied.diff" > /dev/null',
             'cp "$s/sha256" "$d/sha256"',
         ]
@@ -248,7 +251,10 @@ def _sh(script: str) -> StringCommand:
 
 
 def _settings(settings: Settings | None) -> Settings:
-    return effective_settings(settings)
+    # The configured venv, not operations.venvs' pick: a release installed beside it never
+    # changes it, so the rollback point of what runs before a change is kept there (and the
+    # unit it restores names the venv that ran).
+    return settings if settings is not None else settings_for_host(host)
 
 
 def rollback_state(settings: Settings | None = None) -> dict[str, Any]:

@@ -449,7 +449,8 @@ def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
 
 
 def _settings(settings: Settings | None) -> Settings:
-    return effective_settings(settings)
+    # Given settings are the caller's (a deploy resolves the venv once, operations.venvs).
+    return settings if settings is not None else effective_settings(None)
 
 
 def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:

@@ -306,9 +306,9 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     """A new PR#20547 that fails readiness is taken off again; an upgrade that drops an applied
     patch and fails is rolled back to the old pins with the patch applied again, from the host's
     own rollback point."""
-    from tests.fleet.test_op_sglang_fleet import make_patch, tree_sha, write_patch
+    from tests.fleet.test_op_sglang_fleet import PR, port_id, tree_sha
 
-    patch = write_patch(tmp_path, "pr20547.diff", make_patch())
+    patch = PR  # the real PR diff: the port onto 0.5.11 is what gets applied
     marker = f"{VENV}/.specfleet/pr20547/sha256"
     pristine = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
     others = {h: gen(env, "patch") for h in ("h2", "h3", "h4")}
@@ -328,7 +328,7 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     assert res.rc == 0, res
     patched = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
     assert patched != pristine
-    assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == patch[1]
+    assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == port_id()
     pins = freeze(env, "h1")
 
     # 3. An upgrade to 0.5.14 (which drops the patch: it has its own v2 worker) that fails.
@@ -338,12 +338,12 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     assert res.rc == 2 and res.status()["h1"] == "rolled back", res
     assert freeze(env, "h1") == pins
     assert tree_sha(env["fleet"], "h1", VENV, sources_only=True) == patched
-    assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == patch[1]
+    assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == port_id()
     assert healthy(env, "h1")
-    # The PatchState fact agrees: the applied diff still reverses cleanly.
+    # The PatchState fact agrees: every file the apply wrote is as it left it.
     state = env["fleet"].run(
-        "h1", f"cd $(cat {VENV}/.specfleet/pr20547/site) && patch --dry-run -p1 --reverse "
-        f"--batch -i {VENV}/.specfleet/pr20547/applied.diff")
+        "h1", f"cd $(cat {VENV}/.specfleet/pr20547/site) && "
+        f"sha256sum --status -c {VENV}/.specfleet/pr20547/applied.sha256")
     assert state.returncode == 0, state.stdout + state.stderr
 
 
