@@ -469,6 +469,11 @@ def test_the_api_key_stays_out_of_the_journal(srv, tmp_path):
     assert perms[0] == "700 root" and set(perms[1:-1]) == {"600 root"}, perms
     assert len(perms) == 4, perms  # the config and its formatter module
     assert key not in srv.run("h1", f"cat {files}").stdout
+    # They are written once (a second run changes nothing) and go with the unit.
+    assert deploy(srv, tmp_path, data).ops == {"unit": "No changes", "service": "No changes"}
+    gone = deploy(srv, tmp_path, data, 'serving.unit(name="unit", present=False)\n')
+    assert gone.ops == {"unit": "Success"}, gone
+    assert srv.run("h1", f"test -e {folder}").returncode == 1
 
 
 def test_a_server_still_loading_after_a_failed_gate_is_waited_on_not_restarted(srv, tmp_path):
