@@ -457,7 +457,7 @@ def test_the_api_key_stays_out_of_the_journal(srv, tmp_path):
     for line in lines:
         assert re.fullmatch(
             r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] server_args=ServerArgs\(model_path="
-            r"'/srv/models/tests--tiny-target', host='127.0.0.1', port=30014, "
+            r"'/srv/models/tests--tiny-target/[0-9a-f]{40}', host='127.0.0.1', port=30014, "
             r"api_key='<redacted>', admin_api_key=None\)", line), line
     # The config and its formatter module are root's alone, beside the unit's other files.
     record = host_json(srv, record_path("nolog"))
@@ -494,7 +494,8 @@ def test_a_server_still_loading_after_a_failed_gate_is_waited_on_not_restarted(s
     assert srv.run("h1", f"test -e {marker}").returncode == 0
 
     second = deploy(srv, tmp_path, data)  # the server is still loading
-    print(f"run 2 took {second.seconds:.1f} s")
+    said = [ln.strip() for ln in second.out.splitlines() if "[h1]" in ln and "sf-loadwait" in ln]
+    print(f"run 2 ({second.seconds:.1f} s):\n  " + "\n  ".join(said))
     assert f"restarting {unit}" not in second.out, second
     assert f"waiting on {unit}" in second.out, second
     assert "restarted for the unit" in second.out, second  # what it waits for
@@ -514,6 +515,8 @@ def test_a_server_still_loading_after_a_failed_gate_is_waited_on_not_restarted(s
     while srv.run("h1", health).stdout != "200" and time.monotonic() < deadline:
         time.sleep(1)
     third = deploy(srv, tmp_path, data)  # healthy now, by itself
+    said = [ln.strip() for ln in third.out.splitlines() if "[h1]" in ln and "sf-loadwait" in ln]
+    print(f"run 3 ({third.seconds:.1f} s):\n  " + "\n  ".join(said))
     assert third.rc == 0, third
     assert f"restarting {unit}" not in third.out, third
     if still_loading:
