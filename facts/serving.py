@@ -17,17 +17,23 @@ UNIT_PROPERTIES = (
     "NeedDaemonReload",
     "NRestarts",
     "MainPID",
+    "InvocationID",
 )
 
 FILE_MARK = "##file "
 MARKER_MARK = "##restart-pending"
+# A line server.service appends to the marker once it restarted the server for it: the restart's
+# invocation, its host time and the fingerprint of the unit's files it started from.
+STARTED_MARK = "##started "
 
 
 class ServiceState(FactBase[dict[str, Any]]):
     """
     The state of one systemd unit, the files it is built from and its restart-pending marker, read
     with one command. A file that does not exist is left out of ``files``; ``restart_pending`` is
-    the marker's text (why a restart is pending) or None when there is no marker.
+    the marker's text (why a restart is pending) or None when there is no marker;
+    ``restart_started`` is the restart done for it (``server.service`` records it in the marker
+    right after ``systemctl restart``), or None while the restart is still to be done.
 
     .. code:: python
 
@@ -40,6 +46,7 @@ class ServiceState(FactBase[dict[str, Any]]):
             "need_daemon_reload": False,
             "n_restarts": 0,
             "main_pid": 4242,
+            "invocation_id": "6a1f0c2d9b8e4f7a8c3d2e1f0a9b8c7d",
             "files": {
                 "/etc/systemd/system/specfleet-sglang.service": {
                     "mode": 644, "user": "root", "group": "root",
@@ -47,6 +54,8 @@ class ServiceState(FactBase[dict[str, Any]]):
                 },
             },
             "restart_pending": "the unit changed",
+            "restart_started": {"invocation": "6a1f0c2d9b8e4f7a8c3d2e1f0a9b8c7d",
+                                "at": 1764590400, "files": "0b5c5a5c4f8e0d6c"},
         }
     """
 
@@ -78,6 +87,7 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
     props: dict[str, str] = {}
     files: dict[str, dict[str, Any]] = {}
     marker: list[str] | None = None
+    started: dict[str, Any] | None = None
     current: str | None = None
     file_lines: list[str] = []
 
@@ -102,6 +112,8 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
             close_file()
             current = None
             marker = []
+        elif marker is not None and line.startswith(STARTED_MARK):
+            started = parse_started(line)
         elif marker is not None:
             marker.append(line)
         elif current is not None:
@@ -123,11 +135,23 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
         "need_daemon_reload": props.get("NeedDaemonReload") == "yes",
         "n_restarts": as_int(props.get("NRestarts")),
         "main_pid": as_int(props.get("MainPID")),
+        "invocation_id": props.get("InvocationID", ""),
         "files": files,
         "restart_pending": (" ".join(" ".join(marker).split()) or "a restart is pending")
         if marker is not None
         else None,
+        "restart_started": started if marker is not None else None,
     }
+
+
+def parse_started(line: str) -> dict[str, Any] | None:
+    """``##started invocation=ID at=EPOCH files=FINGERPRINT`` -> a dict, or None when a field is
+    missing or empty (a restart whose record was cut short counts as not recorded)."""
+    fields = dict(w.split("=", 1) for w in line[len(STARTED_MARK) :].split() if "=" in w)
+    at = fields.get("at", "")
+    if not fields.get("invocation") or not fields.get("files") or not at.isdigit():
+        return None
+    return {"invocation": fields["invocation"], "at": int(at), "files": fields["files"]}
 
 
 class FirstJson(FactBase[Any]):

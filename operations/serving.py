@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import re
 import shlex
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paramiko import SSHException
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.exceptions import ConnectError
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
-from facts.serving import ServiceState
+from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
@@ -32,6 +36,11 @@ from specfleet.core.sglang.install import patch_state_dir
 UNIT_TEMPLATE = template_path("sglang.service.j2")
 ENV_TEMPLATE = template_path("sglang.env.j2")
 GATE_SCRIPT = hostside_path("readiness_gate.py")
+# The server's log formatter, which redacts API keys: imported by SGLang's Python from the logging
+# config (SGLANG_LOGGING_CONFIG_PATH), with its folder on the server's PYTHONPATH.
+LOG_MODULE = hostside_path("specfleet_log_redact.py")
+LOG_FORMATTER = "specfleet_log_redact.RedactingFormatter"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # The unit's supervision. A crash loop stops after START_LIMIT_BURST starts in the interval; with
 # RESTART_SEC between them, a server that dies at import fails the unit in about 15 s.
@@ -77,10 +86,15 @@ class ServerPaths:
     secret: str
     marker: str
     cache_root: str
+    # The logging config and its formatter module, root's alone (a 0700 folder of 0600 files).
+    log_dir: str
+    log_config: str
+    log_module: str
 
 
 def server_paths(settings: Settings) -> ServerPaths:
     name = settings.service_name
+    log_dir = f"/etc/specfleet/{name}.logging"
     return ServerPaths(
         unit_name=f"{name}.service",
         unit=f"/etc/systemd/system/{name}.service",
@@ -90,6 +104,9 @@ def server_paths(settings: Settings) -> ServerPaths:
         secret=f"/etc/specfleet/secrets/{name}.yaml",
         marker=posixpath.join(settings.state_dir, f"{name}.restart-pending"),
         cache_root=posixpath.join(settings.models_root, ".cache"),
+        log_dir=log_dir,
+        log_config=f"{log_dir}/logging.json",
+        log_module=f"{log_dir}/{LOG_MODULE.name}",
     )
 
 
@@ -166,10 +183,42 @@ def cache_env(settings: Settings) -> dict[str, str]:
 
 
 def server_env(plan_env: dict[str, str], settings: Settings) -> dict[str, str]:
-    """The server's environment: the cache directories, then the plan's env (which wins)."""
+    """The server's environment: the cache directories and the logging config, then the plan's env
+    (which wins), with the logging config's folder first on PYTHONPATH (the plan's after it)."""
+    paths = server_paths(settings)
     env = cache_env(settings)
+    # SGLang's own way to configure its logging (configure_logger, 0.5.11 to 0.5.23): a dictConfig
+    # JSON whose formatter redacts the API key SGLang logs with its ServerArgs at start.
+    env["SGLANG_LOGGING_CONFIG_PATH"] = paths.log_config
     env.update(plan_env)
+    theirs = plan_env.get("PYTHONPATH")
+    env["PYTHONPATH"] = paths.log_dir + (f":{theirs}" if theirs else "")
     return env
+
+
+def logging_config(settings: Settings, argv: list[str]) -> str:
+    """The server's logging config (SGLANG_LOGGING_CONFIG_PATH): what SGLang's ``configure_logger``
+    sets up without one (a stderr handler at ``--log-level``, SGLang's format, httpx and httpcore
+    at WARNING), with the formatter that redacts API keys, the key file's among them.
+
+    SGLang applies it with ``logging.config.dictConfig`` after its modules made their loggers, so
+    ``disable_existing_loggers`` is false: true would silence every one of them.
+    """
+    level = (argv_value(argv, "--log-level") or "info").upper()
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "sglang": {"()": LOG_FORMATTER, "secret_files": [server_paths(settings).secret]},
+        },
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                       "formatter": "sglang"},
+        },
+        "root": {"level": level if level in LOG_LEVELS else "INFO", "handlers": ["stderr"]},
+        "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    }  # fmt: skip
+    return json.dumps(config, indent=2) + "\n"
 
 
 def has_api_key(settings: Settings) -> bool:
@@ -323,6 +372,81 @@ def short_hash(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# Restart or wait: what server.service does with the restart-pending marker (pure)
+# --------------------------------------------------------------------------------------------------
+
+
+def files_fingerprint(files: dict[str, dict[str, Any]]) -> str:
+    """One word for the unit's files as ``ServiceState`` reports them (path, content, mode,
+    owner), recorded with a restart to tell later whether they changed since."""
+    text = "\n".join(
+        f"{path} {info.get('sha1')} {info.get('mode')} {info.get('user')}:{info.get('group')}"
+        for path, info in sorted(files.items())
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """What ``server.service`` does for a server that should run.
+
+    ``none``: it runs and nothing is pending. ``start``: it is stopped. ``restart``: for the
+    restart-pending marker (``why`` starts with the marker's reason). ``wait``: the restart for
+    the marker was done and the server it started is still up with its unit unchanged: gate it
+    with what is left of the budget since ``started_at`` (host time), do not restart it.
+    """
+
+    action: str
+    why: str = ""
+    started_at: int | None = None
+
+
+def start_decision(st: dict[str, Any], fingerprint: str) -> StartDecision:
+    """Restart, wait, start or nothing, from the unit's state (``ServiceState``: active state,
+    invocation, the marker and the restart recorded in it) and the fingerprint of the unit's files
+    now (``files_fingerprint``).
+
+    A marker is cleared only when the gate passes, so a gate that failed (or a run that died)
+    leaves it. Restarting on every marker restarts a server that is still loading, or healthy by
+    now, on every run: a server needing longer than the budget never comes up. So a restart
+    records, in the marker, the invocation it started and the files it started from; a marker
+    with that record is waited on while that same invocation is up and the files are the same,
+    and restarts the server only when the unit, env, key or logging config changed since, or the
+    server died (failed, stopped, restarting after a crash, or another invocation).
+    """
+    pending = st.get("restart_pending")
+    active_state = st.get("active_state") or "inactive"
+    sub_state = st.get("sub_state") or "dead"
+    up = active_state in ("active", "activating", "reloading")
+    if pending is None:
+        return StartDecision("none" if up else "start")
+    started = st.get("restart_started")
+    if not started:
+        return StartDecision("restart", pending)
+    if st.get("need_daemon_reload") or started.get("files") != fingerprint:
+        return StartDecision(
+            "restart", f"{pending}; the unit's files changed since the restart for it"
+        )
+    if not up or sub_state == "auto-restart" or st.get("result") == "start-limit-hit":
+        return StartDecision(
+            "restart", f"{pending}; the server restarted for it is {active_state}/{sub_state}"
+        )
+    if st.get("invocation_id") != started.get("invocation"):
+        return StartDecision(
+            "restart", f"{pending}; the server restarted for it is gone: the unit runs another "
+            "invocation",
+        )  # fmt: skip
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started["at"]))
+    return StartDecision(
+        "wait",
+        f"it was restarted for {pending} at {when} (invocation {started['invocation'][:12]}) and "
+        f"is {active_state}/{sub_state} since, its unit unchanged: not restarting it, waiting "
+        "until it serves",
+        started["at"],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
 # Execute-time inputs: the plan from the facts as they are now
 # --------------------------------------------------------------------------------------------------
 
@@ -349,7 +473,7 @@ def _weights_key(name: str) -> str:
 def unit_files(paths: ServerPaths) -> list[str]:
     """The files whose state ``ServiceState`` reports with the unit's: one set for every step
     (preflight, server.unit, server.service), so that a probe asks systemctl once."""
-    return [paths.unit, paths.env, paths.secret]
+    return [paths.unit, paths.env, paths.secret, paths.log_config, paths.log_module]
 
 
 def service_state_args(settings: Settings) -> dict[str, Any]:
@@ -498,6 +622,21 @@ def _secret_commands(paths: ServerPaths, text: str) -> list[StringCommand]:
     ]
 
 
+def _private_file_commands(folder: str, path: str, text: str) -> list[StringCommand]:
+    """Write ``path`` (mode 0600) in ``folder`` (mode 0700), both root's, through stdin."""
+    script = (
+        'umask 077 && mkdir -p "$1" && chown root:root "$1" && chmod 700 "$1" '
+        '&& cat > "$2.tmp" && chown root:root "$2.tmp" && chmod 600 "$2.tmp" '
+        '&& mv -f "$2.tmp" "$2"'
+    )
+    return [
+        StringCommand(
+            "sh", "-c", QuoteString(script), "specfleet", QuoteString(folder), QuoteString(path),
+            _stdin=text,
+        )
+    ]  # fmt: skip
+
+
 def _per_host(body: Iterator[Any]) -> Iterator[Any]:
     """An op body whose ``SpecfleetError`` fails this one host, not the whole run.
 
@@ -543,7 +682,11 @@ def unit(settings: Settings | None = None, present: bool = True):
     carries the SGLang version, its patch state and the weights revisions, so a change of any of
     them changes the unit. An API key (``settings.api_key``, or ``settings.api_key_file`` read
     on the control machine now) goes to a 0600 YAML file that SGLang reads with ``--config``; it
-    never appears in an argv, the unit or a diff.
+    never appears in an argv, the unit or a diff. SGLang logs it with its ServerArgs at start, so
+    the server's logging is configured by a file of its own (``SGLANG_LOGGING_CONFIG_PATH``, with
+    its formatter module on ``PYTHONPATH``, in a 0700 folder beside the env file) whose formatter
+    redacts API keys: the journal never holds it either. A ``SGLANG_LOGGING_CONFIG_PATH`` in
+    ``plan.extra_env`` wins over it (and must then redact the key itself).
 
     When any of these files changes, a restart-pending marker is written on the host *before* the
     files, so a run that fails between here and the restart still restarts on the next run.
@@ -620,6 +763,16 @@ def _unit(settings: Settings | None, present: bool):
     elif secret is None and paths.secret in st["files"]:
         changed.append("the API key (removed)")
         changes.append(StringCommand("rm", "-f", QuoteString(paths.secret)))
+    stale_logging = [
+        (dest, text)
+        for dest, text in ((paths.log_config, logging_config(s, current.argv)),
+                           (paths.log_module, LOG_MODULE.read_text()))
+        if not _file_matches(st, dest, text, 600)
+    ]  # fmt: skip
+    if stale_logging:
+        changed.append("the logging config")
+        for dest, text in stale_logging:
+            changes += _private_file_commands(paths.log_dir, dest, text)
 
     if not changes:
         host.noop(f"unit {paths.unit_name} is up to date")
@@ -631,7 +784,7 @@ def _unit(settings: Settings | None, present: bool):
 
 
 def _absent(paths: ServerPaths, st: dict[str, Any]):
-    present = [p for p in (paths.unit, paths.env, paths.secret) if p in st["files"]]
+    present = [p for p in unit_files(paths) if p in st["files"]]
     loaded = st["load_state"] not in ("not-found", "")
     if not present and not loaded and st["restart_pending"] is None:
         host.noop(f"unit {paths.unit_name} is absent")
@@ -645,6 +798,7 @@ def _absent(paths: ServerPaths, st: dict[str, Any]):
     yield StringCommand(
         "rm", "-f", *[QuoteString(p) for p in (paths.unit, paths.env, paths.secret, paths.marker)]
     )
+    yield StringCommand("rm", "-rf", QuoteString(paths.log_dir))
     yield _systemctl("daemon-reload")
 
 
@@ -696,6 +850,13 @@ def service(
     unit, env or key changed, or by ``server.restart_pending``), and starts a stopped server. The
     marker is removed only after the server passed the readiness gate, so a run that fails before
     then restarts on the next run instead of reporting "no change" over a stale server.
+
+    A restart is recorded in the marker (the invocation it started, when, and the unit's files it
+    started from). A later run that finds the marker with that record, the same server up and
+    its files unchanged (a gate that ran out of budget while the model loaded, a dropped SSH
+    session) waits on that server with what is left of the budget since its start, and says so,
+    instead of restarting it again; it restarts it only when its files changed since or it died
+    (``start_decision``).
     """
     yield from _per_host(_service(settings, running, enabled, ready))
 
@@ -705,6 +866,7 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
     paths = server_paths(s)
     st = _state(paths, unit_files(paths))
     pending = st["restart_pending"]
+    fingerprint = files_fingerprint(st["files"])
     if paths.unit not in st["files"]:
         if state.is_executing and running:
             raise SpecfleetError(
@@ -714,9 +876,13 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
             )
         # --dry on a fresh host: server.unit will have written it by the time this executes.
         pending = pending or "the unit is new"
+        decision = StartDecision("restart", pending)
+    else:
+        decision = start_decision(st, fingerprint)
+    waiting = running and decision.action == "wait"
 
     commands: list[Any] = []
-    if pending or st["need_daemon_reload"] or st["load_state"] != "loaded":
+    if (pending and not waiting) or st["need_daemon_reload"] or st["load_state"] != "loaded":
         commands.append(_systemctl("daemon-reload"))
     if enabled is True and st["unit_file_state"] != "enabled":
         commands.append(_systemctl("enable", paths.unit_name))
@@ -725,17 +891,22 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
 
     active = st["active_state"] in ("active", "activating", "reloading")
     if running:
-        start = None
-        if pending:
-            start = "restart"
-            verb = "restarting" if state.is_executing else "will restart"
-            host.log(f"{verb} {paths.unit_name}: {pending}", logger.info)
-        elif not active:
-            start = "start"
-        if start:
+        if waiting:
+            verb = "waiting on" if state.is_executing else "will wait on"
+            host.log(f"{verb} {paths.unit_name}: {decision.why}", logger.info)
+            if ready:
+                commands += list(_ready(settings=s, started_at=decision.started_at))
+            commands.append(StringCommand("rm", "-f", QuoteString(paths.marker)))
+        elif decision.action in ("restart", "start"):
+            start = decision.action
+            if start == "restart":
+                verb = "restarting" if state.is_executing else "will restart"
+                host.log(f"{verb} {paths.unit_name}: {decision.why}", logger.info)
             if st["active_state"] == "failed" or st["result"] == "start-limit-hit":
                 commands.append(_systemctl("reset-failed", paths.unit_name))
             commands.append(_systemctl(start, paths.unit_name))
+            if start == "restart":
+                commands.append(_record_restart_command(paths, pending, fingerprint))
             if ready:
                 commands += list(_ready(settings=s))
             commands.append(StringCommand("rm", "-f", QuoteString(paths.marker)))
@@ -749,6 +920,23 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
         )
         return
     yield from commands
+
+
+def _record_restart_command(paths: ServerPaths, reason: str, fingerprint: str) -> StringCommand:
+    """Record in the marker, right after ``systemctl restart``, the invocation that restart
+    started, the host time and the fingerprint of the files it started from
+    (``facts.serving.STARTED_MARK``), so that a later run waits on that server instead of
+    restarting it again. Best effort: without a record the next run restarts, as it always did."""
+    script = (
+        'inv=$(systemctl show -p InvocationID --value "$2" 2>/dev/null); '
+        'if [ -n "$inv" ]; then printf "%s\\n%sinvocation=%s at=%s files=%s\\n" "$3" "$4" "$inv" '
+        '"$(date +%s)" "$5" > "$1.tmp" && mv -f "$1.tmp" "$1"; fi; true'
+    )
+    return StringCommand(
+        "sh", "-c", QuoteString(script), "specfleet", QuoteString(paths.marker),
+        QuoteString(paths.unit_name), QuoteString(reason), QuoteString(STARTED_MARK),
+        QuoteString(fingerprint),
+    )  # fmt: skip
 
 
 @operation(is_idempotent=False, idempotent_notice="A check: it always polls the server.")
@@ -774,7 +962,10 @@ def ready(
     yield from _per_host(_ready(settings=settings, timeout_s=timeout_s, model_path=model_path))
 
 
-def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):
+def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
+           started_at: int | None = None):  # fmt: skip
+    """The gate's command; ``started_at`` (host time): the budget counts from then, the start of
+    a server restarted by an earlier run and waited on now, instead of from the gate's start."""
     s = _settings(settings)
     paths = server_paths(s)
     budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
@@ -787,10 +978,14 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None):
         argv += ["--secret-file", paths.secret]
     if model_path:
         argv += ["--model-path", model_path]
+    if started_at is not None:
+        argv += ["--started-at", str(int(started_at))]
     yield FunctionCommand(_run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {})
 
 
 JOURNAL_LINES = 30
+# What a dropped SSH session raises from a command (paramiko, sockets, pyinfra's reconnect).
+CONNECTION_ERRORS = (SSHException, EOFError, OSError, ConnectError)
 
 
 def _run_gate(
@@ -799,14 +994,39 @@ def _run_gate(
     """Run the gate on the host, its progress printed live; on failure, quote the journal. A
     PR#20547 port applied in this run (``unproven``) is proven by a passing gate and rolled back by
     a failing one (remembered as rejected, so the next run keeps v1 instead of applying it
-    again)."""
+    again). A dropped SSH session fails the host with what happened and what the next run does,
+    not a traceback; a timeout of the op stays pyinfra's to report."""
+    script = GATE_SCRIPT.read_text()
+    try:
+        return _gate(state, host, argv, unit_name, budget, patch_dir, script)
+    except TimeoutError:
+        raise
+    except CONNECTION_ERRORS as exc:
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        error = SpecfleetError(
+            f"the SSH connection to the host was lost during the readiness gate of {unit_name} "
+            f"({detail}); whether the server is ready is not known",
+            host=host.name,
+            fix="check that the host is reachable (network, sshd) and run again: the restart stays "
+            "pending, and the next run waits on the server if it is still starting (it restarts "
+            "it only if its unit changed or it died, and its gate proves or rolls back a "
+            "PR#20547 port applied in this run)",
+        )  # fmt: skip
+        logger.error(error.render())
+        return False
+
+
+def _gate(
+    state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None,
+    script: str,
+) -> bool:  # fmt: skip
     # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's commands too.
     connector_args: dict[str, Any] = {}
     if host.executing_op_hash:
         global_args = state.get_op_data_for_host(host, host.executing_op_hash).global_arguments
         connector_args = {k: v for k, v in global_args.items() if k in CONNECTOR_ARGUMENT_KEYS}
     connector_args["_timeout"] = int(budget) + 120
-    connector_args["_stdin"] = GATE_SCRIPT.read_text()
+    connector_args["_stdin"] = script
     ok, output = host.run_shell_command(
         StringCommand(*[QuoteString(a) for a in argv]),
         print_output=True,
@@ -846,7 +1066,8 @@ def _run_gate(
         + (f"\n  last {len(journal)} journal lines of {unit_name}:\n{excerpt}" if journal else ""),
         host=host.name,
         fix=f"read `journalctl -u {unit_name}` on the host, fix the cause (settings, software, "
-        "weights) and run again: the restart stays pending until the server is ready",
+        "weights) and run again: the restart stays pending until the server is ready (a server "
+        "still starting is waited on, not restarted, unless its unit changes or it dies)",
     )
     logger.error(error.render())
     if rolled_back:

@@ -7,8 +7,12 @@ Fails fast when systemd reports the unit failed (start-limit-hit included) or st
 the port is served by a process outside the unit. With --journal-lines N it then prints the last
 N lines of the unit's journal since the gate began (API keys redacted), each starting "| ".
 
+With --started-at EPOCH (a server an earlier run restarted, waited on now instead of restarted
+again) the budget counts from the server's start, not from the gate's, and the journal from then.
+
 Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage.
-Every other line starts with "gate:"; the first says "since @EPOCH", the host time the gate began.
+Every other line starts with "gate:"; the first says "since @EPOCH", the host time the gate began
+(with --started-at: a little before the server's start).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -24,12 +29,18 @@ import urllib.error
 import urllib.request
 
 PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+
+# API keys in journal lines: the rules of specfleet/hostside/specfleet_log_redact.py (the server's
+# own log formatter), repeated here because this script runs alone from stdin; a test holds the
+# two to the same output. A quoted string: Python's repr or JSON (backslash escapes; repr escapes
+# a quote inside), or a shell's single quotes; a value: quoted segments run together, or a bare
+# word up to whitespace.
+REDACTED = "<redacted>"
+_QUOTED = r"""'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"|'[^']*'"""
+_VALUE = rf"""(?:(?:{_QUOTED})(?:{_QUOTED}|[^\s'",;)\]}}]+)*|(?!(?:None|null)\b)\S+)"""
 SECRET_PATTERNS = (
-    (re.compile(r"((?:admin_)?api_key=)'[^']*'"), r"\1'<redacted>'"),
-    (re.compile(r'((?:admin_)?api_key=)"[^"]*"'), r'\1"<redacted>"'),
-    (re.compile(r"""(["']?(?:admin[_-])?api[_-]key["']?\s*:\s*)(["'])[^"']*["']"""),
-     r"\1\2<redacted>\2"),
-    (re.compile(r"(--(?:admin-)?api-key[ =])\S+"), r"\1<redacted>"),
+    re.compile(rf"""(?<![\w-])(--(?:admin-)?api-key)(=|['"]?,\s*|\s+)({_VALUE})""", re.I),
+    re.compile(rf"""(?<![\w-])((?:admin[_-])?api[_-]key)(['"]?\s*[=:]\s*)({_VALUE})""", re.I),
 )
 
 
@@ -128,11 +139,27 @@ def in_unit(pid: int, unit: str) -> bool:
         return False
 
 
+def _hide(match: re.Match) -> str:
+    name, separator, value = match.groups()
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{name}{separator}{quote}{REDACTED}{quote}"
+
+
+def secret_forms(secret: str) -> list[str]:
+    """``secret`` as it is and as Python's repr, JSON and a shell write it (longest first)."""
+    forms = {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], shlex.quote(secret)}
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
 def redact(line: str, key: str | None) -> str:
-    for pattern, replacement in SECRET_PATTERNS:
-        line = pattern.sub(replacement, line)
-    if key:
-        line = line.replace(key, "<redacted>")
+    """``line`` with every API key in it (``key``, and any value of an api_key field or an
+    --api-key flag) replaced by ``<redacted>``: those values first (their quoting kept), then
+    ``key`` wherever else it is."""
+    if "key" in line.lower():
+        for pattern in SECRET_PATTERNS:
+            line = pattern.sub(_hide, line)
+    for form in secret_forms(key) if key else ():
+        line = line.replace(form, REDACTED)
     return line
 
 
@@ -157,6 +184,8 @@ def main() -> int:
     p.add_argument("--secret-file")
     p.add_argument("--journal-lines", type=int, default=0)
     p.add_argument("--journal-since", type=float, help="only print the journal tail since EPOCH")
+    p.add_argument("--started-at", type=float,
+                   help="the server's start (host EPOCH): the budget counts from then")
     args = p.parse_args()
 
     if args.journal_since is not None:
@@ -168,7 +197,15 @@ def main() -> int:
     since = time.time() - 3
     start = time.monotonic()
     key = read_api_key(args.secret_file)
-    say(f"waiting for {args.unit} to serve; budget {args.timeout:.0f} s; since @{since:.0f}")
+    if args.started_at is not None:
+        age = max(0.0, time.time() - args.started_at)
+        since, start = min(since, args.started_at - 3), start - age
+        say(
+            f"waiting for {args.unit} to serve, started {age:.0f} s ago; budget {args.timeout:.0f}"
+            f" s from its start, {max(0.0, args.timeout - age):.0f} s left; since @{since:.0f}"
+        )
+    else:
+        say(f"waiting for {args.unit} to serve; budget {args.timeout:.0f} s; since @{since:.0f}")
     last_report = -1e9
     last_status = None
 
@@ -237,6 +274,13 @@ def main() -> int:
                     return 0
             else:
                 status = f"/health_generate {code if code is not None else body}"
+        if elapsed > args.timeout and args.started_at is not None:
+            return fail(
+                f"still loading {elapsed:.0f} s after its start, past the budget of "
+                f"{args.timeout:.0f} s (last: {status}); it was not restarted; raise "
+                f"settings.readiness_timeout_s if the model needs longer",
+                status=2,
+            )
         if elapsed > args.timeout:
             return fail(
                 f"not ready within the budget of {args.timeout:.0f} s (last: {status}); "

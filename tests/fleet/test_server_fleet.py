@@ -427,9 +427,106 @@ def test_the_journal_excerpt_redacts_the_api_key(srv, tmp_path):
     assert run.rc != 0 and run.ops["service"] == "Error", run
     assert "api_key='<redacted>'" in run.out, run
     assert key not in run.out
-    # The key is in the host's journal (SGLang's doing), readable by root only; not in our output.
+    # Nor in the host's journal: specfleet's logging config redacts it as the server logs it.
     journal = srv.run("h1", "journalctl -u sf-redact.service -o cat")
-    assert key in journal.stdout
+    assert key not in journal.stdout
+    assert "api_key='<redacted>'" in journal.stdout, journal.stdout
+
+
+def starts_of(fleet, unit: str) -> int:
+    """How many times systemd started ``unit`` (its journal's "Started" lines)."""
+    res = fleet.run("h1", f"journalctl -u {unit} -o cat | grep -c '^Started'")
+    return int(res.stdout.strip() or 0)
+
+
+def test_the_api_key_stays_out_of_the_journal(srv, tmp_path):
+    # SGLang logs its ServerArgs at start, API key included (0.5.11 srt/entrypoints/engine.py);
+    # the stand-in logs them the same way, through `logging` and SGLANG_LOGGING_CONFIG_PATH. A
+    # key with both quote kinds, a backslash and regex characters: its repr escapes the quote.
+    parts = [secrets.token_hex(6) for _ in range(3)]
+    key = f"sk-{parts[0]}'{parts[1]}\"{parts[2]}\\.*+?[(|$^"
+    data = settings_data("nolog", 30014, api_key=key)
+    run = deploy(srv, tmp_path, data)
+    assert run.rc == 0 and run.ops == {"unit": "Success", "service": "Success"}, run
+    assert "gate: READY" in run.out  # the key works: the gate needed it
+    journal = srv.run("h1", "journalctl -u sf-nolog.service -o cat").stdout
+    for part in parts:
+        assert part not in journal, journal
+    lines = [ln for ln in journal.splitlines() if "server_args=ServerArgs(" in ln]
+    assert lines, journal
+    for line in lines:
+        assert re.fullmatch(
+            r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] server_args=ServerArgs\(model_path="
+            r"'/srv/models/tests--tiny-target/[0-9a-f]{40}', host='127.0.0.1', port=30014, "
+            r"api_key='<redacted>', admin_api_key=None\)", line), line
+    # The config and its formatter module are root's alone, beside the unit's other files.
+    record = host_json(srv, record_path("nolog"))
+    config = record["env"]["SGLANG_LOGGING_CONFIG_PATH"]
+    folder = config.rsplit("/", 1)[0]
+    assert folder.startswith("/etc/specfleet/") and record["env"]["PYTHONPATH"] == folder
+    files = f"$(find {folder} -maxdepth 1 -type f)"
+    perms = srv.run("h1", f"stat -c '%a %U' {folder} {files}").stdout.split("\n")
+    assert perms[0] == "700 root" and set(perms[1:-1]) == {"600 root"}, perms
+    assert len(perms) == 4, perms  # the config and its formatter module
+    assert key not in srv.run("h1", f"cat {files}").stdout
+    # They are written once (a second run changes nothing) and go with the unit.
+    assert deploy(srv, tmp_path, data).ops == {"unit": "No changes", "service": "No changes"}
+    gone = deploy(srv, tmp_path, data, 'serving.unit(name="unit", present=False)\n')
+    assert gone.ops == {"unit": "Success"}, gone
+    assert srv.run("h1", f"test -e {folder}").returncode == 1
+
+
+def test_a_server_still_loading_after_a_failed_gate_is_waited_on_not_restarted(srv, tmp_path):
+    # A server that needs 20 s to load, under a 5 s gate budget: run 1 restarts it and the gate
+    # fails; later runs find the restart-pending marker but the same unit and the same server
+    # (its invocation): they wait on it instead of restarting it, and clear the marker once ready.
+    unit = "sf-loadwait.service"
+    marker = "/var/lib/specfleet/sf-loadwait.restart-pending"
+    data = settings_data("loadwait", 30015, readiness_timeout_s=5)
+    data["launcher"] = [*data["launcher"], "--standin-load-s", "20"]
+    first = deploy(srv, tmp_path, data)
+    assert first.rc != 0 and first.ops == {"unit": "Success", "service": "Error"}, first
+    assert "not ready within the budget of 5 s" in first.out, first
+    pid = host_json(srv, record_path("loadwait"))["pid"]
+    invocation = unit_prop(srv, unit, "InvocationID")
+    starts = starts_of(srv, unit)
+    assert invocation and starts >= 1
+    assert srv.run("h1", f"test -e {marker}").returncode == 0
+
+    second = deploy(srv, tmp_path, data)  # the server is still loading
+    said = [ln.strip() for ln in second.out.splitlines() if "[h1]" in ln and "sf-loadwait" in ln]
+    print(f"run 2 ({second.seconds:.1f} s):\n  " + "\n  ".join(said))
+    assert f"restarting {unit}" not in second.out, second
+    assert f"waiting on {unit}" in second.out, second
+    assert "restarted for the unit" in second.out, second  # what it waits for
+    assert starts_of(srv, unit) == starts
+    assert unit_prop(srv, unit, "InvocationID") == invocation
+    assert host_json(srv, record_path("loadwait"))["pid"] == pid
+    still_loading = second.rc != 0
+    if still_loading:
+        assert second.ops == {"unit": "No changes", "service": "Error"}, second
+        assert "still loading" in second.out, second
+        assert srv.run("h1", f"test -e {marker}").returncode == 0
+    else:
+        assert "gate: READY" in second.out, second
+
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30015/health_generate"
+    deadline = time.monotonic() + 60
+    while srv.run("h1", health).stdout != "200" and time.monotonic() < deadline:
+        time.sleep(1)
+    third = deploy(srv, tmp_path, data)  # healthy now, by itself
+    said = [ln.strip() for ln in third.out.splitlines() if "[h1]" in ln and "sf-loadwait" in ln]
+    print(f"run 3 ({third.seconds:.1f} s):\n  " + "\n  ".join(said))
+    assert third.rc == 0, third
+    assert f"restarting {unit}" not in third.out, third
+    if still_loading:
+        assert third.ops == {"unit": "No changes", "service": "Success"}, third
+        assert f"waiting on {unit}" in third.out and "gate: READY" in third.out, third
+    assert starts_of(srv, unit) == starts
+    assert unit_prop(srv, unit, "InvocationID") == invocation
+    assert host_json(srv, record_path("loadwait"))["pid"] == pid
+    assert srv.run("h1", f"test -e {marker}").returncode == 1
+    assert deploy(srv, tmp_path, data).ops == {"unit": "No changes", "service": "No changes"}
 
 
 def test_the_gate_gives_up_at_the_budget_with_progress(srv, tmp_path):

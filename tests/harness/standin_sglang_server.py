@@ -4,8 +4,12 @@ cannot come up). Python 3 stdlib only: it is uploaded to fleet hosts, which have
 
 It speaks the part of SGLang's HTTP API that specfleet's readiness gate and users probe:
 GET /health, /health_generate (503 while "loading", then 200), /get_model_info, /model_info,
-/v1/models, /get_server_info. It honours --host, --port, --model-path, --api-key and SGLang's
---config FILE.yaml (the way specfleet passes the API key), and ignores every other flag.
+/v1/models, /get_server_info. It honours --host, --port, --model-path, --api-key, --log-level and
+SGLang's --config FILE.yaml (the way specfleet passes the API key), and ignores every other flag.
+
+It logs as SGLang does: through `logging`, configured by a stand-in of SGLang's
+`configure_logger` (SGLANG_LOGGING_CONFIG_PATH: a JSON dictConfig, else basicConfig), then logs
+its ServerArgs, API key included, on the logger `sglang.srt.entrypoints.engine`.
 
 Its own options come first and are named --standin-*:
   --standin-record PATH   write {"argv": [exact argv from /proc/self/cmdline], "env": {...},
@@ -18,10 +22,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import logging.config
 import os
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# As in SGLang's modules (srt/entrypoints/engine.py: `logger = logging.getLogger(__name__)`): made
+# at import, before the logging is configured, so a dictConfig that disables existing loggers
+# silences it here as it would silence SGLang's.
+logger = logging.getLogger("sglang.srt.entrypoints.engine")
+
+
+def configure_logger(log_level: str, prefix: str = "") -> None:
+    """STAND-IN for SGLang's `sglang.srt.utils.common.configure_logger` (0.5.11 ~L1206; the same
+    in 0.5.14 ~L1357 and 0.5.23 ~L2618): SGLANG_LOGGING_CONFIG_PATH names a JSON file handed to
+    `logging.config.dictConfig` as it is (SGLang parses it with orjson, this with json), and
+    nothing else is set up; without it, `basicConfig(force=True)` with SGLang's format."""
+    config_path = os.getenv("SGLANG_LOGGING_CONFIG_PATH")
+    if config_path:
+        if not os.path.exists(config_path):
+            raise Exception(
+                "Setting SGLANG_LOGGING_CONFIG_PATH from env with "
+                f"{config_path} but it does not exist!"
+            )
+        with open(config_path, encoding="utf-8") as file:
+            custom_config = json.loads(file.read())
+        logging.config.dictConfig(custom_config)
+        return
+    # SGLang's envs.SGLANG_LOG_MS (an EnvBool).
+    log_ms = os.environ.get("SGLANG_LOG_MS", "").lower() in ("true", "1", "yes", "y")
+    maybe_ms = ".%(msecs)03d" if log_ms else ""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format=f"[%(asctime)s{maybe_ms}{prefix}] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def exact_argv() -> list[str]:
@@ -62,6 +102,7 @@ def main() -> int:
     p.add_argument("--api-key")
     p.add_argument("--config")
     p.add_argument("--served-model-name")
+    p.add_argument("--log-level", default="info")
     args, _rest = p.parse_known_args()
 
     api_key = args.api_key
@@ -86,11 +127,12 @@ def main() -> int:
             json.dump(record, f)
         os.replace(tmp, args.standin_record)
 
-    # As SGLang does at start (srt/entrypoints/engine.py logs f"{server_args=}"), key included.
-    print(
+    # As SGLang does at start (srt/entrypoints/engine.py, _launch_subprocesses: configure_logger,
+    # then `logger.info(f"{server_args=}")`, the dataclass repr), API key included.
+    configure_logger(args.log_level)
+    logger.info(
         f"server_args=ServerArgs(model_path={args.model_path!r}, host={args.host!r}, "
-        f"port={args.port}, api_key={api_key!r})",
-        flush=True,
+        f"port={args.port}, api_key={api_key!r}, admin_api_key=None)"
     )
 
     if args.standin_exit is not None:
