@@ -53,8 +53,8 @@ def lock_path(settings: Settings) -> str:
 # The run lock: who this run is (the control machine, the process, the run), and the lease
 # --------------------------------------------------------------------------------------------------
 
-RUN_ID_ENV = "SPECFLEET_RUN_ID"
-LEASE_ENV = "SPECFLEET_LOCK_LEASE_S"
+RUN_ID_ENV = runlock.RUN_ID_ENV
+LEASE_ENV = runlock.LEASE_ENV
 _RUN_ID: list[str] = []
 
 
@@ -86,7 +86,7 @@ def run_id() -> str:
     if env:
         return env
     if not _RUN_ID:
-        _RUN_ID.append(uuid.uuid4().hex[:16])
+        _RUN_ID.append(runlock.new_run_id())
     return _RUN_ID[0]
 
 

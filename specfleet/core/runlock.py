@@ -24,13 +24,32 @@ The lock is a lease in one JSON file on the host (``<state_dir>/run.lock``)::
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
+
+# The run id a controller sets for the pyinfra runs it starts: its steps are one lock owner.
+RUN_ID_ENV = "SPECFLEET_RUN_ID"
+# Tests shorten the lease with it.
+LEASE_ENV = "SPECFLEET_LOCK_LEASE_S"
 
 # How long a lease lasts without a renewal, and how often a live run renews it.
 DEFAULT_LEASE_S = 180.0
 RENEWALS_PER_LEASE = 4
 
 TAKE, OURS, EXPIRED, STALE, BUSY = "take", "ours", "expired", "stale", "busy"
+
+
+def new_run_id() -> str:
+    """A fresh run id (16 hex digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+def controller_run_id(environ: dict) -> str:
+    """The run id of a controller (rollout, fan-out): the one it was given in ``environ``
+    (``SPECFLEET_RUN_ID``), else a new one, set there for the pyinfra runs it starts."""
+    value = (environ.get(RUN_ID_ENV) or "").strip() or new_run_id()
+    environ[RUN_ID_ENV] = value
+    return value
 
 
 def _num(value: Any) -> float | None:
