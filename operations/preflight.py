@@ -194,14 +194,21 @@ def _connector_args() -> dict[str, Any]:
             k not in _NOT_FOR_LOCK}
 
 
+# A renewal or release waits at most this long: on a host cut off mid-run (its SSH channel
+# would wait for paramiko's hour-long channel timeout) the lease then simply runs out.
+LOCK_IO_TIMEOUT_S = 20.0
+
+
 def _run_lock(h: Any, holding: _Holding, mode: str) -> tuple[str, dict] | None:
     try:
-        _, output = h.run_shell_command(
-            lock_command(mode, holding.path, holding.lease_s, holding.token),
-            print_output=False, print_input=False, **holding.args,
-        )
+        with gevent.Timeout(LOCK_IO_TIMEOUT_S, TimeoutError):
+            _, output = h.run_shell_command(
+                lock_command(mode, holding.path, holding.lease_s, holding.token),
+                print_output=False, print_input=False, **holding.args,
+            )
     except Exception as exc:  # noqa: BLE001 - a lost connection: the lease ends by itself
-        logger.warning(f"{h.print_prefix}run lock {mode}: {exc}")
+        logger.warning(f"{h.print_prefix}run lock {mode} failed ({exc or type(exc).__name__}): "
+                       "its lease runs out by itself")
         return None
     return parse_lock_output(output.stdout_lines)
 
