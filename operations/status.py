@@ -304,7 +304,8 @@ def report(settings: Settings | None = None):
     """
     Report this host as it is, changing nothing: the SGLang version and PR#20547 state, each
     model's revision and manifest state, the unit's hash against the one the plan would render
-    now, and health (``/health_generate`` and ``/get_model_info`` probed from the host).
+    now, health (``/health_generate`` and ``/get_model_info`` probed from the host), and the
+    run lock (free, or who holds it, since when, and when its lease expires).
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
 
