@@ -280,6 +280,20 @@ def test_second_run_changes_nothing(env):
     assert {h: env.starts(h) for h in CONVERGE} == before
 
 
+def test_a_converged_run_is_two_commands_per_host(env):
+    """The run lock's take carries the probe of every fact (operations/probe.py): a converged
+    run is that command and the lock's release, per host, as bench/converged counts them (a
+    remote process each: ``Running command on`` and ``Attempting upload`` in pyinfra's debug log).
+    No renewal runs within the lease, and nothing is left to release at exit."""
+    hosts = ["ct200", "h200"]
+    rc, out = env.pyinfra("-y", "--debug", *limit(*hosts))
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in hosts}
+    counts = {h: len(re.findall(rf"Running command on {h}:", out)) for h in hosts}
+    uploads = len(re.findall(r"Attempting upload of ", out))
+    assert counts == {h: 2 for h in hosts} and uploads == 0, (counts, uploads)
+
+
 def test_changed_settings_restart_exactly_once(env):
     """b200 gets a new flag, h100 a new target revision committed to the hub; the other two
     hosts keep theirs. Each changed host restarts once; a rerun changes nothing again."""
