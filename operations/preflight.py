@@ -322,10 +322,14 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
     Released on every exit path: by the "Release the run lock" step; when an operation fails
     the host (a state callback: pyinfra runs none of a failed host's later operations); and
     when pyinfra disconnects from the host, which the CLI does in a ``finally`` whatever
-    happened (an error, no hosts left, Ctrl-C). Only a killed control process leaves it, until
-    its lease runs out. Releasing from the control process (not an operation) keeps the
-    converged deploy at 2 commands: the take (with the probe) and the release; the failure and
-    exit paths run one command only while the lock is still held.
+    happened (an error, no hosts left, Ctrl-C). Only a killed control process (SIGKILL, a
+    lost machine) leaves it, until its lease runs out. Why from the control process: pyinfra
+    runs no operation for a failed host, a ``@deploy`` has no ``finally``, and ``atexit`` runs
+    after the CLI has disconnected; the state callback and the disconnect hook run while the
+    host's connection is still open. A renewal or release waits at most 20 s (a host cut off
+    mid-run), then leaves it to the lease. The operations of a converged deploy stay 2 commands
+    per host: the take (with the probe) and the release; the failure and exit paths run one
+    command only while the lock is still held, and no renewal falls within a converged run.
 
     Taking and releasing the lock is run bookkeeping, not a change to the host, so it never
     shows as one: a converged host reports no change.
