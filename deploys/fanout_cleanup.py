@@ -3,9 +3,12 @@ remove keys, known_hosts and jobs on every host (specfleet/fleet/fanout.py runs 
 
 from pyinfra import host
 
-from operations import fanout
+from operations import fanout, preflight
 from specfleet.core.settings import settings_for_host
 
-state_dir = settings_for_host(host).state_dir
+settings = settings_for_host(host)
+state_dir = settings.state_dir
+preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 fanout.serve(name="Stop serving weights", present=False, state_dir=state_dir)
 fanout.cleanup(name="Remove fan-out keys and jobs", state_dir=state_dir)
+preflight.lock(name="Release the run lock", settings=settings, present=False)

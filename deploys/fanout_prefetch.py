@@ -11,7 +11,7 @@ passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see specfleet/flee
 
 from pyinfra import host
 
-from operations import fanout, weights
+from operations import fanout, preflight, weights
 from specfleet.core.fanout import MODELS
 from specfleet.core.settings import settings_for_host
 
@@ -20,6 +20,7 @@ plan = fanout.load_plan()
 me = plan["hosts"][host.name]
 serving = bool(me["receivers"])
 
+preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 weights.tools_from_settings(name="Weights tools")
 fanout.agent(name="Fan-out agent")
 weights.token_from_settings(name="Hugging Face token")
@@ -55,3 +56,4 @@ for which in MODELS:
     weights.model(name=f"{which.capitalize()} weights verified", which=which)
 fanout.serve(name="Stop serving weights", present=False, state_dir=settings.state_dir)
 fanout.cleanup(name="Remove fan-out keys and jobs", state_dir=settings.state_dir)
+preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -7,13 +7,14 @@ never rolled back: the old revision may not fit beside the new one.
 from pyinfra import host
 from pyinfra.operations.util import any_changed
 
-from operations import rollback, serving
+from operations import preflight, rollback, serving
 from specfleet.core.settings import settings_for_host
 
 settings = settings_for_host(host)
 # The point does not change during the rollback, so reading it while preparing is safe.
 kept = rollback.rollback_state(settings)["saved"]
 
+preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 pins = rollback.pins(name="Rollback: package pins", settings=settings)
 patch = rollback.patch(name="Rollback: PR#20547 patch state", settings=settings)
 if kept is not None and kept["unit"] is None:
@@ -30,3 +31,4 @@ else:
     serving.service(name="Rollback: restart onto the kept unit", settings=settings,
                    running=True, enabled=True)
     serving.ready(name="Readiness gate after the rollback", settings=settings)
+preflight.lock(name="Release the run lock", settings=settings, present=False)

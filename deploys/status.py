@@ -3,9 +3,11 @@
     pyinfra INVENTORY deploys/status.py [--limit HOST]
 
 Per host: the SGLang version and PR#20547 state, each model's revision and manifest state, the
-unit's hash against the one the launch plan would render now, and health (``/health_generate``
-and ``/get_model_info`` probed from the host). A table at the end gives each host's verdict:
-"in sync, healthy", or "drift: ..." naming what a ``deploys/kimi_k26.py`` run would change.
+unit's hash against the one the launch plan would render now, health (``/health_generate``
+and ``/get_model_info`` probed from the host), and the run lock (free, or its holder, since
+when, and when its lease expires). It takes no lock itself. A table at the end gives each
+host's verdict: "in sync, healthy", or "drift: ..." naming what a ``deploys/kimi_k26.py`` run
+would change.
 It changes nothing: every host reports "No changes".
 """
 

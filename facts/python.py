@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
@@ -129,3 +131,49 @@ class Packages(FactBase[dict]):
     @override
     def process(self, output: list[str]) -> dict:
         return parse_packages(parse_printed("\n".join(output)))
+
+
+PIP_PLAN = script_source("pip_plan.py")
+
+
+def parse_pip_plan(output: list[str]) -> dict | None:
+    """The PipInstallPlan value from its script's one JSON line (None: no venv Python)."""
+    for line in reversed(output):
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                break
+            return value if isinstance(value, dict) else None
+    text = "\n".join(line for line in output if line.strip())
+    return {"rc": None, "error": text[-800:] or "no answer", "install": [], "installed": {},
+            "pip_version": None, "created_by_specfleet": False} if text else None
+
+
+class PipInstallPlan(FactBase[Any]):
+    """
+    What ``pip install [pip_args] requirement`` would change in the venv ``venv``, from pip's
+    own dry run (``pip install --dry-run --report``), changing nothing; ``None`` when the venv has
+    no Python. ``install`` is pip's report's list (format 1, cut to name, version, requested);
+    ``installed`` every distribution there now; ``created_by_specfleet`` whether
+    ``sglang.installed`` created the venv (its marker file). Only asked before an install into an
+    existing venv: a converged run never asks it.
+
+    .. code:: python
+
+        {"rc": 0, "error": None, "pip_version": "23.0.1", "created_by_specfleet": False,
+         "install": [{"metadata": {"name": "torch", "version": "2.9.1"}, "requested": False},
+                     {"metadata": {"name": "sglang", "version": "0.5.14"}, "requested": True}],
+         "installed": {"torch": "2.8.0", "sglang": "0.5.11", ...}}
+    """
+
+    @override
+    def command(self, venv: str, requirement: str, pip_args: list[str] | None = None) -> str:
+        py = shlex.quote(f"{venv.rstrip('/')}/bin/python")
+        words = [venv, *(pip_args or []), requirement]
+        return (f"if test -x {py}; then {py} -I -c {shlex.quote(PIP_PLAN)} "
+                f"{' '.join(shlex.quote(w) for w in words)}; fi")
+
+    @override
+    def process(self, output: list[str]) -> dict | None:
+        return parse_pip_plan(output)

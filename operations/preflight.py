@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -10,10 +11,17 @@ import re
 import socket
 import sys
 import time
+import uuid
+import weakref
 from typing import Any
 
+import gevent
+import gevent.event
 from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host
 
 from facts import cache
 from facts.cache import cached_fact, cached_gather
@@ -28,8 +36,11 @@ from operations.util import fails_host
 from operations.venvs import effective_settings
 from operations.weights import control_token
 from specfleet.core import preflight as pure
+from specfleet.core import runlock
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
+from specfleet.hostside.run_lock import MARK
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -38,108 +49,353 @@ def lock_path(settings: Settings) -> str:
     return posixpath.join(settings.state_dir, "run.lock")
 
 
+# --------------------------------------------------------------------------------------------------
+# The run lock: who this run is (the control machine, the process, the run), and the lease
+# --------------------------------------------------------------------------------------------------
+
+RUN_ID_ENV = runlock.RUN_ID_ENV
+LEASE_ENV = runlock.LEASE_ENV
+_RUN_ID: list[str] = []
+
+
+def _first_line(*paths: str) -> str | None:
+    for path in paths:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
+
+
+def _pid_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a recycled pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_id() -> str:
+    """This run's id: ``SPECFLEET_RUN_ID`` (a controller sets it, so its steps are one owner),
+    else one made for this process."""
+    env = os.environ.get(RUN_ID_ENV, "").strip()
+    if env:
+        return env
+    if not _RUN_ID:
+        _RUN_ID.append(runlock.new_run_id())
+    return _RUN_ID[0]
+
+
+def lease_seconds() -> float:
+    """The lease: ``SPECFLEET_LOCK_LEASE_S`` (tests shorten it), else 180 s."""
+    try:
+        value = float(os.environ.get(LEASE_ENV, ""))
+    except ValueError:
+        return runlock.DEFAULT_LEASE_S
+    return value if value > 0 and value == value else runlock.DEFAULT_LEASE_S
+
+
 def _me() -> dict[str, Any]:
+    """The owner this run writes into the lock (``specfleet.core.runlock``)."""
+    pid = os.getpid()
     return {
         "owner": f"{os.environ.get('USER', 'root')}@{socket.gethostname()}",
         "control_host": socket.gethostname(),
-        "pid": os.getpid(),
+        "machine_id": _first_line("/etc/machine-id", "/var/lib/dbus/machine-id"),
+        "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
+        "pid": pid,
+        "pid_start": _pid_start(pid),
+        "run_id": run_id(),
         "started": time.time(),
         "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)),
     }
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, pid_start: int | None = None) -> bool:
+    """Whether ``pid`` is a live process on this machine, and the one that started at
+    ``pid_start`` where both start times are known."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if pid_start is not None:
+        now = _pid_start(pid)
+        if now is not None and now != pid_start:
+            return False
     return True
 
 
-def lock_verdict(held: dict | None, me: dict, alive) -> tuple[str, str | None]:
-    """What to do with the lock a host holds: ("take"|"ours"|"stale"|"busy", message). Pure."""
-    if not held:
-        return "take", None
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("started") or 0))
-    who = f"{held.get('owner', 'unknown')} (pid {held.get('pid', '?')}, since {since})"
-    if held.get("control_host") == me["control_host"] and held.get("pid") == me["pid"]:
-        return "ours", None
-    if held.get("control_host") == me["control_host"] and isinstance(held.get("pid"), int):
-        if not alive(held["pid"]):
-            return "stale", f"a lock left by a dead run of {who} is cleared and taken over"
-    return "busy", f"another specfleet run holds this host: {who}: {held.get('command', '')}"
+def lock_verdict(held: dict | None, me: dict, alive,
+                 host_now: float | None = None) -> tuple[str, str | None]:
+    """``specfleet.core.runlock.lock_verdict`` with this run's lease (pure)."""
+    if host_now is None and held:
+        host_now = held.get("host_now")
+    return runlock.lock_verdict(held, me, alive, host_now, lease_seconds())
 
 
-TAKEN = "specfleet-lock-taken"
+def _lock_source() -> str:
+    text = hostside_path("run_lock.py").read_text()
+    if text.startswith('"""'):  # the docstring is for readers here, not bytes on every run
+        text = text[text.index('"""', 3) + 3 :].lstrip("\n")
+    return text
 
 
-def _take_command(path: str, me: dict) -> StringCommand:
-    # noclobber makes the create atomic: of two runs, exactly one writes the file. The echo after
-    # cat ends a lock written without a final newline, which would otherwise run into the first
-    # line of the probe that follows in the same command (and read as an unknown owner).
+LOCK_SOURCE = _lock_source()
+
+
+def lock_command(mode: str, path: str, lease_s: float, *args: str) -> StringCommand:
+    """The host-side lock script (``specfleet/hostside/run_lock.py``) for one ``mode``."""
     return StringCommand(
-        "mkdir", "-p", QuoteString(posixpath.dirname(path)), "&&",
-        "(", "set", "-C;", "echo", QuoteString(json.dumps(me)), ">", QuoteString(path), ")",
-        "2>/dev/null", "&&", "echo", TAKEN, "||", "{", "cat", QuoteString(path), ";", "echo;", "}",
+        "python3", "-I", "-S", "-c", QuoteString(LOCK_SOURCE), mode, QuoteString(path),
+        f"{lease_s:g}", *(QuoteString(a) for a in args),
     )
 
 
-def _holder(lines: list[str]) -> dict | None:
-    if any(line.strip() == TAKEN for line in lines):
+def parse_lock_output(lines: list[str]) -> tuple[str, dict] | None:
+    """``(status, value)`` from the lock script's line, or None when it printed none."""
+    for line in lines:
+        if line.startswith(MARK + " "):
+            _, status, text = line.split(" ", 2)
+            try:
+                value = json.loads(text)
+            except ValueError:
+                return None
+            return status, value if isinstance(value, dict) else {}
+    return None
+
+
+@dataclasses.dataclass
+class _Holding:
+    """A lock this process holds on one host, and its heartbeat."""
+
+    path: str
+    token: str
+    lease_s: float
+    args: dict[str, Any]
+    stop: Any = None
+    beat: Any = None
+
+
+# host -> what this process holds there (weak: a host dies with its State).
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Connector arguments that would be wrong for the lock's own commands.
+_NOT_FOR_LOCK = {"_stdin", "_timeout", "_success_exit_codes", "_get_pty", "_retries"}
+
+
+def _connector_args() -> dict[str, Any]:
+    args = getattr(host, "current_op_global_arguments", None) or {}
+    return {k: v for k, v in args.items() if k in CONNECTOR_ARGUMENT_KEYS and
+            k not in _NOT_FOR_LOCK}
+
+
+# A renewal or release waits at most this long: on a host cut off mid-run (its SSH channel
+# would wait for paramiko's hour-long channel timeout) the lease then simply runs out.
+LOCK_IO_TIMEOUT_S = 20.0
+
+
+def _run_lock(h: Any, holding: _Holding, mode: str) -> tuple[str, dict] | None:
+    try:
+        with gevent.Timeout(LOCK_IO_TIMEOUT_S, TimeoutError):
+            _, output = h.run_shell_command(
+                lock_command(mode, holding.path, holding.lease_s, holding.token),
+                print_output=False, print_input=False, **holding.args,
+            )
+    except Exception as exc:  # noqa: BLE001 - a lost connection: the lease ends by itself
+        logger.warning(f"{h.print_prefix}run lock {mode} failed ({exc or type(exc).__name__}): "
+                       "its lease runs out by itself")
         return None
-    return RunLock().process(lines) or {"owner": "unknown"}
+    return parse_lock_output(output.stdout_lines)
+
+
+def _heartbeat(h: Any, holding: _Holding) -> None:
+    """Renew the lease every ``lease_s / 4`` while this run holds the lock (a greenlet of this
+    control process, over the host's own pyinfra connection)."""
+    interval = holding.lease_s / runlock.RENEWALS_PER_LEASE
+    while not holding.stop.wait(interval):
+        result = _run_lock(h, holding, "renew")
+        if holding.stop.is_set() or result is None:
+            continue
+        status, value = result
+        if status == "lost":
+            held = value.get("held")
+            who = runlock.holder(held) if held else "nobody"
+            logger.error(
+                f"{h.print_prefix}the run lock {holding.path} is no longer this run's (now: "
+                f"{who}): this run went {interval:.0f} s without renewing its lease, which "
+                "expired; another run may be changing this host too"
+            )
+            _forget(h)
+            return
+
+
+def _forget(h: Any) -> _Holding | None:
+    holding = _HELD.pop(h, None)
+    if holding is not None and holding.stop is not None:
+        holding.stop.set()
+    return holding
+
+
+def release_held(h: Any, why: str = "") -> None:
+    """Release the lock this process holds on ``h`` (if any): one command, only then."""
+    holding = _forget(h)
+    if holding is None:
+        return
+    result = _run_lock(h, holding, "release")
+    if result is not None and result[0] == "released" and why:
+        logger.info(f"{h.print_prefix}run lock {holding.path} released ({why})")
+
+
+class _ReleaseOnFailure(BaseStateCallback):
+    """Releases the lock of a host as soon as an operation fails it: pyinfra runs none of the
+    host's later operations, "Release the run lock" among them."""
+
+    @staticmethod
+    def operation_host_error(state: Any, h: Any, op_hash: Any, retry_count: int = 0,
+                             max_retries: int = 0) -> None:
+        try:
+            ignored = state.get_op_data_for_host(h, op_hash).global_arguments.get(
+                "_ignore_errors")
+        except Exception:  # noqa: BLE001 - unknown: the host may go on, keep the lock
+            ignored = True
+        if not ignored:
+            release_held(h, "the host failed")
+
+
+def _release_on_exit(h: Any) -> None:
+    """Release the lock when pyinfra disconnects from the host: the CLI does that in a
+    ``finally`` on every exit path (success, failed hosts, an error, Ctrl-C)."""
+    if getattr(h, "_specfleet_lock_hooked", False):
+        return
+    disconnect = h.disconnect
+
+    def release_then_disconnect() -> None:
+        try:
+            release_held(h, "the run ends")
+        finally:
+            disconnect()
+
+    h.disconnect = release_then_disconnect
+    h._specfleet_lock_hooked = True
+    st = h.state
+    if not any(isinstance(c, _ReleaseOnFailure) for c in st.callback_handlers):
+        st.add_callback_handler(_ReleaseOnFailure())
+
+
+def _hold(h: Any, path: str, mine: dict, lease_s: float, args: dict[str, Any]) -> None:
+    """Remember the lock taken on host ``h`` (the Host itself, not pyinfra's context proxy: the
+    heartbeat and the exit path run outside any context), renew it while the run lives, release
+    it at exit."""
+    old = _forget(h)
+    if old is not None and old.path != path:
+        _run_lock(h, old, "release")
+    holding = _Holding(path, mine["token"], lease_s, args, stop=gevent.event.Event())
+    _HELD[h] = holding
+    holding.beat = gevent.spawn(_heartbeat, h, holding)
+    _release_on_exit(h)
 
 
 @operation()
 @fails_host
-def lock(settings: Settings | None = None, present: bool = True):
+def lock(settings: Settings | None = None, present: bool = True, probe: bool = True):
     """
     Hold the per-host run lock, so that two runs never change one host at once.
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
     + present: take the lock (``True``) or release it (``False``)
+    + probe: take the deploy's probe (``operations.probe``) in the same command
 
-    The lock file records the owner, control machine, pid, time and command. A lock left by a
-    run on this control machine whose process is gone is reported and taken over; one held from
-    elsewhere fails the host with the way to clear it. Taking and releasing the lock is run
-    bookkeeping, not a change to the host, so it never shows as one: a converged host reports
-    no change.
+    One lock model for every run that changes a host (the deploy, each rollout and fan-out
+    step): ``specfleet.core.runlock``. The owner is this run, not a host name: the control
+    machine's machine id and boot id, the pid and the run id (``SPECFLEET_RUN_ID``, which the
+    rollout and fan-out controllers set so their steps are one owner and re-enter a lock an
+    earlier step left). The lock is a lease on the host's clock that this process renews every
+    quarter lease (a greenlet over the host's own connection) while it lives, so the lock of a
+    run that died, anywhere, expires by itself within the lease (180 s; ``SPECFLEET_LOCK_LEASE_S``).
+    Taking it is one compare-and-swap on the host under ``flock``: of two runs, one wins.
+
+    Released on every exit path: by the "Release the run lock" step; when an operation fails
+    the host (a state callback: pyinfra runs none of a failed host's later operations); and
+    when pyinfra disconnects from the host, which the CLI does in a ``finally`` whatever
+    happened (an error, no hosts left, Ctrl-C). Only a killed control process (SIGKILL, a
+    lost machine) leaves it, until its lease runs out. Why from the control process: pyinfra
+    runs no operation for a failed host, a ``@deploy`` has no ``finally``, and ``atexit`` runs
+    after the CLI has disconnected; the state callback and the disconnect hook run while the
+    host's connection is still open. A renewal or release waits at most 20 s (a host cut off
+    mid-run), then leaves it to the lease. The operations of a converged deploy stay 2 commands
+    per host: the take (with the probe) and the release; the failure and exit paths run one
+    command only while the lock is still held, and no renewal falls within a converged run.
+
+    Taking and releasing the lock is run bookkeeping, not a change to the host, so it never
+    shows as one: a converged host reports no change.
     """
     s = settings or settings_for_host(host)
     path = lock_path(s)
     me = _me()
+    lease_s = lease_seconds()
     # Taking the lock also takes the run's probe (facts.cache), in the same command.
-    specs = _probe_specs(s, path) if present else []
+    specs = _probe_specs(s, path) if present and probe else []
     if not state.is_executing:
-        if present:
+        if present and specs:
             cache.load(host, specs)
-        verdict, message = lock_verdict(cached_fact(host, RunLock, path=path), me, _alive)
-        if verdict == "busy":
-            raise SpecfleetError(message, host=host.name, fix=_clear_fix(path))
+        held = cached_fact(host, RunLock, path=path)
+        verdict, message = lock_verdict(held, me, _alive)
+        if verdict == runlock.BUSY:
+            raise SpecfleetError(message, host=host.name, fix=runlock.busy_fix(path))
+        if verdict in (runlock.STALE, runlock.EXPIRED):
+            host.log(f"would take over: {message}", logger.warning)
         host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
         return
     if not present:
-        host.run_shell_command(_release_command(path, me["pid"]))
+        release_held(ctx_host.get() or host)
         host.noop(f"run lock {path} is released")
         return
-    _, output = host.run_shell_command(
-        StringCommand(_take_command(path, me), ";", cache.command(specs)),
-        print_output=False, print_input=False,
-    )
+    args = _connector_args()
+    me["token"] = uuid.uuid4().hex
+    take = lock_command("take", path, lease_s, json.dumps(me))
+    command = StringCommand(take, ";", cache.command(specs)) if specs else take
+    _, output = host.run_shell_command(command, print_output=False, print_input=False, **args)
     lines = output.stdout_lines
     cut = next((i for i, line in enumerate(lines) if line.startswith(PROBE_MARK)), len(lines))
-    held = _holder(lines[:cut])
-    verdict, message = lock_verdict(held, me, _alive)
-    if verdict == "busy":
-        raise SpecfleetError(message, host=host.name, fix=_clear_fix(path))
-    if verdict == "stale":
-        host.log(message, logger.warning)
-        host.run_shell_command(
-            StringCommand("echo", QuoteString(json.dumps(me)), ">", QuoteString(path))
+    result = parse_lock_output(lines[:cut])
+    if result is None:
+        said = "\n".join([*lines[:cut], *output.stderr_lines][-6:])
+        raise SpecfleetError(
+            f"could not take the run lock {path}: {said or 'no answer'}", host=host.name,
+            fix="check that the host has python3 and that the lock's folder is writable",
         )
-    cache.store(host, specs, lines[cut:])
+    status, value = result
+    if status == "held":
+        held = dict(value.get("held") or {"owner": "unknown"})
+        verdict, message = lock_verdict(held, me, _alive, value.get("now"))
+        if verdict == runlock.STALE:
+            # Replace it only if it is still the lock judged dead: a compare-and-swap.
+            seen = value.get("fingerprint") or ""
+            cas = lock_command("take", path, lease_s, json.dumps(me), seen)
+            _, again = host.run_shell_command(cas, print_output=False, print_input=False, **args)
+            result = parse_lock_output(again.stdout_lines) or ("held", value)
+            status, value = result
+            if status == "taken":
+                host.log(message, logger.warning)
+            else:  # another run took it first
+                held = dict(value.get("held") or held)
+                message = runlock.busy_message(held, value.get("now"), lease_s)
+        if status != "taken":
+            raise SpecfleetError(message or runlock.busy_message(held, value.get("now"), lease_s),
+                                 host=host.name, fix=runlock.busy_fix(path))
+    if value.get("why") == "expired":
+        prior = value.get("held") or {}
+        host.log(f"a lock left by {runlock.holder(prior)} "
+                 f"{runlock.lease_words(prior, value.get('now'), lease_s)}: its run stopped "
+                 "renewing it; taken over", logger.warning)
+    _hold(ctx_host.get() or host, path, value.get("mine") or me, lease_s, args)
+    if specs:
+        cache.store(host, specs, lines[cut:])
     host.noop(f"run lock {path} is held by this run")
     yield from ()
 
@@ -151,18 +407,6 @@ def _probe_specs(s: Settings, path: str) -> list:
     except Exception as exc:  # noqa: BLE001 - an optimisation only: never fail the run for it
         host.log(f"no probe for this run ({exc}): each step asks its own facts", logger.warning)
         return []
-
-
-def _release_command(path: str, pid: int) -> StringCommand:
-    """Remove the lock only if this run (``pid``) holds it."""
-    return StringCommand(
-        "!", "grep", "-q", QuoteString(f'"pid": {pid},'), QuoteString(path), "||",
-        "rm", "-f", QuoteString(path),
-    )
-
-
-def _clear_fix(path: str) -> str:
-    return f"wait for that run to end; if it is dead, clear the lock on the host: rm -f {path}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -261,10 +505,8 @@ def checks(settings: Settings | None = None):
     for warning in result.warnings:
         host.log(f"preflight: {warning}", logger.warning)
     if result.problems:
-        if state.is_executing:
-            # The host fails here and runs nothing more: a lock left behind would block the
-            # next run from another control machine until someone removed it by hand.
-            host.run_shell_command(_release_command(lock_path(s), os.getpid()))
+        # The host fails here and runs nothing more: ``lock`` releases its lock (a state
+        # callback on the failed operation), so the next run from anywhere goes at once.
         first, *rest = result.problems
         more = "".join(f"\n{p.render()}" for p in rest)
         raise SpecfleetError(f"{first.render()}{more}", host=host.name, fix=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from io import StringIO
 from typing import Any
@@ -11,7 +12,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cache import cached_fact
-from facts.python import Packages
+from facts.python import Packages, PipInstallPlan
 from facts.sglang import FileHashes, GitRemoteRefs, PatchState, SGLangInstall, Venv
 from operations.sglang_commands import (
     apply_script,
@@ -26,15 +27,19 @@ from operations.util import fails_host
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.sglang.install import (
+    created_marker,
     decide_compressed_tensors,
     decide_install,
     direct_url,
     git_requirement,
     has_v2_worker,
     is_commit,
+    judge_venv_changes,
     package_version,
     parse_ls_remote,
     patch_state_dir,
+    planned_changes,
+    refused_message,
     short,
     site_packages,
     split_git_url,
@@ -129,6 +134,7 @@ def installed(
     git_ref: str | None = None,
     no_deps: bool = False,
     present: bool = True,
+    allow_replacing: bool | list[str] = False,
 ):
     """
     Install SGLang, pinned, into a venv; reuse the venv if it exists.
@@ -143,6 +149,16 @@ def installed(
     + git_ref: branch, tag, ``refs/pull/N/head`` or commit; the commit is the idempotence key
     + no_deps: tests only, install without dependencies
     + present: whether SGLang should be installed
+    + allow_replacing: packages (names or globs; ``True``: any) that an install into a venv this
+      op did not create may replace besides SGLang and compressed-tensors
+
+    An install into an existing venv first asks pip what it would change there
+    (``facts.python.PipInstallPlan``: ``pip install --dry-run --report`` on the host), says it
+    (``--dry`` too), and refuses, changing nothing, to replace any other installed package
+    (torch, sgl-kernel, flashinfer, triton, ...) in a venv it did not create, unless
+    ``allow_replacing`` lets it: the host fails naming the venv, each package (from -> to) and
+    the fix. A venv this op creates gets a marker (``.specfleet/created-by-specfleet``).
+    ``no_deps`` installs change no dependency and skip the dry run.
 
     From an index the pin is compared with ``packaging`` (pyinfra's ``pip.packages`` reinstalls
     local versions and direct references on every run). From git the key is the commit pip wrote
@@ -209,6 +225,12 @@ def installed(
         host.noop(decision.reason)
         return
 
+    requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
+    source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
+    changes = None
+    if has_python and not no_deps:
+        changes = _venv_changes(venv, requirement, source_args, allow_replacing)
+
     # Every reason is said before the first yield: ``--dry`` stops there.
     if not has_python:
         _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
@@ -220,20 +242,55 @@ def installed(
         where += f" (find-links {find_links})" if find_links else ""
         where = where or " from PyPI"
     _say(decision.reason + where + (" without dependencies (tests)" if no_deps else ""))
+    if changes:
+        _say(f"pip also changes {venv}: {changes}")
     if marker:
         _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
     if not has_python:
-        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv))
+        # The marker says this venv is specfleet's: pip may replace packages in it.
+        yield StringCommand(
+            QuoteString(python), "-m", "venv", QuoteString(venv), "&&", "mkdir", "-p",
+            QuoteString(posixpath.dirname(created_marker(venv))), "&&", "touch",
+            QuoteString(created_marker(venv)),
+        )
     yield from _patch_restore_steps(venv, marker)
     if decision.action == "reinstall":
         yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
-    requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
     yield StringCommand(
-        *_pip(venv),
-        "install",
-        *(QuoteString(a) for a in _source_argv(index_url, find_links, trusted_hosts, no_deps)),
-        QuoteString(requirement),
+        *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
     )
+
+
+def _venv_changes(venv: str, requirement: str, source_args: list[str],
+                  allow_replacing: bool | list[str]) -> str | None:
+    """What installing ``requirement`` into the existing ``venv`` changes besides SGLang and
+    compressed-tensors, in words (None: nothing), from pip's dry run on the host. Raises when it
+    would replace a package in a venv specfleet did not create and ``allow_replacing`` does not
+    let it, or when pip cannot tell in such a venv."""
+    plan = host.get_fact(PipInstallPlan, venv=venv, requirement=requirement,
+                         pip_args=source_args) or {}
+    created = bool(plan.get("created_by_specfleet"))
+    if plan.get("rc") != 0:
+        problem = (f"pip cannot tell what installing {requirement} would change in {venv}: "
+                   f"{plan.get('error') or 'no answer'}")
+        if created or allow_replacing is True:
+            _warn(problem)
+            return None
+        raise SpecfleetError(
+            f"{problem}; nothing was changed (a venv specfleet did not create)",
+            host=host.name,
+            fix="check that pip in the venv is 22.2 or later (--report) and reaches the SGLang "
+            "source; or install beside it (sglang.side_by_side: True), or set "
+            "sglang.allow_replacing: True",
+        )
+    verdict = judge_venv_changes(
+        planned_changes({"install": plan.get("install")}, plan.get("installed")),
+        created_by_specfleet=created, allow=allow_replacing,
+    )
+    if verdict.refused:
+        problem, fix = refused_message(venv, requirement, verdict)
+        raise SpecfleetError(problem, host=host.name, fix=fix)
+    return verdict.summary()
 
 
 @operation()
@@ -561,6 +618,7 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
         python=settings.python,
         git_url=sg.git_url if git else None,
         git_ref=sg.git_ref if git else None,
+        allow_replacing=sg.allow_replacing,
         **source,
         **global_args,
     )

@@ -15,6 +15,7 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import operation
 
+from facts.preflight import RunLock
 from facts.probe import gather
 from facts.sglang import PatchState
 from facts.status import Health
@@ -34,12 +35,14 @@ from operations.serving import (
 )
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.runlock import lock_status
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.core.sglang.portdata import PORTED_RELEASES
 
 SGLANG = "facts.sglang.SGLangInstall"
 PATCH = "status_patch"
 HEALTH = "status_health"
+LOCK = "status_lock"
 
 
 def _weights(name: str) -> str:
@@ -61,6 +64,7 @@ class HostStatus:
     drafter: str = "-"
     unit: str = "-"
     health: str = "-"
+    lock: str = "-"
     drift: list[str] = field(default_factory=list)
     healthy: bool = False
 
@@ -213,6 +217,7 @@ def status_specs(settings: Settings) -> dict[str, Any]:
             "facts.weights.WeightsState",
             {"path": posixpath.join(settings.models_root, src.dir_name)},
         )
+    specs[LOCK] = (RunLock, {"path": posixpath.join(settings.state_dir, "run.lock")})
     specs[HEALTH] = (Health, {
         "host": settings.listen_host, "port": settings.port,
         "secret_file": paths.secret if has_api_key(settings) else None,
@@ -226,6 +231,8 @@ def host_status(
     """The status of one host from the facts of ``status_specs`` (pure: no I/O, but for reading
     ``api_key_file`` on the control machine where that is how the key is given)."""
     st = HostStatus(host=host_name)
+    held = facts.get(LOCK)
+    st.lock = lock_status(held, (held or {}).get("host_now"))
     sglang_status(settings, facts.get(SGLANG), facts.get(PATCH), st, configured_venv or None)
     st.target = weights_status(settings, "target", facts.get(_weights("target")), st)
     st.drafter = weights_status(settings, "drafter", facts.get(_weights("drafter")), st)
@@ -253,7 +260,7 @@ def host_status(
     return st
 
 
-COLUMNS = ("host", "sglang", "patch", "target", "drafter", "unit", "health")
+COLUMNS = ("host", "sglang", "patch", "target", "drafter", "unit", "health", "lock")
 
 
 def format_table(rows: list[HostStatus]) -> str:
@@ -297,7 +304,8 @@ def report(settings: Settings | None = None):
     """
     Report this host as it is, changing nothing: the SGLang version and PR#20547 state, each
     model's revision and manifest state, the unit's hash against the one the plan would render
-    now, and health (``/health_generate`` and ``/get_model_info`` probed from the host).
+    now, health (``/health_generate`` and ``/get_model_info`` probed from the host), and the
+    run lock (free, or who holds it, since when, and when its lease expires).
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
 

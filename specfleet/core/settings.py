@@ -100,6 +100,10 @@ class SGLangSource:
     # and switches the unit to it, keeping the old venv untouched for rollback. False: upgrade
     # ``venv`` in place (pip may then replace torch in it).
     side_by_side: bool = True
+    # An install into an existing venv that specfleet did not create never replaces another
+    # package there (torch, sgl-kernel, flashinfer, ...: pip's dry run says which) unless listed
+    # here (names or globs, e.g. ["torch", "nvidia-*"]) or True (any).
+    allow_replacing: bool | list[str] = False
 
 
 @dataclass(frozen=True)
@@ -636,6 +640,11 @@ def _check_sglang(sg: SGLangSource, p: _Problems, test_ok: bool) -> None:
                 specifier_problem(sg.compressed_tensors),
                 "set sglang.compressed_tensors to a specifier, or unset it to use the version "
                 "table's")  # fmt: skip
+    if isinstance(sg.allow_replacing, list):
+        for i, name in enumerate(sg.allow_replacing):
+            if not name.strip():
+                p.bad(f"sglang.allow_replacing[{i}]", repr(name), "a package name or glob",
+                      "list package names such as 'torch' or globs such as 'nvidia-*'")
     if sg.no_deps and not test_ok:
         p.bad("sglang.no_deps", "True", f"false: 'sglang.no_deps' is a test-only setting "
               f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip

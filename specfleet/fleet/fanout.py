@@ -56,6 +56,7 @@ from specfleet.core.fanout import (
     plan_fanout,
     swarm_key,
 )
+from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import settings_for_host
 from specfleet.fleet.pyinfra_run import deploy_path, run_pyinfra
 
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             hosts = [h for h in hosts if h in a.limit]
         order = [h.strip() for h in a.order.split(",") if h.strip()] if a.order else None
         plan: dict[str, Any] = {}
+        # Its pyinfra runs (the prefetch, a cleanup) are one owner of the hosts' run locks.
+        controller_run_id(os.environ)
         step = run_prefetch(a.inventory, hosts, order, run_pyinfra, a.degree, a.port,
                             plan_out=plan)
     except SpecfleetError as exc:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
 from specfleet.fleet.fanout import run_prefetch
 from specfleet.fleet.pyinfra_run import (
@@ -439,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot load the inventory {args.inventory}: {exc}\n  fix: check the inventory "
               "file with `pyinfra INVENTORY debug-inventory`", file=sys.stderr)
         return 3
+    # Every pyinfra run of this rollout is one owner of the hosts' run locks (SPECFLEET_RUN_ID):
+    # a step re-enters a lock an earlier step of it left, instead of waiting for its lease.
+    say(f"run id {controller_run_id(os.environ)}")
     rollout = Rollout(args.inventory, args.deploy, hosts, options, args.prefetch_deploy)
     rc = rollout.run()
     if args.report:

@@ -38,6 +38,7 @@ else:
                 git_url=sg.git_url if git else None,
                 git_ref=sg.git_ref if git else None,
                 present=installed_present,
+                allow_replacing=sg.allow_replacing,
                 **source,
             )
         elif op == "compressed_tensors":

@@ -280,6 +280,25 @@ def test_second_run_changes_nothing(env):
     assert {h: env.starts(h) for h in CONVERGE} == before
 
 
+def test_a_converged_run_is_two_commands_per_host(env):
+    """The run lock's take carries the probe of every fact (operations/probe.py): the operations
+    of a converged run are that command and the lock's release, per host, as bench/converged
+    counts them (a remote process each: ``Running command on`` and ``Attempting upload`` in
+    pyinfra's debug log). No renewal runs within the lease, and nothing is left to release at
+    exit. (Loading the deploy file asks the venv's facts live before that: operations.venvs
+    picks the venv while the operations are made; they are not counted here.)"""
+    hosts = ["ct200", "h200"]
+    rc, out = env.pyinfra("-y", "--debug", *limit(*hosts))
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in hosts}
+    run = out.split("--> Beginning operation run", 1)[1]
+    counts = {h: len(re.findall(rf"Running command on {h}:", run)) for h in hosts}
+    uploads = len(re.findall(r"Attempting upload of ", run))
+    said = [ln[:240] for ln in run.splitlines()
+            if "Running command on" in ln or "fact cache miss" in ln]
+    assert counts == {h: 2 for h in hosts} and uploads == 0, (counts, uploads, said)
+
+
 def test_changed_settings_restart_exactly_once(env):
     """b200 gets a new flag, h100 a new target revision committed to the hub; the other two
     hosts keep theirs. Each changed host restarts once; a rerun changes nothing again."""
@@ -417,16 +436,29 @@ def test_gated_drafter_without_a_token(env):
 # --------------------------------------------------------------------------------------------------
 
 
+def _first_line(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def test_run_lock_held_by_another_and_left_by_a_dead_run(env):
-    """h100: a lock held from another control machine fails the host with the way to clear it.
-    h200: a lock left by a dead run on this machine is reported and taken over; the run goes on
-    and releases it."""
-    foreign = {"owner": "alice@laptop", "control_host": "laptop", "pid": 4242,
-               "started": time.time() - 60, "command": "pyinfra inventories/fleet.py deploys/kimi_k26.py"}
+    """h100: a lock held from another control machine (another machine id, whose lease runs)
+    fails the host with its holder, its expiry and the way to clear it. h200: a lock left by a
+    dead run of this control machine is reported and taken over; the run goes on and releases
+    it. (tests/fleet/test_lock_fleet.py: expiry, concurrent takers, failures after preflight.)"""
+    now = float(env.run("h100", "date +%s.%N"))
+    foreign = {"owner": "alice@laptop", "control_host": "laptop", "machine_id": "0" * 32,
+               "boot_id": "1" * 32, "pid": 4242, "run_id": "alices-run",
+               "started": time.time() - 60, "taken_at": now - 60, "expires_at": now + 600,
+               "command": "pyinfra inventories/fleet.py deploys/kimi_k26.py"}
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale = {"owner": "bob@" + socket.gethostname(), "control_host": socket.gethostname(),
-             "pid": dead.pid, "started": time.time() - 3600, "command": "pyinfra x.py deploy.py"}
+             "machine_id": _first_line("/etc/machine-id"),
+             "boot_id": _first_line("/proc/sys/kernel/random/boot_id"), "pid": dead.pid,
+             "run_id": "bobs-run", "started": time.time() - 3600, "command": "pyinfra x.py deploy.py"}
     for host, lock in (("h100", foreign), ("h200", stale)):
         env.fleet.run(host, f"mkdir -p /var/lib/specfleet && cat > {LOCK}",
                       input=json.dumps(lock), check=True)
@@ -435,17 +467,20 @@ def test_run_lock_held_by_another_and_left_by_a_dead_run(env):
         rc, out = env.pyinfra("-y", *limit("h100", "h200"))
         assert rc != 0  # h100 failed
         h100 = host_output(out, "h100")
-        assert "another specfleet run holds this host: alice@laptop (pid 4242, since " in h100
-        assert ("fix: wait for that run to end; if it is dead, clear the lock on the host: "
-                f"rm -f {LOCK}") in h100
+        assert ("another specfleet run holds this host: alice@laptop (run alices-run, pid 4242 "
+                "on machine 00000000, since ") in h100
+        assert "its lease expires " in h100
+        assert ("fix: wait for that run to end; if it is dead, its lease expires by itself and "
+                f"the next run takes the lock over (to clear it sooner, on the host: rm -f {LOCK})"
+                ) in h100
         assert list(op_results(out)["h100"]) == ["Hold the run lock"]
         assert op_results(out)["h100"]["Hold the run lock"].startswith("Error")
         assert json.loads(env.run("h100", f"cat {LOCK}")) == foreign
         assert env.snapshot("h100") == before
 
         h200 = host_output(out, "h200")
-        assert (f"a lock left by a dead run of bob@{socket.gethostname()} (pid {dead.pid}, since "
-                in h200 and "is cleared and taken over" in h200)
+        assert (f"a lock left by a dead run of bob@{socket.gethostname()} (run bobs-run, pid "
+                f"{dead.pid} on machine " in h200 and "is taken over" in h200)
         assert changed(out)["h200"] == []
         assert op_results(out)["h200"]["Release the run lock"] == "No changes"
         assert env.run("h200", f"test -e {LOCK} && echo held || echo free").strip() == "free"

@@ -561,3 +561,74 @@ def test_git_install_keys_on_the_commit(sw, tmp_path):
             "h1", f"cat {venv}/{SITE}/sglang-0.5.11.dev1.dist-info/direct_url.json", check=True
         ).stdout
     )
+
+
+# --- an existing venv changed in place -----------------------------------------------------------
+
+FAKE = "/root/fakewheels"
+
+
+def _put_fake_wheels(fleet, host: str, tmp_path) -> None:
+    """tests/harness/fake_wheels.py's stand-ins (SGLang pinning torch and sgl-kernel) on the host,
+    as a find-links folder."""
+    from tests.harness.fake_wheels import build_upgrade_wheels
+
+    fleet.run(host, f"rm -rf {FAKE} && mkdir -p {FAKE}", check=True)
+    for wheel in build_upgrade_wheels(tmp_path / "fakewheels"):
+        fleet.put(host, wheel, f"{FAKE}/{wheel.name}")
+
+
+def _in_place(venv: str, version: str, **sglang) -> dict:
+    return {"venv": venv, "sglang": {"version": version, "find_links": FAKE, "no_deps": False,
+                                     "side_by_side": False, **sglang}}
+
+
+def test_an_in_place_upgrade_never_replaces_torch_in_a_venv_it_did_not_create(sw, tmp_path):
+    """A hand-made venv (SGLang 0.5.11, torch 2.8.0, sgl-kernel 0.3.9), upgraded in place to an
+    SGLang that pins torch 2.9.1: pip's dry run on the host says so; --dry and the run refuse,
+    naming the host, the venv, each package (from -> to) and the fix, and change nothing; with
+    sglang.allow_replacing it goes ahead and says what else moved. A venv specfleet created
+    (its marker) may change, and the run says how."""
+    from tests.harness.fake_wheels import BEFORE
+
+    _put_fake_wheels(sw, "h1", tmp_path)
+    venv = "/root/venv_handmade"
+    sw.run("h1", f"rm -rf {venv} && python3 -m venv {venv} && {venv}/bin/pip install -q "
+                 f"--no-index --find-links {FAKE} {' '.join(BEFORE)}", check=True, timeout=600)
+    before = pip_versions(sw, "h1", venv)
+    ops = {"ops": ["installed"]}
+    refused = ("installing sglang==0.5.14 into /root/venv_handmade, a venv specfleet did not "
+               "create, would replace sgl-kernel 0.3.9 -> 0.3.16, torch 2.8.0 -> 2.9.1 (pip's dry "
+               "run on the host); nothing was changed")
+    fix = "sglang.allow_replacing: ['sgl-kernel', 'torch']"
+
+    dry = deploy(sw, tmp_path, "h1", _in_place(venv, "0.5.14"), "--dry", test=ops)
+    assert dry.rc != 0, dry.output
+    assert f"[h1] {refused}" in dry.output and fix in dry.output, dry.output[-3000:]
+    run = deploy(sw, tmp_path, "h1", _in_place(venv, "0.5.14"), test=ops)
+    assert run.rc != 0 and refused in run.output and fix in run.output, run.output[-3000:]
+    assert "Traceback" not in run.output
+    assert pip_versions(sw, "h1", venv) == before
+
+    allowed = _in_place(venv, "0.5.14", allow_replacing=["torch", "sgl-*"])
+    dry = deploy(sw, tmp_path, "h1", allowed, "--dry", test=ops)
+    said = (f"pip also changes {venv}: replaces sgl-kernel 0.3.9 -> 0.3.16, torch 2.8.0 -> "
+            "2.9.1; adds newdep 1.0")
+    assert dry.rc == 0 and said in dry.output, dry.output[-3000:]
+    assert pip_versions(sw, "h1", venv) == before
+    run = deploy(sw, tmp_path, "h1", allowed, test=ops)
+    assert run.rc == 0, run.output[-3000:]
+    after = pip_versions(sw, "h1", venv)
+    assert (after["sglang"], after["torch"], after["sgl-kernel"]) == ("0.5.14", "2.9.1", "0.3.16")
+
+    # A venv this op creates is marked as specfleet's: an upgrade in it may move torch.
+    ours = "/opt/sf-ours"
+    sw.run("h1", f"rm -rf {ours}", check=True)
+    made = deploy(sw, tmp_path, "h1", _in_place(ours, "0.5.11"), test=ops)
+    assert made.rc == 0, made.output[-3000:]
+    assert exists(sw, "h1", f"{ours}/.specfleet/created-by-specfleet")
+    up = deploy(sw, tmp_path, "h1", _in_place(ours, "0.5.14"), test=ops)
+    assert up.rc == 0, up.output[-3000:]
+    assert f"pip also changes {ours}: replaces sgl-kernel 0.3.9 -> 0.3.16, torch 2.8.0" in (
+        up.output)
+    assert pip_versions(sw, "h1", ours)["torch"] == "2.9.1"

@@ -86,7 +86,7 @@ def test_kimi_k26_rolls_out_converges_and_a_failing_canary_is_rolled_back(demo):
                             "h200": "not started"}, out
     assert {h: files_sha(demo, h) for h in before} == before
     assert healthy(demo, "ct200")
-    # The run lock was left by the failed deploy's run, and the next run takes it over.
+    # The failed deploy's run released its lock (a failed host releases it): the next run goes.
     rc, out, data = rollout(demo, "after", "--batch-size", "2")
     assert rc == 0, out
     assert status(data) == {h: "ok" for h in ("ct200", "b200", "h200")}, out

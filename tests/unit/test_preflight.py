@@ -16,6 +16,7 @@ import yaml
 from operations.preflight import lock_verdict
 from specfleet.core.plan import GIB
 from specfleet.core.preflight import FREE_SPACE, GPU_PROCESSES, PORTS, SERVICE, TOKEN, check
+from specfleet.core.runlock import expires_at, lock_status
 from specfleet.core.settings import settings_from_dict
 from tests.unit.test_plan import host_facts, profile_exists
 
@@ -215,32 +216,114 @@ def test_every_problem_is_reported_not_only_the_first():
 # The run lock
 # --------------------------------------------------------------------------------------------------
 
-ME = {"owner": "ops@laptop", "control_host": "laptop", "pid": 100, "started": 0.0, "command": "x"}
+ME = {"owner": "ops@laptop", "control_host": "laptop", "machine_id": "m" * 32, "boot_id": "b" * 32,
+      "pid": 100, "pid_start": 5000, "run_id": "run-of-me", "started": 0.0, "command": "x"}
+NOW = 1_800_000_000.0
+
+
+def never(pid, start=None):
+    return False
+
+
+def always(pid, start=None):
+    return True
 
 
 def test_lock_free_is_taken():
-    assert lock_verdict(None, ME, lambda pid: True) == ("take", None)
+    assert lock_verdict(None, ME, always) == ("take", None)
 
 
 def test_lock_of_this_run_is_ours():
-    assert lock_verdict(dict(ME), ME, lambda pid: True)[0] == "ours"
+    assert lock_verdict(dict(ME), ME, always)[0] == "ours"
+
+
+def test_lock_of_this_run_id_is_ours_from_another_process_too():
+    """A controller's steps share SPECFLEET_RUN_ID: a step re-enters the lock an earlier one left
+    (another pid, still alive or not) instead of waiting for its lease."""
+    held = {**ME, "pid": 4242, "pid_start": 1, "expires_at": NOW + 100}
+    assert lock_verdict(held, ME, always, NOW)[0] == "ours"
 
 
 def test_lock_of_a_dead_run_here_is_stale_and_taken_over():
-    held = {**ME, "pid": 4242, "owner": "ops@laptop", "command": "pyinfra inv.py deploy.py"}
-    verdict, message = lock_verdict(held, ME, lambda pid: pid != 4242)
+    held = {**ME, "pid": 4242, "run_id": "other-run", "command": "pyinfra inv.py deploy.py",
+            "expires_at": NOW + 100}
+    verdict, message = lock_verdict(held, ME, lambda pid, start=None: pid != 4242, NOW)
     assert verdict == "stale"
-    assert "a lock left by a dead run of ops@laptop (pid 4242" in message
-    assert "cleared and taken over" in message
+    assert "a lock left by a dead run of ops@laptop (run other-run, pid 4242 on machine mmmmmmmm" \
+        in message
+    assert "taken over" in message
+
+
+def test_a_recycled_pid_is_not_the_run_that_took_the_lock():
+    """The pid lives, but it is another process now (another start time): the run is dead."""
+    held = {**ME, "pid": 4242, "pid_start": 7, "run_id": "other-run", "expires_at": NOW + 100}
+    seen = []
+
+    def alive(pid, start=None):
+        seen.append((pid, start))
+        return start != 7  # /proc/4242/stat says it started at another time
+
+    assert lock_verdict(held, ME, alive, NOW)[0] == "stale"
+    assert seen == [(4242, 7)]
+
+
+def test_a_lock_from_before_this_machine_rebooted_is_stale():
+    held = {**ME, "boot_id": "c" * 32, "pid": 4242, "run_id": "other-run",
+            "expires_at": NOW + 100}
+    verdict, message = lock_verdict(held, ME, always, NOW)
+    assert verdict == "stale" and "before this control machine restarted" in message
+
+
+def test_same_host_name_on_another_machine_is_another_owner():
+    """The owner is the machine id, not the host name: a run on another machine called "laptop"
+    (its pid means nothing here) is busy until its lease runs out."""
+    held = {**ME, "machine_id": "n" * 32, "pid": 4242, "run_id": "other-run",
+            "expires_at": NOW + 100}
+    verdict, message = lock_verdict(held, ME, never, NOW)
+    assert verdict == "busy"
+    assert message.startswith("another specfleet run holds this host: ops@laptop (run other-run")
+    assert "its lease expires " in message and "(in 100 s)" in message
+
+
+def test_an_expired_lease_is_taken_over_whoever_left_it():
+    held = {**ME, "machine_id": "n" * 32, "owner": "alice@box", "pid": 4242,
+            "run_id": "other-run", "expires_at": NOW - 30}
+    verdict, message = lock_verdict(held, ME, always, NOW)
+    assert verdict == "expired"
+    assert "a lock left by alice@box" in message and "expired" in message and "(30 s ago)" in \
+        message
+    # Unexpired (or no host clock to judge by): busy.
+    assert lock_verdict({**held, "expires_at": NOW + 1}, ME, always, NOW)[0] == "busy"
+    assert lock_verdict(held, ME, always, None)[0] == "busy"
+
+
+def test_a_lock_without_a_lease_expires_a_lease_after_it_was_written():
+    """A lock of an older specfleet (no expires_at), or an unreadable one, counts its lease from
+    the file's mtime."""
+    legacy = {"owner": "bob@laptop", "control_host": "laptop", "pid": 4242, "mtime": NOW - 300}
+    assert expires_at(legacy, 180.0) == NOW - 120
+    assert lock_verdict(legacy, ME, always, NOW)[0] == "expired"
+    assert lock_verdict({**legacy, "mtime": NOW - 10}, ME, always, NOW)[0] == "busy"
 
 
 @pytest.mark.parametrize("held", [
-    {**ME, "pid": 4242},  # a live run on this machine
-    {**ME, "control_host": "other-box", "pid": 4242},  # any run elsewhere: its pid means nothing
+    {**ME, "pid": 4242, "run_id": "other-run"},  # a live run on this machine
+    {**ME, "machine_id": "o" * 32, "pid": 4242, "run_id": "x"},  # elsewhere: its pid means nothing
     {"owner": "unknown", "unreadable": "garbage"},  # a lock file nobody can read
 ])
 def test_lock_held_by_another_run_is_busy(held):
-    verdict, message = lock_verdict(held, ME, lambda pid: True)
+    verdict, message = lock_verdict(held, ME, always)
     assert verdict == "busy"
     assert message.startswith("another specfleet run holds this host: ")
     assert held["owner"] in message
+
+
+def test_the_status_shows_holder_since_and_expiry():
+    assert lock_status(None, NOW) == "free"
+    held = {**ME, "taken_at": NOW - 60, "expires_at": NOW + 95}
+    text = lock_status(held, NOW)
+    assert text.startswith("held by ops@laptop (run run-of-me, pid 100 on machine mmmmmmmm, "
+                           "since ")
+    assert text.endswith("(in 95 s)")
+    gone = lock_status({**held, "expires_at": NOW - 600}, NOW)
+    assert "(10 min ago): the next run takes it over" in gone

@@ -178,7 +178,8 @@ def test_verdict_and_table():
     assert ok.verdict == "in sync, healthy"
     assert bad.verdict == "drift: unit differs; down (inactive)"
     table = format_table([ok, bad]).splitlines()
-    assert table[0].split() == ["HOST", "SGLANG", "PATCH", "TARGET", "DRAFTER", "UNIT", "HEALTH"]
+    assert table[0].split() == ["HOST", "SGLANG", "PATCH", "TARGET", "DRAFTER", "UNIT", "HEALTH",
+                                "LOCK"]
     assert table[1].startswith("ct200  0.5.11")
     assert table[3] == ""
     assert table[4:] == ["ct200  in sync, healthy", "b200   drift: unit differs; down (inactive)"]
@@ -238,3 +239,25 @@ def test_health_fact_command_against_the_standin(standin):
     assert _run_fact(Health, host="127.0.0.1", port=_free_port()) == Health.default()
     # The key is read on the host from the file: it is not in the command.
     assert "k-123" not in Health().command(host="127.0.0.1", port=port, secret_file=str(config))
+
+
+def test_run_lock_fact_and_the_lock_column(tmp_path):
+    """The RunLock fact reads the lock with the host's clock and the file's mtime; the status
+    shows who holds it, since when, and its expiry (or that the next run takes it over)."""
+    from facts.preflight import RunLock
+    from operations.status import LOCK, host_status
+
+    path = tmp_path / "run.lock"
+    assert _run_fact(RunLock, path=str(path)) is None
+    now = time.time()
+    path.write_text(json.dumps({"owner": "alice@laptop", "machine_id": "ab" * 16, "pid": 42,
+                                "run_id": "r1", "taken_at": now - 60, "expires_at": now + 120}))
+    held = _run_fact(RunLock, path=str(path))
+    assert held["owner"] == "alice@laptop" and abs(held["host_now"] - now) < 30
+    assert abs(held["mtime"] - now) < 30
+    st = host_status(settings(), {LOCK: held}, "h1")
+    assert st.lock.startswith("held by alice@laptop (run r1, pid 42 on machine abababab, since ")
+    assert ", expires " in st.lock and "(in " in st.lock
+    assert host_status(settings(), {}, "h1").lock == "free"
+    path.write_text("not json")
+    assert _run_fact(RunLock, path=str(path))["unreadable"] == "not json"

@@ -5,6 +5,7 @@ Every function here is a pure function of fact values (no I/O), so it is tested 
 
 from __future__ import annotations
 
+import fnmatch
 import posixpath
 import re
 from dataclasses import dataclass
@@ -252,3 +253,106 @@ def choose_venv(
         f"{base} holds SGLang {current}: SGLang {version} goes into {sibling} beside it and the "
         f"unit switches to it; {base} is kept as it is, for rollback",
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# What an install into an existing venv would change besides SGLang (pip's own dry run)
+# --------------------------------------------------------------------------------------------------
+
+# What ``sglang.installed`` and ``sglang.compressed_tensors`` are there to move.
+OWN_PACKAGES = ("sglang", "compressed-tensors")
+# Written into a venv ``sglang.installed`` created: only such a venv may have other packages
+# replaced without ``sglang.allow_replacing``.
+CREATED_MARKER = ".specfleet/created-by-specfleet"
+
+
+def created_marker(venv: str) -> str:
+    return f"{venv.rstrip('/')}/{CREATED_MARKER}"
+
+
+@dataclass(frozen=True)
+class PackageChange:
+    """One distribution pip would install: ``old`` is the version there now (None: added)."""
+
+    name: str
+    old: str | None
+    new: str
+
+    def words(self) -> str:
+        return f"{self.name} {self.old} -> {self.new}" if self.old else f"{self.name} {self.new}"
+
+
+def planned_changes(report: dict | None, installed: dict[str, str] | None) -> list[PackageChange]:
+    """What ``pip install --dry-run --report`` says it would install (its ``install`` list, pip's
+    report format version 1), against the versions ``installed`` now (canonical names)."""
+    have = {canonicalize_name(k): v for k, v in (installed or {}).items()}
+    out = []
+    for item in (report or {}).get("install") or []:
+        meta = item.get("metadata") or {}
+        name, version = meta.get("name"), meta.get("version")
+        if not name or not version:
+            continue
+        key = canonicalize_name(name)
+        out.append(PackageChange(key, have.get(key), str(version)))
+    return sorted(out, key=lambda c: c.name)
+
+
+def _allowed(name: str, allow: bool | list[str] | tuple[str, ...]) -> bool:
+    if allow is True:
+        return True
+    if not allow:
+        return False
+    return any(fnmatch.fnmatchcase(name, canonicalize_name(p) if "*" not in p and "?" not in p
+                                   and "[" not in p else p.lower()) for p in allow)
+
+
+@dataclass(frozen=True)
+class VenvChanges:
+    """What an install into an existing venv does besides SGLang and compressed-tensors:
+    ``replaced`` (installed now, another version after), ``added``, and ``refused``: the replaced
+    ones this run will not let pip touch (a venv specfleet did not create, not allowed)."""
+
+    replaced: tuple[PackageChange, ...] = ()
+    added: tuple[PackageChange, ...] = ()
+    refused: tuple[PackageChange, ...] = ()
+
+    def summary(self, limit: int = 12) -> str | None:
+        """``replaces torch 2.8.0 -> 2.9.1, ...; adds nvidia-nccl-cu12 2.27.3, ...`` or None."""
+        parts = []
+        for verb, items in (("replaces", self.replaced), ("adds", self.added)):
+            if items:
+                shown = ", ".join(c.words() for c in items[:limit])
+                more = f" and {len(items) - limit} more" if len(items) > limit else ""
+                parts.append(f"{verb} {shown}{more}")
+        return "; ".join(parts) or None
+
+
+def judge_venv_changes(
+    changes: list[PackageChange], *, created_by_specfleet: bool,
+    allow: bool | list[str] | tuple[str, ...] = False,
+) -> VenvChanges:
+    """Sort pip's planned changes: SGLang and compressed-tensors are this install's own; any
+    other installed distribution it would replace is refused in a venv specfleet did not create,
+    unless ``allow`` (``sglang.allow_replacing``: True, or names / globs) lets it."""
+    others = [c for c in changes if c.name not in OWN_PACKAGES]
+    replaced = tuple(c for c in others if c.old is not None and c.old != c.new)
+    added = tuple(c for c in others if c.old is None)
+    refused = () if created_by_specfleet else tuple(
+        c for c in replaced if not _allowed(c.name, allow))
+    return VenvChanges(replaced, added, refused)
+
+
+def refused_message(venv: str, requirement: str, verdict: VenvChanges) -> tuple[str, str]:
+    """``(problem, fix)`` when an install would replace packages it may not."""
+    names = [c.name for c in verdict.refused]
+    problem = (
+        f"installing {requirement} into {venv}, a venv specfleet did not create, would replace "
+        f"{', '.join(c.words() for c in verdict.refused)} (pip's dry run on the host); "
+        "nothing was changed"
+    )
+    fix = (
+        "keep this venv as it is and install beside it: set sglang.side_by_side: True (the "
+        f"default); or let pip replace them there: sglang.allow_replacing: {names!r} (True for "
+        "any package)"
+    )
+    return problem, fix

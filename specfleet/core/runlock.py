@@ -1,0 +1,170 @@
+"""The per-host run lock's decisions, as pure functions (``operations.preflight`` does the I/O).
+
+The lock is a lease in one JSON file on the host (``<state_dir>/run.lock``)::
+
+    {"owner": "ops@laptop", "control_host": "laptop", "machine_id": "9f1c...", "boot_id": "2d7a...",
+     "pid": 4242, "pid_start": 81723, "run_id": "5e0b7c1d2a9f4e63", "token": "c0ffee...",
+     "command": "pyinfra inventories/ct200.py deploys/kimi_k26.py", "started": 1796050619.1,
+     "taken_at": 1796050620.0, "renewed_at": 1796050680.0, "expires_at": 1796050860.0,
+     "lease_s": 180.0}
+
+- **The owner** is the run, not a host name: the control machine's ``/etc/machine-id`` and boot
+  id, the pid (with its start time, so a recycled pid is not mistaken for the run), and the run
+  id (``SPECFLEET_RUN_ID``: a controller sets it so that all its steps are one owner).
+- **A lease**: ``expires_at`` is on the host's clock (so control machines' clocks never matter);
+  the run renews it while it lives; a run that died stops renewing and its lock expires by
+  itself, whoever and wherever it was.
+- **Taking it** is a compare-and-swap on the host, under ``flock`` of the lock's folder
+  (``specfleet/hostside/run_lock.py``): a free or expired lock, or one of this run id, is taken
+  there at once; a lock this control machine can prove dead (its pid is gone, or the machine
+  rebooted since) is replaced only if it is still byte for byte the one judged. Of two runs
+  that take at once, exactly one wins.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+# The run id a controller sets for the pyinfra runs it starts: its steps are one lock owner.
+RUN_ID_ENV = "SPECFLEET_RUN_ID"
+# Tests shorten the lease with it.
+LEASE_ENV = "SPECFLEET_LOCK_LEASE_S"
+
+# How long a lease lasts without a renewal, and how often a live run renews it.
+DEFAULT_LEASE_S = 180.0
+RENEWALS_PER_LEASE = 4
+
+TAKE, OURS, EXPIRED, STALE, BUSY = "take", "ours", "expired", "stale", "busy"
+
+
+def new_run_id() -> str:
+    """A fresh run id (16 hex digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+def controller_run_id(environ: dict) -> str:
+    """The run id of a controller (rollout, fan-out): the one it was given in ``environ``
+    (``SPECFLEET_RUN_ID``), else a new one, set there for the pyinfra runs it starts."""
+    value = (environ.get(RUN_ID_ENV) or "").strip() or new_run_id()
+    environ[RUN_ID_ENV] = value
+    return value
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def expires_at(held: dict, lease_s: float = DEFAULT_LEASE_S) -> float | None:
+    """When ``held`` expires on the host's clock: its ``expires_at``, else (a lock written by an
+    older specfleet, or unreadable) ``lease_s`` after the file was last written (``mtime``, as
+    the RunLock fact and the host-side script read it)."""
+    value = _num(held.get("expires_at"))
+    if value is not None:
+        return value
+    mtime = _num(held.get("mtime"))
+    return None if mtime is None else mtime + lease_s
+
+
+def is_expired(held: dict, host_now: float | None, lease_s: float = DEFAULT_LEASE_S) -> bool:
+    until = expires_at(held, lease_s)
+    return until is not None and host_now is not None and until <= host_now
+
+
+def _clock(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts is not None else "?"
+
+
+def _ago(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def holder(held: dict) -> str:
+    """``alice@laptop (run 5e0b7c1d2a9f, pid 4242 on machine 9f1c2b3a, since 2026-...)``."""
+    bits = []
+    if held.get("run_id"):
+        bits.append(f"run {str(held['run_id'])[:12]}")
+    where = f" on machine {str(held['machine_id'])[:8]}" if held.get("machine_id") else ""
+    bits.append(f"pid {held.get('pid', '?')}{where}")
+    since = _num(held.get("taken_at")) or _num(held.get("started"))
+    bits.append(f"since {_clock(since)}")
+    return f"{held.get('owner', 'unknown')} ({', '.join(bits)})"
+
+
+def lease_words(held: dict, host_now: float | None, lease_s: float = DEFAULT_LEASE_S) -> str:
+    """``expires 2026-... (in 95 s)`` or ``expired 2026-... (3 min ago)`` or ``expiry unknown``."""
+    until = expires_at(held, lease_s)
+    if until is None:
+        return "expiry unknown"
+    if host_now is None:
+        return f"expires {_clock(until)} (host time)"
+    if until <= host_now:
+        return f"expired {_clock(until)} ({_ago(host_now - until)} ago)"
+    return f"expires {_clock(until)} (in {_ago(until - host_now)})"
+
+
+def same_machine(held: dict, me: dict) -> bool:
+    return bool(held.get("machine_id")) and held.get("machine_id") == me.get("machine_id")
+
+
+def lock_verdict(held: dict | None, me: dict, alive, host_now: float | None = None,
+                 lease_s: float = DEFAULT_LEASE_S) -> tuple[str, str | None]:
+    """What to do with the lock a host holds, and what to say: ``(verdict, message)``.
+
+    - ``take``: nobody holds it;
+    - ``ours``: this run holds it (the same run id: a controller's earlier step, or this process);
+    - ``expired``: its lease ran out (``host_now`` is the host's clock): its run stopped renewing
+      it, so it is dead or cut off; taken over;
+    - ``stale``: held from this control machine by a run that is provably gone: the machine
+      rebooted since (another boot id), or its pid is dead or now another process (``alive(pid,
+      pid_start)`` says); taken over;
+    - ``busy``: anything else: a live run, a run of another control machine whose lease runs,
+      an unreadable lock (until its lease, counted from its last write, runs out).
+    """
+    if not held:
+        return TAKE, None
+    who = holder(held)
+    if held.get("run_id") and held.get("run_id") == me.get("run_id"):
+        return OURS, None
+    if is_expired(held, host_now, lease_s):
+        return EXPIRED, (f"a lock left by {who} {lease_words(held, host_now, lease_s)}: its run "
+                         "stopped renewing it; taken over")
+    if same_machine(held, me):
+        if held.get("boot_id") and me.get("boot_id") and held["boot_id"] != me["boot_id"]:
+            return STALE, (f"a lock left by {who} before this control machine restarted is "
+                           "taken over")
+        pid = held.get("pid")
+        if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and (
+                pid != me.get("pid") and not alive(pid, held.get("pid_start"))):
+            return STALE, f"a lock left by a dead run of {who} is taken over"
+    return BUSY, busy_message(held, host_now, lease_s)
+
+
+def busy_message(held: dict, host_now: float | None, lease_s: float = DEFAULT_LEASE_S) -> str:
+    command = f": {held['command']}" if held.get("command") else ""
+    return (f"another specfleet run holds this host: {holder(held)}{command}; its lease "
+            f"{lease_words(held, host_now, lease_s)}, renewed while that run lives")
+
+
+def busy_fix(path: str) -> str:
+    return (f"wait for that run to end; if it is dead, its lease expires by itself and the next "
+            f"run takes the lock over (to clear it sooner, on the host: rm -f {path})")
+
+
+def lock_status(held: dict | None, host_now: float | None,
+                lease_s: float = DEFAULT_LEASE_S) -> str:
+    """The lock in the status view: ``free``, or who holds it since when, and its expiry."""
+    if not held:
+        return "free"
+    words = f"held by {holder(held)}, {lease_words(held, host_now, lease_s)}"
+    if is_expired(held, host_now, lease_s):
+        words += ": the next run takes it over"
+    return words
