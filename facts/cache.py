@@ -28,6 +28,7 @@ from typing import Any
 
 from pyinfra import logger
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.arguments import all_argument_meta
 
 from facts.hostpy import RUNNER, PythonJob
 from facts.probe import (
@@ -83,8 +84,27 @@ def keyed_specs(specs: Mapping[str, Spec] | list) -> dict[str, tuple[type[FactBa
 
 
 def _identity(host: Any) -> dict[str, Any]:
-    args = getattr(host, "current_op_global_arguments", None) or {}
+    args = getattr(host, "current_op_global_arguments", None)
+    if args is None:
+        # Outside an operation (a deploy function choosing its settings from facts): the
+        # connector arguments an operation gets when it sets none, pyinfra's defaults.
+        args = _default_arguments(host)
     return {k: args[k] for k in IDENTITY_ARGS if args.get(k)}
+
+
+def _default_arguments(host: Any) -> dict[str, Any]:
+    config = getattr(getattr(host, "state", None), "config", None)
+    if config is None:
+        return {}
+    out = {}
+    for key in IDENTITY_ARGS:
+        meta = all_argument_meta.get(key)
+        if meta is not None:
+            try:
+                out[key] = meta.default(config)
+            except AttributeError:
+                continue
+    return out
 
 
 def _completed_with_commands(host: Any) -> set[str]:
