@@ -26,11 +26,10 @@ from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
-from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.resources import hostside_path, template_path
-from specfleet.core.settings import Settings
+from specfleet.core.settings import Settings, settings_for_host
 from specfleet.core.sglang.install import patch_state_dir
 
 UNIT_TEMPLATE = template_path("sglang.service.j2")
@@ -573,8 +572,8 @@ def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
 
 
 def _settings(settings: Settings | None) -> Settings:
-    # Given settings are the caller's (a deploy resolves the venv once, operations.venvs).
-    return settings if settings is not None else effective_settings(None)
+    # A deploy resolves the venv once (operations.venvs) and passes its settings in.
+    return settings if settings is not None else settings_for_host(host)
 
 
 def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:

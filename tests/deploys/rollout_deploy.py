@@ -7,17 +7,20 @@ from pyinfra.operations.util import any_changed
 
 from operations import serving, weights
 from operations.sglang import ensure_software
+from operations.venvs import effective_settings
 from specfleet.core.settings import settings_for_host
 
-software = ensure_software(settings_for_host(host))
+settings = effective_settings(settings_for_host(host))  # the venv, once (operations.venvs)
+software = ensure_software(settings)
 weights.tools_from_settings(name="Weights tools")
 weights.token_from_settings(name="Hugging Face token")
 target = weights.model(name="Target weights", which="target")
 drafter = weights.model(name="Drafter weights", which="drafter")
-serving.unit(name="SGLang unit")
+serving.unit(name="SGLang unit", settings=settings)
 serving.restart_pending(
     name="Restart for new software or weights",
     reason="the software or weights",
+    settings=settings,
     _if=any_changed(*software.values(), target, drafter),
 )
-serving.service(name="SGLang server", running=True, enabled=True)
+serving.service(name="SGLang server", settings=settings, running=True, enabled=True)

@@ -321,6 +321,11 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     assert tree_sha(env["fleet"], "h1", VENV, sources_only=True) == pristine
     assert env["fleet"].run("h1", f"test -e {marker}").returncode != 0
     assert healthy(env, "h1")
+    # The port failed a readiness gate there: remembered, so that no later run applies it again
+    # unasked. The operator clears it to try again (here: with a good server).
+    rejected = f"{VENV}/.specfleet/pr20547.rejected"
+    assert env["fleet"].run("h1", f"cat {rejected}").stdout.strip() == port_id()
+    env["fleet"].run("h1", f"rm {rejected}", check=True)
 
     # 2. The patch with a good server: applied everywhere it is asked for.
     hosts["h1"] = gen(env, "patch", patch={"source": patch[0], "sha256": patch[1]})
