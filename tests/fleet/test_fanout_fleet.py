@@ -332,7 +332,7 @@ def serve_deploy(env, tmp_path: Path, spec: dict, present: bool) -> None:
     """Start (or stop) h1's fan-out sshd with the real ops (tests/deploys/fanout_serve_deploy.py)."""
     spec_path = tmp_path / "serve.json"
     spec_path.write_text(json.dumps(spec))
-    inv = str(env["fleet"].write_inventory(tmp_path / "inv.py"))
+    inv = str(env["inv"])  # its settings give the tools their wheelhouse (no earlier test needed)
     e = {**os.environ, "FANOUT_SERVE_SPEC": str(spec_path),
          "FANOUT_SERVE_PRESENT": "1" if present else "0"}
     r = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--limit", "h1", inv,
