@@ -40,6 +40,9 @@ fanout.serve(
     address=me["address"],
     models_root=settings.models_root,
     state_dir=settings.state_dir,
+    # Only the revision folders of the models this host serves in this fan-out.
+    models=fanout.served_models(settings, me.get("serves", ())) if serving else None,
+    max_seconds=int(settings.rollout.fanout_serve_hours * 3600),
 )
 for which in MODELS:
     role = me["models"][which]

@@ -7,9 +7,11 @@ tree. The ops here:
 
 - ``agent``: the fan-out agent (``specfleet/hostside/fanout_agent.py``) next to the weights agent;
 - ``serve``: an ephemeral sshd on a serving peer (its own port, host key and authorized keys,
-  a transient ``systemd-run`` unit with a lifetime limit); the rollout's public key may only run
-  ``fanout_agent.py serve`` (read-only rsync under the models root, and a status), and only
-  from the receivers' addresses (``from=``); ``present=False`` stops it and removes every file;
+  a transient ``systemd-run`` unit with a lifetime limit, ``rollout.fanout_serve_hours``); the
+  rollout's public key may only run ``fanout_agent.py serve`` (a read-only rsync of the revision
+  folders being fanned out, each its own rrsync root, no symlink followed out of it; and a
+  status), and only from the receivers' addresses (``from=``); ``present=False`` stops it and
+  removes every file;
 - ``model``: a seed runs ``weights.model``; a peer uploads its copy of the rollout's private key
   (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress. The key is
   removed by the agent when the pull ends. Whatever the peers could not give (a failed or
@@ -42,7 +44,7 @@ from operations import weights
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.fanout import FANOUT_PORT, PLAN_ENV
 from specfleet.core.resources import hostside_path, template_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import RolloutOptions, Settings, settings_for_host
 from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
 from specfleet.hostside.weights_agent import fmt_gib, job_id
 
@@ -53,8 +55,10 @@ SSHD_TEMPLATE = template_path("fanout_sshd_config.j2")
 # nspawn hosts when its cgroup cannot be killed), and systemd-run refuses a loaded name.
 SERVE_UNIT = "specfleet-fanout-sshd"
 PULL_UNIT = "specfleet-fanout-pull"
-# The ephemeral sshd stops by itself after this long, whatever happens to the control machine.
-SERVE_MAX_SECONDS = 24 * 3600
+# The ephemeral sshd stops by itself after this long, whatever happens to the control machine
+# (the default of the setting ``rollout.fanout_serve_hours``: a fan-out's expected time plus a
+# margin; a receiver whose source stopped serving gets the rest from upstream).
+SERVE_MAX_SECONDS = int(RolloutOptions().fanout_serve_hours * 3600)
 _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -84,11 +88,31 @@ def control_dir(dir_name: str) -> str:
     return "/run/sf-fanout-" + hashlib.sha256(dir_name.encode()).hexdigest()[:8]
 
 
-def serve_command(tools_path: str, models_root: str, state_dir: str) -> str:
-    """The only command the rollout's key may run on a serving peer."""
+def serve_command(tools_path: str, models_root: str, state_dir: str,
+                  models: dict[str, str | None] | None = None) -> str:
+    """The only command the rollout's key may run on a serving peer. ``models``: the revision
+    folders it serves, ``{dir_name: commit}``, or ``{dir_name: None}`` for a followed branch (the
+    revision this host resolves); none: it serves nothing but refusals."""
     tools = tools_path.rstrip("/")
+    served = []
+    for d, rev in sorted((models or {}).items()):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,200}", d) or ".." in d:
+            raise ValueError(f"model folder {d!r} cannot be served")
+        if rev is not None and not re.fullmatch(r"[0-9a-f]{40}", rev):
+            raise ValueError(f"revision {rev!r} of {d} is not a commit (None: a followed branch)")
+        served.append(f"{d}={rev}" if rev else d)
     return shlex.join([f"{tools}/bin/python", f"{tools}/{AGENT_NAME}", "serve",
-                       models_root.rstrip("/"), state_dir.rstrip("/")])
+                       models_root.rstrip("/"), state_dir.rstrip("/"), *served])
+
+
+def served_models(s: Settings, which: list[str] | tuple[str, ...]) -> dict[str, str | None]:
+    """The revision folders a host serves for the models ``which`` it has receivers for: its
+    pinned commit, or None where it follows a branch."""
+    out: dict[str, str | None] = {}
+    for w in which:
+        src = getattr(s, w)
+        out[src.dir_name] = src.revision if src.revision and not src.follow_branch else None
+    return out
 
 
 def authorized_keys(public_key: str, from_addresses: list[str], command: str) -> str:
@@ -182,9 +206,11 @@ def serve(
     state_dir: str = "/var/lib/specfleet",
     tools_path: str = weights.TOOLS_PATH,
     max_seconds: int = SERVE_MAX_SECONDS,
+    models: dict[str, str | None] | None = None,
 ):
     """
-    An ephemeral sshd that serves this host's verified weights to its peers, read-only.
+    An ephemeral sshd that serves this host's verified weights to its peers, read-only: only the
+    revision folders in ``models``.
 
     + present: run it (``False``: stop it and remove its keys and config)
     + rollout_id: the fan-out it serves (names its unit)
@@ -195,6 +221,8 @@ def serve(
     + address: listen on this address only (the one receivers connect to); else on all
     + models_root/state_dir/tools_path: what the forced command serves and where it runs
     + max_seconds: the unit stops by itself after this long (``RuntimeMaxSec``)
+    + models: the revision folders served, ``{dir_name: commit}`` (``None``: the revision this
+      host resolves for a followed branch); each is its own rrsync root
     """
     directory = serve_dir(state_dir)
     info = host.get_fact(FanoutServe, pattern=f"{SERVE_UNIT}-*",
@@ -208,12 +236,13 @@ def serve(
             yield StringCommand("systemctl", "stop", QuoteString(unit))
         yield StringCommand("rm", "-rf", QuoteString(directory))
         return
-    if not (public_key and host_private_key and receivers):
-        raise ValueError("fanout.serve needs public_key, host_private_key and receivers")
-    command = serve_command(tools_path, models_root, state_dir)
+    if not (public_key and host_private_key and receivers and models):
+        raise ValueError("fanout.serve needs public_key, host_private_key, receivers and models")
+    command = serve_command(tools_path, models_root, state_dir, models)
     config = sshd_config(port, directory, command, address)
     keys = authorized_keys(public_key, receivers, command)
-    digest = hashlib.sha256((config + keys + host_private_key).encode()).hexdigest()
+    digest = hashlib.sha256((config + keys + host_private_key + f"\n{int(max_seconds)}"
+                             ).encode()).hexdigest()
     unit = serve_unit(rollout_id)
     if info["active"] == [f"{unit}.service"] and info["digest"] == digest:
         host.noop(f"fan-out sshd serves {len(receivers)} peers on port {port}")
@@ -479,8 +508,13 @@ def cleanup(state_dir: str = "/var/lib/specfleet"):
 __all__ = ["agent", "cleanup", "model", "needs", "serve"]
 
 
+_PLANS: dict[str, dict[str, Any]] = {}
+
+
 def load_plan(path: str | None = None) -> dict[str, Any]:
-    """The plan of this run, for the prefetch deploy (``SPECFLEET_FANOUT_PLAN``)."""
+    """The plan of this run, for the prefetch deploy (``SPECFLEET_FANOUT_PLAN``): ``fd:N:ID``, an
+    anonymous in-memory file inherited from ``specfleet.fleet.fanout`` (read once from its start,
+    then kept here: the deploy file runs once per host), or the path of a JSON file."""
     path = path or os.environ.get(PLAN_ENV)
     if not path:
         raise SpecfleetError(
@@ -488,4 +522,19 @@ def load_plan(path: str | None = None) -> dict[str, Any]:
             fix="run the fan-out prefetch through `specfleet fanout INVENTORY` or the "
             "rollout, not pyinfra directly",
         )
-    return json.loads(Path(path).read_text())
+    if not path.startswith("fd:"):
+        return json.loads(Path(path).read_text())
+    if path not in _PLANS:
+        fd = int(path.split(":")[1])
+        chunks: list[bytes] = []
+        try:
+            while chunk := os.pread(fd, 1 << 20, sum(map(len, chunks))):
+                chunks.append(chunk)
+        except OSError as e:
+            raise SpecfleetError(
+                f"the fan-out plan ({path}) cannot be read: {e.strerror}",
+                fix="run the fan-out prefetch through `specfleet fanout INVENTORY` or the "
+                "rollout, not pyinfra directly",
+            ) from None
+        _PLANS[path] = json.loads(b"".join(chunks))
+    return _PLANS[path]

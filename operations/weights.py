@@ -42,6 +42,11 @@ from specfleet.core.settings import Settings, WeightsOptions, settings_for_host
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
 TOOLS_PATH = "/opt/specfleet/tools"
+# The hosts' huggingface_hub: a range the weights agent is tested with (HfApi.model_info and
+# list_repo_tree, get_hf_file_metadata, hf_hub_url, hf_hub_download to a local_dir: there from 0.26
+# through 2.x; the fleet tests run 2.4.0). The next major release may change them: not before it
+# is tested.
+HUB_REQUIREMENT = "huggingface_hub>=0.26,<3"
 AGENT_NAME = "weights_agent.py"
 AGENT_SOURCE_PATH = hostside_path(AGENT_NAME)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -164,6 +169,24 @@ def agent_source() -> str:
     return AGENT_SOURCE_PATH.read_text()
 
 
+def hub_fits(installed: str | None, requirement: str) -> bool:
+    """Whether the installed huggingface_hub version is within ``requirement``'s range (an
+    unreadable requirement: any installed version does, as before the range)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    if not installed:
+        return False
+    try:
+        spec = Requirement(requirement).specifier
+    except InvalidRequirement:
+        return True
+    try:
+        return spec.contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
 # ----------------------------------------------------------------------------------------------
 # Operations
 # ----------------------------------------------------------------------------------------------
@@ -176,16 +199,17 @@ def tools(
     index_url: str | None = None,
     find_links: str | None = None,
     trusted_hosts: list[str] | None = None,
-    requirement: str = "huggingface_hub>=0.26",
+    requirement: str = HUB_REQUIREMENT,
 ):
     """
-    Install the weights agent and ``huggingface_hub`` into a small venv on the host.
+    Install the weights agent and ``huggingface_hub`` into a small venv on the host; a
+    huggingface_hub outside ``requirement``'s range is installed again, within it.
 
     + path: the tools venv
     + python: the Python that creates it
     + index_url/find_links/trusted_hosts: where pip finds ``huggingface_hub`` (a fleet's
       wheelhouse); with ``find_links`` and no ``index_url`` pip uses no index
-    + requirement: the pip requirement for huggingface_hub
+    + requirement: the pip requirement for huggingface_hub (a tested range)
 
     **Example:**
 
@@ -198,7 +222,7 @@ def tools(
     if info is None:
         yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))
         changed = True
-    if info is None or not info.get("huggingface_hub"):
+    if info is None or not hub_fits(info.get("huggingface_hub"), requirement):
         pip = [QuoteString(f"{path}/bin/pip"), "install", "--quiet", "--disable-pip-version-check"]
         if index_url:
             pip += ["--index-url", QuoteString(index_url)]

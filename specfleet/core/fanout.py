@@ -61,7 +61,8 @@ def plan_fanout(
         {"hosts": {host: {"address": ip, "models": {which: {"role": "seed"|"peer",
                                                               "sources": [{"host","address"}]}},
                           "receivers": [ip, ...],       # whom this host serves (from=)
-                          "receiver_hosts": [host, ...]}},
+                          "receiver_hosts": [host, ...],
+                          "serves": [which, ...]}},     # the models it serves them
          "swarms": [{"which", "hosts": [...], "seed"}]}
     """
     if degree < 1:
@@ -69,7 +70,7 @@ def plan_fanout(
     seq = ordered(list(hosts), order)
     plan: dict[str, Any] = {
         "hosts": {h: {"address": addresses[h], "models": {}, "receivers": [],
-                      "receiver_hosts": []} for h in seq},
+                      "receiver_hosts": [], "serves": []} for h in seq},
         "swarms": [],
     }
     for m, which in enumerate(MODELS):
@@ -87,6 +88,8 @@ def plan_fanout(
                     "sources": [{"host": s, "address": addresses[s]} for s in srcs],
                 }
                 for s in srcs:
+                    if which not in plan["hosts"][s]["serves"]:
+                        plan["hosts"][s]["serves"].append(which)
                     rec = plan["hosts"][s]["receivers"]
                     if addresses[h] not in rec:
                         rec.append(addresses[h])

@@ -166,6 +166,10 @@ class RolloutOptions:
     # Hosts with the same site share one upstream download per model (a seed per site); unset:
     # one for the whole fleet. Set it per group of hosts that share a fast LAN.
     fanout_site: str | None = None
+    # The fan-out's ephemeral sshd on a serving host stops by itself after this many hours, even
+    # if the control machine never stops it: the fan-out's expected time plus a margin (595 GB at
+    # 1 Gbit/s upstream is ~80 min). A receiver whose source stopped gets the rest upstream.
+    fanout_serve_hours: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -783,6 +787,8 @@ def _check_rollout(r: RolloutOptions, p: _Problems) -> None:
              fix="set rollout.batch_percent to a percentage of the fleet, e.g. 25")
     p.number("rollout.max_fail_percent", r.max_fail_percent, 0, 100,
              fix="set rollout.max_fail_percent to the share of hosts that may fail, e.g. 0")
+    p.number("rollout.fanout_serve_hours", r.fanout_serve_hours, 0, None, low_open=True,
+             fix="set rollout.fanout_serve_hours to the hours a fan-out may take, e.g. 2")
     if r.batch_size is not None and r.batch_percent is not None:
         p.problem("settings keys 'rollout.batch_size' and 'rollout.batch_percent' are both set",
                   "set one of them")  # fmt: skip

@@ -13,21 +13,27 @@ that one's own source, up to the seed. A copy is pipelined: a peer takes each fi
 source has verified it, so the fleet finishes a little after the seed, and the upstream link
 carries each byte once.
 
-The copy is rsync over ssh with keys made for this run on the control machine (kept in memory
-and in a 0600 file under a 0700 temporary folder, removed at the end):
+The copy is rsync over ssh with keys made for this run on the control machine, kept in memory
+only: the plan with its keys reaches the prefetch deploy as an inherited descriptor of an anonymous
+in-memory file (``SPECFLEET_FANOUT_PLAN`` = ``fd:N:ROLLOUT_ID``; ``memfd_create``), never a named
+file, so no kill of this process can leave a key on its disk:
 - one client key pair: its private half goes to each receiver in a 0600 file for the one pull,
   deleted when the pull ends; its public half is accepted by each serving peer's **ephemeral
   sshd** (its own port, its own host key made here, a ``systemd-run`` unit that stops itself
-  after a day), only from that peer's receivers (``from=``) and only for a read-only rsync under
-  the models root (``restrict``, forced command ``fanout_agent.py serve`` -> ``rrsync -ro``);
+  after ``rollout.fanout_serve_hours``, 2 h by default), only from that peer's receivers
+  (``from=``) and only for a read-only rsync of the revision folders it fans out (``restrict``,
+  forced command ``fanout_agent.py serve`` -> ``rrsync -ro`` rooted at that revision folder,
+  no symlink followed out of it);
 - a host key per serving peer: receivers pin it (``StrictHostKeyChecking=yes``), no trust on
   first use.
 
 Every copied file is hashed on the receiver against the Hub's sha256 (LFS) or git blob id, as
 the weights agent does; a mismatch is deleted and fetched from upstream by ``weights.model``,
 which runs on every host after the copy, writes the manifest and flips ``current``. At the end
-the sshd units stop and every key, known_hosts and job file is removed (by the prefetch deploy,
-and by a cleanup run when a host failed before that step).
+the sshd units stop and every key, known_hosts and job file is removed: by the prefetch deploy,
+and by a cleanup run on every exit path that did not get every host through it: a failed host,
+an exception, Ctrl-C or SIGTERM (the cleanup runs first, then the run ends: ``Interrupted``,
+exit 128 + the signal).
 
 The rollout (``specfleet/fleet/rollout.py``) runs this as its prefetch stage when
 ``rollout.fanout`` is
@@ -41,9 +47,12 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +67,7 @@ from specfleet.core.fanout import (
 )
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import settings_for_host
-from specfleet.fleet.pyinfra_run import deploy_path, run_pyinfra
+from specfleet.fleet.pyinfra_run import deploy_path, hand_down, run_pyinfra, stop_runs
 
 PREFETCH_DEPLOY = "fanout_prefetch.py"
 CLEANUP_DEPLOY = "fanout_cleanup.py"
@@ -141,6 +150,123 @@ def resolve_address(name: str) -> str:
         ) from None
 
 
+# --------------------------------------------------------------------------------------------------
+# Every exit path cleans the hosts up: signals; the plan's keys only in memory
+# --------------------------------------------------------------------------------------------------
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the fan-out; its cleanup ran on the hosts first."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def _in_main_greenlet() -> bool:
+    """Whether Python code runs in the main flow: always without gevent; under pyinfra's gevent
+    (the controller imports pyinfra_cli), only in the thread's root greenlet, not in the hub or a
+    reader greenlet, where a signal handler may also run."""
+    greenlet = sys.modules.get("greenlet")
+    if greenlet is None:
+        return True
+    try:
+        return greenlet.getcurrent().parent is None
+    except Exception:  # noqa: BLE001 - an unknown greenlet: take it as the main flow
+        return True
+
+
+class _Signals:
+    """SIGINT and SIGTERM stop the fan-out once: the handler stops the pyinfra runs of this
+    process (``pyinfra_run.stop_runs``) and raises ``Interrupted`` in the main flow (so that
+    ``finally`` runs the cleanup); where it lands elsewhere (a gevent greenlet) it only records
+    the signal, the stopped run returns, and ``check()`` raises it. A later signal, or one during
+    the cleanup, is said and recorded, never raised. The old handlers come back at the end. Off
+    the main thread nothing is installed (try/finally still cleans up after an exception)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, hours: float):
+        self.hours = hours
+        self.cleaning = False
+        self.got: int | None = None
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.got is not None or self.cleaning:
+            self.got = self.got or signum
+            print(f"fanout: {signal.Signals(signum).name}: cleaning up the hosts first (their "
+                  f"fan-out sshd stops by itself within {self.hours:g} h; kill -9 leaves it to "
+                  "that)", file=sys.stderr, flush=True)
+            return
+        self.got = signum
+        stop_runs()
+        if _in_main_greenlet():
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        """Raise the signal that came, if one did."""
+        if self.got is not None:
+            raise Interrupted(self.got)
+
+
+def _memory_file(data: bytes) -> int:
+    """A file descriptor of an anonymous file holding ``data``, at offset 0: in memory
+    (``memfd_create``, Linux), else an unnamed temporary file (0600, unlinked at once, in a 0700
+    folder removed at once). Either way no name on disk holds the data, and it goes when the last
+    descriptor closes, whatever kills this process. (A pipe would need a writer thread, a greenlet
+    under pyinfra's gevent, that a blocking write could stall.)"""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("specfleet-fanout-plan")
+    else:  # pragma: no cover - macOS, the BSDs
+        folder = tempfile.mkdtemp(prefix="specfleet-fanout-")
+        try:
+            os.chmod(folder, 0o700)
+            fd = os.open(os.path.join(folder, "plan"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(os.path.join(folder, "plan"))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+@contextmanager
+def plan_for_deploy(full: dict[str, Any]) -> Iterator[str]:
+    """``SPECFLEET_FANOUT_PLAN`` names an anonymous in-memory file holding ``full`` (with its
+    private keys) while the block runs; the pyinfra runs started in it inherit its descriptor
+    (``pyinfra_run.hand_down``), and it is closed at the end."""
+    fd = _memory_file(json.dumps(full).encode())
+    ref = f"fd:{fd}:{full['rollout_id']}"
+    old = os.environ.get(PLAN_ENV)
+    os.environ[PLAN_ENV] = ref
+    try:
+        with hand_down(fd):
+            yield ref
+    finally:
+        if old is None:
+            os.environ.pop(PLAN_ENV, None)
+        else:
+            os.environ[PLAN_ENV] = old
+        os.close(fd)
+
+
 def run_prefetch(
     inventory: str,
     hosts: Sequence[str],
@@ -153,8 +279,10 @@ def run_prefetch(
 ) -> Any:
     """The prefetch stage with fan-out on ``hosts``: one pyinfra run of the prefetch deploy
     (``runner(inventory, deploy, hosts, name)``, the rollout's ``run_pyinfra`` by default),
-    then a cleanup run if some host did not get through it. Returns the prefetch's StepRun.
-    ``plan_out`` (a dict) receives the plan without its keys."""
+    then a cleanup run on every host if some host did not get through it, or if the run ends
+    any other way: an exception, Ctrl-C or SIGTERM (raised again after the cleanup, the signals
+    as ``Interrupted``). Returns the prefetch's StepRun. ``plan_out`` (a dict) receives the plan
+    without its keys."""
     if runner is None:
         runner = run_pyinfra
     all_hosts, addresses, settings = load_inventory(inventory)
@@ -168,25 +296,46 @@ def run_prefetch(
     for sw in plan["swarms"]:
         print(f"fanout: {sw['which']} {' -> '.join(sw['hosts'][:1])} seeds "
               f"{', '.join(sw['hosts'][1:]) or 'no peers'} (degree {degree})", file=sys.stderr)
-    tmp = tempfile.mkdtemp(prefix="specfleet-fanout-")
-    os.chmod(tmp, 0o700)
-    plan_path = os.path.join(tmp, "plan.json")
-    fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(full, f)
-    old = os.environ.get(PLAN_ENV)
-    os.environ[PLAN_ENV] = plan_path
+    prefetch, cleanup = str(deploy_path(PREFETCH_DEPLOY)), str(deploy_path(CLEANUP_DEPLOY))
+    hours = max((settings[h].rollout.fanout_serve_hours for h in hosts), default=0.0)
+    guard = _Signals(hours)
+    clean, why = False, None
+    with guard:
+        try:
+            with plan_for_deploy(full):
+                step = runner(inventory, prefetch, hosts, name)
+            guard.check()
+            clean = all(r.passed for r in step.results.values())
+        except Interrupted as exc:
+            why = f"stopped by {exc.signal_name}"
+            raise
+        except BaseException as exc:
+            why = f"stopped by {type(exc).__name__}: {exc}".rstrip(": ")
+            raise
+        finally:
+            if not clean:
+                guard.cleaning = True  # a signal now is said, not raised: the cleanup goes on
+                if why:
+                    print(f"fanout: {why}; stopping the fan-out's sshd and pulls and removing "
+                          "its keys on every host", file=sys.stderr, flush=True)
+                _cleanup(runner, inventory, cleanup, hosts, f"{name} cleanup", hours)
+    guard.check()  # a signal at the very end: the hosts are clean; stop here all the same
+    return step
+
+
+def _cleanup(runner: Callable[..., Any], inventory: str, deploy: str, hosts: Sequence[str],
+             name: str, hours: float) -> None:
+    """The cleanup deploy on ``hosts``; its failure is said, never raised over the run's own
+    outcome."""
     try:
-        step = runner(inventory, str(deploy_path(PREFETCH_DEPLOY)), hosts, name)
-        if any(not r.passed for r in step.results.values()):
-            runner(inventory, str(deploy_path(CLEANUP_DEPLOY)), hosts, f"{name} cleanup")
-        return step
-    finally:
-        if old is None:
-            os.environ.pop(PLAN_ENV, None)
-        else:
-            os.environ[PLAN_ENV] = old
-        shutil.rmtree(tmp, ignore_errors=True)
+        step = runner(inventory, deploy, hosts, name)
+        failed = [h for h, r in step.results.items() if not r.passed]
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome comes first
+        failed = [f"{type(exc).__name__}: {exc}"]
+    if failed:
+        print(f"fanout: the cleanup did not get through ({', '.join(failed)}): run "
+              f"`pyinfra INVENTORY deploys/{CLEANUP_DEPLOY}` there; each fan-out sshd stops by "
+              f"itself within {hours:g} h", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
+    except Interrupted as exc:
+        print(f"fanout: stopped by {exc.signal_name}; the hosts were cleaned up (no fan-out sshd, "
+              "pull or key left)", file=sys.stderr)
+        return 128 + exc.signum
     width = max(len(h) for h in hosts)
     for h in hosts:
         r = step.results[h]

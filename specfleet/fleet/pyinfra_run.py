@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +190,56 @@ def say(text: str) -> None:
     print(f"rollout: {text}", file=sys.stderr, flush=True)
 
 
+_HANDED_DOWN: list[int] = []
+
+
+def handed_down() -> tuple[int, ...]:
+    """The file descriptors a pyinfra run started now inherits (the fan-out's in-memory plan)."""
+    return tuple(_HANDED_DOWN)
+
+
+@contextmanager
+def hand_down(fd: int) -> Iterator[None]:
+    """The pyinfra runs started in the block inherit ``fd`` (a file their deploy reads)."""
+    _HANDED_DOWN.append(fd)
+    try:
+        yield
+    finally:
+        _HANDED_DOWN.remove(fd)
+
+
+_RUNNING: set[subprocess.Popen] = set()
+
+
+@contextmanager
+def tracked(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``stop_runs`` stops ``proc`` while the block runs."""
+    _RUNNING.add(proc)
+    try:
+        yield proc
+    finally:
+        _RUNNING.discard(proc)
+
+
+def stop_runs() -> None:
+    """Ask every pyinfra run of this process to stop (SIGTERM; safe in a signal handler): each
+    ``run_pyinfra`` then returns what its hosts did so far."""
+    for proc in list(_RUNNING):
+        if proc.poll() is None:
+            proc.terminate()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a pyinfra run this process started (the controller is stopping)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str) -> StepRun:
     """``pyinfra -y --json INVENTORY DEPLOY --limit h ...``: its log streams to our stderr. It runs
     in the checkout, as pyinfra puts the working directory on sys.path for the deploy's imports."""
@@ -200,7 +251,7 @@ def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str) ->
     start = time.monotonic()
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
-        cwd=checkout_dir(),
+        cwd=checkout_dir(), pass_fds=handed_down(),
     )
     stderr_lines: list[str] = []
 
@@ -212,8 +263,13 @@ def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str) ->
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    stdout = proc.stdout.read()  # type: ignore[union-attr]
-    rc = proc.wait()
+    try:
+        with tracked(proc):
+            stdout = proc.stdout.read()  # type: ignore[union-attr]
+            rc = proc.wait()
+    except BaseException:  # Ctrl-C, SIGTERM (the fan-out's handler), anything: no run left over
+        _stop(proc)
+        raise
     reader.join(timeout=30)
     seconds = time.monotonic() - start
     results = parse_step(stdout, stderr_lines, hosts)

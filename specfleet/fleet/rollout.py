@@ -38,7 +38,7 @@ from typing import Any
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
-from specfleet.fleet.fanout import run_prefetch
+from specfleet.fleet.fanout import Interrupted, run_prefetch
 from specfleet.fleet.pyinfra_run import (
     FAILED,
     NOT_STARTED,
@@ -444,7 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     # a step re-enters a lock an earlier step of it left, instead of waiting for its lease.
     say(f"run id {controller_run_id(os.environ)}")
     rollout = Rollout(args.inventory, args.deploy, hosts, options, args.prefetch_deploy)
-    rc = rollout.run()
+    try:
+        rc = rollout.run()
+    except Interrupted as exc:  # in the fan-out prefetch: its cleanup ran on every host first
+        print(f"rollout: stopped by {exc.signal_name} in the prefetch; the fan-out was cleaned "
+              "up on every host, no deploy step ran", file=sys.stderr)
+        rc = 128 + exc.signum
     if args.report:
         Path(args.report).write_text(json.dumps(rollout.report(), indent=2))
     return rc

@@ -2,21 +2,29 @@
 
 Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on fleet hosts:
 
-    fanout_agent.py serve MODELS_ROOT STATE_DIR
-        The forced command of the rollout's ephemeral ssh key on a serving peer. With
-        ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION`` it prints one JSON object
-        (what the peer holds of that revision and how its own download or pull is going);
-        anything else goes to ``rrsync -ro MODELS_ROOT`` (rsync, read-only, under the models
-        root; nothing else is reachable with the key).
+    fanout_agent.py serve MODELS_ROOT STATE_DIR DIR=REVISION|DIR ...
+        The forced command of the rollout's ephemeral ssh key on a serving peer; it serves the
+        revision folders named (``MODELS_ROOT/DIR/REVISION``; a bare ``DIR``, for a swarm that
+        follows a branch: the revision this host's own download or pull resolved) and nothing
+        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION`` it prints one
+        JSON object (what the peer holds of that revision and how its own download or pull is
+        going); a read-only rsync of ``DIR/REVISION/[PATH]`` goes to ``rrsync -ro`` with that
+        revision folder as its root, and never follows a symlink out of it: the options that
+        make the sender follow links are refused, and so is a folder holding a symlink that
+        leads out of it. Anything else is refused.
     fanout_agent.py pull JOB
         On a receiving host (a transient ``systemd-run`` unit, started by ``operations.fanout``):
         ask the Hub (``HF_ENDPOINT``) for the revision's file list and hashes, then take every
         file a source peer has *verified* (its ``verified.jsonl``) with rsync over ssh, as soon
-        as the peer has it (pipelined behind the peer's own download), hash it against the Hub's
-        sha256 / git blob id and record it in this host's ``verified.jsonl``, as the weights agent
-        does. A file whose hash does not match is deleted: the weights agent, run next, fetches
-        it from upstream. A source that fails, stalls or is unreachable gives way to the next
-        one in ``sources``, then to upstream. The private key file is removed at the end.
+        as the peer has it (pipelined behind the peer's own download; ``rsync -rt``: no owner,
+        group, permission, device, special file or symlink of the peer is kept), hash it against
+        the Hub's sha256 / git blob id and record it in this host's ``verified.jsonl``, as the
+        weights agent does. The Hub's file names are checked first, as the weights agent does
+        (``hub_name_problem``, no symlink in the way): a bad one fails the pull before anything
+        is copied or deleted. A file whose hash does not match is deleted: the weights agent,
+        run next, fetches it from upstream. A source that fails, stalls or is unreachable gives
+        way to the next one in ``sources``, then to upstream. The private key file is removed at
+        the end.
 
 Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 """
@@ -35,6 +43,11 @@ SCHEMA = 1
 STATUS_VERB = "specfleet-status"
 _DIR_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,200}$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
+# rsync's options that make the sending side follow symlinks (rrsync disables -L, -k and -K
+# under a restricted folder, but not these long forms).
+_FOLLOWING_LONG = ("--copy-links", "--copy-unsafe-links", "--copy-dirlinks", "--keep-dirlinks")
+_FOLLOWING_SHORT = set("LkK")
+_ARG_RE = re.compile(r"(?:[^\s\\]+|\\.[^\s\\]*)+")  # rrsync's own split of the command
 
 
 def _weights_agent():
@@ -70,6 +83,85 @@ def parse_status_request(command: str) -> tuple[str, str] | None:
     if not _DIR_RE.match(parts[1]) or ".." in parts[1] or not _REV_RE.match(parts[2]):
         return None
     return parts[1], parts[2]
+
+
+def parse_served(specs: list[str]) -> dict[str, str | None]:
+    """``DIR=REVISION`` (a pinned commit) or ``DIR`` (a followed branch) -> {DIR: REVISION|None}.
+    A spec that is neither is ignored (it serves nothing)."""
+    out: dict[str, str | None] = {}
+    for spec in specs:
+        d, eq, rev = spec.rpartition("=") if "=" in spec else (spec, "", "")
+        if not _DIR_RE.match(d) or ".." in d or (eq and not _REV_RE.match(rev)):
+            continue
+        out[d] = rev or None
+    return out
+
+
+class Refused(Exception):
+    """A request the serving side does not answer (the message goes to the client)."""
+
+
+def parse_rsync_request(command: str) -> tuple[list[str], str]:
+    """``rsync --server --sender OPTS . PATH`` -> (OPTS, PATH as sent). Refuses the options that
+    make the sender follow symlinks, and anything but exactly one path."""
+    prefix = "rsync --server --sender "
+    if not command.startswith(prefix):
+        raise Refused("only read-only rsync and status are allowed")
+    words = _ARG_RE.findall(command[len(prefix):])
+    if "." not in words:
+        raise Refused("not an rsync request")
+    dot = words.index(".")
+    opts, paths = words[:dot], words[dot + 1:]
+    for o in opts:
+        name = o.split("=", 1)[0]
+        if name in _FOLLOWING_LONG:
+            raise Refused(f"{name} is refused: symlinks are not followed (no links out of the "
+                          "served folder)")
+        if o.startswith("-") and not o.startswith("--"):
+            letters = o[1:].split("e", 1)[0]  # after "e": the protocol's capability letters
+            if set(letters) & _FOLLOWING_SHORT:
+                raise Refused(f"{o} is refused: -L, -k and -K follow links (no links out of "
+                              "the served folder)")
+    if len(paths) != 1:
+        raise Refused("not served: one path, DIR/REVISION[/PATH], per request")
+    return opts, paths[0]
+
+
+def served_folder(path: str, served: dict[str, str | None],
+                  resolved: dict[str, set[str]]) -> tuple[str, str, str]:
+    """``DIR/REVISION[/PATH]`` as sent -> (DIR, REVISION, PATH as sent, or "."), when DIR is
+    served and REVISION is its pinned commit (or, for a followed branch, one in ``resolved``)."""
+    plain = re.sub(r"\\(.)", r"\1", path)
+    parts = plain.split("/")
+    if len(parts) < 2:
+        raise Refused(f"{plain!r} is not served: ask for DIR/REVISION/")
+    d, rev, rest = parts[0], parts[1], parts[2:]
+    if rest and rest[-1] == "":
+        rest = rest[:-1]
+    want = {served[d]} if served.get(d) else resolved.get(d, set())
+    if d not in served or not _REV_RE.match(rev) or rev not in want:
+        raise Refused(f"{d}/{rev} is not served here (only the revision folders being fanned "
+                      "out)")
+    if any(x in ("", ".", "..") for x in rest):
+        raise Refused(f"{plain!r} is not served: no '.', '..' or empty component")
+    head = f"{d}/{rev}"
+    if not path.startswith(head):
+        raise Refused(f"{plain!r} is not served")
+    tail = path[len(head):].lstrip("/")
+    return d, rev, tail or "."
+
+
+def symlink_out(folder: str) -> tuple[str, str] | None:
+    """The first symlink under ``folder`` that resolves out of it: (its path, its target)."""
+    base = os.path.realpath(folder)
+    for dirpath, dirs, files in os.walk(folder):
+        for n in sorted(dirs + files):
+            full = os.path.join(dirpath, n)
+            if os.path.islink(full):
+                real = os.path.realpath(full)
+                if real != base and not real.startswith(base + os.sep):
+                    return os.path.relpath(full, folder), os.readlink(full)
+    return None
 
 
 def source_finished(status: dict, revision: str, rollout_id: str) -> bool:
@@ -122,7 +214,7 @@ def status_of(models_root: str, state_dir: str, dir_name: str, revision: str) ->
     rev_dir = os.path.join(models_root, dir_name, revision)
     verified = {}
     for path, e in wa.read_verified(rev_dir).items():
-        if wa.still_matches(rev_dir, e):
+        if wa.hub_name_problem(path) is None and wa.still_matches(rev_dir, e):
             verified[path] = {"size": e["size"], "hash": e["hash"]}
     manifest = wa.read_json(os.path.join(rev_dir, wa.STATE_DIR, wa.MANIFEST)) or {}
     weights = wa.read_json(weights_progress_path(state_dir, dir_name)) or {}
@@ -137,16 +229,45 @@ def status_of(models_root: str, state_dir: str, dir_name: str, revision: str) ->
     }
 
 
-def cmd_serve(models_root: str, state_dir: str) -> int:
+def resolved_revisions(state_dir: str, served: dict[str, str | None]) -> dict[str, set[str]]:
+    """For each served folder that follows a branch: the revisions this host resolved (its own
+    download's, its own pull's)."""
+    wa = _weights_agent()
+    out: dict[str, set[str]] = {}
+    for d, rev in served.items():
+        if rev is None:
+            found = {(wa.read_json(path) or {}).get("revision")
+                     for path in (weights_progress_path(state_dir, d),
+                                  pull_progress_path(state_dir, d))}
+            out[d] = {r for r in found if isinstance(r, str) and _REV_RE.match(r)}
+    return out
+
+
+def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
     command = os.environ.get("SSH_ORIGINAL_COMMAND", "")
-    req = parse_status_request(command)
-    if req is not None:
-        print(json.dumps(status_of(models_root, state_dir, *req)), flush=True)
-        return 0
-    if not command.startswith("rsync --server --sender "):
-        sys.stderr.write("specfleet fan-out: only read-only rsync and status are allowed\n")
+    served = parse_served(specs)
+    resolved = resolved_revisions(state_dir, served)
+    try:
+        req = parse_status_request(command)
+        if req is not None:
+            served_folder(f"{req[0]}/{req[1]}/", served, resolved)
+            print(json.dumps(status_of(models_root, state_dir, *req)), flush=True)
+            return 0
+        opts, path = parse_rsync_request(command)
+        d, rev, tail = served_folder(path, served, resolved)
+        folder = os.path.join(models_root, d, rev)
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            raise Refused(f"{d}/{rev} is not here (or not a plain folder)")
+        link = symlink_out(folder)
+        if link is not None:
+            raise Refused(f"{d}/{rev} is not served: it holds a symlink out of it "
+                          f"({link[0]} -> {link[1]})")
+    except Refused as e:
+        sys.stderr.write(f"specfleet fan-out: {e}\n")
         return 1
-    os.execvp("rrsync", ["rrsync", "-ro", models_root])
+    # rrsync's root is the revision folder itself: nothing above it is reachable.
+    os.environ["SSH_ORIGINAL_COMMAND"] = " ".join(["rsync --server --sender", *opts, ".", tail])
+    os.execvp("rrsync", ["rrsync", "-ro", folder])
     return 1  # not reached
 
 
@@ -210,7 +331,10 @@ class Pull:
         lst = os.path.join(rev_dir, self.wa.STATE_DIR, "fanout-files")
         with open(lst, "w") as f:
             f.write("".join(p + "\n" for p in paths))
-        argv = ["rsync", "-a", "--whole-file", "--files-from", lst,
+        # As root, yet nothing of the peer but names, bytes and times: no owner, group,
+        # permission, device, special file or symlink.
+        argv = ["rsync", "-rt", "--no-owner", "--no-group", "--no-perms", "--no-devices",
+                "--no-specials", "--no-links", "--whole-file", "--files-from", lst,
                 "-e", shlex.join(self.ssh(source)),
                 f"root@{source['address']}:{dir_name}/{revision}/", rev_dir + "/"]
         r = subprocess.run(argv, capture_output=True, text=True)
@@ -223,6 +347,11 @@ class Pull:
         wa.setup_env(j)
         try:
             sha, files = wa.remote_files(j)
+            rev_dir = os.path.join(j["root"], sha)
+            # Every name, before anything is copied, written or deleted under the revision.
+            wa.check_names(j["repo_id"], sha, files)
+            for f in files:
+                wa.local_path(rev_dir, f["path"], j["repo_id"], sha)
         except Exception as e:  # noqa: BLE001 - every hub error becomes a clear message
             self.data["error"] = wa.classify_error(e, j["repo_id"], j["revision"],
                                                    wa.endpoint_of(j), wa.has_token(j))
@@ -230,7 +359,6 @@ class Pull:
             self.note(f"failed: {self.data['error']['message']}")
             return 1
         dir_name = os.path.basename(j["root"].rstrip("/"))
-        rev_dir = os.path.join(j["root"], sha)
         os.makedirs(os.path.join(rev_dir, wa.STATE_DIR), exist_ok=True)
         by_path = {f["path"]: f for f in files}
         verified = wa.read_verified(rev_dir)
@@ -331,7 +459,12 @@ class Pull:
         good = 0
         for p in paths:
             f = wanted[p]
-            local = os.path.join(rev_dir, p)
+            try:
+                local = wa.local_path(rev_dir, p, self.job["repo_id"])
+            except wa.UnsafeName as e:  # never after run()'s check; nothing is deleted
+                del wanted[p]
+                self.note(f"{e}; not checked")
+                continue
             kind, want = wa.expected_hash(f)
             try:
                 size = os.path.getsize(local)
@@ -390,12 +523,13 @@ def cmd_pull(job: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "serve":
-        return cmd_serve(argv[1], argv[2])
+    if len(argv) >= 3 and argv[0] == "serve":
+        return cmd_serve(argv[1], argv[2], argv[3:])
     if len(argv) == 2 and argv[0] == "pull":
         with open(argv[1]) as f:
             return cmd_pull(json.load(f))
-    sys.stderr.write("usage: fanout_agent.py serve MODELS_ROOT STATE_DIR | pull JOB.json\n")
+    sys.stderr.write("usage: fanout_agent.py serve MODELS_ROOT STATE_DIR DIR=REV|DIR ... | "
+                     "pull JOB.json\n")
     return 2
 
 

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 SCHEMA = 1
@@ -160,9 +161,89 @@ def select_files(paths: list[str], allow: list[str] | None, ignore: list[str] | 
     return out
 
 
+# ----------------------------------------------------------------------------------------------
+# Hub file names: not trusted. Each becomes a path under the revision folder only after these
+# checks, before anything is written, linked or deleted there.
+# ----------------------------------------------------------------------------------------------
+
+
+def hub_name_problem(path: object) -> str | None:
+    """Why a file name of the Hub's listing cannot be a path under the revision folder, or None.
+
+    A name is a relative POSIX path of plain components: no absolute path, no ``..`` or ``.``
+    component, no empty component (``a//b``, a trailing ``/``), no backslash, no control
+    character (NUL, newline, DEL...), and nothing under specfleet's own ``.specfleet/``.
+    """
+    if not isinstance(path, str) or not path:
+        return "an empty name"
+    if any(unicodedata.category(c) == "Cc" for c in path):
+        return "a control character"
+    if "\\" in path:
+        return "a backslash"
+    if path.startswith("/"):
+        return "an absolute path"
+    parts = path.split("/")
+    if "" in parts:
+        return "an empty component"
+    if ".." in parts:
+        return "a '..' component"
+    if "." in parts:
+        return "a '.' component"
+    if parts[0] == STATE_DIR:
+        return f"a name in specfleet's own state folder {STATE_DIR}/"
+    return None
+
+
+class UnsafeName(Exception):
+    """The Hub listed file names that cannot be written under the revision folder."""
+
+    def __init__(self, repo_id: str, revision: str, bad: list[tuple[str, str]]):
+        self.repo_id, self.revision, self.bad = repo_id, revision, bad
+        path, why = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        super().__init__(
+            f"{repo_id}@{revision[:12]} lists a file name that is not safe to write under the "
+            f"revision folder: {path!r} ({why}){more}; nothing was written"
+        )
+
+    def error(self) -> dict:
+        return {
+            "kind": "unsafe_name",
+            "message": str(self),
+            "fix": f"check the repository {self.repo_id} at its endpoint (weights.hf_endpoint for "
+            "a mirror): a file name must be a relative path inside the repository; no "
+            "symlink may stand in the revision folder",
+        }
+
+
+def check_names(repo_id: str, revision: str, files: list[dict]) -> None:
+    """Raise ``UnsafeName`` for the listing's bad names (all of them, the first one named)."""
+    bad = [(f.get("path"), why) for f in files if (why := hub_name_problem(f.get("path")))]
+    if bad:
+        raise UnsafeName(repo_id, revision, bad)
+
+
+def local_path(rev_dir: str, path: str, repo_id: str = "", revision: str = "") -> str:
+    """``rev_dir/path`` for a Hub name, once the name is safe and no symlink on the way takes it
+    out of ``rev_dir`` (the resolved path stays inside); else ``UnsafeName``."""
+    revision = revision or os.path.basename(rev_dir.rstrip("/"))
+    why = hub_name_problem(path)
+    if why:
+        raise UnsafeName(repo_id, revision, [(path, why)])
+    full = os.path.join(rev_dir, path)
+    base = os.path.realpath(rev_dir)
+    real = os.path.realpath(full)
+    if not real.startswith(base + os.sep):
+        raise UnsafeName(repo_id, revision, [(path, f"a symlink in the way leads it to {real}, "
+                                                    "out of the revision folder")])
+    return full
+
+
 def classify_error(exc: BaseException, repo_id: str, revision: str, endpoint: str,
                    has_token: bool) -> dict:
     """A huggingface_hub exception as {"kind", "message", "fix"}; names the repository."""
+    if isinstance(exc, UnsafeName):
+        return exc.error()
     name = type(exc).__name__
     status = getattr(getattr(exc, "response", None), "status_code", None)
     where = f"{endpoint}/{repo_id}"
@@ -332,6 +413,7 @@ def remote_files(job: dict) -> tuple[str, list[dict]]:
             f["sha256"] = e.lfs.sha256
             f["size"] = int(e.lfs.size)
         files.append(f)
+    check_names(job["repo_id"], sha, files)
     if files:
         # The Hub shows a gated repo's metadata and listing to anyone; only its files need the
         # access. Ask for the smallest file's headers now, so that a 401/403 comes before any
@@ -363,7 +445,7 @@ def reusable_files(root: str, sha: str) -> dict[tuple[int, str], str]:
         if name == sha or len(name) != 40 or os.path.islink(d) or not os.path.isdir(d):
             continue
         for path, e in read_verified(d).items():
-            if still_matches(d, e):
+            if hub_name_problem(path) is None and still_matches(d, e):
                 out.setdefault((e["size"], e["hash"]), os.path.join(d, path))
     return out
 
@@ -376,10 +458,14 @@ def plan(job: dict, since: float | None = None, listing: tuple[str, list] | None
     """
     try:
         sha, files = listing or remote_files(job)
+        rev_dir = os.path.join(job["root"], sha)
+        # Every name, before anything is written, linked or deleted under the revision.
+        check_names(job["repo_id"], sha, files)
+        for f in files:
+            local_path(rev_dir, f["path"], job["repo_id"], sha)
     except Exception as e:  # noqa: BLE001 - every hub error becomes a clear message
         return {"error": classify_error(e, job["repo_id"], job["revision"], endpoint_of(job),
                                         has_token(job))}
-    rev_dir = os.path.join(job["root"], sha)
     if job.get("verify") == "deep":
         verified = read_verified(rev_dir, since) if since else {}
     else:
@@ -475,7 +561,7 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
 
     def check(f: dict) -> str | None:
         kind, want = expected_hash(f)
-        local = os.path.join(rev_dir, f["path"])
+        local = local_path(rev_dir, f["path"], job["repo_id"], sha)
         if os.path.getsize(local) != f["size"]:
             return f"size {os.path.getsize(local)} != {f['size']}"
         last = [time.monotonic()]
@@ -491,7 +577,7 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
     def one(path: str) -> None:
         f = files[path]
         kind, want = expected_hash(f)
-        local = os.path.join(rev_dir, path)
+        local = local_path(rev_dir, path, job["repo_id"], sha)
         src = p["reuse"].get(path)
         if src and not os.path.exists(local):
             try:

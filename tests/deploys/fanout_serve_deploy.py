@@ -1,5 +1,6 @@
 """tests/fleet/test_fanout_fleet.py: start (or stop) the fan-out's ephemeral sshd with the real ops,
-from a spec file named in FANOUT_SERVE_SPEC (keys made by the test)."""
+from a spec file named in FANOUT_SERVE_SPEC (keys made by the test; ``models``: the revision
+folders it serves, ``{dir_name: revision}``)."""
 
 import json
 import os
@@ -19,4 +20,5 @@ fanout.serve(
     public_key=spec["public_key"] if present else None,
     host_private_key=spec["host_private_key"] if present else None,
     receivers=spec["receivers"],
+    models=spec.get("models"),
 )

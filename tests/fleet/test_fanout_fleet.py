@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,7 +205,8 @@ def test_served_key_is_read_only_from_receivers_only(env, tmp_path):
     private, public = make_keypair("specfleet-fanout-test")
     host_private, host_public = make_keypair("specfleet-fanout-test-host")
     spec = {"public_key": public, "host_private_key": host_private,
-            "receivers": [fleet.hosts["h2"]], "rollout_id": "t1", "port": 22113}
+            "receivers": [fleet.hosts["h2"]], "rollout_id": "t1", "port": 22113,
+            "models": {"fo--target": env["revs"][TARGET]}}
     spec_path = tmp_path / "serve.json"
     spec_path.write_text(json.dumps(spec))
     inv = str(fleet.write_inventory(tmp_path / "inv.py"))
@@ -323,3 +326,147 @@ def test_seed_that_cannot_serve_leaves_peers_to_upstream(env):
     finally:
         fleet.run("h1", "systemctl stop fanout-test-squat")
     assert_no_keys_left(env)
+
+
+def serve_deploy(env, tmp_path: Path, spec: dict, present: bool) -> None:
+    """Start (or stop) h1's fan-out sshd with the real ops (tests/deploys/fanout_serve_deploy.py)."""
+    spec_path = tmp_path / "serve.json"
+    spec_path.write_text(json.dumps(spec))
+    inv = str(env["inv"])  # its settings give the tools their wheelhouse (no earlier test needed)
+    e = {**os.environ, "FANOUT_SERVE_SPEC": str(spec_path),
+         "FANOUT_SERVE_PRESENT": "1" if present else "0"}
+    r = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--limit", "h1", inv,
+                        "tests/deploys/fanout_serve_deploy.py"], cwd=REPO_ROOT, env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_fanout_serves_exactly_the_revision_folder(env, tmp_path):
+    """The fan-out's sshd serves the revision folder of the model it fans out and nothing else:
+    not another model's folder, another revision, the models root or its .cache, not through
+    ``..``, and no symlink placed in the served folder is followed out of it (whatever rsync
+    options the client asks for)."""
+    fleet = env["fleet"]
+    h1 = fleet.hosts["h1"]
+    reva, revb, other = "a1" * 20, "b2" * 20, "c3" * 20
+    a, b = f"/srv/models/fo--sec-a/{reva}", f"/srv/models/fo--sec-b/{revb}"
+    o = f"/srv/models/fo--sec-a/{other}"
+    fleet.run("h1", f"mkdir -p {a}/sub {b} {o} /srv/models/.cache && echo served > {a}/config.json"
+              f" && echo served-sub > {a}/sub/t.json && echo secret-b > {b}/config.json && "
+              f"echo secret-o > {o}/config.json && echo secret-c > /srv/models/.cache/token && "
+              "echo secret-etc > /etc/fo-secret", check=True)
+    private, public = make_keypair("specfleet-fanout-test")
+    host_private, host_public = make_keypair("specfleet-fanout-test-host")
+    spec = {"public_key": public, "host_private_key": host_private,
+            "receivers": [fleet.hosts["h2"]], "rollout_id": "t2", "port": 22113,
+            "models": {"fo--sec-a": reva}}
+    key, kh = "/root/fanout-sec.key", "/root/fanout-sec.known_hosts"
+    serve_deploy(env, tmp_path, spec, True)
+    try:
+        fleet.run("h2", f"umask 077; cat > {key}", input=private, check=True)
+        fleet.run("h2", f"cat > {kh}", input=f"[{h1}]:22113 {host_public}\n", check=True)
+        ssh = (f"ssh -i {key} -p 22113 -o BatchMode=yes -o IdentitiesOnly=yes "
+               f"-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes")
+
+        def fetch(remote: str, opts: str = "", files: list[str] | None = None) -> str:
+            """What h2 gets with ``rsync -rt OPTS root@h1:REMOTE`` (and a --files-from list)."""
+            ff = ""
+            if files is not None:
+                fleet.run("h2", "cat > /tmp/fo-list", input="".join(f + "\n" for f in files),
+                          check=True)
+                ff = "--files-from=/tmp/fo-list"
+            r = fleet.run("h2", f"rm -rf /tmp/fo-get && mkdir /tmp/fo-get && rsync -rt {opts} "
+                          f"{ff} -e '{ssh}' root@{h1}:{remote} /tmp/fo-get/; "
+                          "find /tmp/fo-get -type f -exec cat {} +")
+            return r.stdout
+
+        # The served folder works: a file, the folder with a file list, a status.
+        assert fetch(f"fo--sec-a/{reva}/config.json") == "served\n"
+        assert sorted(fetch(f"fo--sec-a/{reva}/", files=["config.json", "sub/t.json"]
+                            ).split()) == ["served", "served-sub"]
+        st = fleet.run("h2", f"{ssh} root@{h1} specfleet-status fo--sec-a {reva}")
+        assert st.returncode == 0 and json.loads(st.stdout)["revision"] == reva, st.stderr
+        # Nothing else: another model, another revision, the model's root, .cache, .., /etc.
+        st = fleet.run("h2", f"{ssh} root@{h1} specfleet-status fo--sec-b {revb}")
+        assert st.returncode != 0 and "verified" not in st.stdout
+        for remote in (f"fo--sec-b/{revb}/config.json", f"fo--sec-b/{revb}/", f"{o}/config.json",
+                       f"fo--sec-a/{other}/config.json", "fo--sec-a/", ".cache/token", ".cache/",
+                       f"fo--sec-a/{reva}/../{other}/config.json",
+                       f"fo--sec-a/{reva}/../../fo--sec-b/{revb}/config.json", "/etc/fo-secret",
+                       "./", ""):
+            assert "secret" not in fetch(remote), remote
+        got = fetch(f"fo--sec-a/{reva}/", files=[f"../../fo--sec-b/{revb}/config.json",
+                                                 f"../{other}/config.json", "/etc/fo-secret"])
+        assert "secret" not in got
+        # Symlinks out of the served folder (a file, a folder, an absolute one) are not followed.
+        fleet.run("h1", f"ln -s {b}/config.json {a}/leaf.json && ln -s {b} {a}/dirlink && "
+                  f"ln -s /etc/fo-secret {a}/etc.json && ln -s ../../../fo--sec-b {a}/sub/up",
+                  check=True)
+        for opts in ("", "-l", "-L", "--copy-unsafe-links", "--copy-links", "-k", "-K",
+                     "--copy-dirlinks"):
+            for remote in (f"fo--sec-a/{reva}/leaf.json", f"fo--sec-a/{reva}/etc.json",
+                           f"fo--sec-a/{reva}/dirlink/config.json", f"fo--sec-a/{reva}/dirlink/",
+                           f"fo--sec-a/{reva}/"):
+                assert "secret" not in fetch(remote, opts), (opts, remote)
+            got = fetch(f"fo--sec-a/{reva}/", opts, files=[
+                "leaf.json", "etc.json", "dirlink/config.json", f"sub/up/{revb}/config.json"])
+            assert "secret" not in got, opts
+    finally:
+        serve_deploy(env, tmp_path, spec, False)
+        fleet.run("h2", f"rm -rf {key} {kh} /tmp/fo-get /tmp/fo-list")
+        fleet.run("h1", "rm -rf /srv/models/fo--sec-a /srv/models/fo--sec-b /srv/models/.cache "
+                  "/etc/fo-secret")
+    assert_no_keys_left(env)
+
+
+def test_sigterm_to_the_controller_stops_every_sshd_and_removes_every_key(env, tmp_path):
+    """``kill PID`` of the fan-out controller in the middle of a fan-out (the sshd serving, pulls
+    running): it stops the hosts' fan-out units and removes every key before it exits; no key
+    was ever written on the control machine."""
+    fleet, hub = env["fleet"], env["hub"]
+    wipe(env, HOSTS)
+    hub.configure(rate_bps=1_000_000)  # the seed takes ~25 s: time to catch the pulls running
+    ctl_tmp = tmp_path / "ctl-tmp"
+    ctl_tmp.mkdir()
+    before = set(Path("/tmp").glob("specfleet-fanout-*"))
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    e["TMPDIR"] = str(ctl_tmp)
+    out = tmp_path / "controller.out"
+    with out.open("w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "specfleet.fleet.fanout", str(env["inv"])],
+                             cwd=REPO_ROOT, env=e, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            units = fleet.run("h2", "systemctl list-units --no-legend --state=active "
+                              "'specfleet-fanout-pull-*'").stdout
+            sshd = fleet.run("h1", "systemctl list-units --no-legend --state=active "
+                             "'specfleet-fanout-sshd-*'").stdout
+            if units.strip() and sshd.strip():
+                break
+            assert p.poll() is None, out.read_text()[-4000:]
+            assert time.monotonic() < deadline, out.read_text()[-4000:]
+            time.sleep(0.5)
+        keys = fleet.run("h2", f"ls {STATE}").stdout
+        assert ".key" in keys, keys  # the pull's key is there now...
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=300)
+        text = out.read_text()
+        assert rc == 128 + signal.SIGTERM, text[-4000:]
+        assert "Traceback" not in text, text[-4000:]
+        assert "prefetch cleanup" in text, text[-4000:]
+        assert_no_keys_left(env)  # ...and gone, with every fan-out unit and the port
+        on_disk = [str(x) for x in ctl_tmp.rglob("*") if x.is_file()
+                   and b"PRIVATE KEY" in x.read_bytes()]
+        assert on_disk == [] and list(ctl_tmp.iterdir()) == []
+        assert set(Path("/tmp").glob("specfleet-fanout-*")) == before
+    finally:
+        try:  # whatever of the controller's session is left (its pyinfra run, say)
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        hub.configure()
+        for h in HOSTS:  # the seed's own download goes on detached, by design: stop it here
+            fleet.run(h, "systemctl stop 'specfleet-weights-*' 'specfleet-fanout-*'")

@@ -57,6 +57,7 @@ def env(make_fleet, tmp_path_factory):
         "gated": make_repo(mirrors, "testorg/gated", shards("gated", 1, MB)),
         "stall": make_repo(mirrors, "testorg/stall", shards("stall", 2, MB)),
         "follow": make_repo(mirrors, "testorg/follow", shards("follow", 1, MB)),
+        "hostile": make_repo(mirrors, "testorg/hostile", shards("hostile", 1, MB)),
     }
     hub = StandinHub(mirrors, fleet.bridge_ip, work)
     olah = Olah(mirrors, fleet.bridge_ip, work)
@@ -503,3 +504,51 @@ def test_follow_branch_shows_a_moved_branch_and_prunes(env):
         second, "current"}
     again = deploy(env, "follow", "follow", **over)
     assert op_status(again.stdout + again.stderr, "h1") == "No changes"
+
+
+def test_hostile_listing_creates_and_deletes_nothing_outside(env):
+    """The Hub (here the stand-in, serving a crafted listing) names files ``../x``, ``/abs``,
+    with a backslash or a newline, with the bytes of a file the host already holds verified (so
+    a hard link would do): the download fails, naming the file and the repository, and nothing
+    outside the revision folder is created, changed or deleted."""
+    fleet, hub = env["fleet"], env["hub"]
+    root = "/srv/models/testorg--hostile"
+    r = deploy(env, "hostile", "hostile")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The tools' huggingface_hub is within the pinned range (operations/weights.py tools).
+    import inspect
+
+    from packaging.requirements import Requirement
+
+    from operations.weights import tools
+
+    req = Requirement(inspect.signature(tools._inner).parameters["requirement"].default)
+    got = fleet.run("h1", "/opt/specfleet/tools/bin/python -c 'import importlib.metadata as m; "
+                    "print(m.version(\"huggingface_hub\"))'", check=True).stdout.strip()
+    assert req.specifier.contains(got), (str(req), got)
+    second = commit_files(env["mirrors"], "testorg/hostile", {"README.md": b"second\n"})
+    fleet.run("h1", "echo victim > /srv/models/victim.json && echo victim > /tmp/victim.json",
+              check=True)
+    hostile = ["../escape-rel.json", "../../../../tmp/escape-up.json", "/tmp/escape-abs.json",
+               "../../victim.json", "/tmp/victim.json", "sub\\..\\..\\escape-bs.json",
+               "esc\nape.json", "sub//escape.json"]
+    listing = (f"find /srv/models -xdev -not -path '{root}/{second}*' \\( -type d -printf "
+               "'%p d\\n' \\) -o -printf '%p %y %s %T@\\n' | sort")
+    before = fleet.run("h1", listing, check=True).stdout
+    hub.configure(aliases={"testorg/hostile": {name: "config.json" for name in hostile}})
+    try:
+        r = deploy(env, "hostile2", "hostile", revision=second)
+    finally:
+        hub.configure()
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "Traceback" not in out
+    assert "testorg/hostile" in out and "not safe" in out, out
+    assert any(repr(name) in out for name in hostile), out
+    assert fleet.run("h1", listing, check=True).stdout == before
+    for gone in ("/tmp/escape-up.json", "/tmp/escape-abs.json", "/srv/models/escape-bs.json"):
+        assert fleet.run("h1", f"test -e {gone}").returncode != 0, gone
+    for victim in ("/srv/models/victim.json", "/tmp/victim.json"):
+        assert fleet.run("h1", f"cat {victim}").stdout == "victim\n", victim
+    assert not set(verified_paths(env, "h1", "hostile", second)) & set(hostile)
+    fleet.run("h1", "rm -f /srv/models/victim.json /tmp/victim.json")

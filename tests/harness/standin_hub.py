@@ -13,7 +13,10 @@ Config (a JSON file, re-read on every request so a test can change it while it r
      "rate_bps": 0,                          # 0 = unlimited
      "stall": ["shard-2.safetensors"],       # hang after half of these files...
      "stall_count": 1,                       # ...for this many GETs in all (then serve them)
-     "epoch": 3}                             # stalls are counted per epoch
+     "epoch": 3,                             # stalls are counted per epoch
+     "aliases": {"org/name": {"../x.json": "config.json"}}}
+                                             # a hostile listing: extra names (any string) listed
+                                             # and served with the bytes of a real file
 
 Usage: python -m tests.harness.standin_hub --root ROOT --host IP --port PORT --config CFG --log LOG
 The log has one line per request (method, path, status, "auth" when a token was sent; never the
@@ -81,6 +84,14 @@ class Hub:
             _mode, kind, oid, size = meta.split()
             if kind == b"blob":
                 files[path.decode()] = (oid.decode(), int(size))
+        return files
+
+    def listing(self, repo_id: str, repo: str, sha: str) -> dict[str, tuple[str, int]]:
+        """The tree, plus the config's ``aliases`` of ``repo_id`` (a crafted, hostile listing)."""
+        files = self.tree(repo, sha)
+        for alias, real in (self.config().get("aliases", {}).get(repo_id) or {}).items():
+            if real in files:
+                files[alias] = files[real]
         return files
 
     def sha256(self, repo: str, oid: str) -> str:
@@ -176,7 +187,7 @@ class Handler(BaseHTTPRequestHandler):
             wanted = json.loads(raw or "{}").get("paths", [])
         else:
             wanted = parse_qs(raw).get("paths", [])
-        files = self.hub.tree(repo, sha)
+        files = self.hub.listing(repo_id, repo, sha)
         body = [self.hub.entry_json(repo, p, *files[p]) for p in wanted if p in files]
         return self.reply(200, json.dumps(body).encode())
 
@@ -189,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
             if loc is None:
                 return None
             repo, sha = loc
-            files = self.hub.tree(repo, sha)
+            files = self.hub.listing(repo_id, repo, sha)
             if what == "revision":
                 body = {
                     "id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
@@ -209,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
             if loc is None:
                 return None
             repo, sha = loc
-            entry = self.hub.tree(repo, sha).get(fpath)
+            entry = self.hub.listing(repo_id, repo, sha).get(fpath)
             if entry is None:
                 return self.error(404, "EntryNotFound", f"{fpath} does not exist at {rev}")
             return self.send_file(repo, sha, fpath, *entry)

@@ -205,9 +205,12 @@ def test_fact_parsers():
         "units": ["specfleet-fanout-pull-x-1.service"], "files": ["sshd", "o--m.key"]}
 
 
-def serve(models: Path, state: Path, command: str) -> subprocess.CompletedProcess:
+def serve(models: Path, state: Path, command: str, allowed: tuple[str, ...] = (f"o--m={REV}",),
+          path: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "SSH_ORIGINAL_COMMAND": command}
-    return subprocess.run([sys.executable, str(AGENT), "serve", str(models), str(state)],
+    if path:
+        env["PATH"] = f"{path}:{env['PATH']}"
+    return subprocess.run([sys.executable, str(AGENT), "serve", str(models), str(state), *allowed],
                           env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -244,3 +247,138 @@ def test_serve_refuses_anything_but_status_and_rsync_send(tmp_path):
         assert r.returncode == 1, command
         assert "only read-only rsync and status" in r.stderr
         assert r.stdout == ""
+
+
+def fake_rrsync(tmp_path: Path) -> tuple[str, Path]:
+    """A stand-in ``rrsync`` on PATH that records its arguments and SSH_ORIGINAL_COMMAND."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "rrsync.log"
+    bin_dir.mkdir()
+    (bin_dir / "rrsync").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\n"
+                                    f"printf '%s' \"$SSH_ORIGINAL_COMMAND\" > {log}.cmd\n")
+    (bin_dir / "rrsync").chmod(0o755)
+    return str(bin_dir), log
+
+
+def models_tree(tmp_path: Path) -> Path:
+    models = tmp_path / "models"
+    for d in (models / "o--m" / REV, models / "o--d" / ("b" * 40), models / "o--m" / ("c" * 40),
+              models / ".cache"):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    return models
+
+
+SEND = "rsync --server --sender -tre.iLsfxCIvu"
+
+
+def test_serve_exposes_only_the_revision_folders_it_fans_out(tmp_path):
+    """rrsync gets the revision folder itself, and the path under it; any other folder (another
+    model, another revision, the model's root, .cache, ``..``) is refused before rrsync."""
+    models = models_tree(tmp_path)
+    path, log = fake_rrsync(tmp_path)
+    for asked, rest in ((f"o--m/{REV}/", "."), (f"o--m/{REV}", "."),
+                        (f"o--m/{REV}/config.json", "config.json"),
+                        (f"o--m/{REV}/sub/x.bin", "sub/x.bin")):
+        log.unlink(missing_ok=True)
+        r = serve(models, tmp_path, f"{SEND} --files-from=- --from0 . {asked}", path=path)
+        assert r.returncode == 0, (asked, r.stderr)
+        assert log.read_text().split("\n")[:-1] == ["-ro", str(models / "o--m" / REV)]
+        assert Path(f"{log}.cmd").read_text() == f"{SEND} --files-from=- --from0 . {rest}"
+    for asked in (f"o--d/{'b' * 40}/", f"o--d/{'b' * 40}/config.json", f"o--m/{'c' * 40}/",
+                  "o--m/", "o--m", ".cache/", ".cache/config.json", "", "./", ".", "/etc/shadow",
+                  f"o--m/{REV}/../{'c' * 40}/config.json", f"o--m/{REV}/sub/../../x",
+                  f"{models}/o--m/{REV}/", f"o--m/{REV}/ o--d/{'b' * 40}/", f"./o--m/{REV}/"):
+        log.unlink(missing_ok=True)
+        r = serve(models, tmp_path, f"{SEND} . {asked}".rstrip(), path=path)
+        assert r.returncode != 0, asked
+        assert not log.exists(), asked
+        assert "not served" in r.stderr or "only read-only rsync" in r.stderr, (asked, r.stderr)
+    # Status only for the folders it serves, too.
+    assert serve(models, tmp_path, f"specfleet-status o--m {REV}").returncode == 0
+    r = serve(models, tmp_path, f"specfleet-status o--d {'b' * 40}")
+    assert r.returncode == 1 and r.stdout == ""
+    r = serve(models, tmp_path, f"specfleet-status o--m {'c' * 40}")
+    assert r.returncode == 1 and r.stdout == ""
+
+
+def test_serve_follows_no_symlink_out_of_the_folder(tmp_path):
+    models = models_tree(tmp_path)
+    path, log = fake_rrsync(tmp_path)
+    rev = models / "o--m" / REV
+    # rsync's options that make the sender follow links are refused; capability letters after
+    # "e." are not options.
+    for opts in ("-tLre.iLsfxCIvu", "-tkre.iLsfxCIvu", "-Ktre.iLsfxCIvu",
+                 "-tre.iLsfxCIvu --copy-unsafe-links", "-tre.iLsfxCIvu --copy-links",
+                 "-tre.iLsfxCIvu --copy-dirlinks", "-tre.iLsfxCIvu --keep-dirlinks"):
+        r = serve(models, tmp_path, f"rsync --server --sender {opts} . o--m/{REV}/", path=path)
+        assert r.returncode != 0 and not log.exists(), opts
+        assert "links" in r.stderr, r.stderr
+    # A symlink inside that stays inside is fine...
+    os.symlink("config.json", rev / "inner.json")
+    assert serve(models, tmp_path, f"{SEND} . o--m/{REV}/", path=path).returncode == 0
+    # ...one that leads out (a file or a folder, relative or absolute) stops the serving.
+    for target in (models / "o--d" / ("b" * 40), "../../o--d", "/etc/passwd", ".."):
+        log.unlink(missing_ok=True)
+        os.symlink(target, rev / "out")
+        r = serve(models, tmp_path, f"{SEND} . o--m/{REV}/", path=path)
+        assert r.returncode != 0 and not log.exists(), target
+        assert "symlink" in r.stderr and "out" in r.stderr, r.stderr
+        os.unlink(rev / "out")
+
+
+def test_serve_of_a_followed_branch_takes_the_revision_this_host_resolved(tmp_path):
+    """A swarm that follows a branch names no commit in the plan: the folder served is the one
+    this host's own download (or pull) resolved."""
+    models = models_tree(tmp_path)
+    path, log = fake_rrsync(tmp_path)
+    other = "c" * 40
+    r = serve(models, tmp_path, f"{SEND} . o--m/{REV}/", allowed=("o--m",), path=path)
+    assert r.returncode != 0  # nothing resolved here yet
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "o--m.progress.json").write_text(json.dumps({"revision": REV}))
+    r = serve(models, tmp_path, f"{SEND} . o--m/{REV}/", allowed=("o--m",), path=path)
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().split("\n")[1] == str(models / "o--m" / REV)
+    r = serve(models, tmp_path, f"{SEND} . o--m/{other}/", allowed=("o--m",), path=path)
+    assert r.returncode != 0
+    (tmp_path / "fanout").mkdir()
+    (tmp_path / "fanout" / "o--m.pull.json").write_text(json.dumps({"revision": other}))
+    assert serve(models, tmp_path, f"{SEND} . o--m/{other}/", allowed=("o--m",),
+                 path=path).returncode == 0
+
+
+def test_serve_command_names_the_folders(tmp_path):
+    cmd = serve_command("/opt/t", "/srv/models", "/var/lib/specfleet",
+                        {"o--m": REV, "o--d": None})
+    assert cmd == (f"/opt/t/bin/python /opt/t/fanout_agent.py serve /srv/models "
+                   f"/var/lib/specfleet o--d o--m={REV}")
+
+
+def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkeypatch):
+    """The receiver (root) keeps no owner, group, device, special file or symlink of a peer's
+    copy: ``rsync -rt`` and the ``--no-*`` switches, never ``-a``."""
+    from specfleet.hostside import fanout_agent
+
+    rev_dir = tmp_path / REV
+    (rev_dir / ".specfleet").mkdir(parents=True)
+    job = {"rollout_id": "r", "repo_id": "o/m", "revision": REV, "root": str(tmp_path),
+           "sources": [], "port": 22113, "key_path": "/k", "known_hosts": "/kh",
+           "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
+    pull = fanout_agent.Pull(job)
+    seen = []
+
+    def run(argv, **kw):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(fanout_agent.subprocess, "run", run)
+    ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin"],
+                       str(rev_dir))
+    assert ok
+    argv = seen[0]
+    assert argv[0] == "rsync" and "-rt" in argv
+    for flag in ("--no-owner", "--no-group", "--no-devices", "--no-specials", "--no-links",
+                 "--no-perms"):
+        assert flag in argv, flag
+    shorts = "".join(a[1:] for a in argv if a.startswith("-") and not a.startswith("--"))
+    assert not set(shorts) & set("aolgDpLkK"), argv

@@ -300,3 +300,51 @@ def test_plan_reuses_verified_files_of_other_revisions(tmp_path):
     # A source that changed since it was verified is not reused.
     os.utime(tmp_path / old / "w.safetensors", ns=(1, 1))
     assert plan(job, listing=(new, files))["reuse"] == {}
+
+
+def test_tools_pin_huggingface_hub_to_a_tested_range():
+    """The hosts' huggingface_hub is pinned with an upper bound (a major release may change the
+    API the weights agent uses), and the range holds the versions the agent is tested with: the
+    control machine's and the fleet wheelhouse's (tests/harness/wheelhouse.py)."""
+    import inspect
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    from operations.weights import tools
+    from tests.harness.wheelhouse import WHEELHOUSE_DIR
+
+    req = Requirement(inspect.signature(tools._inner).parameters["requirement"].default)
+    assert req.name == "huggingface_hub"
+    assert any(s.operator in ("<", "<=", "~=", "==") for s in req.specifier), str(req)
+    assert req.specifier.contains(version("huggingface_hub"))
+    wheels = sorted(WHEELHOUSE_DIR.glob("huggingface_hub-*.whl"))
+    for whl in wheels:
+        assert req.specifier.contains(whl.name.split("-")[1]), (str(req), whl.name)
+    for old in ("0.25.2", "3.0.0"):
+        assert not req.specifier.contains(old), old
+
+
+@pytest.mark.parametrize("installed,pip", [("3.1.0", True), ("0.20.0", True), ("2.4.0", False),
+                                           (None, True)])
+def test_tools_installs_huggingface_hub_again_outside_the_range(installed, pip):
+    """A tools venv whose huggingface_hub is outside the pinned range gets one within it."""
+    import hashlib
+
+    from pyinfra.api import StringCommand
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra_testing.util import FakeState, create_host, get_command_string
+
+    from operations.weights import agent_source, tools
+
+    info = {"path": "/opt/specfleet/tools", "huggingface_hub": installed,
+            "agent_sha256": hashlib.sha256(agent_source().encode()).hexdigest()}
+    host = create_host(FakeState(), facts={
+        "weights.WeightsTools": {"path=/opt/specfleet/tools": info}})
+    with ctx_state.use(FakeState()), ctx_host.use(host):
+        commands = [get_command_string(c) for c in tools._inner(find_links="http://10.1.1.1/")
+                    if isinstance(c, StringCommand)]
+    pips = [c for c in commands if "/bin/pip install" in c]
+    assert bool(pips) == pip, commands
+    for c in pips:
+        assert c.endswith("'huggingface_hub>=0.26,<3'"), c
