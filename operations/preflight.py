@@ -22,6 +22,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host
+from pyinfra.facts.files import File
 
 from facts import cache
 from facts.cache import cached_fact, cached_gather
@@ -34,7 +35,7 @@ from operations.probe import deploy_specs
 from operations.serving import service_state_args
 from operations.util import fails_host
 from operations.venvs import effective_settings
-from operations.weights import control_token
+from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
 from specfleet.core import runlock
 from specfleet.core.errors import SpecfleetError
@@ -499,6 +500,7 @@ def checks(settings: Settings | None = None):
         facts,
         s,
         control_token=control_token(s.weights) is not None,
+        host_copy=_host_token_copy(s),
         missing_weights_bytes=missing_weights_bytes(s),
         wheel_error=wheel_error,
     )
@@ -512,3 +514,10 @@ def checks(settings: Settings | None = None):
         raise SpecfleetError(f"{first.render()}{more}", host=host.name, fix=None)
     host.noop(f"preflight passes ({len(result.passed)} checks)")
     yield from ()
+
+
+def _host_token_copy(s: Settings) -> str | None:
+    """The token copy an earlier run left on the host (``weights.token``), if it is there: a
+    converged host needs no token exported on the control machine."""
+    path = control_token_path(s)
+    return path if cached_fact(host, File, path=path) else None

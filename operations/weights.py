@@ -590,7 +590,9 @@ def model(which: str = "target", verify: str | None = None):
     w = s.weights
     token_path = w.host_token_path
     try:
-        if control_token(w) is not None:
+        # The control machine's token (weights.token copies it), else the copy an earlier run
+        # left on the host, else the host's own token file.
+        if control_token(w) is not None or cached_fact(host, File, path=control_token_path(s)):
             token_path = control_token_path(s)
     except SpecfleetError as e:
         yield from _fail(e.problem, e.fix)

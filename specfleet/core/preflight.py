@@ -47,6 +47,7 @@ def check(
     settings: Settings,
     *,
     control_token: bool = False,
+    host_copy: str | None = None,
     missing_weights_bytes: int | None = None,
     wheel_error: str | None = None,
     drafter_config: Mapping[str, Any] | None = None,
@@ -57,7 +58,8 @@ def check(
     of the specfleet unit. ``missing_weights_bytes`` is what the weights step would still fetch
     (None: unknown here, checked again by the weights step before any byte moves).
     ``wheel_error`` is pip's answer when asked for the pinned SGLang on this host's interpreter
-    (None: a wheel resolves, or SGLang is already installed at that version).
+    (None: a wheel resolves, or SGLang is already installed at that version). ``host_copy``: the
+    path of the token copy an earlier run put on the host (``weights.token``), when it is there.
     """
     result = Preflight()
     install = facts.get(SGLANG)
@@ -72,7 +74,7 @@ def check(
 
     _check_busy(facts, settings, result)
     _check_disk(facts, settings, missing_weights_bytes, result)
-    _check_token(facts, settings, control_token, result)
+    _check_token(facts, settings, control_token, result, host_copy)
     if wheel_error:
         result.problems.append(
             Problem(
@@ -164,14 +166,22 @@ def _check_disk(
 
 
 def _check_token(
-    facts: Mapping[str, Any], settings: Settings, control_token: bool, result: Preflight
+    facts: Mapping[str, Any],
+    settings: Settings,
+    control_token: bool,
+    result: Preflight,
+    host_copy: str | None = None,
 ) -> None:
     gated = [s.repo_id for s in (settings.target, settings.drafter) if s.gated]
     if not gated:
         return
     token = facts.get(TOKEN) or {}
-    if control_token or token.get("exists"):
-        where = "the control machine" if control_token else token.get("path")
+    if control_token or token.get("exists") or host_copy:
+        where = (
+            "the control machine" if control_token
+            else token.get("path") if token.get("exists")
+            else f"specfleet's copy on the host, {host_copy}"
+        )
         result.passed.append(f"a Hugging Face token for the gated {', '.join(gated)} ({where})")
         return
     result.problems.append(

@@ -280,6 +280,15 @@ def test_second_run_changes_nothing(env):
     assert {h: env.starts(h) for h in CONVERGE} == before
 
 
+def test_a_converged_host_needs_no_token_exported(env):
+    """The hosts hold the copy of the token the first run put there: a converged run from a
+    control machine without HF_TOKEN passes preflight and changes nothing."""
+    hosts = ["b200", "h100"]
+    rc, out = env.pyinfra("-y", *limit(*hosts), token=False)
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in hosts}
+
+
 def test_a_converged_run_is_two_commands_per_host(env):
     """The run lock's take carries the probe of every fact (operations/probe.py): the operations
     of a converged run are that command and the lock's release, per host, as bench/converged

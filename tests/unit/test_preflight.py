@@ -183,6 +183,15 @@ def test_gated_drafter_without_any_token():
     assert check(facts_for(token=False), ungated, missing_weights_bytes=0).ok
 
 
+def test_a_converged_host_needs_no_token_on_the_control_machine():
+    """The copy an earlier run put on the host (weights.token) is a token: no HF_TOKEN needed."""
+    copy = "/etc/specfleet/hf-token"
+    result = check(facts_for(token=False), ct200_settings(), missing_weights_bytes=0,
+                   host_copy=copy)  # fmt: skip
+    assert result.ok
+    assert any(f"specfleet's copy on the host, {copy}" in p for p in result.passed)
+
+
 def test_sglang_without_dflash_from_the_version_table():
     # Nothing installed yet: the plan is predicted from specfleet.core.tables.sglang_versions for 0.5.10.
     result = check(facts_for(sglang=None), ct200_settings(sglang={"version": "0.5.10"}),
