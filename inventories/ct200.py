@@ -16,7 +16,9 @@ ct200 = [
             "ssh_user": "root",
             "specfleet": {
                 "venv": "/root/venv_sglang211",
-                "sglang": {"version": "0.5.11"},
+                # A move to another release goes beside the existing venv (kept for rollback)
+                # instead of upgrading it in place, where pip could replace its torch.
+                "sglang": {"version": "0.5.11", "side_by_side": True},
                 "models_root": "/root/models",
                 # No commit of moonshotai/Kimi-K2.6 could be pinned from here, so CT200 follows
                 # main on purpose: the first run records the commit, and a later move of main

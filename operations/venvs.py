@@ -18,6 +18,9 @@ _SAID: set[tuple[str, str]] = set()
 
 def venv_choice(settings: Settings) -> VenvChoice:
     base = settings.venv
+    sg = settings.sglang
+    if not sg.side_by_side or sg.kind == "git":
+        return VenvChoice(base)  # no fact asked: the converged run stays at its two commands
     state = cached_fact(host, Venv, path=base)
     packages = (
         cached_fact(host, Packages, python=venv_python(base)) or {}

@@ -96,10 +96,12 @@ class SGLangSource:
     no_deps: bool = False
     # A user-given specifier for compressed-tensors overrides the version table.
     compressed_tensors: str | None = None
-    # Moving to another release installs it into a new venv beside ``venv`` (``<venv>-sglang-X``)
-    # and switches the unit to it, keeping the old venv untouched for rollback. False: upgrade
-    # ``venv`` in place (pip may then replace torch in it).
-    side_by_side: bool = True
+    # True: moving to another release installs it into a new venv beside ``venv``
+    # (``<venv>-sglang-X``) and switches the unit to it, keeping the old venv untouched for
+    # rollback (each run then reads that venv's facts: 4 more fact commands per host). False:
+    # upgrade ``venv`` in place, where a venv specfleet did not create refuses to let pip replace
+    # torch and its kin (``allow_replacing``).
+    side_by_side: bool = False
     # An install into an existing venv that specfleet did not create never replaces another
     # package there (torch, sgl-kernel, flashinfer, ...: pip's dry run says which) unless listed
     # here (names or globs, e.g. ["torch", "nvidia-*"]) or True (any).

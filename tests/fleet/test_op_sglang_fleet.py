@@ -270,11 +270,13 @@ def test_side_by_side_switch_to_0514_and_back_keeps_the_old_venv(sw, tmp_path):
     venv = "/root/venv_sf211"
     sibling = f"{venv}-sglang-0.5.14"
     ops = {"ops": ["installed", "compressed_tensors", "pr20547"]}
-    first = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), test=ops)
+    side = {"side_by_side": True}
+    first = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang=side), test=ops)
     assert first.rc == 0, first.output
     old = venv_sha(sw, "h2", venv)
 
-    up = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang={"version": "0.5.14"}), test=ops)
+    up = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang={"version": "0.5.14", **side}),
+                test=ops)  # fmt: skip
     assert up.rc == 0, up.output
     assert f"{venv} holds SGLang 0.5.11: SGLang 0.5.14 goes into {sibling} beside it" in up.output
     assert up.status("sglang.installed", "h2") == "Success"
@@ -282,13 +284,14 @@ def test_side_by_side_switch_to_0514_and_back_keeps_the_old_venv(sw, tmp_path):
     assert up.status("sglang.pr20547", "h2") == "No changes", up.output
     assert pip_versions(sw, "h2", sibling)["sglang"] == "0.5.14"
     assert venv_sha(sw, "h2", venv) == old
-    settled = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang={"version": "0.5.14"}),
+    settled = deploy(sw, tmp_path, "h2",
+                     settings(sw, venv, PR, sglang={"version": "0.5.14", **side}),
                      test=ops)  # fmt: skip
     assert settled.rc == 0, settled.output
     assert all(settled.status(op, "h2") == "No changes"
                for op in ("sglang.installed", "sglang.compressed_tensors", "sglang.pr20547"))
 
-    back = deploy(sw, tmp_path, "h2", settings(sw, venv, PR), test=ops)
+    back = deploy(sw, tmp_path, "h2", settings(sw, venv, PR, sglang=side), test=ops)
     assert back.rc == 0, back.output
     assert all(back.status(op, "h2") == "No changes"
                for op in ("sglang.installed", "sglang.compressed_tensors", "sglang.pr20547"))
