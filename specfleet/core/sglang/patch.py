@@ -106,6 +106,16 @@ class _Section:
     hunks: int = 0
 
 
+def hunk_line_counts(line: str) -> tuple[int, int] | None:
+    """How a line inside a hunk counts against the hunk's old and new lengths: context (and a
+    bare line end) 1 and 1, removed 1 and 0, added 0 and 1, "\\ No newline" 0 and 0; None for a
+    line that cannot be inside a hunk."""
+    tag = line[:1]
+    if tag == " " or line in ("\n", "\r\n"):
+        return 1, 1
+    return {"-": (1, 0), "+": (0, 1), "\\": (0, 0)}.get(tag)
+
+
 def _split_sections(text: str) -> list[_Section]:
     lines = text.splitlines(keepends=True)
     sections: list[_Section] = []
@@ -119,18 +129,11 @@ def _split_sections(text: str) -> list[_Section]:
             if cur is None:
                 raise PatchFormatError("hunk outside any file")
             cur.lines.append(line)
-            tag = line[:1]
-            if tag == " " or line in ("\n", "\r\n"):
-                old_left -= 1
-                new_left -= 1
-            elif tag == "-":
-                old_left -= 1
-            elif tag == "+":
-                new_left -= 1
-            elif tag == "\\":
-                pass
-            else:
+            counts = hunk_line_counts(line)
+            if counts is None:
                 raise PatchFormatError(f"line {i + 1}: unexpected line inside a hunk: {line!r}")
+            old_left -= counts[0]
+            new_left -= counts[1]
             i += 1
             continue
         if line.startswith("diff --git "):

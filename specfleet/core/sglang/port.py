@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from specfleet.core.sglang.patch import PatchFormatError, filter_patch
+from specfleet.core.sglang.patch import PatchFormatError, filter_patch, hunk_line_counts
 
 PATCHDATA_PACKAGE = "specfleet.patchdata"
 PR20547_DIR = "pr20547"
@@ -106,16 +106,11 @@ def split_hunks(text: str) -> list[Hunk]:
             if i >= len(lines):
                 raise PatchFormatError(f"{path}: the diff ends inside a hunk")
             x = lines[i]
-            tag = x[:1]
-            if tag == " " or x in ("\n", "\r\n"):
-                old_left -= 1
-                new_left -= 1
-            elif tag == "-":
-                old_left -= 1
-            elif tag == "+":
-                new_left -= 1
-            elif tag != "\\":
+            counts = hunk_line_counts(x)
+            if counts is None:
                 raise PatchFormatError(f"{path}: line {i + 1} inside a hunk: {x!r}")
+            old_left -= counts[0]
+            new_left -= counts[1]
             body.append(x)
             i += 1
         while i < len(lines) and lines[i].startswith("\\"):
