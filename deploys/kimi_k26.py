@@ -1,16 +1,18 @@
-"""Kimi K2.6 + the DFlash drafter on SGLang, on every host of an inventory.
+"""Kimi K2.6 + the DFlash drafter on SGLang, on every host in play of an inventory.
 
-    pyinfra inventories/ct200.py deploys/kimi_k26.py [--dry] [--diff]
+    pyinfra inventories/ct200.py deploys/kimi_k26.py [--dry] [--diff] [--limit HOST]
 
 The steps are ``operations.kimi_k26.kimi_k26``: preflight under a per-host run lock, SGLang and
 compressed-tensors pinned, PR#20547 where missing, the weights, the unit from the launch plan,
 restart only on change, the readiness gate. Every option comes from the host's ``specfleet`` data
-(``specfleet/core/settings.py``).
+(``specfleet/core/settings.py``); ``present: False`` there removes the deploy instead
+(``specfleet remove``). Settings are read for the hosts in play only: a host with bad ones fails
+alone, with its error, and the others go on.
 """
 
-from pyinfra import host, inventory
-
 from operations.kimi_k26 import kimi_k26
-from specfleet.core.settings import settings_for_all_hosts
+from operations.util import settings_in_play
 
-kimi_k26(settings=settings_for_all_hosts(inventory)[host.name])
+settings = settings_in_play()
+if settings is not None:
+    kimi_k26(settings=settings)

@@ -3,25 +3,40 @@ convention), composed from this folder's operations. ``deploys/kimi_k26.py`` cal
 file of your own can too::
 
     from operations.kimi_k26 import kimi_k26
-    kimi_k26(settings=settings_for_all_hosts(inventory)[host.name])
+    settings = settings_in_play()  # operations.util: None for a host with bad settings
+    if settings is not None:
+        kimi_k26(settings=settings)
 
 1. preflight (with a per-host run lock), before anything changes;
 2. SGLang pinned, compressed-tensors pinned, PR#20547 where missing;
 3. the target and drafter weights, pinned and verified;
 4. the launch plan and the systemd unit;
 5. restart only on change, then the readiness gate.
+
+``present=False`` (the ``present: False`` setting, ``specfleet remove``) takes it off instead:
+under the run lock, ``operations.removal`` removes what ``removal.footprint`` lists.
 """
 
 from pyinfra.api import deploy
 from pyinfra.operations.util import any_changed
 
-from operations import preflight, serving, sglang, weights
+from operations import preflight, removal, serving, sglang, weights
 from operations.venvs import effective_settings
 from specfleet.core.settings import Settings
 
 
 @deploy("Kimi K2.6")
-def kimi_k26(settings: Settings) -> None:
+def kimi_k26(settings: Settings, present: bool | None = None,
+             remove_weights: bool | None = None, remove_venv: bool | None = None) -> None:
+    """The deploy on this host; ``present`` (default: ``settings.present``) False removes it,
+    keeping the weights and a venv of the user's own unless ``remove_weights``/``remove_venv``
+    (default: ``settings.removal``)."""
+    if not (settings.present if present is None else present):
+        preflight.lock(name="Hold the run lock", settings=settings, probe=False)
+        removal.removed(name="Specfleet's deploy removed", settings=settings,
+                        weights=remove_weights, venv=remove_venv)
+        preflight.lock(name="Release the run lock", settings=settings, present=False)
+        return
     preflight.lock(name="Hold the run lock", settings=settings)
     # The venv this run uses: the configured one, or one beside it for another release.
     settings = effective_settings(settings)

@@ -110,7 +110,7 @@ def _venv_packages(venv: str) -> tuple[dict | None, dict]:
     return state, cached_fact(host, Packages, python=venv_python(venv)) or {}
 
 
-def _patch_restore_steps(venv: str, marker: dict | None):
+def patch_restore_steps(venv: str, marker: dict | None):
     """Commands that undo an applied (or half-applied) PR#20547, or forget a stale marker."""
     if not marker:
         return
@@ -189,7 +189,7 @@ def installed(
             host.noop(f"SGLang is not installed in {venv}")
             return
         _say(f"uninstalls SGLang {current} from {venv}")
-        yield from _patch_restore_steps(venv, marker)
+        yield from patch_restore_steps(venv, marker)
         yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
         return
 
@@ -253,7 +253,7 @@ def installed(
             QuoteString(posixpath.dirname(created_marker(venv))), "&&", "touch",
             QuoteString(created_marker(venv)),
         )
-    yield from _patch_restore_steps(venv, marker)
+    yield from patch_restore_steps(venv, marker)
     if decision.action == "reinstall":
         yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
     yield StringCommand(

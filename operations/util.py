@@ -8,7 +8,25 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import SettingsError, SpecfleetError
+from specfleet.core.settings import Settings, settings_for_host
+
+
+def settings_in_play(h: Any = None) -> Settings | None:
+    """The settings of ``h`` (default: the host whose deploy file is loading), checked for this
+    host alone: only hosts in play (``--limit``) are ever read. Bad ones fail this one host, with
+    its error and fix, and return None (the deploy file then adds nothing for it): the other
+    hosts go on, as with any failed host; pyinfra exits non-zero at the end.
+    """
+    h = h if h is not None else host
+    try:
+        return settings_for_host(h)
+    except SettingsError as exc:
+        logger.error(exc.for_host(h.name).render())
+        # As pyinfra fails a host it cannot connect to; with none left it stops here, before
+        # any operation ("No hosts remaining!").
+        h.state.fail_hosts({h})
+        return None
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:

@@ -4,7 +4,8 @@
     specfleet rollout INVENTORY DEPLOY [rollout options]                   (a checkout)
     specfleet fanout INVENTORY [fan-out options]                           (a checkout)
     specfleet probe INVENTORY [python=... models_path=...]                 (a checkout)
-    specfleet status INVENTORY [--limit HOST ...]                          (a checkout)
+    specfleet status INVENTORY [--limit HOST ...] [--json]                 (a checkout)
+    specfleet remove INVENTORY [--limit HOST ...] [--dry] [--weights] [--venv]  (a checkout)
 
 ``plan`` needs nothing but this package. The others run the deploy files and facts of a
 specfleet checkout (the current directory, ``--checkout PATH`` or ``$SPECFLEET_CHECKOUT``), by
@@ -15,6 +16,7 @@ path, as pyinfra's own CLI does: this floor never imports ``deploys``, ``operati
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +35,19 @@ def _in_checkout(argv: list[str], checkout: str | None) -> int:
     return subprocess.run([sys.executable, *args], cwd=where, check=False).returncode
 
 
+def remove_argv(rest: list[str]) -> list[str]:
+    """``specfleet remove INVENTORY [--weights] [--venv] [pyinfra options]`` as the pyinfra run
+    of the deploy with ``present: False`` (and the removal options) over the inventory's
+    ``specfleet`` data. ``--dry`` shows what would go and changes nothing."""
+    removal = {"weights": "--weights" in rest, "venv": "--venv" in rest}
+    rest = [a for a in rest if a not in ("--weights", "--venv")]
+    data = json.dumps({"present": False, "removal": removal})
+    # -y skips the change detection that --dry exists to show
+    yes = [] if "--dry" in rest else ["-y"]
+    return ["-m", "pyinfra", *yes, *rest[:1], "deploys/kimi_k26.py", *rest[1:],
+            "--data", f"specfleet={data}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="specfleet", description="Provision SGLang speculative-decoding servers with pyinfra."
@@ -47,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         ("fanout", "fetch the weights once per fleet, then host to host"),
         ("probe", "every host's facts, one SSH command per host"),
         ("status", "what each host runs, read-only"),
+        ("remove", "take the deploy off the hosts (the weights and your venv stay)"),
     ):
         p = sub.add_parser(name, help=what, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -64,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             return fanout.main(args.rest)
         if args.command == "probe":
             return _in_checkout(["-m", "facts.probe", *args.rest], args.checkout)
+        if args.command == "remove":
+            return _in_checkout(remove_argv(args.rest), args.checkout)
         return _in_checkout(
             ["-m", "pyinfra", "-y", *args.rest[:1], "deploys/status.py", *args.rest[1:]],
             args.checkout,

@@ -175,6 +175,17 @@ class RolloutOptions:
 
 
 @dataclass(frozen=True)
+class RemovalOptions:
+    """What a removal (``present: False``, ``specfleet remove``) also takes away; by default it
+    keeps the weights (hours to download again) and a venv specfleet did not create."""
+
+    # The target's and drafter's folders and the server's compile caches under models_root.
+    weights: bool = False
+    # The configured venv even when it is the user's own (a venv specfleet created always goes).
+    venv: bool = False
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a Kimi K2.6 + DFlash deploy can be told. Defaults are that deploy's."""
 
@@ -193,6 +204,9 @@ class Settings:
     weights: WeightsOptions = field(default_factory=WeightsOptions)
     plan: PlanOverrides = field(default_factory=PlanOverrides)
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    # False removes the deploy from the host (operations.removal); a second run changes nothing.
+    present: bool = True
+    removal: RemovalOptions = field(default_factory=RemovalOptions)
 
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
