@@ -1,6 +1,7 @@
 """What each host is running, read-only: the Monday-morning view of a fleet.
 
     pyinfra INVENTORY deploys/status.py [--limit HOST]
+    specfleet status INVENTORY [--limit HOST] --json    (one JSON document on stdout)
 
 Per host: the SGLang version and PR#20547 state, each model's revision and manifest state, the
 unit's hash against the one the launch plan would render now, health (``/health_generate``
@@ -11,9 +12,9 @@ would change.
 It changes nothing: every host reports "No changes".
 """
 
-from pyinfra import host
-
 from operations import status
-from specfleet.core.settings import settings_for_host
+from operations.util import settings_in_play
 
-status.report(name="Status (read-only)", settings=settings_for_host(host))
+settings = settings_in_play()
+if settings is not None:
+    status.report(name="Status (read-only)", settings=settings)

@@ -7,9 +7,11 @@ changes a host: every host reports "No changes".
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import posixpath
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyinfra import host, logger
@@ -278,18 +280,31 @@ def format_table(rows: list[HostStatus]) -> str:
     return "\n".join(out)
 
 
+def status_document(rows: list[HostStatus]) -> dict[str, Any]:
+    """The machine-readable status (``specfleet status --json``): each host's columns, its drift,
+    whether it is healthy and its verdict, as the table shows them (pure)."""
+    return {"hosts": {r.host: {**asdict(r), "verdict": r.verdict} for r in rows}}
+
+
 # Rows of this run, by host, printed once when pyinfra exits.
 ROWS: dict[str, HostStatus] = {}
 _REGISTERED: list[bool] = []
+# A file the status document is written to at exit (``specfleet status --json`` sets it).
+JSON_ENV = "SPECFLEET_STATUS_JSON"
 
 
 def _print_table() -> None:
-    if not ROWS:
-        return
     rows = [ROWS[name] for name in sorted(ROWS)]
-    sys.stdout.write("--> Status:\n" + "\n".join(
+    path = os.environ.get(JSON_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(status_document(rows), out)
+    if not rows:
+        return
+    # With pyinfra's own output, on stderr: stdout stays for pyinfra's --json document alone.
+    sys.stderr.write("--> Status:\n" + "\n".join(
         f"    {line}" if line else "" for line in format_table(rows).splitlines()) + "\n")
-    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _record(st: HostStatus) -> None:

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from specfleet import plan as plan_cli
 from specfleet.core.errors import SpecfleetError
@@ -27,12 +28,36 @@ from specfleet.fleet import fanout, rollout
 from specfleet.fleet.pyinfra_run import CHECKOUT_ENV, checkout_dir
 
 
-def _in_checkout(argv: list[str], checkout: str | None) -> int:
+def _in_checkout(argv: list[str], checkout: str | None, **kwargs) -> int:
     """Run ``argv`` (a Python module of the checkout) with the checkout as working directory and
     inventory paths made absolute."""
     where = checkout_dir(checkout)
     args = [os.path.abspath(a) if os.path.exists(a) else a for a in argv]
-    return subprocess.run([sys.executable, *args], cwd=where, check=False).returncode
+    return subprocess.run([sys.executable, *args], cwd=where, check=False, **kwargs).returncode
+
+
+# operations.status writes its document there at exit (this floor does not import operations).
+STATUS_JSON_ENV = "SPECFLEET_STATUS_JSON"
+
+
+def status_json(rest: list[str], checkout: str | None) -> int:
+    """``specfleet status INVENTORY --json``: one JSON document on stdout and nothing else
+    (``{"hosts": {name: {..., "verdict": ...}}}``); pyinfra's own output goes to stderr. The
+    exit code is pyinfra's."""
+    with tempfile.TemporaryDirectory(prefix="specfleet-status-") as tmp:
+        path = os.path.join(tmp, "status.json")
+        env = {**os.environ, STATUS_JSON_ENV: path}
+        rc = _in_checkout(["-m", "pyinfra", "-y", *rest[:1], "deploys/status.py", *rest[1:]],
+                          checkout, stdout=sys.stderr, env=env)
+        try:
+            with open(path, encoding="utf-8") as f:
+                document = json.load(f)
+        except (OSError, ValueError):
+            document = {"hosts": {}}
+    document["exit_code"] = rc
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    sys.stdout.flush()
+    return rc
 
 
 def remove_argv(rest: list[str]) -> list[str]:
@@ -80,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             return fanout.main(args.rest)
         if args.command == "probe":
             return _in_checkout(["-m", "facts.probe", *args.rest], args.checkout)
+        if args.command == "status" and "--json" in args.rest:
+            return status_json([a for a in args.rest if a != "--json"], args.checkout)
         if args.command == "remove":
             return _in_checkout(remove_argv(args.rest), args.checkout)
         return _in_checkout(
