@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -245,6 +246,38 @@ def env(make_fleet, tmp_path_factory):
 
 
 # --------------------------------------------------------------------------------------------------
+# --dry on a fresh fleet: first, before anything is deployed
+# --------------------------------------------------------------------------------------------------
+
+# Everything a deploy (or its probe) could write: specfleet's files, units, venvs, models, packages.
+HOST_STATE = (
+    "find /etc/systemd/system /etc/specfleet /opt /srv/models /var/lib/specfleet /root "
+    "/run/systemd/transient /usr/local -xdev -path /root/.cache/pip -prune -o -printf '%p %s %T@ %m %y %l\\n' 2>/dev/null | sort; "
+    "dpkg-query -W -f '${Package} ${Version} ${Status}\\n'; "
+    "for py in /root/venv_sglang211/bin/python /opt/specfleet/sglang/bin/python; do "
+    "test -x $py && $py -m pip list --format=freeze --disable-pip-version-check; done; "
+    "systemctl list-units --all --plain --no-legend --no-pager 'specfleet*'; true"
+)
+
+
+def host_state(env: Env, host: str) -> str:
+    """A digest of ``HOST_STATE`` (the listing itself when it differs is too long to read)."""
+    out = env.run(host, HOST_STATE)
+    return hashlib.sha256(out.encode()).hexdigest() + f" ({len(out.splitlines())} lines)"
+
+
+def test_dry_run_on_a_fresh_fleet_changes_nothing(env):
+    before = {h: host_state(env, h) for h in CONVERGE}
+    rc, out = env.pyinfra("--dry", *limit(*CONVERGE))
+    assert rc == 0, out[-4000:]
+    # It planned the whole deploy on every host (the detected changes name its last steps)...
+    assert "SGLang server running, enabled and ready" in out.split("--> Detected changes:")[-1]
+    assert "Error" not in out and "--> Beginning operation run" not in out
+    # ...and changed nothing anywhere.
+    assert {h: host_state(env, h) for h in CONVERGE} == before
+
+
+# --------------------------------------------------------------------------------------------------
 # Converge, idempotence, restart on change
 # --------------------------------------------------------------------------------------------------
 
@@ -389,6 +422,73 @@ def test_status_reports_drift_without_deploying(env):
         assert {h: env.snapshot(h) for h in CONVERGE} == before
     finally:
         env.run("b200", f"systemctl start {UNIT}")
+
+
+# --------------------------------------------------------------------------------------------------
+# --limit isolates: settings are read for the hosts in play only; a bad one fails alone
+# --------------------------------------------------------------------------------------------------
+
+
+def inventory_of(env: Env, path: Path, hosts: dict[str, dict]) -> Path:
+    """An inventory of just ``hosts`` ({name: specfleet data}), connected as the fleet's own."""
+    f = env.fleet
+    connect = {"ssh_user": "root", "ssh_key": str(f.key_path),
+               "ssh_strict_host_key_checking": "off", "ssh_known_hosts_file": "/dev/null"}
+    rows = [f"    ({h!r}, {{**{connect!r}, 'ssh_hostname': {f.hosts[h]!r}, "
+            f"'specfleet': {data!r}}})," for h, data in hosts.items()]
+    path.write_text("hosts = [\n" + "\n".join(rows) + "\n]\n")
+    return path
+
+
+def test_limit_isolates_a_host_with_bad_settings(env):
+    bad = {**env.demo.settings("h100"), "prot": 30001}
+    inv = env.inventory("onebad.py", h100={"prot": 30001})
+    # --limit good: the bad host is not in play and its settings are never read.
+    rc, out = env.pyinfra("-y", *limit("h200"), inventory=inv)
+    assert rc == 0, out[-4000:]
+    results = op_results(out)
+    assert list(results) == ["h200"], out[-3000:]
+    assert all(r in ("Success", "No changes") for r in results["h200"].values()), results
+    assert "prot" not in out
+    # Both in play (no --limit on an inventory of the two): the bad host fails with its error
+    # and fix, changing nothing; the good one still deploys (converged now: no change).
+    before = env.snapshot("h100")
+    pair = inventory_of(env, env.demo.workdir / "pair.py",
+                        {"h200": env.demo.settings("h200"), "h100": bad})
+    rc, out = env.pyinfra("-y", inventory=pair)
+    assert rc != 0
+    assert "[h100] unknown settings key 'prot'" in out, out[-3000:]
+    assert "\n  fix: " in out and "Traceback" not in out
+    results = op_results(out)
+    assert list(results) == ["h200"], out[-3000:]
+    assert results["h200"]["Release the run lock"] == "No changes"
+    assert set(results["h200"].values()) == {"No changes"}, results
+    assert env.snapshot("h100") == before
+
+
+def test_status_json_is_one_document(env):
+    """``specfleet status --json``: stdout is one JSON document with the verdicts the table
+    shows; pyinfra's output and the table go to stderr."""
+    argv = [sys.executable, "-m", "specfleet.cli", "status", str(env.inventory()),
+            *limit("h200", "b200"), "--json"]
+    res = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_TOKEN": DEMO_TOKEN})
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["exit_code"] == 0
+    assert sorted(doc["hosts"]) == ["b200", "h200"]
+    for host, row in doc["hosts"].items():
+        assert row["verdict"] == "in sync, healthy", row
+        assert row["healthy"] is True and row["drift"] == []
+        assert row["sglang"].startswith("0.5.11"), row
+        assert f"{host}  in sync, healthy" in res.stderr
+    # pyinfra's own --json: its document alone on stdout, the table on stderr.
+    rc_res = subprocess.run([PYINFRA, "--json", "-y", str(env.inventory()), *limit("h200"),
+                             "deploys/status.py"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "HF_TOKEN": DEMO_TOKEN})
+    assert rc_res.returncode == 0, rc_res.stderr[-3000:]
+    assert json.loads(rc_res.stdout)["results"]["operations"]
+    assert "--> Status:" in rc_res.stderr
 
 
 # --------------------------------------------------------------------------------------------------
@@ -598,3 +698,96 @@ def test_ct200_runs_the_port_and_a_failed_gate_rolls_it_back(env):
     assert rc == 0, out[-4000:]
     assert env.run("ct200", f"test -e {PATCH_DIR}/unproven || echo proven").strip() == "proven"
     assert 'SGLANG_ENABLE_DFLASH_SPEC_V2="1"' in unit_env(env, "ct200")
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Removal, and a deploy after it (last: it takes the deploy off ct200 and h200 and puts it back)
+# --------------------------------------------------------------------------------------------------
+
+REMOVED = ["ct200", "h200"]
+# What specfleet put on a host besides the weights and the venv (operations.removal.footprint).
+FOOTPRINT = (f"/etc/systemd/system/{UNIT} /etc/specfleet /opt/specfleet/tools "
+             "/var/lib/specfleet/hf /var/lib/specfleet/rollback /var/lib/specfleet/weights "
+             f"/var/lib/specfleet/specfleet-sglang.restart-pending {LOCK}")
+# Every file of the installed SGLang wheel is as its RECORD says (the PR#20547 port undone).
+RECORD_CHECK = """
+import base64, csv, hashlib, pathlib, sys
+site = pathlib.Path(sys.argv[1])
+record = next(site.glob("sglang-*.dist-info")) / "RECORD"
+bad = []
+for row in csv.reader(record.read_text().splitlines()):
+    path, digest = row[0], row[1]
+    if not digest or not path.startswith("sglang/"):
+        continue
+    algo, _, want = digest.partition("=")
+    data = (site / path).read_bytes() if (site / path).exists() else b"<missing>"
+    got = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
+    if got != want:
+        bad.append(path)
+print("record:", "ok" if not bad else " ".join(bad))
+"""
+
+
+def specfleet_cli(env: Env, *args: str) -> tuple[int, str]:
+    environ = {**os.environ, "HF_TOKEN": DEMO_TOKEN}
+    res = subprocess.run([sys.executable, "-m", "specfleet.cli", *args], cwd=REPO_ROOT,
+                         env=environ, capture_output=True, text=True, timeout=900)
+    return res.returncode, res.stdout + res.stderr
+
+
+def leftovers(env: Env, host: str) -> str:
+    """What of specfleet's footprint (and its units) is on the host, and what is kept."""
+    return env.run(host, (
+        f"for p in {FOOTPRINT}; do test -e $p && echo left $p; done; "
+        "ls -A /var/lib/specfleet 2>/dev/null | sed 's/^/state: /'; "
+        "systemctl list-units --all --plain --no-legend --no-pager 'specfleet*' "
+        "| awk '$3 != \"inactive\" {print \"unit: \" $1, $2, $3}'; "
+        "curl -s --max-time 3 http://127.0.0.1:30000/health >/dev/null && echo serving; true"))
+
+
+def weights_digest(env: Env, host: str) -> str:
+    return env.run(host, "cd /srv/models && find . -path ./.cache -prune -o -type f "
+                         "-printf '%p %s %T@\\n' | sort | sha256sum")
+
+
+def test_removal_then_deploy_converges_again(env):
+    inv = env.inventory()
+    rc, out = env.pyinfra("-y", *limit(*REMOVED), inventory=inv)
+    assert rc == 0, out[-4000:]
+    weights = {h: weights_digest(env, h) for h in REMOVED}
+    assert env.run("ct200", f"test -f {PATCH_DIR}/sha256 && echo patched").strip() == "patched"
+
+    # Remove: the server stops, every file specfleet put there goes; the weights stay, and so
+    # does CT200's own venv, with the PR#20547 port undone (the wheel's RECORD holds again).
+    rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED))
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: ["Specfleet's deploy removed"] for h in REMOVED}, out[-4000:]
+    assert "restores PR#20547 in /root/venv_sglang211" in out
+    for host in REMOVED:
+        assert leftovers(env, host) == "", (host, leftovers(env, host))
+        assert weights_digest(env, host) == weights[host]
+    assert env.run("h200", "test -e /opt/specfleet && echo left || echo gone").strip() == "gone"
+    assert env.run("ct200", f"test -e /root/venv_sglang211/.specfleet || echo gone; "
+                            f"/root/venv_sglang211/bin/python -c '{RECORD_CHECK}' {SITE_0511}"
+                   ).split() == ["gone", "record:", "ok"]
+    state = {h: host_state(env, h) for h in REMOVED}
+
+    # Again: nothing left to remove, nothing changes.
+    rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED))
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in REMOVED}, out[-4000:]
+    assert "specfleet's deploy is absent (the venv /root/venv_sglang211 and the weights kept)" in out
+    assert {h: host_state(env, h) for h in REMOVED} == state
+
+    # A deploy converges again (no download: the weights were kept), and the next changes nothing.
+    rc, out = env.pyinfra("-y", *limit(*REMOVED), inventory=inv)
+    assert rc == 0, out[-4000:]
+    for host in REMOVED:
+        settings = settings_from_dict(env.demo.settings(host), host=host)
+        assert model_info(env, host)["model_path"] == settings.target.serve_path(settings.models_root)
+        assert not [op for op in changed(out)[host] if "weights " in op], changed(out)[host]
+    assert env.run("ct200", f"test -f {PATCH_DIR}/sha256 && echo patched").strip() == "patched"
+    rc, out = env.pyinfra("-y", *limit(*REMOVED), inventory=inv)
+    assert rc == 0, out[-4000:]
+    assert changed(out) == {h: [] for h in REMOVED}
