@@ -261,3 +261,16 @@ def test_run_lock_fact_and_the_lock_column(tmp_path):
     assert host_status(settings(), {}, "h1").lock == "free"
     path.write_text("not json")
     assert _run_fact(RunLock, path=str(path))["unreadable"] == "not json"
+
+
+def test_status_document_holds_what_the_table_shows():
+    from operations.status import status_document
+
+    ok = HostStatus("a", sglang="0.5.11", healthy=True)
+    drift = HostStatus("b", sglang="0.5.11 (want 0.5.14)", drift=["SGLang 0.5.11, want 0.5.14"],
+                       health="down (inactive)")
+    doc = json.loads(json.dumps(status_document([ok, drift])))
+    assert doc["hosts"]["a"]["verdict"] == "in sync, healthy"
+    assert doc["hosts"]["b"]["verdict"] == "drift: SGLang 0.5.11, want 0.5.14; down (inactive)"
+    assert doc["hosts"]["b"]["drift"] == ["SGLang 0.5.11, want 0.5.14"]
+    assert format_table([ok, drift]).splitlines()[-1] == "b  " + doc["hosts"]["b"]["verdict"]
