@@ -773,8 +773,8 @@ def test_removal_then_deploy_converges_again(env):
                    ).split() == ["gone", "record:", "ok"]
     state = {h: host_state(env, h) for h in REMOVED}
 
-    # Again: nothing left to remove, nothing changes.
-    rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED))
+    # Again: nothing left to remove, nothing changes (-v: pyinfra prints the no-op messages).
+    rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED), "-v")
     assert rc == 0, out[-4000:]
     assert changed(out) == {h: [] for h in REMOVED}, out[-4000:]
     assert "specfleet's deploy is absent (the venv /root/venv_sglang211 and the weights kept)" in out
