@@ -52,15 +52,21 @@ def footprint(s: Settings) -> Footprint:
     state_dir = s.state_dir.rstrip("/")
     units = (server.unit_name, f"{name}-*", "specfleet-*")
     systemd = "/etc/systemd/system"
+    etc = posixpath.dirname(server.env)
+    secrets = posixpath.dirname(server.secret)
+    opt = posixpath.dirname(TOOLS_PATH)
     paths = (
         *(f"{systemd}/{u}" for u in units),
         server.env, server.secret, server.log_dir, server.marker,
-        TOOLS_PATH,
+        # the env file, logging config and any other config of this service (a watchdog's)
+        f"{etc}/{name}.*", f"{etc}/{name}-*", f"{secrets}/{name}.*",
+        # the weights tools and every other program folder (a venv found there is left to the
+        # venv rules below)
+        TOOLS_PATH, f"{opt}/*",
         f"{state_dir}/*",  # the HF token's copy, weights jobs, rollback points, fan-out state
         control_dir("") + "*",  # the fan-out's control folders in /run
     )  # fmt: skip
-    etc = posixpath.dirname(server.env)
-    dirs = (posixpath.dirname(server.secret), etc, posixpath.dirname(TOOLS_PATH))
+    dirs = (secrets, etc, opt)
     venvs = (s.venv.rstrip("/"), sibling_venv(s.venv, "") + "*")
     weights = (model_root(s, "target"), model_root(s, "drafter"), server.cache_root)
     return Footprint(units=units, paths=paths, dirs=dirs, venvs=venvs,
@@ -100,7 +106,11 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
     fp = footprint(s)
     found = cached_fact(host, Leftovers, paths=[*fp.paths, *(fp.weights if weights else ())],
                         units=list(fp.units), dirs=list(fp.dirs), venvs=list(fp.venvs))
-    paths = [p for p in found["paths"] if p != fp.lock]
+    # The lock stays until the run releases it; a venv is never removed as a path, only by the
+    # venv rules (nor a folder holding one).
+    venvs = found["venvs"]
+    paths = [p for p in found["paths"] if p != fp.lock
+             and not any(v == p or v.startswith(p.rstrip("/") + "/") for v in venvs)]
     units = found["units"]
     commands: list[Any] = []
     what: list[str] = []
@@ -113,7 +123,7 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
         if st["active"] == "failed":
             commands.append(_systemctl("reset-failed", unit))
     kept: list[str] = []
-    for path, info in sorted(found["venvs"].items()):
+    for path, info in sorted(venvs.items()):
         configured = path == fp.venvs[0]
         if info["created"] or (configured and venv):
             commands.append(StringCommand("rm", "-rf", QuoteString(path)))

@@ -758,6 +758,13 @@ def test_removal_then_deploy_converges_again(env):
     weights = {h: weights_digest(env, h) for h in REMOVED}
     assert env.run("ct200", f"test -f {PATCH_DIR}/sha256 && echo patched").strip() == "patched"
 
+    # --dry says what would go and changes nothing.
+    state = {h: host_state(env, h) for h in REMOVED}
+    rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED), "--dry")
+    assert rc == 0, out[-4000:]
+    assert "removal: stops specfleet-sglang.service" in host_output(out, "h200")
+    assert {h: host_state(env, h) for h in REMOVED} == state
+
     # Remove: the server stops, every file specfleet put there goes; the weights stay, and so
     # does CT200's own venv, with the PR#20547 port undone (the wheel's RECORD holds again).
     rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED))

@@ -24,7 +24,9 @@ def test_footprint_lists_everything_a_deploy_writes_but_the_weights_and_venv():
     for path in ("/etc/systemd/system/kimi.service", "/etc/systemd/system/kimi-*",
                  "/etc/systemd/system/specfleet-*", "/etc/specfleet/kimi.env",
                  "/etc/specfleet/secrets/kimi.yaml", "/etc/specfleet/kimi.logging",
-                 "/var/lib/sf/kimi.restart-pending", "/opt/specfleet/tools", "/var/lib/sf/*"):
+                 "/var/lib/sf/kimi.restart-pending", "/opt/specfleet/tools", "/var/lib/sf/*",
+                 # a watchdog of this service (its config, its program folder) is covered too
+                 "/etc/specfleet/kimi.*", "/etc/specfleet/secrets/kimi.*", "/opt/specfleet/*"):
         assert path in fp.paths, path
     assert fp.lock == "/var/lib/sf/run.lock"
     assert fp.venvs == ("/root/venv", "/root/venv-sglang-*")
@@ -33,6 +35,8 @@ def test_footprint_lists_everything_a_deploy_writes_but_the_weights_and_venv():
     assert fp.weights == ("/srv/models/moonshotai--Kimi-K2.6", "/srv/models/z-lab--Kimi-K2.6-DFlash",
                           "/srv/models/.cache")
     assert not any(p.startswith(("/srv/models", "/root/venv")) for p in fp.paths)
+    # Another service's files on the same host are not this one's.
+    assert not any(p.startswith("/etc/specfleet/") and "kimi" not in p for p in fp.paths)
 
 
 def test_leftovers_parser():
