@@ -8,8 +8,8 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 
-from specfleet.core.errors import SettingsError, SpecfleetError
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.settings import Settings, SettingsError, settings_for_host
 
 
 def settings_in_play(h: Any = None) -> Settings | None:
