@@ -7,14 +7,14 @@ file of your own can too::
     if settings is not None:
         kimi_k26(settings=settings)
 
+``present=False`` (the ``present: False`` setting, ``specfleet remove``) takes it off instead:
+under the run lock, ``operations.removal`` removes what ``removal.footprint`` lists. Otherwise:
+
 1. preflight (with a per-host run lock), before anything changes;
 2. SGLang pinned, compressed-tensors pinned, PR#20547 where missing;
 3. the target and drafter weights, pinned and verified;
 4. the launch plan and the systemd unit;
 5. restart only on change, then the readiness gate.
-
-``present=False`` (the ``present: False`` setting, ``specfleet remove``) takes it off instead:
-under the run lock, ``operations.removal`` removes what ``removal.footprint`` lists.
 """
 
 from pyinfra.api import deploy
