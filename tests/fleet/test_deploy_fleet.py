@@ -252,7 +252,8 @@ def env(make_fleet, tmp_path_factory):
 # Everything a deploy (or its probe) could write: specfleet's files, units, venvs, models, packages.
 HOST_STATE = (
     "find /etc/systemd/system /etc/specfleet /opt /srv/models /var/lib/specfleet /root "
-    "/run/systemd/transient /usr/local -xdev -path /root/.cache/pip -prune -o -printf '%p %s %T@ %m %y %l\\n' 2>/dev/null | sort; "
+    "/run/systemd/transient /usr/local -xdev -path /root/.cache/pip -prune -o -type d -printf '%p %m\\n' "
+    "-o -printf '%p %s %T@ %m %y %l\\n' 2>/dev/null | sort; "
     "dpkg-query -W -f '${Package} ${Version} ${Status}\\n'; "
     "for py in /root/venv_sglang211/bin/python /opt/specfleet/sglang/bin/python; do "
     "test -x $py && $py -m pip list --format=freeze --disable-pip-version-check; done; "
@@ -261,7 +262,8 @@ HOST_STATE = (
 
 
 def host_state(env: Env, host: str) -> str:
-    """A digest of ``HOST_STATE`` (the listing itself when it differs is too long to read)."""
+    """A digest of ``HOST_STATE`` (the listing itself when it differs is too long to read).
+    A folder's mtime is left out: the run lock, taken and released, is no change."""
     out = env.run(host, HOST_STATE)
     return hashlib.sha256(out.encode()).hexdigest() + f" ({len(out.splitlines())} lines)"
 
