@@ -257,7 +257,8 @@ HOST_STATE = (
     "dpkg-query -W -f '${Package} ${Version} ${Status}\\n'; "
     "for py in /root/venv_sglang211/bin/python /opt/specfleet/sglang/bin/python; do "
     "test -x $py && $py -m pip list --format=freeze --disable-pip-version-check; done; "
-    "systemctl list-units --all --plain --no-legend --no-pager 'specfleet*'; true"
+    "systemctl list-units --all --plain --no-legend --no-pager 'specfleet*' | grep -v not-found; "
+    "true"
 )
 
 
