@@ -97,7 +97,7 @@ def test_group_matrix(profile, n, topo, arch, nvlink, build):
         }
         assert plan.reason("tensor-parallel").choice == str(tp)
         assert plan.reason("node-transport").choice == "TCP sockets"
-        assert "10.0.0.%d" % (11 + rank) in plan.reason("node-interface").why
+        assert f"10.0.0.{11 + rank}" in plan.reason("node-interface").why
     fit = group.reasons[0]
     assert fit.topic == "group-memory"
     shard = KIMI_K26_WEIGHTS_BYTES / GIB / tp
