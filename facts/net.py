@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 from pyinfra.api import FactBase
 from typing_extensions import override
@@ -199,3 +200,32 @@ class RdmaPorts(FactBase[list]):
     @override
     def process(self, output: list[str]) -> list:
         return parse_rdma_ports(output)
+
+
+class TcpReach(FactBase[dict]):
+    """
+    Returns whether this host reaches ``address:port`` over TCP: ``open`` (something listens),
+    ``refused`` (the host answered, nothing listens yet: reachable), ``timeout`` (filtered or
+    down), or the error (no route, unknown name).
+
+    .. code:: python
+
+        {"result": "refused"}
+    """
+
+    @override
+    def command(self, address: str, port: int, timeout_s: float = 3.0) -> str:
+        script = (
+            "import socket,sys\n"
+            "try:\n"
+            f"    socket.create_connection(({address!r}, {int(port)}), {float(timeout_s)}).close()"
+            "; print('open')\n"
+            "except ConnectionRefusedError: print('refused')\n"
+            "except (TimeoutError, socket.timeout): print('timeout')\n"
+            "except OSError as e: print(str(e).replace(chr(10), ' ') or type(e).__name__)\n"
+        )
+        return f"python3 -c {shlex.quote(script)}"
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        return {"result": (output[-1].strip() if output else "") or "unknown"}
