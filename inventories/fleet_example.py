@@ -22,3 +22,10 @@ h200 = [
     # 2x H200 would be too small for K2.6: preflight says so before anything changes.
     ("h200-01", {"ssh_hostname": "192.0.2.31", "specfleet": {"port": 30001}}),
 ]
+
+# A serving group: two 8x H100 hosts run one server, tensor parallel over their 16 GPUs
+# (inventories/group_data/h100_pair.py declares the group once, for both).
+h100_pair = [
+    ("h100-01", {"ssh_hostname": "192.0.2.41"}),
+    ("h100-02", {"ssh_hostname": "192.0.2.42"}),
+]

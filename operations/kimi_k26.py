@@ -14,9 +14,11 @@ under the run lock, ``operations.removal`` removes what ``removal.footprint`` li
 2. SGLang pinned, compressed-tensors pinned, PR#20547 where missing;
 3. the target and drafter weights, pinned and verified;
 4. the launch plan and the systemd unit;
-5. restart only on change, then the readiness gate.
+5. restart only on change (a serving group restarts as one), then the readiness gate (on a
+   serving group's rank 0: SGLang's ranks >= 1 answer health checks whatever their state).
 """
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations.util import any_changed
 
@@ -56,12 +58,13 @@ def kimi_k26(settings: Settings, present: bool | None = None,
         reason="the software or weights",
         _if=any_changed(*software.values(), target, drafter),
     )
+    serving.group_restart(name="Serving group restarts as one", settings=settings)
     serving.service(
         name="SGLang server running, enabled and ready",
         settings=settings,
         running=True,
         enabled=True,
-        ready=True,
+        ready=settings.group is None or settings.group.members[0] == host.name,
     )
 
     preflight.lock(name="Release the run lock", settings=settings, present=False)

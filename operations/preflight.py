@@ -26,19 +26,21 @@ from pyinfra.facts.files import File
 
 from facts import cache
 from facts.cache import cached_fact, cached_gather
+from facts.net import NetworkInterfaces, RdmaPorts, TcpReach
 from facts.preflight import RunLock, SGLangWheel
 from facts.probe import MARK as PROBE_MARK
 from facts.probe import default_specs
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
-from operations.serving import service_state_args
+from operations.serving import group_peers, host_address, service_state_args
 from operations.util import fails_host
 from operations.venvs import effective_settings
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
 from specfleet.core import runlock
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.plan.group import NET, RDMA, GroupMember
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.hostside.run_lock import MARK
@@ -486,7 +488,11 @@ def checks(settings: Settings | None = None):
         python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path
     )
     specs[pure.SERVICE] = (ServiceState, service_state_args(s))
+    if s.group is not None:
+        specs[NET] = (NetworkInterfaces, {})
+        specs[RDMA] = (RdmaPorts, {})
     facts = cached_gather(host, specs)
+    group = _group_members(s, facts)
     install = facts.get(pure.SGLANG)
     wheel_error = None
     if s.sglang.kind == "index" and (install is None or install.get("version") != s.sglang.version):
@@ -503,6 +509,7 @@ def checks(settings: Settings | None = None):
         host_copy=_host_token_copy(s),
         missing_weights_bytes=missing_weights_bytes(s),
         wheel_error=wheel_error,
+        group=group,
     )
     for warning in result.warnings:
         host.log(f"preflight: {warning}", logger.warning)
@@ -514,6 +521,22 @@ def checks(settings: Settings | None = None):
         raise SpecfleetError(f"{first.render()}{more}", host=host.name, fix=None)
     host.noop(f"preflight passes ({len(result.passed)} checks)")
     yield from ()
+
+
+def _group_members(s: Settings, facts: dict) -> list[GroupMember] | None:
+    """Every member of this host's serving group with its facts (this host first), and whether
+    this member reaches rank 0's rendezvous; None for a host that serves alone."""
+    g = s.group
+    if g is None:
+        return None
+    peers = group_peers(s) or {}
+    rank0 = g.members[0]
+    if host.name != rank0:
+        address = g.addresses.get(rank0) or peers[rank0].address
+        facts[pure.REACH] = host.get_fact(TcpReach, address=address, port=g.rendezvous_port)
+    return [GroupMember(host.name, facts, s, host_address(host))] + [
+        GroupMember(name, p.facts, p.settings, p.address) for name, p in peers.items()
+    ]
 
 
 def _host_token_copy(s: Settings) -> str | None:

@@ -28,6 +28,7 @@ from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
+from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.core.sglang.install import patch_state_dir
@@ -499,6 +500,10 @@ def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
                        posixpath.join(drafter_dir, "current", "config.json")]},
         ),
     }
+    if settings.group is not None:
+        # A serving group's plan needs the interfaces the peers reach this member on.
+        specs[NET] = ("facts.net.NetworkInterfaces", {})
+        specs[RDMA] = ("facts.net.RdmaPorts", {})
     # The applied PR#20547 patch's sha256 (written by operations.sglang), for the build info.
     specs[PATCH_SHA] = (
         "facts.serving.FileText",
@@ -515,11 +520,28 @@ def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
     return specs
 
 
-def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = "") -> CurrentPlan:
+@dataclass(frozen=True)
+class Peer:
+    """Another member of this host's serving group, as this run read it."""
+
+    settings: Settings
+    facts: dict[str, Any]
+    address: str
+
+
+def plan_from_facts(
+    settings: Settings,
+    facts: dict[str, Any],
+    host_name: str = "",
+    peers: dict[str, Peer] | None = None,
+    address: str = "",
+) -> CurrentPlan:
     """The plan and build info from the facts of ``host_specs`` (pure: no I/O).
 
     Before the software and weights steps have run (a fresh host under ``--dry``), the plan is
     predicted from the settings and ``specfleet.core.tables.sglang_versions``, and says why.
+    A member of a serving group gets its part of the group's plan: ``peers`` are the other
+    members (their settings, facts and address), ``address`` the one its peers reach it on.
     """
     install = facts.get(SGLANG)
     drafter_config = facts.get(DRAFTER_CONFIG)
@@ -530,13 +552,23 @@ def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = 
         drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
         missing.append(f"the drafter's config.json is not in {drafter_dir} yet")
     try:
-        plan = make_plan(
-            {k: facts.get(k) for k in (GPUS, TOPOLOGY, SGLANG)},
-            settings,
-            drafter_config,
-            predicted=install is None,
-            host=host_name or None,
-        )
+        if settings.group is None:
+            plan = make_plan(
+                {k: facts.get(k) for k in (GPUS, TOPOLOGY, SGLANG)},
+                settings,
+                drafter_config,
+                predicted=install is None,
+                host=host_name or None,
+            )
+        else:
+            group = make_group_plan(
+                [GroupMember(host_name, facts, settings, address or host_name)]
+                + [GroupMember(name, p.facts, p.settings, p.address)
+                   for name, p in (peers or {}).items()],
+                drafter_config,
+                predicted=install is None,
+            )  # fmt: skip
+            plan = group.plans[host_name]
     except PlanError as exc:
         raise exc.for_host(host_name) if host_name else exc from None
     weights = {}
@@ -557,7 +589,48 @@ def plan_from_facts(settings: Settings, facts: dict[str, Any], host_name: str = 
 
 def current_plan(settings: Settings) -> CurrentPlan:
     """The plan for this host from its facts as they are now (call it inside an operation)."""
-    return plan_from_facts(settings, _gather(settings, []), host.name)
+    return plan_from_facts(
+        settings, _gather(settings, []), host.name, group_peers(settings), host_address(host)
+    )
+
+
+def host_address(h: Any) -> str:
+    """The address the inventory reaches ``h`` on (its peers reach it there too, by default)."""
+    return str(h.data.get("ssh_hostname") or h.name)
+
+
+def group_peers(settings: Settings) -> dict[str, Peer] | None:
+    """The other members of this host's serving group, their facts read now (one probe each).
+
+    Every member must be in this run: a group's plan is made from all of its members' facts.
+    """
+    g = settings.group
+    if g is None:
+        return None
+    peers: dict[str, Peer] = {}
+    for name in g.members:
+        if name == host.name:
+            continue
+        peer = state.inventory.get_host(name, default=None)
+        if peer is None or peer not in state.activated_hosts:
+            raise SpecfleetError(
+                f"serving group {g.name}: member {name} is "
+                + ("not in the inventory" if peer is None else "not in this run (--limit?)"),
+                host=host.name,
+                fix=f"deploy the whole group together: add {name} to the inventory and to "
+                "--limit (a group's plan needs every member's facts)",
+            )
+        if peer not in state.active_hosts:
+            raise SpecfleetError(
+                f"serving group {g.name}: member {name} failed earlier in this run",
+                host=host.name,
+                fix=f"fix {name} (its error is above) and run again; the group starts as one",
+            )
+        peer_settings = settings_for_host(peer)
+        peers[name] = Peer(
+            peer_settings, gather(peer, host_specs(peer_settings, [])), host_address(peer)
+        )
+    return peers
 
 
 def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
@@ -714,7 +787,7 @@ def _unit(settings: Settings | None, present: bool):
     # One command reads the unit's state and everything the plan needs, as they are now.
     facts = _gather(s, files_)
     st = facts[SERVICE]
-    current = plan_from_facts(s, facts, host.name)
+    current = plan_from_facts(s, facts, host.name, group_peers(s), host_address(host))
     if current.predicted_because:
         if state.is_executing:
             raise SpecfleetError(
@@ -828,6 +901,59 @@ def restart_pending(settings: Settings | None = None, reason: str = "the softwar
 def _restart_pending(settings: Settings | None, reason: str):
     paths = server_paths(_settings(settings))
     yield _marker_command(paths, f"{reason} changed")
+
+
+@operation()
+def group_restart(settings: Settings | None = None):
+    """
+    Restart a serving group as one: when any member is marked for a restart, mark and stop every
+    member, so that the next ``server.service`` starts them all together.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+
+    Run it after every step that may mark a restart (``server.unit``, ``server.restart_pending``)
+    and before ``server.service``: pyinfra runs an operation on every host before the next one, so
+    each member sees the others' markers here. Restarting members one at a time would let a
+    surviving rank meet a new one half-way (SGLang's ranks end on a lost peer, and systemd would
+    restart them into the middle of the new start); stopping all first starts the group clean.
+    A host that serves alone is left as it is.
+    """
+    yield from _per_host(_group_restart(settings))
+
+
+def _group_restart(settings: Settings | None):
+    s = _settings(settings)
+    g = s.group
+    if g is None:
+        host.noop("serves alone: no serving group to restart together")
+        return
+    paths = server_paths(s)
+    own = _state(paths, unit_files(paths))
+    marked: dict[str, str] = {}
+    if own["restart_pending"]:
+        marked[host.name] = own["restart_pending"]
+    for name in g.members:
+        peer = state.inventory.get_host(name, default=None)
+        if name == host.name or peer is None:
+            continue
+        peer_settings = settings_for_host(peer)
+        peer_state = peer.get_fact(ServiceState, **service_state_args(peer_settings))
+        if peer_state and peer_state.get("restart_pending"):
+            marked[name] = peer_state["restart_pending"]
+    if not marked:
+        host.noop(f"no member of serving group {g.name} is marked for a restart")
+        return
+    others = [n for n in g.members if n in marked and n != host.name]
+    if host.name not in marked:
+        yield _marker_command(
+            paths, f"serving group {g.name} restarts: {others[0]}: {marked[others[0]]}"
+        )
+    if own["active_state"] in ("active", "activating", "reloading"):
+        host.log(f"stopping {paths.unit_name}: serving group {g.name} restarts as one "
+                 f"({', '.join(sorted(marked))} marked)", logger.info)  # fmt: skip
+        yield _systemctl("stop", paths.unit_name)
+    elif host.name in marked:
+        host.noop(f"{paths.unit_name} is stopped and marked: serving group {g.name} starts as one")
 
 
 @operation()
@@ -979,7 +1105,17 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
         argv += ["--model-path", model_path]
     if started_at is not None:
         argv += ["--started-at", str(int(started_at))]
-    yield FunctionCommand(_run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {})
+    group = None
+    if s.group is not None:
+        # Rank 0's gate proves the group; when it fails, say which members never joined.
+        group = (s.group.name, [
+            (name, server_paths(settings_for_host(peer)).unit_name)
+            for name in s.group.members[1:]
+            if (peer := state.inventory.get_host(name, default=None)) is not None
+        ])  # fmt: skip
+    yield FunctionCommand(
+        _run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {"group": group}
+    )
 
 
 JOURNAL_LINES = 30
@@ -988,8 +1124,9 @@ CONNECTION_ERRORS = (SSHException, EOFError, OSError, ConnectError)
 
 
 def _run_gate(
-    state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None = None
-) -> bool:
+    state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None = None,
+    group: tuple[str, list[tuple[str, str]]] | None = None,
+) -> bool:  # fmt: skip
     """Run the gate on the host, its progress printed live; on failure, quote the journal. A
     PR#20547 port applied in this run (``unproven``) is proven by a passing gate and rolled back by
     a failing one (remembered as rejected, so the next run keeps v1 instead of applying it
@@ -997,7 +1134,7 @@ def _run_gate(
     not a traceback; a timeout of the op stays pyinfra's to report."""
     script = GATE_SCRIPT.read_text()
     try:
-        return _gate(state, host, argv, unit_name, budget, patch_dir, script)
+        return _gate(state, host, argv, unit_name, budget, patch_dir, script, group)
     except TimeoutError:
         raise
     except CONNECTION_ERRORS as exc:
@@ -1017,7 +1154,7 @@ def _run_gate(
 
 def _gate(
     state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None,
-    script: str,
+    script: str, group: tuple[str, list[tuple[str, str]]] | None = None,
 ) -> bool:  # fmt: skip
     # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's commands too.
     connector_args: dict[str, Any] = {}
@@ -1060,6 +1197,8 @@ def _gate(
         )
         journal = [ln[2:] for ln in (out.output_lines if out else []) if ln.startswith("| ")]
     excerpt = "\n".join(f"    | {ln}" for ln in journal)
+    if group is not None:
+        problem += _group_diagnosis(state, group)
     error = SpecfleetError(
         f"{unit_name} {problem}"
         + (f"\n  last {len(journal)} journal lines of {unit_name}:\n{excerpt}" if journal else ""),
@@ -1076,6 +1215,35 @@ def _gate(
             f"{rolled_back} on the host to try the port again"
         )
     return False
+
+
+def _group_diagnosis(state, group: tuple[str, list[tuple[str, str]]]) -> str:
+    """What each other member of a serving group was doing when rank 0's gate failed: its unit's
+    state and its last journal line (a rank that cannot reach the rendezvous says so there)."""
+    name, members = group
+    down, up = [], []
+    for rank, (member, unit_name) in enumerate(members, start=1):
+        peer = state.inventory.get_host(member, default=None)
+        script = (
+            'printf "%s|" "$(systemctl is-active "$1" 2>/dev/null)"; '
+            'journalctl -u "$1" -n 40 --no-pager -o cat 2>/dev/null | grep -v "\\"GET /" | '
+            "tail -n 1"
+        )
+        try:
+            _, out = peer.run_shell_command(
+                StringCommand("sh", "-c", QuoteString(script), "specfleet", QuoteString(unit_name)),
+                print_output=False, print_input=False, _timeout=30,
+            )  # fmt: skip
+        except CONNECTION_ERRORS as exc:
+            down.append(f"{member} (rank {rank}): not reachable over SSH ({exc})")
+            continue
+        active, _, last = " ".join(out.output_lines if out else []).strip().partition("|")
+        state_text = active or "unknown"
+        note = f"{member} (rank {rank}): server {state_text}, last log: {last.strip() or '-'}"
+        (up if active == "active" else down).append(note)
+    if down:
+        return f"; serving group {name}: members not running: " + "; ".join(down)
+    return f"; serving group {name}: every member's server runs: " + "; ".join(up)
 
 
 def _reject_unproven_port(host, patch_dir: str | None, connector_args: dict) -> str | None:

@@ -25,8 +25,11 @@ from operations.serving import (
     ENV_TEMPLATE,
     SERVICE,
     UNIT_TEMPLATE,
+    Peer,
     api_key,
+    group_peers,
     has_api_key,
+    host_address,
     host_specs,
     plan_from_facts,
     render,
@@ -67,6 +70,8 @@ class HostStatus:
     unit: str = "-"
     health: str = "-"
     lock: str = "-"
+    # "NAME rank R/N" for a member of a serving group.
+    group: str = "-"
     drift: list[str] = field(default_factory=list)
     healthy: bool = False
 
@@ -228,11 +233,21 @@ def status_specs(settings: Settings) -> dict[str, Any]:
 
 
 def host_status(
-    settings: Settings, facts: dict[str, Any], host_name: str = "", configured_venv: str = ""
+    settings: Settings,
+    facts: dict[str, Any],
+    host_name: str = "",
+    configured_venv: str = "",
+    peers: dict[str, Peer] | None = None,
+    address: str = "",
 ) -> HostStatus:
     """The status of one host from the facts of ``status_specs`` (pure: no I/O, but for reading
-    ``api_key_file`` on the control machine where that is how the key is given)."""
+    ``api_key_file`` on the control machine where that is how the key is given). A member of a
+    serving group is checked against its part of the group's plan (``peers``: the others)."""
     st = HostStatus(host=host_name)
+    g = settings.group
+    rank = g.members.index(host_name) if g is not None and host_name in g.members else None
+    if g is not None:
+        st.group = f"{g.name} rank {rank}/{len(g.members)}"
     held = facts.get(LOCK)
     st.lock = lock_status(held, (held or {}).get("host_now"))
     sglang_status(settings, facts.get(SGLANG), facts.get(PATCH), st, configured_venv or None)
@@ -241,7 +256,7 @@ def host_status(
     expected = None
     problem = None
     try:
-        current = plan_from_facts(settings, facts, host_name)
+        current = plan_from_facts(settings, facts, host_name, peers, address)
         if current.predicted_because:
             problem = current.predicted_because
         else:
@@ -258,17 +273,52 @@ def host_status(
         problem = getattr(exc, "problem", None) or str(exc)
     unit_status(settings, facts.get(SERVICE), expected, problem, st)
     model = settings.target.serve_path(settings.models_root)
-    health_status(settings, facts.get(SERVICE), facts.get(HEALTH), model, st)
+    if rank:
+        # SGLang's ranks >= 1 run only a dummy health server: their unit is all there is to see.
+        active = (facts.get(SERVICE) or {}).get("active_state") or "unknown"
+        st.healthy = active == "active"
+        st.health = f"rank {rank} {'running' if st.healthy else active} (served by rank 0)"
+    else:
+        health_status(settings, facts.get(SERVICE), facts.get(HEALTH), model, st)
     return st
 
 
 COLUMNS = ("host", "sglang", "patch", "target", "drafter", "unit", "health", "lock")
 
 
+def group_lines(rows: list[HostStatus]) -> list[str]:
+    """One line per serving group: whether it serves, as one server (pure)."""
+    groups: dict[str, list[HostStatus]] = {}
+    for r in rows:
+        if r.group != "-":
+            groups.setdefault(r.group.split(" rank ", 1)[0], []).append(r)
+    out = []
+    for name, members in groups.items():
+        members.sort(key=lambda r: r.group)
+        size = int(members[0].group.rsplit("/", 1)[1])
+        running = sum(r.healthy for r in members)
+        rank0 = next((r for r in members if r.group.endswith(f" rank 0/{size}")), None)
+        if rank0 is not None and rank0.healthy and running == size:
+            verdict = "serving"
+        elif rank0 is None:
+            verdict = "rank 0 not in this run"
+        else:
+            down = [r.host for r in members if not r.healthy]
+            verdict = "not serving: " + ", ".join(down) + " not running"
+        drift = sorted({r.host for r in members if r.drift})
+        out.append(
+            f"group {name} ({', '.join(r.host for r in members)}): {verdict}, "
+            f"{running}/{size} members running"
+            + (f"; drift on {', '.join(drift)}" if drift else "")
+        )
+    return out
+
+
 def format_table(rows: list[HostStatus]) -> str:
     """A compact table: one line per host, then each host's verdict (pure)."""
-    header = [c.upper() for c in COLUMNS]
-    cells = [[str(getattr(r, c)) for c in COLUMNS] for r in rows]
+    columns = COLUMNS + (("group",) if any(r.group != "-" for r in rows) else ())
+    header = [c.upper() for c in columns]
+    cells = [[str(getattr(r, c)) for c in columns] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
 
     def line(values: list[str]) -> str:
@@ -277,6 +327,9 @@ def format_table(rows: list[HostStatus]) -> str:
     out = [line(header), *(line(c) for c in cells), ""]
     width = max(len(r.host) for r in rows) if rows else 0
     out += [f"{r.host.ljust(width)}  {r.verdict}" for r in rows]
+    groups = group_lines(rows)
+    if groups:
+        out += ["", *groups]
     return "\n".join(out)
 
 
@@ -339,7 +392,12 @@ def report(settings: Settings | None = None):
         st = HostStatus(host=host.name, health="unknown", drift=[f"facts failed: {exc.problem}"])
     else:
         configured = (settings if settings is not None else settings_for_host(host)).venv
-        st = host_status(s, facts, host.name, configured)
+        try:
+            peers = group_peers(s)
+        except SpecfleetError as exc:
+            peers = None
+            host.log(f"status: {exc.problem}", logger.warning)
+        st = host_status(s, facts, host.name, configured, peers, host_address(host))
     _record(st)
     host.log(f"status: {st.verdict}", logger.warning if st.drift or not st.healthy
              else logger.info)

@@ -11,6 +11,9 @@ fleet bridge, systemd units, the readiness gate. What stands in, and why:
 - the SGLang server is `tests/harness/standin_sglang_server.py`, started through the test-only
   `launcher` setting with the plan's exact flags (the real one needs GPUs and torch).
 
+Two more 8x H100 hosts, h100a and h100b, form the serving group kimi-h100-pair: one server, tensor
+parallel over their 16 GPUs (rank 0 on h100a serves the API).
+
 The CT200-like host mirrors CT200: 8x RTX PRO 6000 (SM120, PCIe), an existing venv at
 /root/venv_sglang211 with SGLang 0.5.11 reused in place, a token already at huggingface_hub's
 default path, and 593 GiB of free space faked with a tmpfs. It opts in to PR#20547 as
@@ -52,7 +55,12 @@ HOSTS = [
     HostSpec("ct200", gpu="rtx6000x8", disk="593G"),
     HostSpec("b200", gpu="b200x8", disk="64G"),
     HostSpec("h100", gpu="h100x8", disk="64G"),
+    # A serving group: two 8x H100 hosts running one server as TP 16.
+    HostSpec("h100a", gpu="h100x8", disk="64G"),
+    HostSpec("h100b", gpu="h100x8", disk="64G"),
 ]
+# The demo's serving group, declared once (every member reads the same section).
+GROUP = {"name": "kimi-h100-pair", "members": ["h100a", "h100b"]}
 
 
 def target_files() -> dict[str, bytes]:
@@ -100,6 +108,8 @@ class Demo:
             "readiness_timeout_s": 120.0,
             "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json"],
         }
+        if host in GROUP["members"]:
+            data["group"] = dict(GROUP)
         if host == "ct200":
             data.update(venv="/root/venv_sglang211", models_root="/srv/models")
             if PR20547_DIFF.is_file():
@@ -177,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the fleet running afterwards")
     args = parser.parse_args(argv)
-    print("==> booting the demo fleet (3 Debian hosts: CT200-like 8x RTX PRO 6000, 8x B200, "
-          "8x H100) and the stand-in hub", flush=True)
+    print("==> booting the demo fleet (5 Debian hosts: CT200-like 8x RTX PRO 6000, 8x B200, "
+          "8x H100, and two 8x H100 serving one server as the group kimi-h100-pair) and the "
+          "stand-in hub", flush=True)
     demo = up()
     try:
         print(f"==> inventory: {demo.inventory}", flush=True)
@@ -193,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         print("==> pyinfra -y again: a converged fleet changes nothing", flush=True)
         second = demo.pyinfra("-y", capture=False)
         for name in demo.fleet.hosts:
+            if name in GROUP["members"][1:]:
+                print(f"    {name}: rank {GROUP['members'].index(name)} of {GROUP['name']} "
+                      f"(served by {GROUP['members'][0]})")
+                continue
             res = demo.fleet.run(name, "curl -s http://127.0.0.1:30000/get_model_info")
             print(f"    {name}: /get_model_info -> {res.stdout.strip()}")
         return 0 if first.returncode == 0 and second.returncode == 0 else 1

@@ -6,11 +6,12 @@ fails the host with the first problem. Each problem says what is wrong and how t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specfleet.core.plan import SGLANG, PlanError, make_plan
+from specfleet.core.plan.group import GroupMember, make_group_plan
 from specfleet.core.settings import Settings
 from specfleet.hostside.weights_agent import disk_preflight
 
@@ -19,6 +20,8 @@ FREE_SPACE = "facts.disk.FreeSpace"
 TOKEN = "facts.hf.Token"
 PORTS = "facts.net.ListeningPorts"
 SERVICE = "facts.serving.ServiceState"
+# Whether this member reaches rank 0's rendezvous address and port (facts.net.TcpReach).
+REACH = "facts.net.TcpReach"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ def check(
     missing_weights_bytes: int | None = None,
     wheel_error: str | None = None,
     drafter_config: Mapping[str, Any] | None = None,
+    group: Sequence[GroupMember] | None = None,
 ) -> Preflight:
     """Every preflight check on one host's facts.
 
@@ -67,8 +71,11 @@ def check(
 
     # GPUs, arch, TP size, memory, DFLASH: the planner knows every way a plan can fail.
     try:
-        make_plan(facts, settings, drafter_config, predicted=predicted)
-        result.passed.append("a launch plan exists for these GPUs and this SGLang")
+        if group:
+            _check_group(group, settings, drafter_config, facts, result)
+        else:
+            make_plan(facts, settings, drafter_config, predicted=predicted)
+            result.passed.append("a launch plan exists for these GPUs and this SGLang")
     except PlanError as exc:
         result.problems.append(Problem("plan", exc.problem, exc.fix or ""))
 
@@ -88,6 +95,58 @@ def check(
     elif install is None:
         result.passed.append(f"an SGLang {settings.sglang.version} wheel resolves for this host")
     return result
+
+
+def _check_group(
+    group: Sequence[GroupMember],
+    settings: Settings,
+    drafter_config: Mapping[str, Any] | None,
+    facts: Mapping[str, Any],
+    result: Preflight,
+) -> None:
+    """The group's plan from every member's facts, rank 0's rendezvous port, and whether this
+    member reaches it. Members whose SGLang is not yet the configured one are planned from the
+    version table: the install step brings them there before the unit is written."""
+    g = settings.group
+    if g is None:
+        return
+    installs = [(m.facts.get(SGLANG) or {}).get("version") for m in group]
+    settled = all(v == m.settings.sglang.version for v, m in zip(installs, group, strict=True))
+    members = group if settled else [
+        GroupMember(m.host, {k: v for k, v in m.facts.items() if k != SGLANG}, m.settings,
+                    m.address)
+        for m in group
+    ]  # fmt: skip
+    plan = make_group_plan(members, drafter_config, predicted=not settled)
+    result.passed.append(
+        f"serving group {g.name}: one plan for its {len(plan.plans)} members but the rank"
+    )
+    me = group[0].host
+    if me == g.members[0]:
+        taken = [p for p in facts.get(PORTS) or [] if p.get("port") == g.rendezvous_port]
+        if taken and not _ours_active(facts):
+            who = ", ".join(f"{p.get('process') or '?'} (pid {p.get('pid') or '?'})" for p in taken)
+            result.problems.append(Problem(
+                "rendezvous-port",
+                f"serving group {g.name}: rank 0's rendezvous port {g.rendezvous_port} is taken "
+                f"by {who}",
+                "stop that process, or set group.rendezvous_port to a free port",
+            ))  # fmt: skip
+        return
+    rank0 = next((m for m in group if m.host == g.members[0]), None)
+    where = f"{g.addresses.get(g.members[0]) or (rank0.address if rank0 else g.members[0])}:" \
+        f"{g.rendezvous_port}"  # fmt: skip
+    reach = facts.get(REACH)
+    if isinstance(reach, Mapping) and reach.get("result") not in ("open", "refused"):
+        result.problems.append(Problem(
+            "rendezvous-reach",
+            f"serving group {g.name}: {me} cannot reach rank 0 ({g.members[0]}) at {where}: "
+            f"{reach.get('result')}",
+            f"open TCP {g.rendezvous_port} (and the ports above it, for NCCL) from {me} to "
+            f"{g.members[0]}, or set group.addresses to an address it reaches",
+        ))  # fmt: skip
+    elif isinstance(reach, Mapping):
+        result.passed.append(f"reaches rank 0's rendezvous {where}")
 
 
 def _our_pids(facts: Mapping[str, Any]) -> set[int]:

@@ -27,6 +27,8 @@ from specfleet.core.validators import (
     BACKEND_NAME,
     COMMAND_NAME,
     ENV_NAME,
+    GROUP_NAME,
+    IFACE_NAME,
     LONG_FLAG,
     abs_path_problem,
     control_path_problem,
@@ -185,6 +187,25 @@ class RemovalOptions:
     venv: bool = False
 
 
+class ServingGroup:
+    """Hosts that together run one SGLang server: tensor parallel over all their GPUs (NCCL
+    between hosts). Declared once in group data; every member carries the same section."""
+
+    name: str
+    # Rank order: members[0] is rank 0, which holds the rendezvous and serves the API.
+    members: list[str]
+    # Rank 0's torch.distributed rendezvous port (SGLang's --dist-init-addr HOST:PORT).
+    rendezvous_port: int = 20000
+    # The address each member is reached on by its peers; default: its inventory address.
+    addresses: dict[str, str] = field(default_factory=dict)
+    # The NIC NCCL and Gloo use; default: the interface that holds the member's address.
+    interface: str | None = None
+    # A layout that leaves less than this per GPU for KV cache and activations is refused.
+    min_kv_gib_per_gpu: float = 8.0
+    # SGLang's --dist-timeout: how long ranks wait for each other at start-up, in seconds.
+    dist_timeout_s: int = 600
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a Kimi K2.6 + DFlash deploy can be told. Defaults are that deploy's."""
@@ -207,6 +228,8 @@ class Settings:
     # False removes the deploy from the host (operations.removal); a second run changes nothing.
     present: bool = True
     removal: RemovalOptions = field(default_factory=RemovalOptions)
+    # None: this host serves alone. Set: it is one member of a multi-host server.
+    group: ServingGroup | None = None
 
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
@@ -532,6 +555,8 @@ def validate(
     _check_weights(settings.weights, p)
     _check_plan(settings.plan, p, has_api_key=_has_key(settings))
     _check_rollout(settings.rollout, p)
+    if settings.group is not None:
+        _check_group(settings, p)
     p.raise_any()
     return settings
 
@@ -820,6 +845,49 @@ def _check_rollout(r: RolloutOptions, p: _Problems) -> None:
                 p.bad(f"rollout.order[{i}]", repr(name), "a host name not listed before",
                       "list each host once in rollout.order")  # fmt: skip
             seen.add(name)
+
+
+def _check_group(s: Settings, p: _Problems) -> None:
+    g = s.group
+    if g is None:
+        return
+    if not GROUP_NAME.fullmatch(g.name):
+        p.bad("group.name", repr(g.name), "a plain name (letters, digits, '.', '_', '-')",
+              "name the serving group, e.g. 'kimi-h100-pair'")  # fmt: skip
+    seen: set[str] = set()
+    for i, member in enumerate(g.members):
+        if not member.strip() or has_control_chars(member) or member in seen:
+            p.bad(f"group.members[{i}]", repr(member), "an inventory host name not listed before",
+                  "list each member host once, rank 0 first")  # fmt: skip
+        seen.add(member)
+    if len(g.members) < 2:
+        p.bad("group.members", repr(g.members), "two or more hosts",
+              "list every host of the group (rank 0 first), or remove 'group' from a host that "
+              "serves alone")  # fmt: skip
+    elif p.host and p.host not in g.members:
+        p.problem(f"host {p.host} has serving group {g.name!r} but is not one of its members "
+                  f"{g.members}", f"add {p.host} to group.members, or give it no group")
+    for member, address in g.addresses.items():
+        if member not in g.members:
+            p.bad(f"group.addresses.{member}", repr(address), "an address of a member",
+                  f"remove it, or add {member} to group.members")  # fmt: skip
+        p.check(f"group.addresses.{member}", address, host_problem(address),
+                "give the IP address or name the other members reach this member on")
+    if not 1 <= g.rendezvous_port <= 65535 or g.rendezvous_port == s.port:
+        p.bad("group.rendezvous_port", str(g.rendezvous_port),
+              f"a TCP port in 1..65535 other than the server's port {s.port}",
+              "use e.g. 20000 (SGLang also takes the next ports above it)")  # fmt: skip
+    if g.interface is not None and not IFACE_NAME.fullmatch(g.interface):
+        p.bad("group.interface", repr(g.interface), "a network interface's name such as 'eth0'",
+              "unset it to use the interface that holds each member's address")  # fmt: skip
+    p.number("group.min_kv_gib_per_gpu", g.min_kv_gib_per_gpu, 0, None,
+             fix="set group.min_kv_gib_per_gpu to the GiB per GPU to keep for KV cache, e.g. 8")
+    if g.dist_timeout_s < 1:
+        p.bad("group.dist_timeout_s", str(g.dist_timeout_s), ">= 1",
+              "use e.g. 600 (seconds the ranks wait for each other)")  # fmt: skip
+    if s.plan.tp_size is not None:
+        p.problem("settings keys 'plan.tp_size' and 'group' are both set",
+                  "remove plan.tp_size: a serving group shards over every GPU of its members")
 
 
 def _is_commit(rev: str) -> bool:

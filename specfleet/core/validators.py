@@ -35,6 +35,10 @@ BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]*")
 GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}")
 # An executable's bare name (looked up on PATH).
 COMMAND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+# A serving group's name.
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A network interface's name (the kernel allows up to 15 characters, no '/' or whitespace).
+IFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,14}")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -16,6 +16,16 @@ Its own options come first and are named --standin-*:
                           "cwd": ..., "pid": ...} to PATH (JSON) at start
   --standin-load-s N      answer 503 on /health_generate for N seconds ("loading the model")
   --standin-exit N        exit with status N right after recording (a server that crashes)
+
+Across hosts (SGLang's --nnodes N --node-rank R --dist-init-addr HOST:PORT --dist-timeout S), it
+does what SGLang does at start-up (srt/entrypoints/engine.py _launch_subprocesses; the schedulers'
+torch.distributed init over a TCPStore at --dist-init-addr): rank 0 listens on the rendezvous
+port and serves HTTP only once every rank has joined; a rank >= 1 connects to rank 0 until the
+distributed timeout, then serves SGLang's dummy health server (launch_dummy_health_check_server:
+/health and /health_generate answer 200 whatever the state). A rank that cannot join, or rank 0
+that waits for one that never comes, exits 1 at the timeout with torch's message; a lost peer
+afterwards ends every rank, as an NCCL error would. The rendezvous protocol itself is this
+stand-in's own (one line per rank), not torch's.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ import json
 import logging
 import logging.config
 import os
+import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -88,6 +100,92 @@ def read_config(path: str) -> dict[str, str]:
     return out
 
 
+# --------------------------------------------------------------------------------------------------
+# Multi-node: the rendezvous (STAND-IN for torch.distributed's TCPStore as SGLang uses it)
+# --------------------------------------------------------------------------------------------------
+
+# torch's default for init_process_group when SGLang's --dist-timeout is unset (30 min).
+DEFAULT_DIST_TIMEOUT_S = 1800
+
+
+def _die_with_peers(peers: list[socket.socket], what: str) -> None:
+    """Exit the whole process when any peer's connection ends (an NCCL error ends every rank)."""
+
+    def watch(sock: socket.socket) -> None:
+        try:
+            while sock.recv(64):
+                pass
+        except OSError:
+            pass
+        print(f"standin: {what}: a peer's connection ended (as an NCCL error would end this "
+              "rank); exiting", flush=True)
+        os._exit(1)
+
+    for sock in peers:
+        threading.Thread(target=watch, args=(sock,), daemon=True).start()
+
+
+def rendezvous(nnodes: int, rank: int, addr: str, timeout_s: float) -> None:
+    host, _, port_text = addr.rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        server = socket.create_server(("", port), reuse_port=False)
+        print(f"standin: rank 0 of {nnodes}: rendezvous listening on port {port}", flush=True)
+        joined: dict[int, socket.socket] = {}
+        while len(joined) < nnodes - 1:
+            server.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                conn, peer = server.accept()
+            except TimeoutError:
+                print("torch.distributed.DistStoreError: Timed out after "
+                      f"{int(timeout_s)} seconds waiting for clients. {len(joined) + 1}/{nnodes} "
+                      f"clients joined. (missing node ranks: "
+                      f"{sorted(set(range(1, nnodes)) - set(joined))})", flush=True)
+                raise SystemExit(1) from None
+            conn.settimeout(10)
+            try:
+                line = conn.makefile().readline().split()
+            except OSError:
+                conn.close()
+                continue
+            if len(line) == 2 and line[0] == "rank" and line[1].isdigit():
+                joined[int(line[1])] = conn
+                print(f"standin: node rank {line[1]} joined from {peer[0]}", flush=True)
+            else:
+                conn.close()
+        for conn in joined.values():
+            conn.settimeout(None)
+            conn.sendall(b"go\n")
+        print(f"standin: all {nnodes} node ranks joined", flush=True)
+        _die_with_peers(list(joined.values()), "rank 0")
+        return
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=2)
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                print("torch.distributed.DistNetworkError: The client socket has timed out after "
+                      f"{int(timeout_s)}s while trying to connect to ({host}, {port}).",
+                      flush=True)
+                raise SystemExit(1) from None
+            time.sleep(0.5)
+    conn.sendall(f"rank {rank}\n".encode())
+    conn.settimeout(max(0.1, deadline - time.monotonic()))
+    try:
+        go = conn.makefile().readline().strip()
+    except OSError:
+        go = ""
+    if go != "go":
+        print(f"torch.distributed.DistStoreError: rank {rank}: rank 0 at {addr} did not start "
+              f"the group within {int(timeout_s)} seconds", flush=True)
+        raise SystemExit(1)
+    conn.settimeout(None)
+    print(f"standin: node rank {rank} joined rank 0 at {addr}", flush=True)
+    _die_with_peers([conn], f"rank {rank}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="standin_sglang_server")
     p.add_argument("--standin-record")
@@ -103,6 +201,10 @@ def main() -> int:
     p.add_argument("--config")
     p.add_argument("--served-model-name")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr")
+    p.add_argument("--dist-timeout", type=int)
     args, _rest = p.parse_known_args()
 
     api_key = args.api_key
@@ -142,6 +244,15 @@ def main() -> int:
         print(f"standin: {args.standin_fail_if_env}=1: crashing at start as asked", flush=True)
         return 1
 
+    if args.nnodes > 1:
+        if not args.dist_init_addr:
+            # SGLang's NetworkAddress.parse(None) fails the same way: multi-node needs the address.
+            print("standin: --nnodes > 1 needs --dist-init-addr", flush=True)
+            return 1
+        rendezvous(args.nnodes, args.node_rank, args.dist_init_addr,
+                   args.dist_timeout or DEFAULT_DIST_TIMEOUT_S)
+    dummy_health = args.nnodes > 1 and args.node_rank >= 1
+
     started = time.monotonic()
     served = args.served_model_name or args.model_path
 
@@ -157,6 +268,9 @@ def main() -> int:
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]
             loading = time.monotonic() - started < args.standin_load_s
+            if dummy_health:
+                # launch_dummy_health_check_server: health only, 200 whatever the state.
+                return self._send(200 if path in ("/health", "/health_generate") else 404)
             # As SGLang's auth middleware: /health* is always open, the rest needs the key.
             if path.startswith("/health"):
                 return self._send(503 if loading else 200)

@@ -6,7 +6,8 @@ can read what would run on a box and why:
 
 - ``gpus``: the GPUs and the arch rule (``specfleet.core.tables.gpu_archs``);
 - ``sglang``: the install, or the version table's prediction (``tables.sglang_versions``);
-- ``tp``, ``memory``: tensor parallel, whether the weights fit, the memory fraction;
+- ``tp``, ``nodes``, ``memory``: tensor parallel (across the hosts of a serving group: see
+  ``group``), whether the weights fit, the memory fraction;
 - ``attention``, ``dflash``: the target and draft backends, block size, draft window, worker;
 - ``allreduce``: custom all-reduce off without NVLink;
 - ``launch``: model paths, the model's parsers (``tables.models``), listen address, argv;
@@ -23,13 +24,14 @@ from typing import Any
 
 from specfleet.core.plan.allreduce import plan_all_reduce
 from specfleet.core.plan.attention import plan_attention
-from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, PlanContext
+from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, GroupRole, PlanContext
 from specfleet.core.plan.dflash import block_size, plan_dflash
 from specfleet.core.plan.gpus import plan_gpus
 from specfleet.core.plan.inputs import FactsInputError, check_facts, one_host_facts
 from specfleet.core.plan.launch import launch_argv, plan_model_args, plan_model_paths
 from specfleet.core.plan.memory import plan_gpu_memory, plan_mem_fraction
 from specfleet.core.plan.model import Plan, PlanBuilder, PlanError, Reason, ReasonKind
+from specfleet.core.plan.nodes import plan_nodes
 from specfleet.core.plan.overrides import apply_overrides
 from specfleet.core.plan.sglang import plan_sglang
 from specfleet.core.plan.tp import plan_tp
@@ -38,8 +40,8 @@ from specfleet.core.tables.models import DEFAULT_BLOCK_SIZE, KIMI_K26_WEIGHTS_BY
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "GIB", "GPUS", "KIMI_K26_WEIGHTS_BYTES", "MIB", "SGLANG", "TOPOLOGY",
-    "FactsInputError", "Plan", "PlanError", "Reason", "ReasonKind", "block_size", "check_facts",
-    "make_plan", "one_host_facts",
+    "FactsInputError", "GroupRole", "Plan", "PlanError", "Reason", "ReasonKind", "block_size",
+    "check_facts", "make_plan", "one_host_facts",
 ]  # fmt: skip
 
 # The topics in the order they decide; later ones read what earlier ones set on the context.
@@ -47,6 +49,7 @@ TOPICS = (
     plan_gpus,
     plan_sglang,
     plan_tp,
+    plan_nodes,
     plan_gpu_memory,
     plan_model_paths,
     plan_attention,
@@ -65,6 +68,7 @@ def make_plan(
     *,
     weights_bytes: int | None = None,
     host: str | None = None,
+    group: GroupRole | None = None,
 ) -> Plan:
     """The SGLang launch plan for one host.
 
@@ -74,8 +78,9 @@ def make_plan(
     Kimi-K2.6-DFlash's. ``predicted`` takes SGLang's features from the version table for
     ``settings.sglang.version`` (a fresh host, before install). ``weights_bytes`` is the size of
     target + drafter weights; by default the models table's for a known target, else unchecked.
-    Raises ``PlanError`` when no working plan exists, ``FactsInputError`` (a ``PlanError``) when a
-    fact has the wrong shape (``inputs.check_facts``).
+    ``group``: this host's place in a serving group (``group.make_group_plan`` works it out and
+    calls this for each member). Raises ``PlanError`` when no working plan exists,
+    ``FactsInputError`` (a ``PlanError``) when a fact has the wrong shape (``inputs.check_facts``).
     """
     check_facts(facts, host)
     if weights_bytes is not None and (
@@ -93,6 +98,7 @@ def make_plan(
         drafter_config=drafter_config,
         predict=predicted,
         weights_bytes=weights_bytes,
+        group=group,
     )
     for topic in TOPICS:
         topic(c)

@@ -20,6 +20,27 @@ GIB = 1024**3
 MIB = 1024**2
 
 
+@dataclass(frozen=True)
+class GroupRole:
+    """One member's place in a serving group, as the group planner worked it out."""
+
+    name: str
+    nnodes: int
+    node_rank: int
+    members: tuple[str, ...]
+    # rank 0's address and rendezvous port: --dist-init-addr
+    rendezvous: str
+    gpus_per_node: int
+    # GPU memory the whole group shards the weights over (smallest GPU x every GPU).
+    group_gpu_bytes: int
+    # The NIC this member's NCCL and Gloo use, and why.
+    interface: str
+    interface_why: str
+    # Active RDMA devices on this member ("mlx5_0:1"); empty: NCCL goes over TCP sockets.
+    rdma: tuple[str, ...]
+    dist_timeout_s: int
+
+
 @dataclass
 class PlanContext:
     """Inputs (facts, settings) and what earlier topics decided."""
@@ -30,6 +51,7 @@ class PlanContext:
     drafter_config: Mapping[str, Any] | None = None
     predict: bool = False
     weights_bytes: int | None = None
+    group: GroupRole | None = None
     # gpus
     gpus: list[Mapping[str, Any]] = field(default_factory=list)
     sm: str = ""

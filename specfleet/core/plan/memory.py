@@ -22,6 +22,9 @@ def plan_gpu_memory(c: PlanContext) -> None:
         )
     mib = [int(g["memory_mib"]) for g in c.gpus[:tp]]
     total = sum(mib) * MIB
+    if c.group is not None:
+        # Tensor parallel shards evenly: the group's smallest GPU bounds every shard.
+        total = c.group.group_gpu_bytes
     size = c.weights_bytes
     if size is None:
         size = known_weights_bytes(s.target.repo_id)
@@ -32,7 +35,9 @@ def plan_gpu_memory(c: PlanContext) -> None:
             f"{tp} GPUs hold {total / GIB:.0f} GiB in all, far below the {size / GIB:.0f} GiB of "
             f"weights ({s.target.repo_id} + {s.drafter.repo_id})",
             "use a host with more GPU memory (Kimi K2.6 needs 8x H200, 8x B200 or 8x RTX PRO "
-            "6000), or a smaller target",
+            "6000), serve it from several hosts as one (settings 'group'), or a smaller target"
+            if c.group is None
+            else "add members to the serving group, or use hosts with more GPU memory",
         )
     else:
         b.why(

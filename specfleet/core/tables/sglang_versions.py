@@ -170,6 +170,27 @@ _DRAFT_0_5_14 = ("flashinfer", "fa3", "fa4", "triton", "ascend")
 _DRAFT_0_5_23 = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
 
 
+# Read from the wheels: 0.5.11 server_args.py __post_init__'s DFLASH block ("Currently DFLASH
+# speculative decoding only supports pp_size == 1.") and check_server_args ("tp_size must be
+# divisible by number of nodes", "multi-node data parallel is not supported unless dp
+# attention!"); 0.5.14 moved the DFLASH checks to arg_groups/speculative_hook.py _handle_dflash;
+# 0.5.23 checks the node split in arg_groups/validation_hook.py check_server_args.
+MULTINODE_SOURCE_0_5_11 = (
+    "sglang/srt/server_args.py: ServerArgs.__post_init__ (DFLASH: pp_size == 1) and "
+    "check_server_args ((tp_size * pp_size) % nnodes == 0; no dp_size > 1 across nodes)"
+)
+MULTINODE_SOURCE_0_5_14 = (
+    "sglang/srt/arg_groups/speculative_hook.py _handle_dflash (pp_size == 1) and "
+    "sglang/srt/server_args.py check_server_args ((tp_size * pp_size) % nnodes == 0; no "
+    "dp_size > 1 across nodes)"
+)
+MULTINODE_SOURCE_0_5_23 = (
+    "sglang/srt/arg_groups/speculative_hook.py (DFLASH: pp_size == 1) and "
+    "sglang/srt/arg_groups/validation_hook.py check_server_args ((tp_size * pp_size) % nnodes "
+    "== 0; no dp_size > 1 across nodes)"
+)
+
+
 @dataclass(frozen=True)
 class VersionRow:
     """What one range of SGLang releases has."""
@@ -190,6 +211,10 @@ class VersionRow:
     compressed_tensors_quant: bool = True
     ddtree: bool = False
     dflash_pr20547: bool = False
+    # Where this release checks what a DFLASH server across hosts may be (cited when a serving
+    # group is refused): pp_size must be 1 with DFLASH, (tp_size * pp_size) % nnodes == 0, and no
+    # dp_size > 1 across nodes.
+    multinode_source: str = MULTINODE_SOURCE_0_5_11
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def features(self) -> dict:
@@ -218,6 +243,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         draft_window_flag=DRAFT_WINDOW_FLAG,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_23,
         dflash_draft_backends=_DRAFT_0_5_23,
+        multinode_source=MULTINODE_SOURCE_0_5_23,
         notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
     ),
     VersionRow(
@@ -233,6 +259,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         draft_window_flag=DRAFT_WINDOW_FLAG,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
         dflash_draft_backends=_DRAFT_0_5_14,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
     ),
     VersionRow(
         # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).
