@@ -187,6 +187,7 @@ class RemovalOptions:
     venv: bool = False
 
 
+@dataclass(frozen=True)
 class ServingGroup:
     """Hosts that together run one SGLang server: tensor parallel over all their GPUs (NCCL
     between hosts). Declared once in group data; every member carries the same section."""
