@@ -19,8 +19,9 @@ SGLang's own client instead (``--dataset-name random``); hosts without them (a `
 install) use this file's client.
 
 The result is written atomically to ``--out``; an earlier result there is kept as
-``previous.json`` beside it (the rollout's speed gate compares the two). Exit 0 with a result,
-2 when the server cannot be benchmarked (the error is in the JSON and on stderr).
+``previous.json`` beside it (the rollout's speed gate compares the two) unless
+``--no-previous``. Exit 0 with a result, 2 when the server cannot be benchmarked (the error is
+in the JSON, written beside as ``NAME.json.failed``, and on stderr).
 """
 
 from __future__ import annotations
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer")
     p.add_argument("--meta", action="append", default=[], help="KEY=VALUE kept in the result")
     p.add_argument("--out", required=True)
+    p.add_argument("--no-previous", action="store_true",
+                   help="do not keep the result found at --out as previous.json")
     args = p.parse_args(argv)
 
     base = args.url.rstrip("/")
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(result["error"], file=sys.stderr)
         write_result(args.out + ".failed", result, keep_previous=False)
         return 2
-    write_result(args.out, result)
+    write_result(args.out, result, keep_previous=not args.no_previous)
     top = result["levels"][-1]
     print(f"bench: {top['output_tokens_per_s']:.1f} output tok/s at concurrency "
           f"{top['concurrency']}, TTFT {top['mean_ttft_ms']} ms, accept length "
