@@ -131,3 +131,4 @@ def not_serving(settings: Settings | None = None, allow: bool = False):
         host=host.name,
         fix="take the host out of service first, or pass --allow-serving",
     )
+    yield  # unreached: it makes this a generator, as pyinfra runs operation bodies

@@ -48,7 +48,8 @@ def plot_tokens(state: Mapping[str, Any], path: Path) -> None:
     ax.set_ylabel("output tokens/s")
     ax.set_title(f"{state['host']}: output tokens/s vs concurrency (thick: best)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if ax.lines:
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
