@@ -9,8 +9,8 @@ concurrency, time to first token, the acceptance length the server reports, and 
 host below ``--slow-fraction`` of its arch's median is flagged SLOW. Exit 0 when every host has
 a result and none is flagged, 1 otherwise, 3 on bad input.
 
-The rollout's speed gate is ``speed_gate_for`` here (``specfleet.core.bench.speed_gate`` on a
-host's fetched new and previous results); ``specfleet/fleet/ROLLOUT.md`` says where it hooks in.
+The rollout's speed gate is ``speed_gate_step`` here: benchmark a batch, then
+``specfleet.core.bench.speed_gate`` on each host's new result against its previous one.
 """
 
 from __future__ import annotations
@@ -77,12 +77,44 @@ def load_result(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def speed_gate_for(new: Path, previous: Path,
-                   fraction: float = core.GATE_FRACTION) -> core.GateVerdict:
-    """The rollout's speed gate on one host: its new smoke benchmark (``new``, as
-    ``deploys/bench_kimi.py`` fetched it) against the one before (``previous``, the host's
-    ``<state_dir>/bench/previous.json`` fetched the same way, or kept by the controller)."""
-    return core.speed_gate(load_result(new), load_result(previous), fraction)
+def speed_gate_for(new: Path, fraction: float = core.GATE_FRACTION) -> core.GateVerdict:
+    """The speed gate on one host's fetched result: its figures against the host's result before
+    it, which the client copied into it as ``previous`` (None on a first benchmark: passes)."""
+    result = load_result(new)
+    return core.speed_gate(result, (result or {}).get("previous"), fraction)
+
+
+def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
+                    fraction: float = core.GATE_FRACTION,
+                    data: Mapping[str, Any] | None = None,
+                    runner=run_with_data) -> dict[str, core.GateVerdict]:
+    """THE ROLLOUT'S HOOK: after a batch's readiness gate, benchmark its hosts (under their run
+    locks, ``deploys/bench_kimi.py``) and keep each host's figures within ``fraction`` of its
+    previous result. A host that fails it is a host the rollout treats as failed (rolls back, and
+    counts against the batch's budget). ``data``: ``specfleet_bench`` options (concurrency...).
+
+    The rollout calls it with the hosts that passed the gate, e.g.::
+
+        verdicts = bench.speed_gate_step(inventory, gate_hosts, report_dir / "bench", 0.85)
+        for h, v in verdicts.items():
+            if not v.passed: fail h with f"speed gate: {v.why}"
+    """
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for h in hosts:
+        (out / f"{h}.json").unlink(missing_ok=True)
+    opts = {**dict((data or {}).get("specfleet_bench") or {}), "fetch_to": str(out),
+            "result": "latest"}
+    run = runner(inventory, str(deploy_path(BENCH_DEPLOY)), list(hosts),
+                 {"specfleet_bench": opts}, out / "pyinfra.log")
+    verdicts = {}
+    for h in hosts:
+        step = run.results.get(h)
+        if step is not None and not step.passed:
+            verdicts[h] = core.GateVerdict(False, "benchmark failed: " + "; ".join(step.why))
+        else:
+            verdicts[h] = speed_gate_for(out / f"{h}.json", fraction)
+    return verdicts
 
 
 def list_hosts(inventory: str) -> list[str]:

@@ -19,9 +19,10 @@ SGLang's own client instead (``--dataset-name random``); hosts without them (a `
 install) use this file's client.
 
 The result is written atomically to ``--out``; an earlier result there is kept as
-``previous.json`` beside it (the rollout's speed gate compares the two) unless
-``--no-previous``. Exit 0 with a result, 2 when the server cannot be benchmarked (the error is
-in the JSON, written beside as ``NAME.json.failed``, and on stderr).
+``previous.json`` beside it, and its figures are copied into the new result as ``previous``
+(the rollout's speed gate compares the two), unless ``--no-previous``. Exit 0 with a result,
+2 when the server cannot be benchmarked (the error is in the JSON, written beside as
+``NAME.json.failed``, and on stderr).
 """
 
 from __future__ import annotations
@@ -239,6 +240,18 @@ def write_result(path: str, result: dict, keep_previous: bool = True) -> None:
     os.replace(tmp, path)
 
 
+def previous_headline(path: str) -> dict | None:
+    """The figures of the result at ``path`` (the one this run replaces), for the speed gate."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or old.get("error"):
+        return None
+    return {k: old.get(k) for k in ("started", "levels", "accept_length", "meta")}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_client")
     p.add_argument("--url", default="http://127.0.0.1:30000")
@@ -289,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         print(result["error"], file=sys.stderr)
         write_result(args.out + ".failed", result, keep_previous=False)
         return 2
+    if not args.no_previous:
+        result["previous"] = previous_headline(args.out)
     write_result(args.out, result, keep_previous=not args.no_previous)
     top = result["levels"][-1]
     print(f"bench: {top['output_tokens_per_s']:.1f} output tok/s at concurrency "

@@ -15,7 +15,9 @@ import pytest
 
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
+from specfleet.fleet import bench as fleet_bench
 from specfleet.fleet import report
+from specfleet.fleet.pyinfra_run import HostStep
 from specfleet.fleet.sweep import State
 from specfleet.hostside import bench_client
 from tests.harness import standin_perf as perf
@@ -187,6 +189,9 @@ def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_resul
     assert first["accept_length_source"] == "/server_info internal_states"
     assert bench_client.main(argv) == 0
     assert json.loads((out.parent / "previous.json").read_text()) == first
+    second = json.loads(out.read_text())
+    assert second["previous"]["levels"] == first["levels"]
+    assert core.speed_gate(second, second["previous"], 0.5).passed
     # The same figure on /metrics, under SGLang's name.
     assert bench_client.accept_length(server.url + "/nothing", "sk-bench-test") == (None, None)
     with bench_client._request(server.url + "/metrics", "sk-bench-test") as resp:
@@ -221,3 +226,29 @@ def test_report_writes_three_pngs_and_an_html_page(tmp_path):
     assert ys == [4, 8, 16] and xs == [2048, 4096]
     assert cells[2][1] is None and cells[2][0] == 140
     assert "BEST" in page.read_text()
+
+
+# -- the rollout's hook -----------------------------------------------------------------------------
+
+
+def test_speed_gate_step_benchmarks_the_batch_and_gates_each_host_on_its_previous(tmp_path):
+    calls = []
+
+    def runner(inventory, deploy, hosts, data, log):
+        calls.append((deploy, hosts, data))
+        out = Path(data["specfleet_bench"]["fetch_to"])
+        fast = result({4: 200})
+        (out / "h1.json").write_text(json.dumps({**fast, "previous": result({4: 210})}))
+        (out / "h2.json").write_text(json.dumps({**result({4: 100}), "previous": fast}))
+        (out / "h3.json").write_text(json.dumps(fast))  # a first benchmark: nothing to compare
+        return fleet_bench.DataRun(0, 1.0, {"h1": HostStep("ok"), "h2": HostStep("ok"),
+                                            "h3": HostStep("ok"),
+                                            "h4": HostStep("failed", why=["no server"])}, "")
+
+    verdicts = fleet_bench.speed_gate_step("inv.py", ["h1", "h2", "h3", "h4"], tmp_path, 0.85,
+                                           runner=runner)
+    assert calls[0][0].endswith("deploys/bench_kimi.py") and calls[0][1] == ["h1", "h2", "h3", "h4"]
+    assert calls[0][2]["specfleet_bench"]["result"] == "latest"
+    assert verdicts["h1"].passed and verdicts["h3"].passed
+    assert not verdicts["h2"].passed and "50% of the earlier 200.0" in verdicts["h2"].why
+    assert not verdicts["h4"].passed and "no server" in verdicts["h4"].why
