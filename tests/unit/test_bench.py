@@ -198,6 +198,25 @@ def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_resul
         assert "sglang:spec_accept_length{" in resp.read().decode()
 
 
+def test_standin_chat_completions_answer_whole_and_streamed(server):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi there"}],
+            "max_tokens": 5}
+    with bench_client._request(server.url + "/v1/chat/completions", "sk-bench-test", body) as r:
+        whole = json.loads(r.read())
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"]["content"].split() == ["tok"] * 5
+    assert whole["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    with bench_client._request(server.url + "/v1/chat/completions", "sk-bench-test",
+                               {**body, "stream": True}) as r:
+        lines = [ln.decode().strip() for ln in r if ln.strip()]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[5:]) for ln in lines[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks).split() == (
+        ["tok"] * 5)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_bench_client_without_the_key_fails_with_the_reason_and_keeps_no_result(server, tmp_path):
     out = tmp_path / "latest.json"
     assert bench_client.main(["--url", server.url, "--concurrency", "1", "--max-tokens", "4",
