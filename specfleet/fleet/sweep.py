@@ -52,6 +52,9 @@ except ImportError as _exc:
 POINT_DEPLOY = "sweep_point.py"
 RESTORE_DEPLOY = "kimi_k26.py"
 INVENTORY_PLAN = "inventory"  # ``current`` when the host runs the inventory's own plan
+# A point that finds the host's run lock held is retried this often, this far apart.
+LOCK_HELD = "another specfleet run holds this host"
+LOCK_RETRIES, LOCK_WAIT_S = 3, 5.0
 
 
 def say(text: str) -> None:
@@ -155,12 +158,20 @@ class Sweep:
         self.state.data["current"] = key
         self.state.save()
         result_name = "sweep-" + key.replace(",", "_").replace("=", "-")
-        run = self.deploy(
-            POINT_DEPLOY, core.point_overrides(rec["point"]), result_name,
-            {"specfleet_sweep": {"allow_serving": allow_serving},
-             "specfleet_bench": {**self.bench, "result": result_name}},
-        )
-        step = run.results[self.args.host]
+        for attempt in range(LOCK_RETRIES + 1):
+            run = self.deploy(
+                POINT_DEPLOY, core.point_overrides(rec["point"]), result_name,
+                {"specfleet_sweep": {"allow_serving": allow_serving},
+                 "specfleet_bench": {**self.bench, "result": result_name}},
+            )
+            step = run.results[self.args.host]
+            # The lock of a run killed a moment ago (this sweep's own, before a resume) is
+            # taken over once its process is gone: not a failure of this point, so wait.
+            if step.passed or not any(LOCK_HELD in w for w in step.why):
+                break
+            if attempt < LOCK_RETRIES:
+                say(f"  {key}: the host's run lock is held ({step.why[0][:120]}); retrying")
+                time.sleep(LOCK_WAIT_S)
         rec["seconds"] = round(run.seconds, 1)
         fetched = Path(self.bench["fetch_to"]) / f"{self.args.host}.json"
         result = load_result(fetched) if step.passed else None

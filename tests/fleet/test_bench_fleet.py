@@ -143,6 +143,12 @@ def test_sweep_resumes_after_a_kill_and_leaves_the_host_on_the_best_point(demo):
         time.sleep(3)  # into the next point's deploy
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        for _ in range(100):  # every process of the group gone (pyinfra reaped by init)
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
     finally:
         log.close()
     killed = json.loads(state_path.read_text())

@@ -16,7 +16,7 @@ import pytest
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.fleet import bench as fleet_bench
-from specfleet.fleet import report
+from specfleet.fleet import report, sweep
 from specfleet.fleet.pyinfra_run import HostStep
 from specfleet.fleet.sweep import State
 from specfleet.hostside import bench_client
@@ -271,3 +271,30 @@ def test_speed_gate_step_benchmarks_the_batch_and_gates_each_host_on_its_previou
     assert verdicts["h1"].passed and verdicts["h3"].passed
     assert not verdicts["h2"].passed and "50% of the earlier 200.0" in verdicts["h2"].why
     assert not verdicts["h4"].passed and "no server" in verdicts["h4"].why
+
+
+def test_a_sweep_point_that_finds_the_run_lock_held_is_retried_not_failed(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(inventory, deploy, hosts, data, log):
+        calls.append(deploy)
+        if len(calls) == 1:
+            why = [f"in 'Hold the run lock': {sweep.LOCK_HELD}: root@vm (pid 1)"]
+            return fleet_bench.DataRun(1, 1.0, {"h1": HostStep("failed", why=why)}, "")
+        if deploy.endswith(sweep.POINT_DEPLOY):
+            out = Path(data["specfleet_bench"]["fetch_to"])
+            (out / "h1.json").write_text(json.dumps(result({4: 123})))
+        return fleet_bench.DataRun(0, 1.0, {"h1": HostStep("changed")}, "")
+
+    monkeypatch.setattr(sweep, "run_with_data", fake_run)
+    monkeypatch.setattr(sweep, "LOCK_WAIT_S", 0.0)
+    args = sweep.parse_args(["inv.py", "--host", "h1", "--num-draft-tokens", "8",
+                             "--draft-window", "4096", "--no-report", "--allow-serving"])
+    (tmp_path / "results").mkdir()
+    run = sweep.Sweep(args, sweep.grid_from_args(args), tmp_path)
+    assert run.run() == 0
+    assert [c.rsplit("/", 1)[1] for c in calls] == ["sweep_point.py", "sweep_point.py",
+                                                     "kimi_k26.py"]
+    state = json.loads((tmp_path / "state.json").read_text())
+    key = "num_draft_tokens=8,draft_window=4096"
+    assert state["points"][key]["status"] == "done" and state["current"] == key
