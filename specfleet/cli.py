@@ -6,6 +6,8 @@
     specfleet probe INVENTORY [python=... models_path=...]                 (a checkout)
     specfleet status INVENTORY [--limit HOST ...] [--json]                 (a checkout)
     specfleet remove INVENTORY [--limit HOST ...] [--dry] [--weights] [--venv]  (a checkout)
+    specfleet bench INVENTORY [--limit HOST ...] [bench options]           (a checkout)
+    specfleet sweep INVENTORY --host HOST [sweep options]                  (a checkout)
 
 ``plan`` needs nothing but this package. The others run the deploy files and facts of a
 specfleet checkout (the current directory, ``--checkout PATH`` or ``$SPECFLEET_CHECKOUT``), by
@@ -24,7 +26,7 @@ import tempfile
 
 from specfleet import plan as plan_cli
 from specfleet.core.errors import SpecfleetError
-from specfleet.fleet import fanout, rollout
+from specfleet.fleet import bench, fanout, rollout, sweep
 from specfleet.fleet.pyinfra_run import CHECKOUT_ENV, checkout_dir
 
 
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         ("probe", "every host's facts, one SSH command per host"),
         ("status", "what each host runs, read-only"),
         ("remove", "take the deploy off the hosts (the weights and your venv stay)"),
+        ("bench", "a smoke benchmark on every host, slow hosts flagged"),
+        ("sweep", "tune the speculative settings on one host, restore the best"),
     ):
         p = sub.add_parser(name, help=what, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -103,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fanout":
             checkout_dir(args.checkout)
             return fanout.main(args.rest)
+        if args.command in ("bench", "sweep"):
+            checkout_dir(args.checkout)
+            return (bench if args.command == "bench" else sweep).main(args.rest)
         if args.command == "probe":
             return _in_checkout(["-m", "facts.probe", *args.rest], args.checkout)
         if args.command == "status" and "--json" in args.rest:

@@ -43,6 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 DEPLOY = "deploys/kimi_k26.py"
 STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
+# The stand-in server's performance model, imported from beside it (/v1/completions, speeds).
+STANDIN_PERF = "/opt/specfleet-standin/standin_perf.py"
 TARGET = "demo/Kimi-K2.6-mini"
 DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
 # The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
@@ -154,6 +156,7 @@ def prepare_hosts(fleet: Fleet) -> None:
     for name in fleet.hosts:
         fleet.run(name, "mkdir -p /opt/specfleet-standin", check=True)
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
+        fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_perf.py", STANDIN_PERF)
     if "ct200" in fleet.hosts:
         fleet.run(
             "ct200",

@@ -16,6 +16,9 @@ Its own options come first and are named --standin-*:
                           "cwd": ..., "pid": ...} to PATH (JSON) at start
   --standin-load-s N      answer 503 on /health_generate for N seconds ("loading the model")
   --standin-exit N        exit with status N right after recording (a server that crashes)
+  --standin-perf-seed N   the seed of the performance model (standin_perf.py, beside this file:
+                          /v1/completions with streaming, acceptance length and tokens/s that
+                          depend on the speculative flags)
 
 Across hosts (SGLang's --nnodes N --node-rank R --dist-init-addr HOST:PORT --dist-timeout S), it
 does what SGLang does at start-up (srt/entrypoints/engine.py _launch_subprocesses; the schedulers'
@@ -40,6 +43,13 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# Beside this file where it was uploaded with it (python puts the script's folder first on
+# sys.path); a host given this file alone serves everything but the completions.
+try:
+    import standin_perf as perf_module
+except ImportError:
+    perf_module = None
 
 # As in SGLang's modules (srt/entrypoints/engine.py: `logger = logging.getLogger(__name__)`): made
 # at import, before the logging is configured, so a dictConfig that disables existing loggers
@@ -186,11 +196,18 @@ def rendezvous(nnodes: int, rank: int, addr: str, timeout_s: float) -> None:
     _die_with_peers([conn], f"rank {rank}")
 
 
+def standin_perf(seed: int | None, served: str):
+    """The performance model (standin_perf.py, uploaded beside this file) with this process's
+    exact argv: its speculative flags decide the speed and acceptance length it reports."""
+    return perf_module.Perf(exact_argv(), seed, served) if perf_module else None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="standin_sglang_server")
     p.add_argument("--standin-record")
     p.add_argument("--standin-load-s", type=float, default=0.0)
     p.add_argument("--standin-exit", type=int)
+    p.add_argument("--standin-perf-seed", type=int)
     # Exit 1 at start when this environment variable is "1": a server that crashes with the
     # DFlash v2 worker on this host (what a real failing port would look like to the gate).
     p.add_argument("--standin-fail-if-env")
@@ -255,6 +272,7 @@ def main() -> int:
 
     started = time.monotonic()
     served = args.served_model_name or args.model_path
+    perf = standin_perf(args.standin_perf_seed, served)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: object | None = None) -> None:
@@ -293,8 +311,30 @@ def main() -> int:
                                                  "owned_by": "sglang", "root": served}]},
                 )
             if path in ("/get_server_info", "/server_info"):
-                return self._send(200, {"version": "standin", "model_path": args.model_path})
+                return self._send(200, {"version": "standin", "model_path": args.model_path,
+                                        **(perf.server_info() if perf else {})})
+            if path == "/metrics" and perf and perf.metrics_enabled:
+                return self._send_text(200, perf.metrics_text())
             return self._send(404, {"detail": "Not Found"})
+
+        def _send_text(self, code: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            path = self.path.split("?", 1)[0]
+            if dummy_health:
+                return self._send(404, {"detail": "Not Found"})
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(401, {"error": "Unauthorized"})
+            if time.monotonic() - started < args.standin_load_s:
+                return self._send(503, {"detail": "the server is loading"})
+            if perf is None or not perf_module.handle_post(self, path, perf):
+                self._send(404, {"detail": "Not Found"})
 
         def log_message(self, fmt: str, *a: object) -> None:
             print(f"standin: {self.address_string()} {fmt % a}", flush=True)

@@ -1,0 +1,134 @@
+"""The smoke benchmark of a host's own SGLang server, run on the host, and the sweep's guard.
+
+The client is ``specfleet/hostside/bench_client.py`` (stdlib; ``sglang.bench_serving`` when the
+server's venv has its dependencies). It writes its result under ``<state_dir>/bench/`` on the
+host; ``smoke`` then downloads it to the control machine (``fetch_to``), where
+``specfleet.fleet.bench`` makes the fleet's table and ``specfleet.fleet.sweep`` records a point.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Sequence
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+from pyinfra.operations import files
+
+from facts.gpu import Gpus
+from facts.serving import ServiceState
+from operations.serving import has_api_key, server_paths, service_state_args
+from operations.util import fails_host
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.resources import hostside_path
+from specfleet.core.settings import Settings, settings_for_host
+
+CLIENT = "bench_client.py"
+
+
+def bench_dir(settings: Settings) -> str:
+    return posixpath.join(settings.state_dir, "bench")
+
+
+def server_url(settings: Settings) -> str:
+    """Where the host reaches its own server: loopback when it listens on every address."""
+    addr = settings.listen_host
+    if addr in ("0.0.0.0", ""):
+        addr = "127.0.0.1"
+    elif addr == "::":
+        addr = "::1"
+    if ":" in addr:
+        addr = f"[{addr}]"
+    return f"http://{addr}:{settings.port}"
+
+
+def host_arch() -> str:
+    """``sm90``-style name of the host's GPUs (``?`` without a readable nvidia-smi)."""
+    gpus = (host.get_fact(Gpus) or {}).get("gpus") or []
+    sms = sorted({g.get("sm") for g in gpus if g.get("sm")})
+    return f"sm{sms[0]}" if len(sms) == 1 else ("mixed" if sms else "?")
+
+
+def client_argv(settings: Settings, out: str, concurrency: Sequence[int], requests: int,
+                max_tokens: int, meta: dict[str, str], keep_previous: bool) -> list[str]:
+    s = settings
+    argv = [s.python, posixpath.join(bench_dir(s), CLIENT), "--url", server_url(s),
+            "--concurrency", ",".join(str(c) for c in concurrency),
+            "--requests", str(requests), "--max-tokens", str(max_tokens), "--out", out,
+            "--sglang-python", posixpath.join(s.venv.rstrip("/"), "bin", "python"),
+            "--tokenizer", s.target.serve_path(s.models_root)]
+    if has_api_key(s):
+        argv += ["--api-key-file", server_paths(s).secret]
+    if not keep_previous:
+        argv.append("--no-previous")
+    for key, value in sorted(meta.items()):
+        argv += ["--meta", f"{key}={value}"]
+    return argv
+
+
+@operation(is_idempotent=False, idempotent_notice="A benchmark: it always runs.")
+@fails_host
+def smoke(
+    settings: Settings | None = None,
+    concurrency: Sequence[int] = (1, 4),
+    requests: int = 0,
+    max_tokens: int = 64,
+    result: str = "latest",
+    fetch_to: str | None = None,
+):
+    """
+    Benchmark the host's own SGLang server from the host: a short, bounded load.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + concurrency: the concurrency levels, each ``requests`` streaming completions
+    + requests: requests per level (0: twice the concurrency)
+    + max_tokens: output tokens per request
+    + result: the result's name under ``<state_dir>/bench/`` (``latest`` keeps the one before
+      it as ``previous.json``, for the rollout's speed gate; other names keep no history)
+    + fetch_to: a folder on the control machine to download the result to, as ``<host>.json``
+    """
+    s = settings if settings is not None else settings_for_host(host)
+    if not concurrency or any(int(c) < 1 for c in concurrency):
+        raise SpecfleetError(f"bench concurrency {list(concurrency)!r} needs levels >= 1",
+                             host=host.name, fix="pass levels such as 1,4")
+    folder = bench_dir(s)
+    out = posixpath.join(folder, f"{result}.json")
+    yield from files.directory._inner(path=folder, mode="0700")
+    yield from files.put._inner(src=str(hostside_path(CLIENT)), dest=posixpath.join(folder, CLIENT),
+                                mode="0644")
+    meta = {"arch": host_arch(), "service": s.service_name}
+    argv = client_argv(s, out, [int(c) for c in concurrency], requests, max_tokens, meta,
+                       keep_previous=result == "latest")
+    yield StringCommand(" ".join(shlex.quote(a) for a in argv))
+    if fetch_to:
+        yield from files.get._inner(src=out, dest=posixpath.join(fetch_to, f"{host.name}.json"),
+                                    add_deploy_dir=False, create_local_dir=True, force=True)
+
+
+@operation()
+@fails_host
+def not_serving(settings: Settings | None = None, allow: bool = False):
+    """
+    Fail the host when its SGLang unit is up (serving), unless ``allow``: a sweep restarts the
+    server once per grid point, which drops every request in flight.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + allow: let a serving host be swept (``specfleet sweep --allow-serving``)
+    """
+    s = settings if settings is not None else settings_for_host(host)
+    st = host.get_fact(ServiceState, **service_state_args(s)) or {}
+    unit = server_paths(s).unit_name
+    if st.get("active_state") not in ("active", "activating", "reloading"):
+        host.noop(f"{unit} is not serving")
+        return
+    if allow:
+        host.noop(f"{unit} is serving; sweeping it anyway, as allowed")
+        return
+    raise SpecfleetError(
+        f"{unit} is serving ({st.get('active_state')}): a sweep restarts it once per grid "
+        "point and drops the requests in flight",
+        host=host.name,
+        fix="take the host out of service first, or pass --allow-serving",
+    )
+    yield  # unreached: it makes this a generator, as pyinfra runs operation bodies

@@ -1,0 +1,181 @@
+"""``specfleet bench INVENTORY``: the smoke benchmark on every host, then the fleet's table.
+
+    specfleet bench INVENTORY [--limit HOST ...] [--concurrency 1,4] [--requests N]
+        [--max-tokens M] [--out DIR] [--slow-fraction 0.7]
+
+Runs ``deploys/bench_kimi.py`` (under each host's run lock), downloads each host's result to
+``DIR/<host>.json``, writes ``DIR/summary.json`` and prints one row per host: output tokens/s per
+concurrency, time to first token, the acceptance length the server reports, and a verdict; a
+host below ``--slow-fraction`` of its arch's median is flagged SLOW. Exit 0 when every host has
+a result and none is flagged, 1 otherwise, 3 on bad input.
+
+The rollout's speed gate is ``speed_gate_step`` here: benchmark a batch, then
+``specfleet.core.bench.speed_gate`` on each host's new result against its previous one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specfleet.core import bench as core
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.runlock import controller_run_id
+from specfleet.fleet.pyinfra_run import HostStep, checkout_dir, deploy_path, parse_step
+
+BENCH_DEPLOY = "bench_kimi.py"
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class DataRun:
+    rc: int
+    seconds: float
+    results: dict[str, HostStep]
+    log: str
+
+
+def run_with_data(inventory: str, deploy: str, hosts: Sequence[str],
+                  data: Mapping[str, Any], log_path: Path | None = None) -> DataRun:
+    """``pyinfra -y --json --limit H ... --data KEY=JSON ... INVENTORY DEPLOY`` in the checkout.
+    ``--data`` is pyinfra's own override layer: ``settings_for_host`` merges it over the
+    inventory's data key by key, so ``{"specfleet": {"plan": {...}}}`` changes only the plan."""
+    argv = [sys.executable, "-m", "pyinfra", "-y", "--json"]
+    for h in hosts:
+        argv += ["--limit", h]
+    for key, value in data.items():
+        argv += ["--data", f"{key}={json.dumps(value, sort_keys=True)}"]
+    argv += [os.path.abspath(inventory) if os.path.exists(inventory) else inventory, deploy]
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=checkout_dir(), capture_output=True, text=True,
+                          env=os.environ.copy(), check=False)
+    seconds = time.monotonic() - start
+    log = proc.stderr
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(log)
+    results = parse_step(proc.stdout, log.splitlines(), list(hosts))
+    return DataRun(proc.returncode, seconds, results, log)
+
+
+def load_result(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def speed_gate_for(new: Path, fraction: float = core.GATE_FRACTION) -> core.GateVerdict:
+    """The speed gate on one host's fetched result: its figures against the host's result before
+    it, which the client copied into it as ``previous`` (None on a first benchmark: passes)."""
+    result = load_result(new)
+    return core.speed_gate(result, (result or {}).get("previous"), fraction)
+
+
+def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
+                    fraction: float = core.GATE_FRACTION,
+                    data: Mapping[str, Any] | None = None,
+                    runner=run_with_data) -> dict[str, core.GateVerdict]:
+    """THE ROLLOUT'S HOOK: after a batch's readiness gate, benchmark its hosts (under their run
+    locks, ``deploys/bench_kimi.py``) and keep each host's figures within ``fraction`` of its
+    previous result. A host that fails it is a host the rollout treats as failed (rolls back, and
+    counts against the batch's budget). ``data``: ``specfleet_bench`` options (concurrency...).
+
+    The rollout calls it with the hosts that passed the gate, e.g.::
+
+        verdicts = bench.speed_gate_step(inventory, gate_hosts, report_dir / "bench", 0.85)
+        for h, v in verdicts.items():
+            if not v.passed: fail h with f"speed gate: {v.why}"
+    """
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for h in hosts:
+        (out / f"{h}.json").unlink(missing_ok=True)
+    opts = {**dict((data or {}).get("specfleet_bench") or {}), "fetch_to": str(out),
+            "result": "latest"}
+    run = runner(inventory, str(deploy_path(BENCH_DEPLOY)), list(hosts),
+                 {"specfleet_bench": opts}, out / "pyinfra.log")
+    verdicts = {}
+    for h in hosts:
+        step = run.results.get(h)
+        if step is not None and not step.passed:
+            verdicts[h] = core.GateVerdict(False, "benchmark failed: " + "; ".join(step.why))
+        else:
+            verdicts[h] = speed_gate_for(out / f"{h}.json", fraction)
+    return verdicts
+
+
+def list_hosts(inventory: str) -> list[str]:
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    ctx_state.set(State())
+    return [h.name for h in make_inventory(inventory, cwd=os.getcwd())]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="specfleet bench", description=__doc__.split("\n")[0])
+    p.add_argument("inventory")
+    p.add_argument("--limit", action="append", default=[], help="only this host (repeatable)")
+    p.add_argument("--concurrency", default="1,4")
+    p.add_argument("--requests", type=int, default=0, help="per level (default 2x concurrency)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--out", default="bench-results", help="folder for <host>.json and summary")
+    p.add_argument("--slow-fraction", type=float, default=core.SLOW_FRACTION)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        concurrency = core.parse_axis(args.concurrency, integer=True)
+        if not concurrency or min(concurrency) < 1:
+            raise SpecfleetError(f"--concurrency {args.concurrency!r} needs levels >= 1",
+                                 fix="pass e.g. --concurrency 1,4")
+        if not 0 < args.slow_fraction < 1:
+            raise SpecfleetError(f"--slow-fraction {args.slow_fraction} is not in (0, 1)",
+                                 fix="pass e.g. --slow-fraction 0.7")
+        hosts = args.limit or list_hosts(args.inventory)
+    except SpecfleetError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 3
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for h in hosts:  # a host that gives no result this time must not show an old one
+        (out / f"{h}.json").unlink(missing_ok=True)
+    controller_run_id(os.environ)
+    say(f"{len(hosts)} hosts: concurrency {','.join(map(str, concurrency))}, results in {out}")
+    data = {"specfleet_bench": {"concurrency": concurrency, "requests": args.requests,
+                                "max_tokens": args.max_tokens, "fetch_to": str(out)}}
+    run = run_with_data(args.inventory, str(deploy_path(BENCH_DEPLOY)), hosts, data,
+                        out / "pyinfra.log")
+    results = {h: load_result(out / f"{h}.json") for h in hosts}
+    for h, step in run.results.items():
+        if not step.passed and results.get(h) is None:
+            results[h] = {"error": "; ".join(step.why) or step.status, "levels": []}
+    rows = core.fleet_rows(results, args.slow_fraction)
+    (out / "summary.json").write_text(json.dumps(
+        {"results": results, "rows": [r.__dict__ for r in rows]}, indent=1, default=str))
+    print(core.fleet_table(rows), flush=True)
+    bad = [r.host for r in rows if r.error or r.flag]
+    if bad:
+        say(f"{len(bad)} of {len(rows)} hosts need a look: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
