@@ -288,12 +288,15 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
 
 
 @operation()
-def checkpoint(settings: Settings | None = None):
+def checkpoint(settings: Settings | None = None, replace: bool = True):
     """
     Keep a rollback point on the host: the server's unit, env and secret files, the venv's
     ``pip freeze``, the PR#20547 patch state, and wheels of the managed pins.
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + replace: replace a point that is there (only for a state that passed its readiness gate);
+      ``False`` keeps an existing point as it is, so that no interrupted run can swap the last
+      known-good state for one never checked
 
     The point lives in ``<state_dir>/rollback/<service_name>/`` (mode 0700: it may hold the API
     key file) and is replaced only when the host differs from it, so a second run changes nothing.
@@ -317,6 +320,10 @@ def checkpoint(settings: Settings | None = None):
             host=host.name,
             fix=f"check that {s.venv}/bin/python -m pip works",
         )
+    if not replace and state["saved"] is not None:
+        host.noop(f"rollback point {rp.directory} is kept: only a state that passed its gate "
+                  "replaces it")
+        return
     reasons = drift(state)
     missing = missing_wheels(cur["freeze"], state["wheels"])
     if not reasons and not missing:

@@ -26,6 +26,7 @@ from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
+from operations.util import check_command, record_failure
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.resources import hostside_path, template_path
@@ -979,7 +980,7 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
         argv += ["--model-path", model_path]
     if started_at is not None:
         argv += ["--started-at", str(int(started_at))]
-    yield FunctionCommand(_run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {})
+    yield check_command(_run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)))
 
 
 JOURNAL_LINES = 30
@@ -1011,8 +1012,7 @@ def _run_gate(
             "it only if its unit changed or it died, and its gate proves or rolls back a "
             "PR#20547 port applied in this run)",
         )  # fmt: skip
-        logger.error(error.render())
-        return False
+        return record_failure(state, host, error.render())
 
 
 def _gate(
@@ -1068,7 +1068,7 @@ def _gate(
         "weights) and run again: the restart stays pending until the server is ready (a server "
         "still starting is waited on, not restarted, unless its unit changes or it dies)",
     )
-    logger.error(error.render())
+    record_failure(state, host, error.render())
     if rolled_back:
         logger.error(
             f"{host.print_prefix}rolled back the PR#20547 port applied in this run (the server did "

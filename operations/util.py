@@ -8,7 +8,7 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, SpecfleetError
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:
@@ -22,8 +22,32 @@ def fail_step(error: SpecfleetError) -> FunctionCommand:
 
 
 def _report_failure(state: Any, host: Any, message: str) -> bool:
-    host.log_styled(message, fg="red", log_func=logger.error)
+    return record_failure(state, host, message, styled=True)
+
+
+def record_failure(state: Any, host: Any, message: str, styled: bool = False) -> bool:
+    """Say why ``host`` fails the operation it is executing: in the log, and on the operation's
+    ``OperationMeta`` (``ERROR_ATTR``), where the fleet controllers read it. Returns False (a
+    Python command's failure)."""
+    op_hash = host.nested_executing_op_hash or host.executing_op_hash
+    if op_hash:
+        try:
+            meta = state.get_op_data_for_host(host, op_hash).operation_meta
+            setattr(meta, ERROR_ATTR, message)
+        except (KeyError, AttributeError):  # not inside an operation: the log says it
+            pass
+    if styled:
+        host.log_styled(message, fg="red", log_func=logger.error)
+    else:
+        logger.error(message)
     return False
+
+
+def check_command(function: Any, args: tuple, kwargs: dict | None = None) -> FunctionCommand:
+    """A Python command that checks the host rather than changes it (``CHECK_ATTR``)."""
+    command = FunctionCommand(function, args, kwargs or {})
+    setattr(command, CHECK_ATTR, True)
+    return command
 
 
 def fails_host(func=None, *, raise_while_planning: bool = False):

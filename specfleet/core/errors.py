@@ -36,3 +36,11 @@ class SpecfleetError(OperationError):
 
 class SettingsError(SpecfleetError):
     """Inventory or group data under ``specfleet`` that does not fit the settings schema."""
+
+
+# How an operation tells a controller (``specfleet.fleet``) about a host, on pyinfra's own
+# objects rather than in its log: the reason a host failed an operation, kept on that
+# operation's ``OperationMeta``; and a command that checks rather than changes (the readiness
+# gate), so that an operation made only of checks does not make its host "changed".
+ERROR_ATTR = "specfleet_error"
+CHECK_ATTR = "specfleet_check"

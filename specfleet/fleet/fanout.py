@@ -115,20 +115,19 @@ def add_keys(plan: dict[str, Any], port: int, rollout_id: str) -> dict[str, Any]
 # --------------------------------------------------------------------------------------------------
 
 
-def load_inventory(inventory: str) -> tuple[list[str], dict[str, str], dict[str, Any]]:
-    """The inventory's hosts (in order), the address each is reached at, and its Settings."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+def load_inventory(inventory: str, only: Sequence[str] | None = None,
+                   ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """The inventory's hosts (in order), the address each is reached at, and the Settings of
+    each host in ``only`` (default: all; a host not in play is never validated)."""
+    from specfleet.fleet.pyinfra_run import load_inventory as read_inventory
 
-
-    ctx_state.set(State())
-    inv = make_inventory(inventory, cwd=os.getcwd())
+    inv = read_inventory(inventory)
     hosts, addresses, settings = [], {}, {}
     for host in inv:
         hosts.append(host.name)
         addresses[host.name] = resolve_address(host.data.get("ssh_hostname") or host.name)
-        settings[host.name] = settings_for_host(host)
+        if only is None or host.name in only:
+            settings[host.name] = settings_for_host(host)
     return hosts, addresses, settings
 
 
@@ -285,7 +284,7 @@ def run_prefetch(
     without its keys."""
     if runner is None:
         runner = run_pyinfra
-    all_hosts, addresses, settings = load_inventory(inventory)
+    all_hosts, addresses, settings = load_inventory(inventory, list(hosts))
     hosts = [h for h in all_hosts if h in set(hosts)]
     keys = {w: {h: swarm_key(settings[h], w) for h in hosts} for w in MODELS}
     plan = plan_fanout(hosts, addresses, keys, order, degree)
