@@ -266,8 +266,16 @@ class Rollout:
     batches: list[list[str]] = field(default_factory=list)
     stopped: str | None = None
     progress: Any = None
+    # How a step runs: ``runner(inventory, deploy, hosts, name) -> StepRun``; by default in the
+    # rollout's pyinfra session (tests script it).
+    runner: Any = None
 
-    def runner(self, inventory: str, deploy: str, hosts: Sequence[str], name: str) -> StepRun:
+    def __post_init__(self) -> None:
+        if self.runner is None:
+            self.runner = self._session_step
+
+    def _session_step(self, inventory: str, deploy: str, hosts: Sequence[str],
+                      name: str) -> StepRun:
         """One step on ``hosts``, in the rollout's pyinfra session (same State, connections)."""
         if self.progress is not None:
             self.progress.step(name, hosts)
@@ -352,7 +360,7 @@ class Rollout:
         """What the rollout would do: the batches (said), and per host what the deploy would
         change and its launch plan; nothing runs on any host but pyinfra's reads."""
         everyone = [h for b in self.batches for h in b]
-        step = self.session.run(self.deploy, everyone, "dry run")
+        step = self.runner(self.inventory, self.deploy, everyone, "dry run")
         for h in everyone:
             r, res = self.reports[h], step.results[h]
             r.status = "would change" if res.changed_ops else (
