@@ -68,6 +68,7 @@ from specfleet.core.fanout import (
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import settings_for_host
 from specfleet.fleet.pyinfra_run import deploy_path, hand_down, run_pyinfra, stop_runs
+from specfleet.fleet.pyinfra_run import load_inventory as read_inventory
 
 PREFETCH_DEPLOY = "fanout_prefetch.py"
 CLEANUP_DEPLOY = "fanout_cleanup.py"
@@ -119,8 +120,6 @@ def load_inventory(inventory: str, only: Sequence[str] | None = None,
                    ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     """The inventory's hosts (in order), the address each is reached at, and the Settings of
     each host in ``only`` (default: all; a host not in play is never validated)."""
-    from specfleet.fleet.pyinfra_run import load_inventory as read_inventory
-
     inv = read_inventory(inventory)
     hosts, addresses, settings = [], {}, {}
     for host in inv:
