@@ -20,6 +20,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.api.util import get_template
+from pyinfra.context import ctx_host
 from pyinfra.operations import files
 
 from facts.cache import cached_fact
@@ -27,7 +28,7 @@ from facts.cache import cached_gather as gather
 from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
 from operations.util import check_command, record_failure
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import Settings, settings_for_host
@@ -716,6 +717,8 @@ def _unit(settings: Settings | None, present: bool):
     facts = _gather(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name)
+    if not state.is_executing:  # planning (--dry): the controllers show each host's plan
+        setattr(ctx_host.get() or host, PLAN_ATTR, current.rendered)
     if current.predicted_because:
         if state.is_executing:
             raise SpecfleetError(

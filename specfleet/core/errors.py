@@ -44,3 +44,5 @@ class SettingsError(SpecfleetError):
 # gate), so that an operation made only of checks does not make its host "changed".
 ERROR_ATTR = "specfleet_error"
 CHECK_ATTR = "specfleet_check"
+# The launch plan a planning (``--dry``) run computed for a host, kept on pyinfra's Host object.
+PLAN_ATTR = "specfleet_launch_plan"

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
 from specfleet.fleet.fanout import Interrupted, run_prefetch
@@ -192,6 +192,7 @@ class HostReport:
     unreachable: bool = False
     busy: bool = False
     hook_failed: bool = False
+    launch_plan: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -368,6 +369,10 @@ class Rollout:
             r.changed_ops = res.changed_ops
             if not res.passed:
                 r.why = [f"would fail: {w}" for w in res.why]
+            plan = getattr(self.session.host(h), PLAN_ATTR, None) if self.session else None
+            if plan:
+                r.launch_plan = str(plan)
+                print(f"rollout: {h}: launch plan\n{plan}", file=sys.stderr, flush=True)
         return 0 if all(step.results[h].passed for h in everyone) else 1
 
     def _prefetch(self, ordered: list[str]) -> StepRun | None:
