@@ -46,3 +46,6 @@ ERROR_ATTR = "specfleet_error"
 CHECK_ATTR = "specfleet_check"
 # The launch plan a planning (``--dry``) run computed for a host, kept on pyinfra's Host object.
 PLAN_ATTR = "specfleet_launch_plan"
+# A download's latest progress on a host (``{repo_id: progress}``, the weights agent's progress
+# file), kept on pyinfra's Host object while the step runs, for the fleet-wide progress view.
+PROGRESS_ATTR = "specfleet_weights_progress"

@@ -418,3 +418,38 @@ def test_a_busy_host_is_not_started_never_touched_and_never_rolled_back():
     assert r.reports["h2"].why == [
         "not started: busy (held by bob@ci (run abc, pid 7, since 2026-12-01 15:00:00))"]
     assert [r.reports[h].status for h in ("h1", "h3", "h4")] == ["changed"] * 3
+
+
+def test_the_fleet_download_adds_every_hosts_progress_up():
+    from specfleet.fleet.progress import download_words, fleet_download
+
+    gib = 1024**3
+    d = fleet_download([
+        {"bytes_done": 100 * gib, "bytes_total": 600 * gib, "rate_bps": 1e9,
+         "state": "downloading"},
+        {"bytes_done": 312 * gib, "bytes_total": 600 * gib, "rate_bps": 0.9e9,
+         "state": "downloading"},
+        {"bytes_done": 0, "bytes_total": 0, "state": "done"},
+    ])
+    assert d["active"] == 2 and round(d["rate"]) == 1.9e9
+    assert round(d["eta"]) == round(788 * gib / 1.9e9)
+    assert download_words(d, 3) == "412.0 of 1200.0 GiB across 3 hosts, 1.90 GB/s, 7 min left"
+    assert fleet_download([])["eta"] is None
+
+
+def test_the_live_view_renders_every_host_in_its_batch():
+    from rich.console import Console
+
+    from specfleet.fleet.progress import RichView
+
+    r = _rollout(Script(), batch_size=2)
+    r.run()
+    view = RichView(r)
+    view.step("batch 1/2 gate", ["h2", "h3"])
+    console = Console(record=True, width=120)
+    console.print(view.table())
+    text = console.export_text()
+    assert "prefetch: 0.0 of 0.0 GiB across 0 hosts" in text
+    for h in H4:
+        assert h in text
+    assert "batch 1/2 gate" in text and "canary" in text
