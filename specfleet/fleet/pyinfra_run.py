@@ -360,8 +360,18 @@ def _callback_class() -> type:
 # --------------------------------------------------------------------------------------------------
 
 
+def _echo_to_stderr(message: Any = None, nl: bool = True, **_: Any) -> None:
+    """pyinfra's echo (a command's output it prints) on stderr: stdout is the result's."""
+    sys.stderr.write(f"    {'' if message is None else message}{chr(10) if nl else ''}")
+    sys.stderr.flush()
+
+
 def _log_to_stderr(verbosity: int) -> None:
-    """pyinfra's log to stderr for the person watching (as its CLI shows it); never parsed."""
+    """pyinfra's log and echoed output to stderr for the person watching (as its CLI shows them);
+    never parsed."""
+    from pyinfra.api.output import set_echo
+
+    set_echo(_echo_to_stderr)
     log = logging.getLogger("pyinfra")
     if any(getattr(h, "_specfleet", False) for h in log.handlers):
         return
