@@ -29,12 +29,13 @@ def record_failure(state: Any, host: Any, message: str, styled: bool = False) ->
     """Say why ``host`` fails the operation it is executing: in the log, and on the operation's
     ``OperationMeta`` (``ERROR_ATTR``), where the fleet controllers read it. Returns False (a
     Python command's failure)."""
-    op_hash = host.nested_executing_op_hash or host.executing_op_hash
+    op_hash = (getattr(host, "nested_executing_op_hash", None)
+               or getattr(host, "executing_op_hash", None))
     if op_hash:
         try:
             meta = state.get_op_data_for_host(host, op_hash).operation_meta
             setattr(meta, ERROR_ATTR, message)
-        except (KeyError, AttributeError):  # not inside an operation: the log says it
+        except (KeyError, AttributeError, TypeError):  # not in an operation: the log says it
             pass
     if styled:
         host.log_styled(message, fg="red", log_func=logger.error)
