@@ -35,6 +35,8 @@ OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
     "ok", "changed", "failed", "rolled back", "not started",
 )  # fmt: skip
 UNREACHABLE, BUSY = "unreachable", "busy"
+# A connected host that does not answer a ``true`` within this long is connected again.
+ALIVE_TIMEOUT_S = 15.0
 
 
 def checkout_dir(checkout: str | None = None) -> Path:
@@ -448,10 +450,38 @@ class Session:
     def host(self, name: str) -> Any:
         return self.inventory.get_host(name)
 
+    def _check_alive(self, hosts: Sequence[str]) -> None:
+        """Forget the connection of each host that no longer answers (one ``true``, at most
+        ``ALIVE_TIMEOUT_S``): a link cut between steps would otherwise hang the next step on a
+        dead TCP session. ``connect`` then tries it again, as a new pyinfra run would."""
+        import gevent
+
+        def probe(h: Any) -> bool:
+            try:
+                with gevent.Timeout(ALIVE_TIMEOUT_S, TimeoutError):
+                    ok, _ = h.run_shell_command("true", print_output=False, print_input=False)
+                return bool(ok)
+            except Exception:  # noqa: BLE001 - any failure: the connection is gone
+                return False
+
+        live = [self.host(h) for h in hosts if h in self.connected]
+        checks = {self.state.pool.spawn(probe, h): h for h in live}
+        gevent.wait(list(checks))
+        for greenlet, h in checks.items():
+            if greenlet.value:
+                continue
+            say(f"{h.name}: the connection does not answer; connecting again")
+            try:  # the class's own disconnect: the run lock stays this run's (its lease runs)
+                type(h).disconnect(h)
+            except Exception:  # noqa: BLE001 - a dead session may not close cleanly
+                h.connected = False
+            self.connected.discard(h.name)
+
     def connect(self, hosts: Sequence[str]) -> dict[str, str]:
         """Connect the hosts not yet connected; returns ``{host: why}`` of those that failed."""
         from pyinfra.api.state import StateStage
 
+        self._check_alive(hosts)
         todo = [self.host(h) for h in hosts if h not in self.connected]
         if not todo:
             return {}

@@ -341,7 +341,7 @@ class Rollout:
             if failed:
                 say(f"{label}: {failed} of {len(batch)} failed, within the budget")
             else:
-                say(f"{label}: every host started passed the readiness gate")
+                say(f"{label}: every host passed the readiness gate")
         return self.exit_code()
 
     def exit_code(self) -> int:
