@@ -523,7 +523,7 @@ class Session:
         from pyinfra.api.exceptions import PyinfraError
         from pyinfra.api.operations import run_ops
         from pyinfra.api.state import StateStage
-        from pyinfra.context import ctx_host, ctx_state
+        from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
 
         say(f"{name}: {', '.join(hosts)}")
         start = time.monotonic()
@@ -544,7 +544,8 @@ class Session:
         self.state.current_deploy_filename = path
         rc = 0
         load_errors: dict[str, list[str]] = {}
-        with ctx_state.use(self.state):
+        with ctx_state.use(self.state), ctx_inventory.use(self.inventory), \
+                ctx_config.use(self.state.config):
             for h in live:
                 try:
                     with ctx_host.use(h):
@@ -560,7 +561,8 @@ class Session:
                 self.state.ops[h].pop(op_hash, None)
         if not self.dry and self.state.active_hosts:
             try:
-                with ctx_state.use(self.state):
+                with ctx_state.use(self.state), ctx_inventory.use(self.inventory), \
+                        ctx_config.use(self.state.config):
                     run_ops(self.state)
             except PyinfraError:  # "No hosts remaining!": every host failed, each one said why
                 rc = 1

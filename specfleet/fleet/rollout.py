@@ -346,12 +346,13 @@ class Rollout:
 
     def exit_code(self) -> int:
         failed_hosts = [r.host for r in self.reports.values() if r.failed]
-        busy = [r.host for r in self.reports.values() if r.busy]
+        busy = [r.host for r in self.reports.values() if r.busy or r.hook_failed]
         if self.stopped:
             say(f"STOPPED: {self.stopped}")
             return 2
         if failed_hosts or busy:
-            say(f"finished with {len(failed_hosts)} failed and {len(busy)} busy (not started): "
+            say(f"finished with {len(failed_hosts)} failed and {len(busy)} not started (busy, "
+                f"or a pre-hook failed): "
                 f"{', '.join(failed_hosts + busy)}")
             return 1
         say("finished: every host passed the readiness gate")

@@ -528,10 +528,14 @@ def test_a_crashing_change_killed_in_the_canary_gate_then_run_again_rolls_back(e
     hosts = {h: gen(env, "crash") for h in HOSTS}
     hosts["h1"]["launcher"] = crash
     procs: list[subprocess.Popen] = []
+    deploying = threading.Event()
 
     def kill_in_gate(line: str) -> None:
-        if "rollout: canary gate: h1" in line and procs:
-            time.sleep(2)
+        # The deploy's own readiness wait after the restart is the canary's gate here.
+        if "rollout: canary deploy: h1" in line:
+            deploying.set()
+        if deploying.is_set() and f"restarting {SERVICE}.service" in line and procs:
+            time.sleep(3)
             procs[0].kill()
             procs.clear()
 
