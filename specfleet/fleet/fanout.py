@@ -65,7 +65,7 @@ from specfleet.core.fanout import (
     plan_fanout,
     swarm_key,
 )
-from specfleet.core.runlock import controller_run_id
+from specfleet.core.runlock import RUN_ID_ENV, controller_run_id
 from specfleet.core.settings import settings_for_host
 from specfleet.fleet.pyinfra_run import deploy_path, hand_down, run_pyinfra, stop_runs
 from specfleet.fleet.pyinfra_run import load_inventory as read_inventory
@@ -289,7 +289,9 @@ def run_prefetch(
     plan = plan_fanout(hosts, addresses, keys, order, degree)
     if plan_out is not None:
         plan_out.update(json.loads(json.dumps(plan)))
-    rollout_id = secrets.token_hex(6)
+    # The fan-out's units and state on the hosts are keyed by the run that makes it (the
+    # rollout's id, SPECFLEET_RUN_ID), which holds every host's run lock meanwhile.
+    rollout_id = os.environ.get(RUN_ID_ENV, "").strip() or secrets.token_hex(6)
     full = add_keys(plan, port or FANOUT_PORT, rollout_id)
     for sw in plan["swarms"]:
         print(f"fanout: {sw['which']} {' -> '.join(sw['hosts'][:1])} seeds "
