@@ -74,3 +74,20 @@ def test_the_inventory_reads_groups_group_data_and_the_file_stem(tmp_path):
     assert set(made.groups) >= {"hosts", "other", "local"}
     assert host.data.get("colour") == "blue" and host.data.get("size") == 3
     assert host.data.get("x") == 1 and host.data.get("os") is None
+
+
+def test_a_hook_on_the_host_runs_over_its_connection_with_the_hook_environment(tmp_path):
+    from specfleet.fleet.rollout import hook_env, run_on_host
+
+    inv, _ = _files(tmp_path)
+    out = tmp_path / "hook.out"
+    s = Session(inv)
+    try:
+        assert s.connect(["@local"]) == {}
+        ok, _ = run_on_host(s.host("@local"), f'echo "$SPECFLEET_HOST $SPECFLEET_RUN_ID" > {out}',
+                            hook_env("@local", "127.0.0.1", "run1"))
+        assert ok and out.read_text() == "@local run1\n"
+        failed, output = run_on_host(s.host("@local"), "echo nope >&2; exit 3", {})
+        assert not failed and output.stderr_lines == ["nope"]
+    finally:
+        s.close()
