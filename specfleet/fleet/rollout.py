@@ -1,26 +1,32 @@
 """Roll a deploy across a fleet: canary, batches, a failure budget, readiness gates, rollback.
 
-    python -m specfleet.fleet.rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
+    specfleet rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
         [--batch-size N | --batch-percent P] [--max-fail-percent P]
         [--no-prefetch] [--no-fanout] [--prefetch-deploy FILE] [--report FILE.json]
+        [--limit HOST|GROUP ...] [--dry] [--json] [--pre-hook CMD] [--post-hook CMD]
+        [pyinfra's --ssh-user, --key, --port, --sudo, --data, --config, -v ...]
 
 pyinfra runs hosts in lock-step, or one by one in no set order, and its fail percentage is global.
-This drives pyinfra's own CLI (``pyinfra -y --json INVENTORY FILE --limit ...``) once per step
-and batch, with the hosts of one batch in parallel:
+This drives pyinfra's Python API in this process (``specfleet.fleet.pyinfra_run.Session``: one
+State for the rollout, each host connected once), one step per deploy file and batch, with the
+hosts of one batch in parallel:
 
+0. the run lock of every host in play (``deploys/rollout_lock.py``), taken once and held to the
+   end; a host another run holds is "not started: busy" and never touched;
 1. prefetch: the weights on every host before anything restarts: by default the fan-out of
    ``specfleet/fleet/fanout.py`` (once from upstream, then host to host), else a weights-only
    deploy;
-2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``):
-   snapshot (``deploys/rollout_snapshot.py``: a rollback point on each host), the deploy, the
-   readiness gate (``deploys/rollout_gate.py``), and for each host that failed the deploy or the
-   gate, the rollback (``deploys/rollout_restore.py``), itself gated;
+2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``): the
+   pre-hook, snapshot (``deploys/rollout_snapshot.py``: a rollback point where there is none),
+   the deploy, the readiness gate (``deploys/rollout_gate.py``, which keeps the state that
+   passed as the rollback point), for each host that failed the deploy or the gate the rollback
+   (``deploys/rollout_restore.py``), itself gated, then the post-hook;
 3. after each batch, its failures against the budget: any failure of the canary, or more than
    ``max_fail_percent`` of a batch's hosts, stops the rollout; later batches are never touched.
 
-The batching and the budget are pure functions (``make_batches``, ``over_budget``), as is the
-reading of pyinfra's results (``parse_step``). Defaults come from the ``rollout`` section of the
-hosts' settings; flags override them.
+The batching and the budget are pure functions (``make_batches``, ``over_budget``). Each host's
+result and reason are read from pyinfra's objects (``pyinfra_run``). Defaults come from the
+``rollout`` section of the hosts' settings; flags override them.
 """
 
 from __future__ import annotations
