@@ -558,7 +558,8 @@ def test_a_crashing_change_killed_in_the_canary_gate_then_run_again_rolls_back(e
 
 def test_pyinfra_options_reach_a_fleet_only_they_can_reach(env, tmp_path):
     """An inventory without ssh_user or ssh_key: only --ssh-user/--key on the command line reach
-    the hosts (--limit keeps the rollout to two of them)."""
+    the hosts. --limit keeps the rollout to two of them, and the badly configured h3 outside it
+    is never read."""
     key = str(env["fleet"].key_path)
 
     def strip(text: str) -> str:
@@ -567,6 +568,7 @@ def test_pyinfra_options_reach_a_fleet_only_they_can_reach(env, tmp_path):
         return out
 
     hosts = {h: gen(env, "options") for h in HOSTS}
+    hosts["h3"]["port"] = "not-a-port"
     without = rollout(env, hosts, "--limit", "h1", "--ssh-user", "nobody", edit=strip)
     assert without.rc == 2 and without.status() == {"h1": "failed"}, without
     assert "unreachable" in without.hosts["h1"]["why"][0], without
