@@ -524,7 +524,7 @@ def test_a_crashing_change_killed_in_the_canary_gate_then_run_again_rolls_back(e
     words of the table a person reads."""
     good = unit_sha(env, "h1")
     assert kept_unit_is_live(env, "h1")
-    crash = [*baseline(env)["launcher"], "--standin-exit", "3", "--standin-exit-after-s", "20"]
+    crash = [*baseline(env)["launcher"], "--standin-exit", "3", "--standin-exit-after-s", "8"]
     hosts = {h: gen(env, "crash") for h in HOSTS}
     hosts["h1"]["launcher"] = crash
     procs: list[subprocess.Popen] = []
