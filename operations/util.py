@@ -7,8 +7,9 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
+from pyinfra.context import ctx_host
 
-from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, SpecfleetError
+from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:
@@ -70,8 +71,13 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
             if not host.state.is_executing:
                 if raise_while_planning:
                     raise
+                said = SpecfleetError(exc.problem, fix=exc.fix).render()
+                # Kept on the Host for a controller's --dry (the first one: where it would stop).
+                where = ctx_host.get() or host
+                if not getattr(where, PLANNED_ERROR_ATTR, None):
+                    setattr(where, PLANNED_ERROR_ATTR, said)
                 host.log_styled(
-                    f"would fail: {SpecfleetError(exc.problem, fix=exc.fix).render()}",
+                    f"would fail: {said}",
                     fg="red",
                     log_func=logger.warning,
                 )

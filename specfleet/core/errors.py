@@ -49,3 +49,5 @@ PLAN_ATTR = "specfleet_launch_plan"
 # A download's latest progress on a host (``{repo_id: progress}``, the weights agent's progress
 # file), kept on pyinfra's Host object while the step runs, for the fleet-wide progress view.
 PROGRESS_ATTR = "specfleet_weights_progress"
+# Why a planning (``--dry``) run expects a host to fail, kept on pyinfra's Host object.
+PLANNED_ERROR_ATTR = "specfleet_planned_error"

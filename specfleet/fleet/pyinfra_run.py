@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, SpecfleetError
+from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
@@ -578,6 +578,11 @@ class Session:
     def _host_result(self, h: Any) -> HostStep:
         st = self.state
         step = HostStep(OK)
+        planned = getattr(h, PLANNED_ERROR_ATTR, None) if self.dry else None
+        if planned:  # a planning run that expects the host to fail says where and why
+            setattr(h, PLANNED_ERROR_ATTR, None)
+            lines = [ln.strip() for ln in str(planned).splitlines() if ln.strip()]
+            return HostStep(FAILED, why=[ln for ln in lines if not ln.startswith("|")][:4])
         for op_hash in h.op_hash_order:
             data = st.ops[h].get(op_hash)
             if data is None:

@@ -91,3 +91,47 @@ def test_a_hook_on_the_host_runs_over_its_connection_with_the_hook_environment(t
         assert not failed and output.stderr_lines == ["nope"]
     finally:
         s.close()
+
+
+DRY_DEPLOY = '''
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.operations import server
+
+from operations.util import fails_host
+from specfleet.core.errors import SpecfleetError
+
+
+@operation()
+@fails_host
+def disk():
+    if host.data.get("full"):
+        raise SpecfleetError("only 3 GiB free on /srv/models", fix="free some space")
+    host.noop("there is room")
+    yield from ()
+
+
+server.shell(name="Change something", commands=["touch {marker}"])
+disk(name="Disk check")
+'''
+
+
+def test_dry_plans_changes_and_expected_failures_and_runs_nothing(tmp_path):
+    inv, _ = _files(tmp_path)
+    marker = tmp_path / "touched"
+    deploy = tmp_path / "dry.py"
+    deploy.write_text(DRY_DEPLOY.replace("{marker}", str(marker)))
+    s = Session(inv, dry=True)
+    try:
+        res = s.run(str(deploy), ["@local"], "dry").results["@local"]
+        assert res.status == "changed" and res.changed_ops == ["Change something"]
+    finally:
+        s.close()
+    s = Session(inv, PyinfraOptions(data=["full=True"]), dry=True)
+    try:
+        res = s.run(str(deploy), ["@local"], "dry").results["@local"]
+        assert res.status == "failed"
+        assert res.why == ["only 3 GiB free on /srv/models", "fix: free some space"]
+    finally:
+        s.close()
+    assert not marker.exists()
