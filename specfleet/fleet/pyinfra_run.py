@@ -36,7 +36,7 @@ OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
 )  # fmt: skip
 UNREACHABLE, BUSY = "unreachable", "busy"
 # A connected host that does not answer a ``true`` within this long is connected again.
-ALIVE_TIMEOUT_S = 15.0
+ALIVE_TIMEOUT_S = 10.0
 
 
 def checkout_dir(checkout: str | None = None) -> Path:
@@ -619,7 +619,9 @@ class Session:
         from pyinfra.api.state import StateStage
 
         st = self.state
-        st.activated_hosts = {self.host(h) for h in self.connected} | st.activated_hosts
+        # Only the hosts still connected: one that was lost keeps its lock until the lease ends,
+        # rather than this run waiting on a dead connection to release it.
+        st.activated_hosts = {self.host(h) for h in self.connected}
         try:
             if st.current_stage < StateStage.Disconnect:
                 st.set_stage(StateStage.Disconnect)
