@@ -139,13 +139,7 @@ def test_bad_rollout_settings(opts, message):
 
 
 # --------------------------------------------------------------------------------------------------
-# Reading pyinfra's results (captured from `pyinfra -y --json` on the test fleet; h3's veth down)
-
-
-def _capture(name: str) -> tuple[str, list[str]]:
-    out = (FIXTURES / f"{name}.stdout.json").read_text()
-    err = (FIXTURES / f"{name}.stderr.txt").read_text().splitlines()
-    return out, err
+# Reading pyinfra's results (pyinfra's objects; tests/unit/test_pyinfra_run.py runs the real API)
 
 
 def test_a_failure_reads_as_the_reason_the_operation_gave_on_its_meta():
