@@ -9,5 +9,7 @@ settings = settings_for_host(host)
 # The run lock, as every run that changes a host holds it (the rollout's run id: its steps are
 # one owner).
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
-rollback.checkpoint(name="Keep a rollback point")
+# Only where there is none yet: a point is replaced only by a state that passed its gate
+# (deploys/rollout_gate.py), so an interrupted rollout never loses the last known-good one.
+rollback.checkpoint(name="Keep a rollback point", replace=False)
 preflight.lock(name="Release the run lock", settings=settings, present=False)

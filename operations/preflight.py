@@ -183,6 +183,9 @@ class _Holding:
     args: dict[str, Any]
     stop: Any = None
     beat: Any = None
+    # Kept for the whole run (``lock(keep=True)``, a controller's): its steps re-enter it, and
+    # only the end of the run (pyinfra's disconnect) releases it.
+    kept: bool = False
 
 
 # host -> what this process holds there (weak: a host dies with its State).
@@ -266,7 +269,8 @@ class _ReleaseOnFailure(BaseStateCallback):
                 "_ignore_errors")
         except Exception:  # noqa: BLE001 - unknown: the host may go on, keep the lock
             ignored = True
-        if not ignored:
+        holding = _HELD.get(h)
+        if not ignored and not (holding is not None and holding.kept):
             release_held(h, "the host failed")
 
 
@@ -305,13 +309,16 @@ def _hold(h: Any, path: str, mine: dict, lease_s: float, args: dict[str, Any]) -
 
 @operation()
 @fails_host
-def lock(settings: Settings | None = None, present: bool = True, probe: bool = True):
+def lock(settings: Settings | None = None, present: bool = True, probe: bool = True,
+         keep: bool = False):
     """
     Hold the per-host run lock, so that two runs never change one host at once.
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
     + present: take the lock (``True``) or release it (``False``)
     + probe: take the deploy's probe (``operations.probe``) in the same command
+    + keep: hold it for the whole run (a fleet controller's first step): later ``lock`` steps of
+      the run re-enter it and their releases leave it held; pyinfra's disconnect releases it
 
     One lock model for every run that changes a host (the deploy, each rollout and fan-out
     step): ``specfleet.core.runlock``. The owner is this run, not a host name: the control
@@ -354,11 +361,26 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
             host.log(f"would take over: {message}", logger.warning)
         host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
         return
+    me_host = ctx_host.get() or host
+    kept = _HELD.get(me_host)
+    if kept is not None and (not kept.kept or kept.path != path):
+        kept = None
     if not present:
-        release_held(ctx_host.get() or host)
+        if kept is not None:
+            host.noop(f"run lock {path} is kept by this run until it ends")
+            return
+        release_held(me_host)
         host.noop(f"run lock {path} is released")
         return
     args = _connector_args()
+    if kept is not None:  # a step of the run that keeps it: re-entered, nothing to write
+        if specs:
+            _, output = host.run_shell_command(cache.command(specs), print_output=False,
+                                               print_input=False, **args)
+            cache.store(host, specs, output.stdout_lines)
+        host.noop(f"run lock {path} is held by this run")
+        yield from ()
+        return
     me["token"] = uuid.uuid4().hex
     take = lock_command("take", path, lease_s, json.dumps(me))
     command = StringCommand(take, ";", cache.command(specs)) if specs else take
@@ -396,7 +418,9 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
         host.log(f"a lock left by {runlock.holder(prior)} "
                  f"{runlock.lease_words(prior, value.get('now'), lease_s)}: its run stopped "
                  "renewing it; taken over", logger.warning)
-    _hold(ctx_host.get() or host, path, value.get("mine") or me, lease_s, args)
+    _hold(me_host, path, value.get("mine") or me, lease_s, args)
+    if keep:
+        _HELD[me_host].kept = True
     if specs:
         cache.store(host, specs, lines[cut:])
     host.noop(f"run lock {path} is held by this run")

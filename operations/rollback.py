@@ -13,6 +13,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.rollback import FILE_KEYS, RollbackState
+from operations import preflight
 from operations import sglang as sglang_ops
 from operations.serving import ServerPaths, server_paths
 from operations.sglang_commands import restore_script
@@ -185,8 +186,10 @@ def pip_source_args(settings: Settings, wheels: str) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str:
-    """Take a rollback point in a new folder, then swap it in: a failed copy keeps the old one."""
+def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str,
+                      run_id: str = "") -> str:
+    """Take a rollback point in a new folder, then swap it in: a failed copy keeps the old one.
+    ``run_id`` (the run that took it: a rollout's id) is kept beside it, in ``run_id``."""
     q = shlex.quote
     d = q(rp.directory)
     py = q(f"{venv.rstrip('/')}/bin/python")
@@ -205,6 +208,7 @@ def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str) -> str
         '> "$d.new/freeze.txt"; fi',
         f'if test -e {patch_dir}/sha256; then cp -a {patch_dir} "$d.new/patch"; fi',
         'date -u +%Y-%m-%dT%H:%M:%S+00:00 > "$d.new/taken"',
+        f'printf "%s\\n" {q(run_id)} > "$d.new/run_id"',
         'rm -rf "$d.old"',
         'if test -e "$d"; then mv "$d" "$d.old"; fi',
         'mv "$d.new" "$d"',
@@ -288,12 +292,15 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
 
 
 @operation()
-def checkpoint(settings: Settings | None = None):
+def checkpoint(settings: Settings | None = None, replace: bool = True):
     """
     Keep a rollback point on the host: the server's unit, env and secret files, the venv's
     ``pip freeze``, the PR#20547 patch state, and wheels of the managed pins.
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + replace: replace a point that is there (only for a state that passed its readiness gate);
+      ``False`` keeps an existing point as it is, so that no interrupted run can swap the last
+      known-good state for one never checked
 
     The point lives in ``<state_dir>/rollback/<service_name>/`` (mode 0700: it may hold the API
     key file) and is replaced only when the host differs from it, so a second run changes nothing.
@@ -317,6 +324,10 @@ def checkpoint(settings: Settings | None = None):
             host=host.name,
             fix=f"check that {s.venv}/bin/python -m pip works",
         )
+    if not replace and state["saved"] is not None:
+        host.noop(f"rollback point {rp.directory} is kept: only a state that passed its gate "
+                  "replaces it")
+        return
     reasons = drift(state)
     missing = missing_wheels(cur["freeze"], state["wheels"])
     if not reasons and not missing:
@@ -324,7 +335,7 @@ def checkpoint(settings: Settings | None = None):
         return
     if reasons:
         host.log(f"rollback point: keeps {', '.join(reasons)}", logger.info)
-        yield _sh(checkpoint_script(rp, live_files(server_paths(s)), s.venv))
+        yield _sh(checkpoint_script(rp, live_files(server_paths(s)), s.venv, preflight.run_id()))
     if missing:
         argv = [
             posixpath.join(s.venv, "bin", "python"), "-m", "pip", "download", "--no-deps",

@@ -20,13 +20,15 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.api.util import get_template
+from pyinfra.context import ctx_host
 from pyinfra.operations import files
 
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
-from specfleet.core.errors import SpecfleetError
+from operations.util import check_command, record_failure
+from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
 from specfleet.core.resources import hostside_path, template_path
@@ -788,6 +790,8 @@ def _unit(settings: Settings | None, present: bool):
     facts = _gather(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name, group_peers(s), host_address(host))
+    if not state.is_executing:  # planning (--dry): the controllers show each host's plan
+        setattr(ctx_host.get() or host, PLAN_ATTR, current.rendered)
     if current.predicted_because:
         if state.is_executing:
             raise SpecfleetError(
@@ -1113,7 +1117,7 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
             for name in s.group.members[1:]
             if (peer := state.inventory.get_host(name, default=None)) is not None
         ])  # fmt: skip
-    yield FunctionCommand(
+    yield check_command(
         _run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {"group": group}
     )
 
@@ -1148,8 +1152,7 @@ def _run_gate(
             "it only if its unit changed or it died, and its gate proves or rolls back a "
             "PR#20547 port applied in this run)",
         )  # fmt: skip
-        logger.error(error.render())
-        return False
+        return record_failure(state, host, error.render())
 
 
 def _gate(
@@ -1207,7 +1210,7 @@ def _gate(
         "weights) and run again: the restart stays pending until the server is ready (a server "
         "still starting is waited on, not restarted, unless its unit changes or it dies)",
     )
-    logger.error(error.render())
+    record_failure(state, host, error.render())
     if rolled_back:
         logger.error(
             f"{host.print_prefix}rolled back the PR#20547 port applied in this run (the server did "

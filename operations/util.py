@@ -7,8 +7,9 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
+from pyinfra.context import ctx_host
 
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
 from specfleet.core.settings import Settings, SettingsError, settings_for_host
 
 
@@ -40,8 +41,33 @@ def fail_step(error: SpecfleetError) -> FunctionCommand:
 
 
 def _report_failure(state: Any, host: Any, message: str) -> bool:
-    host.log_styled(message, fg="red", log_func=logger.error)
+    return record_failure(state, host, message, styled=True)
+
+
+def record_failure(state: Any, host: Any, message: str, styled: bool = False) -> bool:
+    """Say why ``host`` fails the operation it is executing: in the log, and on the operation's
+    ``OperationMeta`` (``ERROR_ATTR``), where the fleet controllers read it. Returns False (a
+    Python command's failure)."""
+    op_hash = (getattr(host, "nested_executing_op_hash", None)
+               or getattr(host, "executing_op_hash", None))
+    if op_hash:
+        try:
+            meta = state.get_op_data_for_host(host, op_hash).operation_meta
+            setattr(meta, ERROR_ATTR, message)
+        except (KeyError, AttributeError, TypeError):  # not in an operation: the log says it
+            pass
+    if styled:
+        host.log_styled(message, fg="red", log_func=logger.error)
+    else:
+        logger.error(message)
     return False
+
+
+def check_command(function: Any, args: tuple, kwargs: dict | None = None) -> FunctionCommand:
+    """A Python command that checks the host rather than changes it (``CHECK_ATTR``)."""
+    command = FunctionCommand(function, args, kwargs or {})
+    setattr(command, CHECK_ATTR, True)
+    return command
 
 
 def fails_host(func=None, *, raise_while_planning: bool = False):
@@ -63,8 +89,13 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
             if not host.state.is_executing:
                 if raise_while_planning:
                     raise
+                said = SpecfleetError(exc.problem, fix=exc.fix).render()
+                # Kept on the Host for a controller's --dry (the first one: where it would stop).
+                where = ctx_host.get() or host
+                if not getattr(where, PLANNED_ERROR_ATTR, None):
+                    setattr(where, PLANNED_ERROR_ATTR, said)
                 host.log_styled(
-                    f"would fail: {SpecfleetError(exc.problem, fix=exc.fix).render()}",
+                    f"would fail: {said}",
                     fg="red",
                     log_func=logger.warning,
                 )

@@ -36,7 +36,7 @@ from facts.weights import (
     parse_job,
 )
 from operations.util import fail_step
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import PROGRESS_ATTR, SpecfleetError
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, WeightsOptions, settings_for_host
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
@@ -539,6 +539,11 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
         info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
         p = info["progress"] if (info["progress"] or {}).get("job_id") == job_id else None
         if p is not None:
+            seen = getattr(host, PROGRESS_ATTR, None)
+            if not isinstance(seen, dict):
+                seen = {}
+                setattr(host, PROGRESS_ATTR, seen)
+            seen[str(p.get("repo_id"))] = p
             events = p.get("events") or []
             for ev in events[events_seen:]:
                 host.log_styled(ev["text"], fg="cyan")

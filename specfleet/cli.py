@@ -1,7 +1,7 @@
 """The ``specfleet`` console script.
 
     specfleet plan --facts FACTS.json [--settings S] [--host H] [--json]   (anywhere)
-    specfleet rollout INVENTORY DEPLOY [rollout options]                   (a checkout)
+    specfleet rollout INVENTORY DEPLOY [rollout and pyinfra options]       (a checkout)
     specfleet fanout INVENTORY [fan-out options]                           (a checkout)
     specfleet probe INVENTORY [python=... models_path=...]                 (a checkout)
     specfleet status INVENTORY [--limit HOST ...] [--json]                 (a checkout)

@@ -36,3 +36,18 @@ class SpecfleetError(OperationError):
 
 class SettingsError(SpecfleetError):
     """Inventory or group data under ``specfleet`` that does not fit the settings schema."""
+
+
+# How an operation tells a controller (``specfleet.fleet``) about a host, on pyinfra's own
+# objects rather than in its log: the reason a host failed an operation, kept on that
+# operation's ``OperationMeta``; and a command that checks rather than changes (the readiness
+# gate), so that an operation made only of checks does not make its host "changed".
+ERROR_ATTR = "specfleet_error"
+CHECK_ATTR = "specfleet_check"
+# The launch plan a planning (``--dry``) run computed for a host, kept on pyinfra's Host object.
+PLAN_ATTR = "specfleet_launch_plan"
+# A download's latest progress on a host (``{repo_id: progress}``, the weights agent's progress
+# file), kept on pyinfra's Host object while the step runs, for the fleet-wide progress view.
+PROGRESS_ATTR = "specfleet_weights_progress"
+# Why a planning (``--dry``) run expects a host to fail, kept on pyinfra's Host object.
+PLANNED_ERROR_ATTR = "specfleet_planned_error"

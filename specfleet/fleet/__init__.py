@@ -1,2 +1,12 @@
 """The top floor: fleet controllers (rollout, fan-out). They import only specfleet.core and
-pyinfra, and run deploy files by path."""
+pyinfra, and run deploy files by path, in this process, on pyinfra's Python API.
+
+pyinfra runs hosts in gevent greenlets; its CLI monkey-patches the standard library first so that
+SSH (paramiko's sockets and threads) yields between them. The controllers drive the same API in
+their own process, so they patch it here, before anything imports ``ssl`` or ``paramiko``: else
+one host's command would block every other host, the run locks' heartbeats, and every timeout.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()

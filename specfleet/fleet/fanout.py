@@ -65,9 +65,10 @@ from specfleet.core.fanout import (
     plan_fanout,
     swarm_key,
 )
-from specfleet.core.runlock import controller_run_id
+from specfleet.core.runlock import RUN_ID_ENV, controller_run_id
 from specfleet.core.settings import settings_for_host
 from specfleet.fleet.pyinfra_run import deploy_path, hand_down, run_pyinfra, stop_runs
+from specfleet.fleet.pyinfra_run import load_inventory as read_inventory
 
 PREFETCH_DEPLOY = "fanout_prefetch.py"
 CLEANUP_DEPLOY = "fanout_cleanup.py"
@@ -115,20 +116,17 @@ def add_keys(plan: dict[str, Any], port: int, rollout_id: str) -> dict[str, Any]
 # --------------------------------------------------------------------------------------------------
 
 
-def load_inventory(inventory: str) -> tuple[list[str], dict[str, str], dict[str, Any]]:
-    """The inventory's hosts (in order), the address each is reached at, and its Settings."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-
-    ctx_state.set(State())
-    inv = make_inventory(inventory, cwd=os.getcwd())
+def load_inventory(inventory: str, only: Sequence[str] | None = None,
+                   ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """The inventory's hosts (in order), the address each is reached at, and the Settings of
+    each host in ``only`` (default: all; a host not in play is never validated)."""
+    inv = read_inventory(inventory)
     hosts, addresses, settings = [], {}, {}
     for host in inv:
         hosts.append(host.name)
         addresses[host.name] = resolve_address(host.data.get("ssh_hostname") or host.name)
-        settings[host.name] = settings_for_host(host)
+        if only is None or host.name in only:
+            settings[host.name] = settings_for_host(host)
     return hosts, addresses, settings
 
 
@@ -285,13 +283,15 @@ def run_prefetch(
     without its keys."""
     if runner is None:
         runner = run_pyinfra
-    all_hosts, addresses, settings = load_inventory(inventory)
+    all_hosts, addresses, settings = load_inventory(inventory, list(hosts))
     hosts = [h for h in all_hosts if h in set(hosts)]
     keys = {w: {h: swarm_key(settings[h], w) for h in hosts} for w in MODELS}
     plan = plan_fanout(hosts, addresses, keys, order, degree)
     if plan_out is not None:
         plan_out.update(json.loads(json.dumps(plan)))
-    rollout_id = secrets.token_hex(6)
+    # The fan-out's units and state on the hosts are keyed by the run that makes it (the
+    # rollout's id, SPECFLEET_RUN_ID), which holds every host's run lock meanwhile.
+    rollout_id = os.environ.get(RUN_ID_ENV, "").strip() or secrets.token_hex(6)
     full = add_keys(plan, port or FANOUT_PORT, rollout_id)
     for sw in plan["swarms"]:
         print(f"fanout: {sw['which']} {' -> '.join(sw['hosts'][:1])} seeds "

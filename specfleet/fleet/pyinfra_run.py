@@ -1,33 +1,42 @@
-"""Running deploy files with pyinfra for the fleet controllers, and reading what each host did.
+"""Running deploy files with pyinfra's Python API, in this process, and reading what each host did.
 
-The controllers run deploy files by path, as pyinfra's own CLI does: from the checkout (the
-current directory, or ``SPECFLEET_CHECKOUT``), never by importing ``deploys``/``operations``.
+The fleet controllers (the rollout, the fan-out) hold one pyinfra ``State`` for the whole run:
+the inventory is loaded once, each host in play is connected once, and each step (a deploy file
+of the checkout, run by path as pyinfra's CLI does, never imported) is loaded for its hosts and
+run with ``run_ops``. Each host's result and error text come from pyinfra's own objects: the
+connect errors and failed operations its state callbacks report, ``state.failed_hosts``, and the
+``OperationMeta`` of every operation (``did_change()``, ``did_error()``, its commands and their
+output), never from its log or from operation names.
+
+pyinfra's options for a run are the ones its CLI takes (``PyinfraOptions``): ``--ssh-user``,
+``--key``, ``--port``, ``--sudo``, ``--sudo-user``, ``--data k=v``, ``--config FILE``, ``-v``,
+and ``--limit`` (host names, globs or groups).
 """
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import json
+import logging
 import os
-import re
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
-# Operations that check rather than change (serving.ready always runs its gate, so pyinfra counts
-# it as a change): they do not make a host "changed".
-CHECK_OP = re.compile(r"\breadiness\b", re.IGNORECASE)
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
     "ok", "changed", "failed", "rolled back", "not started",
 )  # fmt: skip
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+UNREACHABLE, BUSY = "unreachable", "busy"
+# A connected host that does not answer a ``true`` within this long is connected again.
+ALIVE_TIMEOUT_S = 10.0
 
 
 def checkout_dir(checkout: str | None = None) -> Path:
@@ -45,21 +54,233 @@ def checkout_dir(checkout: str | None = None) -> Path:
     )
 
 
-def _absolute(path: str) -> str:
-    """A file given relative to where the user stands, for a run in the checkout."""
-    return os.path.abspath(path) if os.path.exists(path) else path
-
-
 def deploy_path(name: str, checkout: str | None = None) -> Path:
     """A deploy file of the checkout, by name (``deploys/<name>``)."""
     return checkout_dir(checkout) / "deploys" / name
 
 
+def say(text: str) -> None:
+    print(f"rollout: {text}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure: pyinfra's options, as its CLI takes them
+# --------------------------------------------------------------------------------------------------
+
+
+def parse_data_value(value: str) -> Any:
+    """``--data k=v``'s value as pyinfra's CLI reads it: a Python/JSON literal, else the text."""
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        return value
+
+
+@dataclass
+class PyinfraOptions:
+    """pyinfra's connection and execution options, as a user gives them to ``pyinfra`` itself."""
+
+    ssh_user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    sudo: bool = False
+    sudo_user: str | None = None
+    data: list[str] = field(default_factory=list)
+    config: str | None = None
+    verbosity: int = 0
+    limit: list[str] = field(default_factory=list)
+    parallel: int | None = None
+
+    def override_data(self) -> dict[str, Any]:
+        """``--data`` and the SSH flags, over every other piece of host data (as the CLI does)."""
+        out: dict[str, Any] = {}
+        for item in self.data:
+            if "=" not in item:
+                raise SpecfleetError(f"--data {item!r} is not KEY=VALUE",
+                                     fix="give --data as key=value, e.g. --data ssh_port=2222")
+            key, value = item.split("=", 1)
+            out[key.strip()] = parse_data_value(value)
+        for key, value in (("ssh_user", self.ssh_user), ("ssh_key", self.key),
+                           ("ssh_port", self.port)):
+            if value:
+                out[key] = value
+        return out
+
+    def argv(self) -> list[str]:
+        """The same options as flags of ``pyinfra`` (for a message telling the user a command)."""
+        out: list[str] = []
+        for flag, value in (("--user", self.ssh_user), ("--key", self.key),
+                            ("--port", self.port), ("--sudo-user", self.sudo_user),
+                            ("--config", self.config)):
+            if value:
+                out += [flag, str(value)]
+        if self.sudo:
+            out.append("--sudo")
+        for item in self.data:
+            out += ["--data", item]
+        if self.verbosity:
+            out.append("-" + "v" * self.verbosity)
+        return out
+
+
+def add_pyinfra_arguments(p: Any) -> None:
+    """pyinfra's connection and execution flags, with its CLI's names, on an argparse parser."""
+    g = p.add_argument_group("pyinfra options (as for pyinfra itself)")
+    g.add_argument("--ssh-user", "--user", dest="ssh_user", help="SSH user to connect as")
+    g.add_argument("--key", "--ssh-key", dest="key", help="private key file for SSH")
+    g.add_argument("--port", "--ssh-port", dest="port", type=int, help="SSH port")
+    g.add_argument("--sudo", action="store_true", help="run every operation with sudo")
+    g.add_argument("--sudo-user", help="the user sudo runs as")
+    g.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override host data for every host (repeatable)")
+    g.add_argument("--config", help="a pyinfra config.py to exec (default: ./config.py if any)")
+    g.add_argument("-v", dest="verbosity", action="count", default=0,
+                   help="print more (-v noop/fact info, -vv input, -vvv output)")
+    g.add_argument("--limit", action="append", default=[], metavar="HOST|GROUP|GLOB",
+                   help="only these hosts or groups (repeatable); others are not touched")
+    g.add_argument("--parallel", type=int, help="at most this many hosts at once per operation")
+
+
+def options_from_args(args: Any) -> PyinfraOptions:
+    return PyinfraOptions(
+        ssh_user=args.ssh_user, key=args.key, port=args.port, sudo=args.sudo,
+        sudo_user=args.sudo_user, data=list(args.data), config=args.config,
+        verbosity=args.verbosity, limit=list(args.limit), parallel=args.parallel,
+    )
+
+
+def select_hosts(hosts: Sequence[str], groups: dict[str, list[str]],
+                 limit: Sequence[str]) -> list[str]:
+    """The hosts in play, in inventory order: all of them, or those ``limit`` names (a group, a
+    host name or an fnmatch glob over host names, as pyinfra's ``--limit``). A limit that matches
+    nothing is an error (a typo would otherwise run on no host, or the wrong ones)."""
+    if not limit:
+        return list(hosts)
+    chosen: set[str] = set()
+    for item in limit:
+        for part in (p.strip() for p in item.split(",")):
+            if not part:
+                continue
+            if part in groups:
+                matched = set(groups[part])
+            else:
+                matched = {h for h in hosts if fnmatch.fnmatch(h, part)}
+            if not matched:
+                raise SpecfleetError(
+                    f"--limit {part} matches no host or group of the inventory",
+                    fix=f"use a host ({', '.join(hosts)}) or a group "
+                    f"({', '.join(sorted(groups))})",
+                )
+            chosen |= matched
+    return [h for h in hosts if h in chosen]
+
+
+# --------------------------------------------------------------------------------------------------
+# I/O: the inventory file (pyinfra's format, read with pyinfra's API)
+# --------------------------------------------------------------------------------------------------
+
+
+def _exec_python(path: Path) -> dict[str, Any]:
+    names: dict[str, Any] = {"__file__": str(path)}
+    code = compile(path.read_text(), str(path), "exec")
+    exec(code, names)  # noqa: S102 - an inventory/group-data file is Python, as pyinfra's
+    return names
+
+
+def _imported_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names if a.name != "*"}
+    return names
+
+
+def _is_group(key: str, value: Any) -> bool:
+    if key.startswith("_"):
+        return False
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        value = value[0]
+    return isinstance(value, list) and all(isinstance(i, (str, tuple)) for i in value)
+
+
+def _name(item: Any) -> str:
+    return item[0] if isinstance(item, tuple) else item
+
+
+def load_inventory(path: str, override_data: dict[str, Any] | None = None,
+                   only: Sequence[str] | None = None) -> Any:
+    """A ``pyinfra.api.Inventory`` from an inventory file, as pyinfra's CLI reads one: module-level
+    lists (or ``(hosts, data)`` tuples) are groups, ``all`` is made if missing, the file's stem is
+    a group too, and ``group_data/<group>.py`` next to the inventory and in the current directory
+    add group data (names bound by imports are not data). With ``only``, the inventory holds
+    just those hosts (the hosts in play): a deploy that reads every host's settings then never
+    sees the others."""
+    from pyinfra.api import Inventory
+
+    file = Path(path)
+    if not file.is_file():
+        raise SpecfleetError(f"no inventory file {path}", fix="give a pyinfra inventory file")
+    attrs = _exec_python(file)
+    groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
+    all_data: dict[str, Any] = {}
+    if "all" in groups:
+        all_hosts = groups.pop("all")
+        if isinstance(all_hosts, tuple):
+            all_hosts, all_data = all_hosts
+    else:
+        all_hosts = []
+        for members in groups.values():
+            members = members[0] if isinstance(members, tuple) else members
+            for item in members:
+                if _name(item) not in [_name(h) for h in all_hosts]:
+                    all_hosts.append(item)
+    stem = file.name.rsplit(".", 1)[0]
+    groups.setdefault(stem, [_name(h) for h in all_hosts])
+    folders = [Path.cwd() / "group_data", file.parent.resolve() / "group_data"]
+    group_data: dict[str, dict[str, Any]] = {}
+    for folder in dict.fromkeys(folders):
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.glob("*.py")):
+            values = _exec_python(f)
+            keys = values.get("__all__") or [k for k in values if k not in _imported_names(f)]
+            group_data.setdefault(f.stem, {}).update(
+                {k: v for k, v in values.items() if k in keys and not k.startswith("__")})
+    keep = (lambda items: [i for i in items if _name(i) in only]) if only is not None else list
+    all_hosts = keep(all_hosts)
+    made: dict[str, tuple[list, dict]] = {}
+    for name, members in groups.items():
+        members, data = members if isinstance(members, tuple) else (members, {})
+        members = keep(members)
+        made[name] = (members, {**data, **group_data.pop(name, {})})
+    for name, data in group_data.items():
+        if name == "all":
+            all_data = {**all_data, **data}
+        else:
+            made[name] = ([], data)
+    return Inventory((all_hosts, all_data), override_data=override_data or {}, **made)
+
+
+def inventory_groups(inv: Any) -> dict[str, list[str]]:
+    return {name: [h.name for h in hosts] for name, hosts in inv.groups.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# What each host did in one step
+# --------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class HostStep:
-    """One host in one pyinfra run."""
+    """One host in one step."""
 
-    status: str  # "ok", "changed", "failed", "unreachable"
+    status: str  # "ok", "changed", "failed", "unreachable", "not started"
     changed_ops: list[str] = field(default_factory=list)
     error_ops: list[str] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
@@ -67,114 +288,6 @@ class HostStep:
     @property
     def passed(self) -> bool:
         return self.status in (OK, CHANGED)
-
-
-def _clean(line: str) -> str:
-    return ANSI.sub("", line).rstrip()
-
-
-def _host_lines(lines: list[str], host: str) -> list[str]:
-    tag = f"[{host}]"
-    return [ln.strip() for ln in lines if tag in ln]
-
-
-def parse_step(stdout: str, stderr_lines: list[str], hosts: Sequence[str]) -> dict[str, HostStep]:
-    """Per-host results of ``pyinfra -y --json ... --limit h ...`` from its JSON (stdout) and log
-    (stderr). Without JSON (pyinfra stops with "No hosts remaining!" when every host failed), each
-    host failed; a host that never connected is "unreachable"."""
-    lines = [_clean(ln) for ln in stderr_lines]
-    unreachable: dict[str, str] = {}
-    connecting = False
-    for ln in lines:
-        if ln.startswith("--> "):
-            connecting = ln.startswith("--> Connecting")
-            continue
-        if connecting:
-            m = re.search(r"\[([^\]]+)\]\s+(.*)", ln)
-            if m and m.group(1) in hosts and not m.group(2).startswith("Connected"):
-                unreachable[m.group(1)] = m.group(2).strip()
-    try:
-        payload = json.loads(stdout) if stdout.strip() else None
-    except json.JSONDecodeError:
-        payload = None
-    results = (payload or {}).get("results") or None
-    out: dict[str, HostStep] = {}
-    for host in hosts:
-        if host in unreachable:
-            out[host] = HostStep("unreachable", why=[f"unreachable: {unreachable[host]}"])
-            continue
-        if results is None:
-            why = _why(lines, host) or _general_error(lines) or ["pyinfra gave no result"]
-            out[host] = HostStep(FAILED, why=why)
-            continue
-        step = HostStep(OK)
-        for op in results.get("operations", []):
-            if host in op.get("success", []) and not CHECK_OP.search(op.get("name", "")):
-                step.changed_ops.append(op["name"])
-            if host in op.get("error", []):
-                step.error_ops.append(op["name"])
-        if host in results.get("failed_hosts", []) or step.error_ops:
-            step.status = FAILED
-            step.why = _why(lines, host) or [f"failed in {', '.join(step.error_ops) or 'pyinfra'}"]
-        elif step.changed_ops:
-            step.status = CHANGED
-        out[host] = step
-    return out
-
-
-STATUS_WORDS = ("Success", "No changes", "Connected", "Skipped", "Ready:", "Loading:")
-
-
-def _why(lines: list[str], host: str) -> list[str]:
-    """Why ``host`` failed, from pyinfra's log: the name of the operation that failed and the last
-    lines the host printed in it (progress lines of the readiness gate left out), with the fix a
-    specfleet error gives on the line after it."""
-    tag = f"[{host}]"
-    op: str | None = None
-    said: list[str] = []
-    failed: tuple[str | None, list[str]] | None = None
-    last: str | None = None  # the host that printed the last tagged line
-    for ln in lines:
-        if ln.startswith("--> Starting operation:"):
-            op, said = ln.split(":", 1)[1].strip(), []
-            continue
-        m = re.search(r"\[([^\]]+)\]", ln)
-        if m is None or ln.lstrip().startswith("|"):
-            # A specfleet error's fix is on a line of its own, after the journal excerpt.
-            if last == host and ln.strip().startswith("fix:"):
-                said.append(ln.strip()[:300])
-            continue
-        last = m.group(1)
-        if tag not in ln:
-            continue
-        text = ln.split(tag, 1)[1].strip()
-        if text.startswith("Error"):
-            failed = (op, said if said else [text])
-            continue
-        if text.startswith(STATUS_WORDS) or text.startswith("gate: ") or not text:
-            continue
-        said.append(text[:300])
-    if failed is None:
-        return []
-    name, texts = failed
-    texts = texts[-3:]
-    if name:
-        texts[0] = f"in '{name}': {texts[0]}"
-    return texts
-
-
-def _general_error(lines: list[str]) -> list[str]:
-    """pyinfra's own error, when it names no host ("--> An internal exception occurred:" ...)."""
-    for i, ln in enumerate(lines):
-        if ln.startswith(("--> An internal exception occurred", "--> pyinfra error")):
-            rest = [x.strip() for x in lines[i + 1 :] if x.strip() and not x.startswith("-->")]
-            return rest[-1:] or [ln[4:]]
-    return []
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure: the per-host report
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -186,93 +299,365 @@ class StepRun:
     results: dict[str, HostStep]
 
 
-def say(text: str) -> None:
-    print(f"rollout: {text}", file=sys.stderr, flush=True)
+def _op_name(state: Any, op_hash: str) -> str:
+    return ", ".join(sorted(state.op_meta[op_hash].names)) or "an operation"
 
 
-_HANDED_DOWN: list[int] = []
+def failure_text(meta: Any) -> list[str]:
+    """Why an operation failed on a host, from its ``OperationMeta``: the reason the operation
+    gave there (``ERROR_ATTR``: a specfleet error's problem, journal excerpt and fix), else the
+    last lines its failed command printed on stderr (then stdout)."""
+    said = getattr(meta, ERROR_ATTR, None)
+    if said:
+        lines = [ln.strip() for ln in str(said).splitlines() if ln.strip()]
+        keep = [ln for ln in lines if not ln.startswith("|")]
+        return keep[:4] or lines[:1]
+    try:
+        out = meta.stderr_lines or meta.stdout_lines
+    except Exception:  # noqa: BLE001 - an operation that never completed has no output
+        out = []
+    out = [ln.strip() for ln in out if ln.strip()]
+    return out[-3:]
 
 
-def handed_down() -> tuple[int, ...]:
-    """The file descriptors a pyinfra run started now inherits (the fan-out's in-memory plan)."""
-    return tuple(_HANDED_DOWN)
+def _is_check(meta: Any) -> bool:
+    commands = list(getattr(meta, "_commands", None) or [])
+    return bool(commands) and all(getattr(c, CHECK_ATTR, False) for c in commands)
+
+
+class _Recorder:
+    """pyinfra state callbacks: which host failed to connect (and why), and which operation
+    failed each host. (A ``pyinfra.api.BaseStateCallback`` in duck form, made at run time.)"""
+
+    def __init__(self) -> None:
+        self.connect_errors: dict[str, str] = {}
+        self.op_errors: dict[str, list[str]] = {}
+        self.listeners: list[Callable[[str, str, str], None]] = []
+
+    def host_connect_error(self, state: Any, host: Any, error: Any) -> None:
+        self.connect_errors[host.name] = str(error.args[0] if getattr(error, "args", None)
+                                             else error)
+
+    def operation_host_start(self, state: Any, host: Any, op_hash: str) -> None:
+        if op_hash in state.op_meta:
+            for fn in self.listeners:
+                fn(host.name, "start", _op_name(state, op_hash))
+
+    def operation_host_error(self, state: Any, host: Any, op_hash: str, retry_count: int = 0,
+                             max_retries: int = 0) -> None:
+        self.op_errors.setdefault(host.name, []).append(op_hash)
+
+
+def _callback_class() -> type:
+    from pyinfra.api.state import BaseStateCallback
+
+    class Recorder(_Recorder, BaseStateCallback):
+        pass
+
+    return Recorder
+
+
+# --------------------------------------------------------------------------------------------------
+# The session: one State for the whole run
+# --------------------------------------------------------------------------------------------------
+
+
+def _echo_to_stderr(message: Any = None, nl: bool = True, **_: Any) -> None:
+    """pyinfra's echo (a command's output it prints) on stderr: stdout is the result's."""
+    sys.stderr.write(f"    {'' if message is None else message}{chr(10) if nl else ''}")
+    sys.stderr.flush()
+
+
+def _log_to_stderr(verbosity: int) -> None:
+    """pyinfra's log and echoed output to stderr for the person watching (as its CLI shows them);
+    never parsed."""
+    from pyinfra.api.output import set_echo
+
+    set_echo(_echo_to_stderr)
+    log = logging.getLogger("pyinfra")
+    if any(getattr(h, "_specfleet", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("    %(message)s"))
+    handler._specfleet = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbosity > 3 else logging.INFO)
+    log.propagate = False
+
+
+class Session:
+    """One pyinfra ``State`` for a controller's whole run: ``connect`` the hosts in play once,
+    then ``run`` deploy files on any of them, step after step, over the same connections (so a
+    lock a step keeps for the run stays held, and renewed, between steps); ``close`` disconnects
+    (which releases what the run holds)."""
+
+    def __init__(self, inventory: str, options: PyinfraOptions | None = None,
+                 dry: bool = False) -> None:
+        import pyinfra
+        from pyinfra.api import Config, State
+
+        self.options = options or PyinfraOptions()
+        self.dry = dry
+        self.inventory_path = os.path.abspath(inventory)
+        where = str(checkout_dir())
+        if where not in sys.path:  # deploy files import operations/facts from the checkout
+            sys.path.insert(0, where)
+        pyinfra.is_cli = False
+        full = load_inventory(self.inventory_path, self.options.override_data())
+        self.all_hosts = [h.name for h in full]
+        self.all_groups = inventory_groups(full)
+        self.in_play = select_hosts(self.all_hosts, self.all_groups, self.options.limit)
+        self.inventory = load_inventory(self.inventory_path, self.options.override_data(),
+                                        only=self.in_play)
+        config = Config()
+        if self.options.sudo:
+            config.SUDO = True
+        if self.options.sudo_user:
+            config.SUDO_USER = self.options.sudo_user
+        if self.options.parallel:
+            config.PARALLEL = self.options.parallel
+        self.state = State(check_for_changes=dry)
+        self.state.cwd = where
+        self._config_file(config)
+        self.state.init(self.inventory, config)
+        v = self.options.verbosity
+        self.state.print_noop_info = self.state.print_fact_info = v > 0
+        self.state.print_input = self.state.print_fact_input = v > 1
+        self.state.print_output = self.state.print_fact_output = v > 2
+        _log_to_stderr(v)
+        self.recorder = _callback_class()()
+        self.state.add_callback_handler(self.recorder)
+        self.hosts = [h.name for h in self.inventory]
+        self.groups = inventory_groups(self.inventory)
+        self.connected: set[str] = set()
+
+    def _config_file(self, config: Any) -> None:
+        """``--config FILE`` (or ``config.py`` in the checkout), exec'd as pyinfra's CLI does:
+        its upper-case names set the config."""
+        path = self.options.config
+        if path is None:
+            default = Path(self.state.cwd or ".") / "config.py"
+            path = str(default) if default.is_file() else None
+        if path is None:
+            return
+        if not Path(path).is_file():
+            raise SpecfleetError(f"no pyinfra config file {path}",
+                                 fix="give --config a pyinfra config.py")
+        for key, value in _exec_python(Path(path)).items():
+            if key.isupper():
+                setattr(config, key, value)
+
+    def host(self, name: str) -> Any:
+        return self.inventory.get_host(name)
+
+    def _check_alive(self, hosts: Sequence[str]) -> None:
+        """Forget the connection of each host that no longer answers (one ``true``, at most
+        ``ALIVE_TIMEOUT_S``): a link cut between steps would otherwise hang the next step on a
+        dead TCP session. ``connect`` then tries it again, as a new pyinfra run would."""
+        import gevent
+
+        def probe(h: Any) -> bool:
+            try:
+                with gevent.Timeout(ALIVE_TIMEOUT_S, TimeoutError):
+                    ok, _ = h.run_shell_command("true", print_output=False, print_input=False)
+                return bool(ok)
+            except Exception:  # noqa: BLE001 - any failure: the connection is gone
+                return False
+
+        live = [self.host(h) for h in hosts if h in self.connected]
+        checks = {self.state.pool.spawn(probe, h): h for h in live}
+        gevent.wait(list(checks))
+        for greenlet, h in checks.items():
+            if greenlet.value:
+                continue
+            say(f"{h.name}: the connection does not answer; connecting again")
+            try:  # the class's own disconnect: the run lock stays this run's (its lease runs)
+                type(h).disconnect(h)
+            except Exception:  # noqa: BLE001 - a dead session may not close cleanly
+                h.connected = False
+            self.connected.discard(h.name)
+
+    def connect(self, hosts: Sequence[str]) -> dict[str, str]:
+        """Connect the hosts not yet connected; returns ``{host: why}`` of those that failed."""
+        from pyinfra.api.state import StateStage
+
+        self._check_alive(hosts)
+        todo = [self.host(h) for h in hosts if h not in self.connected]
+        if not todo:
+            return {}
+        from gevent import wait as gwait
+
+        if self.state.current_stage < StateStage.Connect:
+            self.state.set_stage(StateStage.Connect)
+        greenlets = [self.state.pool.spawn(h.connect) for h in todo]
+        gwait(greenlets)
+        failed = {}
+        for h in todo:
+            if h.connected:
+                self.connected.add(h.name)
+                self.state.activate_host(h)
+            else:
+                failed[h.name] = self.recorder.connect_errors.get(h.name, "could not connect")
+        return failed
+
+    def _fresh_step(self, hosts: Sequence[Any]) -> None:
+        """A new step on the same State: no operations yet, the step's hosts active."""
+        from pyinfra.api.state import StateHostMeta, StateHostResults
+
+        st = self.state
+        st.is_executing = False
+        st.op_meta = {}
+        st.ops = {h: {} for h in self.inventory}
+        st.meta = {h: StateHostMeta() for h in self.inventory}
+        st.results = {h: StateHostResults() for h in self.inventory}
+        for h in self.inventory:
+            h.op_hash_order = []
+        st.active_hosts = set(hosts)
+        st.activated_hosts = set(hosts)
+        st.failed_hosts = set()
+        self.recorder.op_errors = {}
+
+    def run(self, deploy: str, hosts: Sequence[str], name: str) -> StepRun:
+        """Deploy file ``deploy`` on ``hosts`` (each connected first): loaded for each host as
+        pyinfra's CLI loads it, then its operations run (or, dry, only planned)."""
+        from pyinfra.api.exceptions import PyinfraError
+        from pyinfra.api.operations import run_ops
+        from pyinfra.api.state import StateStage
+        from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+
+        say(f"{name}: {', '.join(hosts)}")
+        start = time.monotonic()
+        results: dict[str, HostStep] = {}
+        for h, why in self.connect(hosts).items():
+            results[h] = HostStep(UNREACHABLE, why=[f"unreachable: {why}"])
+        live = [self.host(h) for h in hosts if h not in results and h in self.connected]
+        for h in hosts:
+            if h not in results and h not in self.connected:
+                results[h] = HostStep(UNREACHABLE, why=["unreachable: the connection was lost"])
+        if not live:
+            return StepRun(name, list(hosts), 1, time.monotonic() - start, results)
+        self._fresh_step(live)
+        path = os.path.abspath(deploy)
+        code = compile(Path(path).read_text(), path, "exec")
+        if self.state.current_stage < StateStage.Prepare:
+            self.state.set_stage(StateStage.Prepare)
+        self.state.current_deploy_filename = path
+        rc = 0
+        load_errors: dict[str, list[str]] = {}
+        with ctx_state.use(self.state), ctx_inventory.use(self.inventory), \
+                ctx_config.use(self.state.config):
+            for h in live:
+                try:
+                    with ctx_host.use(h):
+                        exec(code, {"__file__": path, "__name__": "__specfleet_deploy__"})  # noqa: S102
+                except SpecfleetError as exc:  # bad settings or host state, said while loading
+                    load_errors[h.name] = exc.render().replace(f"[{h.name}] ", "").splitlines()
+                except Exception as exc:  # noqa: BLE001 - a deploy that breaks fails its host
+                    load_errors[h.name] = [f"{type(exc).__name__}: {exc}"]
+        for hname in load_errors:
+            h = self.host(hname)
+            self.state.active_hosts.discard(h)
+            for op_hash in h.op_hash_order:
+                self.state.ops[h].pop(op_hash, None)
+        if not self.dry and self.state.active_hosts:
+            try:
+                with ctx_state.use(self.state), ctx_inventory.use(self.inventory), \
+                        ctx_config.use(self.state.config):
+                    run_ops(self.state)
+            except PyinfraError:  # "No hosts remaining!": every host failed, each one said why
+                rc = 1
+        for h in live:
+            if h.name in load_errors:
+                results[h.name] = HostStep(FAILED, why=load_errors[h.name])
+            else:
+                results[h.name] = self._host_result(h)
+        if any(not r.passed for r in results.values()):
+            rc = rc or 1
+        return StepRun(name, list(hosts), rc, time.monotonic() - start, results)
+
+    def _host_result(self, h: Any) -> HostStep:
+        st = self.state
+        step = HostStep(OK)
+        planned = getattr(h, PLANNED_ERROR_ATTR, None) if self.dry else None
+        if planned:  # a planning run that expects the host to fail says where and why
+            setattr(h, PLANNED_ERROR_ATTR, None)
+            lines = [ln.strip() for ln in str(planned).splitlines() if ln.strip()]
+            return HostStep(FAILED, why=[ln for ln in lines if not ln.startswith("|")][:4])
+        for op_hash in h.op_hash_order:
+            data = st.ops[h].get(op_hash)
+            if data is None:
+                continue
+            meta = data.operation_meta
+            if self.dry:
+                if meta.will_change:
+                    step.changed_ops.append(_op_name(st, op_hash))
+                continue
+            if not meta.is_complete():
+                continue
+            if meta.did_error():
+                step.error_ops.append(_op_name(st, op_hash))
+                if not step.why:
+                    text = failure_text(meta)
+                    step.why = [f"in '{_op_name(st, op_hash)}': {text[0]}" if text else
+                                f"failed in '{_op_name(st, op_hash)}'", *text[1:]]
+            elif meta.did_change() and not _is_check(meta):
+                step.changed_ops.append(_op_name(st, op_hash))
+        if h in st.failed_hosts or self.recorder.op_errors.get(h.name):
+            step.status = FAILED
+            if not h.connected:
+                step.status = UNREACHABLE
+                self.connected.discard(h.name)
+            if not step.why:
+                step.why = ["failed (pyinfra gave no reason)"]
+        elif step.changed_ops:
+            step.status = CHANGED
+        return step
+
+    def close(self) -> None:
+        """Disconnect every host (what the run holds there is released on the way)."""
+        from pyinfra.api.connect import disconnect_all
+        from pyinfra.api.state import StateStage
+
+        st = self.state
+        # Only the hosts still connected: one that was lost keeps its lock until the lease ends,
+        # rather than this run waiting on a dead connection to release it.
+        st.activated_hosts = {self.host(h) for h in self.connected}
+        try:
+            if st.current_stage < StateStage.Disconnect:
+                st.set_stage(StateStage.Disconnect)
+            disconnect_all(st)
+        finally:
+            self.connected.clear()
+
+
+@contextmanager
+def session(inventory: str, options: PyinfraOptions | None = None,
+            dry: bool = False) -> Iterator[Session]:
+    s = Session(inventory, options, dry)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def report_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False, default=str)
 
 
 @contextmanager
 def hand_down(fd: int) -> Iterator[None]:
-    """The pyinfra runs started in the block inherit ``fd`` (a file their deploy reads)."""
-    _HANDED_DOWN.append(fd)
-    try:
-        yield
-    finally:
-        _HANDED_DOWN.remove(fd)
-
-
-_RUNNING: set[subprocess.Popen] = set()
-
-
-@contextmanager
-def tracked(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
-    """``stop_runs`` stops ``proc`` while the block runs."""
-    _RUNNING.add(proc)
-    try:
-        yield proc
-    finally:
-        _RUNNING.discard(proc)
+    """A file descriptor the steps run in the block read (the fan-out's in-memory plan): they
+    run in this process, so it is theirs as it is."""
+    yield
 
 
 def stop_runs() -> None:
-    """Ask every pyinfra run of this process to stop (SIGTERM; safe in a signal handler): each
-    ``run_pyinfra`` then returns what its hosts did so far."""
-    for proc in list(_RUNNING):
-        if proc.poll() is None:
-            proc.terminate()
+    """Stop the steps of this process at a signal: they run in this process, so the signal's
+    exception, raised in the main flow, stops them; nothing else to stop."""
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """End a pyinfra run this process started (the controller is stopping)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str) -> StepRun:
-    """``pyinfra -y --json INVENTORY DEPLOY --limit h ...``: its log streams to our stderr. It runs
-    in the checkout, as pyinfra puts the working directory on sys.path for the deploy's imports."""
-    argv = [sys.executable, "-m", "pyinfra", "-y", "--json"]
-    for host in hosts:
-        argv += ["--limit", host]
-    argv += [_absolute(inventory), _absolute(deploy)]
-    say(f"{name}: {', '.join(hosts)}")
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
-        cwd=checkout_dir(), pass_fds=handed_down(),
-    )
-    stderr_lines: list[str] = []
-
-    def pump() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            stderr_lines.append(line)
-            sys.stderr.write(f"  {name} | {line}")
-        sys.stderr.flush()
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        with tracked(proc):
-            stdout = proc.stdout.read()  # type: ignore[union-attr]
-            rc = proc.wait()
-    except BaseException:  # Ctrl-C, SIGTERM (the fan-out's handler), anything: no run left over
-        _stop(proc)
-        raise
-    reader.join(timeout=30)
-    seconds = time.monotonic() - start
-    results = parse_step(stdout, stderr_lines, hosts)
-    return StepRun(name, list(hosts), rc, seconds, results)
-
-
+def run_pyinfra(inventory: str, deploy: str, hosts: Sequence[str], name: str,
+                options: PyinfraOptions | None = None) -> StepRun:
+    """One deploy file on ``hosts``, in a session of its own (connected, run, disconnected)."""
+    with session(inventory, options) as s:
+        return s.run(deploy, hosts, name)

@@ -1,26 +1,32 @@
 """Roll a deploy across a fleet: canary, batches, a failure budget, readiness gates, rollback.
 
-    python -m specfleet.fleet.rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
+    specfleet rollout INVENTORY DEPLOY [--canary HOST] [--order h1,h2,...]
         [--batch-size N | --batch-percent P] [--max-fail-percent P]
         [--no-prefetch] [--no-fanout] [--prefetch-deploy FILE] [--report FILE.json]
+        [--limit HOST|GROUP ...] [--dry] [--json] [--pre-hook CMD] [--post-hook CMD]
+        [pyinfra's --ssh-user, --key, --port, --sudo, --data, --config, -v ...]
 
 pyinfra runs hosts in lock-step, or one by one in no set order, and its fail percentage is global.
-This drives pyinfra's own CLI (``pyinfra -y --json INVENTORY FILE --limit ...``) once per step
-and batch, with the hosts of one batch in parallel:
+This drives pyinfra's Python API in this process (``specfleet.fleet.pyinfra_run.Session``: one
+State for the rollout, each host connected once), one step per deploy file and batch, with the
+hosts of one batch in parallel:
 
+0. the run lock of every host in play (``deploys/rollout_lock.py``), taken once and held to the
+   end; a host another run holds is "not started: busy" and never touched;
 1. prefetch: the weights on every host before anything restarts: by default the fan-out of
    ``specfleet/fleet/fanout.py`` (once from upstream, then host to host), else a weights-only
    deploy;
-2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``):
-   snapshot (``deploys/rollout_snapshot.py``: a rollback point on each host), the deploy, the
-   readiness gate (``deploys/rollout_gate.py``), and for each host that failed the deploy or the
-   gate, the rollback (``deploys/rollout_restore.py``), itself gated;
+2. per batch (the canary alone first, then batches of ``batch_size`` or ``batch_percent``): the
+   pre-hook, snapshot (``deploys/rollout_snapshot.py``: a rollback point where there is none),
+   the deploy, the readiness gate (``deploys/rollout_gate.py``, which keeps the state that
+   passed as the rollback point), for each host that failed the deploy or the gate the rollback
+   (``deploys/rollout_restore.py``), itself gated, then the post-hook;
 3. after each batch, its failures against the budget: any failure of the canary, or more than
    ``max_fail_percent`` of a batch's hosts, stops the rollout; later batches are never touched.
 
-The batching and the budget are pure functions (``make_batches``, ``over_budget``), as is the
-reading of pyinfra's results (``parse_step``). Defaults come from the ``rollout`` section of the
-hosts' settings; flags override them.
+The batching and the budget are pure functions (``make_batches``, ``over_budget``). Each host's
+result and reason are read from pyinfra's objects (``pyinfra_run``). Defaults come from the
+``rollout`` section of the hosts' settings; flags override them.
 """
 
 from __future__ import annotations
@@ -35,18 +41,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
 from specfleet.fleet.fanout import Interrupted, run_prefetch
+from specfleet.fleet.progress import progress_view
 from specfleet.fleet.pyinfra_run import (
     FAILED,
     NOT_STARTED,
+    OK,
     ROLLED_BACK,
     HostStep,
+    Session,
     StepRun,
+    add_pyinfra_arguments,
     deploy_path,
-    run_pyinfra,
+    options_from_args,
     say,
 )
 
@@ -186,6 +196,9 @@ class HostReport:
     seconds: dict[str, float] = field(default_factory=dict)
     changed_ops: list[str] = field(default_factory=list)
     unreachable: bool = False
+    busy: bool = False
+    hook_failed: bool = False
+    launch_plan: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -208,13 +221,41 @@ def summary_table(reports: Iterable[HostReport]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# I/O: pyinfra runs
+# Hooks: commands around each host's change (drain it from a load balancer, put it back)
 # --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hooks:
+    """``pre``: run before a host is changed (a failure: the host is not started); ``post``: run
+    after it passes its gate. ``on``: ``control`` (this machine, ``sh -c``) or ``host`` (over
+    the host's own pyinfra connection). Both see ``SPECFLEET_HOST``, ``SPECFLEET_ADDRESS`` and
+    ``SPECFLEET_RUN_ID`` in their environment."""
+
+    pre: str | None = None
+    post: str | None = None
+    on: str = "control"
+
+
+def hook_env(host: str, address: str, run_id: str) -> dict[str, str]:
+    return {"SPECFLEET_HOST": host, "SPECFLEET_ADDRESS": address, "SPECFLEET_RUN_ID": run_id}
 
 
 # --------------------------------------------------------------------------------------------------
 # The controller
 # --------------------------------------------------------------------------------------------------
+
+LOCK_DEPLOY = "rollout_lock.py"
+
+
+def busy_words(why: Sequence[str]) -> str | None:
+    """``held by X since T`` from the lock step's reason, when another run holds the host."""
+    text = " ".join(why)
+    mark = "another specfleet run holds this host: "
+    if mark not in text:
+        return None
+    who = text.split(mark, 1)[1]
+    return who.split("; its lease", 1)[0].split(": ", 1)[0] if who else None
 
 
 @dataclass
@@ -224,10 +265,38 @@ class Rollout:
     hosts: list[str]
     options: Options
     prefetch_deploy: str | None
-    runner: Any = run_pyinfra
+    session: Any = None
+    run_id: str = ""
+    hooks: Hooks = field(default_factory=Hooks)
+    dry: bool = False
     reports: dict[str, HostReport] = field(default_factory=dict)
     batches: list[list[str]] = field(default_factory=list)
     stopped: str | None = None
+    progress: Any = None
+    # How a step runs: ``runner(inventory, deploy, hosts, name) -> StepRun``; by default in the
+    # rollout's pyinfra session (tests script it).
+    runner: Any = None
+
+    def __post_init__(self) -> None:
+        if self.runner is None:
+            self.runner = self._session_step
+
+    def _session_step(self, inventory: str, deploy: str, hosts: Sequence[str],
+                      name: str) -> StepRun:
+        """One step on ``hosts``, in the rollout's pyinfra session (same State, connections)."""
+        if self.progress is not None:
+            self.progress.step(name, hosts)
+        step = self.session.run(deploy, list(hosts), name)
+        if self.progress is not None:
+            self.progress.done(name, step)
+        return step
+
+    def _say_plan(self) -> None:
+        o = self.options
+        plan = " | ".join(
+            ("canary " if i == 0 else "") + ",".join(b) for i, b in enumerate(self.batches)
+        )
+        say(f"batches: {plan}; max fail {o.max_fail_percent:g}% per batch")
 
     def run(self) -> int:
         o = self.options
@@ -235,12 +304,25 @@ class Rollout:
         for i, batch in enumerate(self.batches):
             for h in batch:
                 self.reports[h] = HostReport(h, i)
-        plan = " | ".join(
-            ("canary " if i == 0 else "") + ",".join(b) for i, b in enumerate(self.batches)
-        )
-        say(f"batches: {plan}; max fail {o.max_fail_percent:g}% per batch")
-
-        step = self._prefetch([h for b in self.batches for h in b])
+        self._say_plan()
+        if self.dry:
+            return self._dry()
+        everyone = [h for b in self.batches for h in b]
+        # The run lock of every host, once, before any step; held (and renewed) to the end.
+        lock = self.run_deploy(LOCK_DEPLOY, everyone, "run lock")
+        for h, res in lock.results.items():
+            r = self.reports[h]
+            if res.passed:
+                continue
+            held_by = busy_words(res.why)
+            if held_by:
+                r.status = NOT_STARTED
+                r.why = [f"not started: busy (held by {held_by})"]
+                r.busy = True
+            else:
+                self._fail(r, res, "run lock")
+        locked = [h for h in everyone if lock.results[h].passed]
+        step = self._prefetch(locked) if locked else None
         for h, res in (step.results if step else {}).items():
             r = self.reports[h]
             r.seconds["prefetch"] = step.seconds
@@ -259,24 +341,46 @@ class Rollout:
                 )  # fmt: skip
                 later = [h for b in self.batches[i + 1 :] for h in b]
                 for h in later:
-                    self.reports[h].why = ["not started: the rollout stopped"]
+                    if not self.reports[h].busy:
+                        self.reports[h].why = ["not started: the rollout stopped"]
                 break
             if failed:
                 say(f"{label}: {failed} of {len(batch)} failed, within the budget")
             else:
                 say(f"{label}: every host passed the readiness gate")
+        return self.exit_code()
 
-        print(summary_table(self.reports[h] for b in self.batches for h in b), flush=True)
+    def exit_code(self) -> int:
         failed_hosts = [r.host for r in self.reports.values() if r.failed]
+        busy = [r.host for r in self.reports.values() if r.busy or r.hook_failed]
         if self.stopped:
             say(f"STOPPED: {self.stopped}")
             return 2
-        if failed_hosts:
-            say(f"finished with {len(failed_hosts)} failed within the budget: "
-                f"{', '.join(failed_hosts)}")
+        if failed_hosts or busy:
+            say(f"finished with {len(failed_hosts)} failed and {len(busy)} not started (busy, "
+                f"or a pre-hook failed): "
+                f"{', '.join(failed_hosts + busy)}")
             return 1
         say("finished: every host passed the readiness gate")
         return 0
+
+    def _dry(self) -> int:
+        """What the rollout would do: the batches (said), and per host what the deploy would
+        change and its launch plan; nothing runs on any host but pyinfra's reads."""
+        everyone = [h for b in self.batches for h in b]
+        step = self.runner(self.inventory, self.deploy, everyone, "dry run")
+        for h in everyone:
+            r, res = self.reports[h], step.results[h]
+            r.status = "would change" if res.changed_ops else (
+                OK if res.passed else res.status)
+            r.changed_ops = res.changed_ops
+            if not res.passed:
+                r.why = [f"would fail: {w}" for w in res.why]
+            plan = getattr(self.session.host(h), PLAN_ATTR, None) if self.session else None
+            if plan:
+                r.launch_plan = str(plan)
+                print(f"rollout: {h}: launch plan\n{plan}", file=sys.stderr, flush=True)
+        return 0 if all(step.results[h].passed for h in everyone) else 1
 
     def _prefetch(self, ordered: list[str]) -> StepRun | None:
         """The weights on every host before anything restarts: the given weights-only deploy, or
@@ -302,8 +406,38 @@ class Rollout:
         r.unreachable = r.unreachable or res.status == "unreachable"
         r.why.extend(f"{step}: {w}" for w in (res.why or ["failed"]))
 
+    def _hook(self, which: str, hosts: list[str]) -> dict[str, str]:
+        """Run the ``which`` hook for each host; returns ``{host: why}`` of those it failed."""
+        command = getattr(self.hooks, which)
+        if not command:
+            return {}
+        failed: dict[str, str] = {}
+        for h in hosts:
+            host = self.session.host(h)
+            env = hook_env(h, str(host.data.get("ssh_hostname") or h), self.run_id)
+            say(f"{which}-hook on {h} ({self.hooks.on}): {command}")
+            if self.hooks.on == "host":
+                ok, out = run_on_host(host, command, env)
+                tail = (out.stderr_lines or out.stdout_lines)[-1:] if out else []
+            else:
+                proc = run_on_control(command, env)
+                ok = proc.returncode == 0
+                tail = [ln for ln in (proc.stderr or proc.stdout or "").splitlines()
+                        if ln.strip()][-1:]
+            if not ok:
+                failed[h] = f"{which}-hook `{command}` failed" + (f": {tail[0]}" if tail else "")
+        return failed
+
     def _batch(self, batch: list[str], label: str) -> None:
-        live = [h for h in batch if not self.reports[h].failed]
+        live = [h for h in batch if not self.reports[h].failed and not self.reports[h].busy]
+        if not live:
+            return
+        for h, why in self._hook("pre", live).items():
+            r = self.reports[h]
+            r.status = NOT_STARTED
+            r.hook_failed = True
+            r.why.append(f"not started: {why}")
+        live = [h for h in live if not self.reports[h].hook_failed]
         if not live:
             return
         snap = self.run_deploy(SNAPSHOT_DEPLOY, live, f"{label} snapshot")
@@ -329,6 +463,7 @@ class Rollout:
             else:
                 self._fail(r, res, "deploy")
                 broken.append(h)
+        passed = []
         if gate_hosts:
             gate = self.run_deploy(GATE_DEPLOY, gate_hosts, f"{label} gate")
             for h in gate_hosts:
@@ -337,24 +472,34 @@ class Rollout:
                 if not res.passed:
                     self._fail(r, res, "gate")
                     broken.append(h)
+                else:
+                    passed.append(h)
         back = [h for h in broken if not self.reports[h].unreachable]
-        if not back:
-            return
-        rb = self.run_deploy(RESTORE_DEPLOY, back, f"{label} rollback")
-        for h in back:
-            r, res = self.reports[h], rb.results[h]
-            r.seconds["rollback"] = rb.seconds
-            if res.passed and res.changed_ops:
-                r.status = ROLLED_BACK
-                r.why.append("rolled back to the kept unit, pins and patch; ready again")
-            elif res.passed:
-                r.why.append("rollback: nothing had changed; ready")
-            else:
-                r.unreachable = r.unreachable or res.status == "unreachable"
-                r.why.extend(f"rollback FAILED: {w}" for w in (res.why or ["failed"]))
+        if back:
+            rb = self.run_deploy(RESTORE_DEPLOY, back, f"{label} rollback")
+            for h in back:
+                r, res = self.reports[h], rb.results[h]
+                r.seconds["rollback"] = rb.seconds
+                if res.passed and res.changed_ops:
+                    r.status = ROLLED_BACK
+                    r.why.append("rolled back to the last known-good unit, pins and patch; "
+                                 "ready again")
+                    passed.append(h)
+                elif res.passed:
+                    r.why.append("rollback: nothing had changed; ready")
+                    passed.append(h)
+                else:
+                    r.unreachable = r.unreachable or res.status == "unreachable"
+                    r.why.extend(f"rollback FAILED: {w}" for w in (res.why or ["failed"]))
+        for h, why in self._hook("post", passed).items():
+            r = self.reports[h]
+            r.status = FAILED
+            r.why.append(why)
 
     def report(self) -> dict[str, Any]:
         return {
+            "run_id": self.run_id,
+            "dry": self.dry,
             "batches": self.batches,
             "options": asdict(self.options),
             "stopped": self.stopped,
@@ -362,30 +507,37 @@ class Rollout:
         }
 
 
+def run_on_control(command: str, env: Mapping[str, str]) -> Any:
+    """A hook on this machine (gevent's subprocess: the locks' heartbeats go on meanwhile)."""
+    from gevent import subprocess as gsubprocess
+
+    return gsubprocess.run(["sh", "-c", command], env={**os.environ, **env},
+                           capture_output=True, text=True, check=False)
+
+
+def run_on_host(host: Any, command: str, env: Mapping[str, str]) -> tuple[bool, Any]:
+    """A hook on the host, over its pyinfra connection (with the run's sudo settings)."""
+    from pyinfra.api import QuoteString, StringCommand
+
+    return host.run_shell_command(
+        StringCommand("sh", "-c", QuoteString(command)), _env=dict(env),
+        print_output=True, print_input=False,
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
 
 
-def load_hosts(inventory: str) -> tuple[list[str], dict[str, Any]]:
-    """The inventory's host names (in order) and each host's ``rollout`` settings."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-
-    ctx_state.set(State())  # inventory files are exec'd as the CLI does, inside a state
-    inv = make_inventory(inventory, cwd=os.getcwd())
-    hosts, per_host = [], {}
-    for host in inv:
-        hosts.append(host.name)
-        per_host[host.name] = settings_for_host(host).rollout
-    return hosts, per_host
+def rollout_settings(sess: Any) -> dict[str, Any]:
+    """Each host in play's ``rollout`` settings (only those hosts' settings are validated)."""
+    return {h.name: settings_for_host(h).rollout for h in sess.inventory}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m specfleet.fleet.rollout",
+        prog="specfleet rollout",
         description="Roll a pyinfra deploy across a fleet: canary, batches, failure budget, "
         "readiness gates, automatic rollback.",
     )
@@ -406,7 +558,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a weights-only deploy for the prefetch stage (default: the fan-out of "
         "specfleet/fleet/fanout.py; with --no-fanout, deploys/weights_only.py where it exists)",
     )
+    p.add_argument("--dry", action="store_true",
+                   help="show the batches and what each host's deploy would change; change "
+                   "nothing")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON document on stdout (nothing else there)")
+    p.add_argument("--pre-hook", help="a command run before each host is changed (a failure: "
+                   "the host is not started), e.g. to drain it from a load balancer")
+    p.add_argument("--post-hook", help="a command run after each host passes its gate")
+    p.add_argument("--hook-on", choices=("control", "host"), default="control",
+                   help="where the hooks run: this machine (default) or the host")
     p.add_argument("--report", help="write the per-host results as JSON here")
+    add_pyinfra_arguments(p)
     return p.parse_args(argv)
 
 
@@ -417,39 +580,62 @@ def main(argv: list[str] | None = None) -> int:
             print(SpecfleetError(f"no deploy file {path}", fix="give a path to a pyinfra deploy "
                                  "file").render(), file=sys.stderr)
             return 3
+    # Every step of this rollout is one owner of the hosts' run locks (SPECFLEET_RUN_ID).
+    run_id = controller_run_id(os.environ)
     try:
-        hosts, per_host = load_hosts(args.inventory)
-        cli = {
-            "canary": args.canary,
-            "order": [h.strip() for h in args.order.split(",") if h.strip()] or None
-            if args.order
-            else None,
-            "batch_size": args.batch_size,
-            "batch_percent": args.batch_percent,
-            "max_fail_percent": args.max_fail_percent,
-            "prefetch_weights": False if args.no_prefetch else None,
-            "fanout": False if args.no_fanout else None,
-        }
-        options = resolve_options(per_host, cli)
-        make_batches(hosts, options.order, options.canary, options.batch_size,
-                     options.batch_percent)
+        popts = options_from_args(args)
+        sess = Session(args.inventory, popts, dry=args.dry)
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
-    except Exception as exc:  # a broken inventory file: pyinfra's own message, no traceback
-        print(f"cannot load the inventory {args.inventory}: {exc}\n  fix: check the inventory "
-              "file with `pyinfra INVENTORY debug-inventory`", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a broken inventory file: its own words
+        print(f"cannot load the inventory {args.inventory}: {type(exc).__name__}: {exc}\n  fix: "
+              "check the inventory file with `pyinfra INVENTORY debug-inventory`",
+              file=sys.stderr)
         return 3
-    # Every pyinfra run of this rollout is one owner of the hosts' run locks (SPECFLEET_RUN_ID):
-    # a step re-enters a lock an earlier step of it left, instead of waiting for its lease.
-    say(f"run id {controller_run_id(os.environ)}")
-    rollout = Rollout(args.inventory, args.deploy, hosts, options, args.prefetch_deploy)
     try:
-        rc = rollout.run()
-    except Interrupted as exc:  # in the fan-out prefetch: its cleanup ran on every host first
-        print(f"rollout: stopped by {exc.signal_name} in the prefetch; the fan-out was cleaned "
-              "up on every host, no deploy step ran", file=sys.stderr)
-        rc = 128 + exc.signum
+        try:
+            hosts = sess.in_play
+            per_host = rollout_settings(sess)
+            cli = {
+                "canary": args.canary,
+                "order": ([h.strip() for h in args.order.split(",") if h.strip()] or None)
+                if args.order else None,
+                "batch_size": args.batch_size,
+                "batch_percent": args.batch_percent,
+                "max_fail_percent": args.max_fail_percent,
+                "prefetch_weights": False if args.no_prefetch else None,
+                "fanout": False if args.no_fanout else None,
+            }
+            options = resolve_options(per_host, cli)
+            make_batches(hosts, options.order, options.canary, options.batch_size,
+                         options.batch_percent)
+        except SpecfleetError as exc:
+            print(exc.render(), file=sys.stderr)
+            return 3
+        say(f"run id {run_id}" + (" (dry: nothing changes)" if args.dry else ""))
+        rollout = Rollout(
+            args.inventory, os.path.abspath(args.deploy), hosts, options,
+            os.path.abspath(args.prefetch_deploy) if args.prefetch_deploy else None,
+            session=sess, run_id=run_id,
+            hooks=Hooks(args.pre_hook, args.post_hook, args.hook_on), dry=args.dry,
+        )
+        with progress_view(rollout, quiet=args.json) as view:
+            rollout.progress = view
+            try:
+                rc = rollout.run()
+            except Interrupted as exc:  # in the fan-out prefetch: its cleanup ran first
+                print(f"rollout: stopped by {exc.signal_name} in the prefetch; the fan-out was "
+                      "cleaned up on every host, no deploy step ran", file=sys.stderr)
+                rc = 128 + exc.signum
+    finally:
+        sess.close()  # releases every run lock this rollout holds
+    table = summary_table(rollout.reports[h] for b in rollout.batches for h in b)
+    if args.json:
+        print(table, file=sys.stderr, flush=True)
+        print(json.dumps({**rollout.report(), "exit_code": rc}, indent=2), flush=True)
+    else:
+        print(table, flush=True)
     if args.report:
         Path(args.report).write_text(json.dumps(rollout.report(), indent=2))
     return rc

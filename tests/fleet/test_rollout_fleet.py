@@ -118,14 +118,18 @@ class Result:
 
 
 def rollout(env, per_host: dict[str, dict], *flags: str, during=None,
-            prefetch: str | None = "tests/deploys/rollout_weights.py") -> Result:
+            prefetch: str | None = "tests/deploys/rollout_weights.py", edit=None,
+            started=None) -> Result:
     """Write an inventory with ``per_host`` settings and run the rollout CLI on it. ``during`` is
-    called with each line of its stderr as it comes (to act mid-rollout)."""
+    called with each line of its stderr as it comes (to act mid-rollout); ``edit`` rewrites the
+    inventory's text; ``started`` receives the process."""
     env["n"] += 1
     inv = env["fleet"].write_inventory(
         env["work"] / f"inventory{env['n']}.py",
         host_data={h: {"specfleet": per_host[h]} for h in per_host},
     )
+    if edit:
+        inv.write_text(edit(inv.read_text()))
     report = env["work"] / f"report{env['n']}.json"
     argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv), "tests/deploys/rollout_deploy.py",
             "--report", str(report), *flags]
@@ -134,6 +138,8 @@ def rollout(env, per_host: dict[str, dict], *flags: str, during=None,
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    if started:
+        started(proc)
     err: list[str] = []
 
     def pump():
@@ -398,3 +404,206 @@ def test_the_default_prefetch_fans_the_weights_out_host_to_host(env):
         assert healthy(env, h)
     print(f"fan-out rollout of a new revision over 4 hosts: {res.seconds:.1f}s "
           f"(prefetch {res.hosts['h1']['seconds']['prefetch']:.1f}s)")
+
+
+# --------------------------------------------------------------------------------------------------
+# The controller: locks for the whole rollout, rollback points, pyinfra's options, --dry, --json,
+# hooks (specfleet/fleet/ROLLOUT.md)
+
+LOCK = "/var/lib/specfleet/run.lock"
+
+
+def host_state(env, host: str) -> str:
+    """One hash of what a rollout may change on a host: the unit and env file, the venv's
+    distributions (RECORD files) and PR#20547 state, the weights, the rollback point, the run
+    lock, and the server's process."""
+    script = (
+        f"(cat {UNIT} {ENV} 2>/dev/null; "
+        f"find {VENV}/lib -path '*.dist-info/RECORD' | sort | xargs -r sha1sum; "
+        f"find {VENV}/.specfleet /srv/models {KEPT} {LOCK} -type f 2>/dev/null | sort "
+        "| xargs -r sha1sum; "
+        f"find /srv/models -type l | sort | xargs -r readlink; "
+        f"systemctl show -p ActiveState -p MainPID {SERVICE}.service) | sha1sum | cut -c1-40"
+    )
+    return env["fleet"].run(host, script, check=True).stdout.strip()
+
+
+def hold_lock(env, host: str, who: str = "bob@ci") -> dict:
+    """The host's run lock, held by another (live) run of another control machine."""
+    code = (
+        "import json, time; now = time.time(); "
+        f"json.dump({{'owner': {who!r}, 'control_host': 'ci', 'machine_id': 'f' * 32, "
+        "'boot_id': 'b', 'pid': 4242, 'run_id': 'otherrun00000001', 'token': 'tok', "
+        "'command': 'pyinfra inv.py deploys/kimi_k26.py', 'started': now, 'taken_at': now, "
+        "'renewed_at': now, 'expires_at': now + 900, 'lease_s': 900.0}, "
+        f"open({LOCK!r}, 'w'))"
+    )
+    env["fleet"].run(host, f"mkdir -p /var/lib/specfleet && python3 -c \"{code}\"", check=True)
+    return json.loads(env["fleet"].run(host, f"cat {LOCK}", check=True).stdout)
+
+
+def kept_unit_is_live(env, host: str) -> bool:
+    r = env["fleet"].run(host, f"cmp -s {KEPT}/unit {UNIT} && cmp -s {KEPT}/env {ENV}")
+    return r.returncode == 0
+
+
+def kept_by(env, host: str) -> str:
+    return env["fleet"].run(host, f"cat {KEPT}/run_id", check=True).stdout.strip()
+
+
+def test_a_host_another_run_holds_is_busy_untouched_and_every_lock_is_held_throughout(env):
+    """h3's lock is another run's: h3 is "not started: busy (held by ...)", byte for byte as it
+    was; the rollout holds every other host's lock from its start to its end (h4's, seen while
+    the canary's gate runs, is this rollout's)."""
+    hold_lock(env, "h3")
+    try:
+        before = host_state(env, "h3")
+        seen: dict[str, dict] = {}
+
+        def during(line: str) -> None:
+            if "rollout: canary gate:" in line and "h4" not in seen:
+                out = env["fleet"].run("h4", f"cat {LOCK}").stdout
+                seen["h4"] = json.loads(out) if out.strip() else {}
+
+        hosts = {h: gen(env, "busy") for h in HOSTS}
+        res = rollout(env, hosts, "--batch-size", "3", during=during)
+        assert res.rc == 1, res
+        assert res.status() == {"h1": "changed", "h2": "changed", "h3": "not started",
+                                "h4": "changed"}, res
+        why = res.hosts["h3"]["why"]
+        assert len(why) == 1 and why[0].startswith("not started: busy (held by bob@ci (run "
+                                                   "otherrun0000"), why
+        assert "since" in why[0]
+        assert host_state(env, "h3") == before
+        assert seen["h4"].get("run_id") == res.report["run_id"], (seen, res)
+        # The end of the rollout released every lock it held, and only those.
+        for h in ("h1", "h2", "h4"):
+            assert env["fleet"].run(h, f"test -e {LOCK}").returncode != 0
+        assert json.loads(env["fleet"].run("h3", f"cat {LOCK}").stdout)["owner"] == "bob@ci"
+    finally:
+        env["fleet"].run("h3", f"rm -f {LOCK}")
+
+
+def test_two_overlapping_rollouts_keep_their_own_hosts_and_rollback_points(env):
+    """Rollout A (h1, h2) is in its canary's gate when rollout B (h2, h3) starts: B finds h2
+    busy (A holds it) and rolls out h3; A goes on with h2. Each host's rollback point is the
+    state that passed its gate, taken by the rollout that changed it."""
+    slow = [*baseline(env)["launcher"], "--standin-load-s", "12"]
+    a_hosts = {h: gen(env, "overlap-a") for h in ("h1", "h2")}
+    a_hosts["h1"]["launcher"] = slow
+    b_hosts = {h: gen(env, "overlap-b") for h in ("h2", "h3")}
+    b_result: dict[str, Result] = {}
+
+    def start_b(line: str) -> None:
+        if "rollout: canary gate: h1" in line and "thread" not in b_result:
+            t = threading.Thread(target=lambda: b_result.__setitem__(
+                "res", rollout(env, b_hosts, "--canary", "h3", "--limit", "h2,h3")),
+                daemon=True)
+            b_result["thread"] = t  # type: ignore[assignment]
+            t.start()
+
+    a = rollout(env, a_hosts, "--canary", "h1", "--limit", "h1", "--limit", "h2",
+                during=start_b)
+    b_result["thread"].join(timeout=600)  # type: ignore[attr-defined]
+    b = b_result["res"]
+    assert a.rc == 0 and a.status() == {"h1": "changed", "h2": "changed"}, a
+    assert b.rc == 1, b
+    assert b.status() == {"h3": "changed", "h2": "not started"}, b
+    assert b.hosts["h2"]["why"][0].startswith("not started: busy (held by "), b
+    assert a.report["run_id"] != b.report["run_id"]
+    for h, res in (("h1", a), ("h2", a), ("h3", b)):
+        assert kept_unit_is_live(env, h), h
+        assert kept_by(env, h) == res.report["run_id"], h
+        assert healthy(env, h)
+
+
+def test_a_crashing_change_killed_in_the_canary_gate_then_run_again_rolls_back(env):
+    """SIGKILL of the rollout while its canary waits on a server that will crash, then the same
+    rollout again: the canary goes back to its last known-good state (the point its last gate
+    proved, never the crashing unit) and serves. The re-run's --json result says why, in the
+    words of the table a person reads."""
+    good = unit_sha(env, "h1")
+    assert kept_unit_is_live(env, "h1")
+    crash = [*baseline(env)["launcher"], "--standin-exit", "3", "--standin-exit-after-s", "8"]
+    hosts = {h: gen(env, "crash") for h in HOSTS}
+    hosts["h1"]["launcher"] = crash
+    procs: list[subprocess.Popen] = []
+    deploying = threading.Event()
+
+    def kill_in_gate(line: str) -> None:
+        # The deploy's own readiness wait after the restart is the canary's gate here.
+        if "rollout: canary deploy: h1" in line:
+            deploying.set()
+        if deploying.is_set() and f"restarting {SERVICE}.service" in line and procs:
+            time.sleep(3)
+            procs[0].kill()
+            procs.clear()
+
+    killed = rollout(env, hosts, "--batch-size", "3", during=kill_in_gate,
+                     started=procs.append)
+    assert killed.rc == -9, killed
+    assert unit_sha(env, "h1") != good  # the crashing unit is in place, never gated
+    again = rollout(env, hosts, "--batch-size", "3", "--json")
+    assert again.rc == 2, again
+    doc = json.loads(again.out)  # stdout is the JSON document and nothing else
+    assert doc["hosts"]["h1"]["status"] == "rolled back", again
+    assert {doc["hosts"][h]["status"] for h in ("h2", "h3", "h4")} == {"not started"}
+    assert unit_sha(env, "h1") == good
+    assert healthy(env, "h1")
+    why = "; ".join(doc["hosts"]["h1"]["why"])
+    assert "not ready" in why, why
+    table_row = next(ln for ln in again.err.splitlines() if ln.startswith("h1 "))
+    assert table_row.endswith(why), (table_row, why)
+
+
+def test_pyinfra_options_reach_a_fleet_only_they_can_reach(env, tmp_path):
+    """An inventory without ssh_user or ssh_key: only --ssh-user/--key on the command line reach
+    the hosts. --limit keeps the rollout to two of them, and the badly configured h3 outside it
+    is never read."""
+    key = str(env["fleet"].key_path)
+
+    def strip(text: str) -> str:
+        out = text.replace(f"'ssh_key': {key!r}, ", "").replace("'ssh_user': 'root', ", "")
+        assert key not in out and "ssh_user" not in out
+        return out
+
+    hosts = {h: gen(env, "options") for h in HOSTS}
+    hosts["h3"]["port"] = "not-a-port"
+    without = rollout(env, hosts, "--limit", "h1", "--ssh-user", "nobody", edit=strip)
+    assert without.rc == 2 and without.status() == {"h1": "failed"}, without
+    assert "unreachable" in without.hosts["h1"]["why"][0], without
+    res = rollout(env, hosts, "--limit", "h1", "--limit", "h2", "--ssh-user", "root",
+                  "--key", key, "--data", "ssh_connect_retries=1", edit=strip)
+    assert res.rc == 0, res
+    assert res.status() == {"h1": "changed", "h2": "changed"}, res
+    assert set(res.report["hosts"]) == {"h1", "h2"}
+
+
+def test_dry_changes_nothing_and_says_what_would_change(env):
+    before = {h: host_state(env, h) for h in HOSTS}
+    hosts = {h: gen(env, "dry") for h in HOSTS}
+    res = rollout(env, hosts, "--batch-size", "2", "--dry")
+    assert res.rc == 0, res
+    assert res.report["dry"] is True and res.report["batches"] == [["h1"], ["h2", "h3"], ["h4"]]
+    for h in HOSTS:
+        assert res.hosts[h]["status"] == "would change", res
+        assert "SGLang unit" in res.hosts[h]["changed_ops"], res
+        assert f"--port {PORT}" in (res.hosts[h]["launch_plan"] or ""), res
+    assert {h: host_state(env, h) for h in HOSTS} == before
+
+
+def test_a_failing_pre_hook_leaves_its_host_untouched(env, tmp_path):
+    log = tmp_path / "hooks.log"
+    before = host_state(env, "h2")
+    hosts = {h: gen(env, "hooks") for h in ("h1", "h2")}
+    res = rollout(
+        env, hosts, "--batch-size", "1", "--max-fail-percent", "100", "--limit", "h1,h2",
+        "--pre-hook", f'echo "drain $SPECFLEET_HOST" >> {log}; '
+                      'test "$SPECFLEET_HOST" != h2 || { echo "lb refuses" >&2; exit 1; }',
+        "--post-hook", f'echo "undrain $SPECFLEET_HOST" >> {log}',
+    )
+    assert res.rc == 1, res
+    assert res.status() == {"h1": "changed", "h2": "not started"}, res
+    assert "pre-hook" in res.hosts["h2"]["why"][0] and "lb refuses" in res.hosts["h2"]["why"][0]
+    assert host_state(env, "h2") == before
+    assert log.read_text().split("\n")[:3] == ["drain h1", "undrain h1", "drain h2"]

@@ -16,6 +16,8 @@ Its own options come first and are named --standin-*:
                           "cwd": ..., "pid": ...} to PATH (JSON) at start
   --standin-load-s N      answer 503 on /health_generate for N seconds ("loading the model")
   --standin-exit N        exit with status N right after recording (a server that crashes)
+  --standin-exit-after-s S  with --standin-exit: "load" (503) for S seconds first, then exit
+                          (a server that dies while loading its weights, e.g. out of memory)
   --standin-perf-seed N   the seed of the performance model (standin_perf.py, beside this file:
                           /v1/completions with streaming, acceptance length and tokens/s that
                           depend on the speculative flags)
@@ -208,6 +210,7 @@ def main() -> int:
     p.add_argument("--standin-load-s", type=float, default=0.0)
     p.add_argument("--standin-exit", type=int)
     p.add_argument("--standin-perf-seed", type=int)
+    p.add_argument("--standin-exit-after-s", type=float)
     # Exit 1 at start when this environment variable is "1": a server that crashes with the
     # DFlash v2 worker on this host (what a real failing port would look like to the gate).
     p.add_argument("--standin-fail-if-env")
@@ -254,7 +257,18 @@ def main() -> int:
         f"port={args.port}, api_key={api_key!r}, admin_api_key=None)"
     )
 
-    if args.standin_exit is not None:
+    if args.standin_exit is not None and args.standin_exit_after_s:
+        import threading
+
+        def crash() -> None:
+            time.sleep(args.standin_exit_after_s)
+            print(f"standin: exiting with status {args.standin_exit} while loading, as asked",
+                  flush=True)
+            os._exit(args.standin_exit)
+
+        threading.Thread(target=crash, daemon=True).start()
+        args.standin_load_s = max(args.standin_load_s, args.standin_exit_after_s + 3600)
+    elif args.standin_exit is not None:
         print(f"standin: exiting with status {args.standin_exit} as asked", flush=True)
         return args.standin_exit
     if args.standin_fail_if_env and os.environ.get(args.standin_fail_if_env) == "1":

@@ -28,7 +28,7 @@ SETTINGS = {"target": {"repo_id": "o/m", "revision": "a" * 40},
 @pytest.fixture
 def inventory(monkeypatch):
     s = settings_from_dict(SETTINGS)
-    monkeypatch.setattr(ff, "load_inventory", lambda inv: (HOSTS, ADDR, {h: s for h in HOSTS}))
+    monkeypatch.setattr(ff, "load_inventory", lambda inv, only=None: (HOSTS, ADDR, {h: s for h in HOSTS}))
     monkeypatch.chdir(REPO_ROOT)
 
 
@@ -88,24 +88,21 @@ def test_prefetch_keys_never_touch_the_disk(inventory, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_prefetch_plan_reaches_a_pyinfra_child(inventory, tmp_path):
-    """run_pyinfra hands the plan's descriptor down to its child (as pyinfra reads it in the deploy)."""
-    from specfleet.fleet import pyinfra_run
+def test_prefetch_plan_reaches_the_deploy_in_process(inventory, tmp_path):
+    """The prefetch deploy runs in the controller's process (pyinfra's API) and reads the plan
+    from the in-memory file while the step runs."""
+    from operations.fanout import load_plan
 
     seen = {}
 
     def runner(inventory, deploy, hosts, name):
         if Path(deploy).name == ff.PREFETCH_DEPLOY:
-            code = ("import json, sys; from operations.fanout import load_plan; "
-                    "p = load_plan(); print(json.dumps([p['rollout_id'], "
-                    "'PRIVATE KEY' in p['private_key']]))")
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                               pass_fds=pyinfra_run.handed_down(), cwd=REPO_ROOT, timeout=60)
-            seen["out"], seen["err"] = r.stdout, r.stderr
+            p = load_plan()
+            seen["plan"] = (p["rollout_id"], "PRIVATE KEY" in p["private_key"])
         return step(name, hosts)
 
     ff.run_prefetch("inv.py", HOSTS, runner=runner)
-    assert seen["out"].strip().endswith("true]"), seen
+    assert seen["plan"][1] is True, seen
 
 
 SIGTERM_SCRIPT = r"""
@@ -120,7 +117,7 @@ s = settings_from_dict({"target": {"repo_id": "o/m", "revision": "a" * 40},
                         "drafter": {"repo_id": "o/d", "revision": "b" * 40}})
 hosts = ["h1", "h2", "h3"]
 
-def load_inventory(inv):
+def load_inventory(inv, only=None):
     if gevent:  # as the real one: pyinfra_cli's import monkey-patches everything with gevent
         import pyinfra_cli  # noqa: F401
     return hosts, {h: f"10.0.0.{i}" for i, h in enumerate(hosts)}, {h: s for h in hosts}
@@ -134,22 +131,15 @@ def say(text):
 def runner(inventory, deploy, hosts, name):
     say(Path(deploy).name)
     if Path(deploy).name == ff.PREFETCH_DEPLOY:
-        import subprocess
-        # As run_pyinfra: waiting on a child's output when the signal comes.
-        from specfleet.fleet.pyinfra_run import tracked
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                                 stdout=subprocess.PIPE)
+        # As a step in the controller's process: busy when the signal comes.
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
         try:
-            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-            with tracked(child):
-                child.stdout.read()
-                child.wait()
+            for _ in range(30):
+                time.sleep(0.1)
         except BaseException:  # the signal raised here (plain Python)...
-            child.kill()
-            child.wait()
             say("child ended")
             raise
-        say("child ended")  # ...or the handler stopped the child and the run returns (gevent)
+        say("child ended")  # ...or the handler recorded it, and the step returns (gevent)
     else:
         os.kill(os.getpid(), signal.SIGTERM)  # a second one, during the cleanup: it goes on
         time.sleep(0.2)

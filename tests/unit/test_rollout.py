@@ -19,15 +19,23 @@ from operations.rollback import (
 )
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.settings import RolloutOptions
-from specfleet.fleet.pyinfra_run import HostStep, StepRun, parse_step
+from specfleet.fleet.pyinfra_run import (
+    HostStep,
+    PyinfraOptions,
+    StepRun,
+    failure_text,
+    select_hosts,
+)
 from specfleet.fleet.rollout import (
     GATE_DEPLOY,
+    LOCK_DEPLOY,
     RESTORE_DEPLOY,
     SNAPSHOT_DEPLOY,
     HostReport,
     Options,
     Rollout,
     batch_size_for,
+    busy_words,
     make_batches,
     over_budget,
     resolve_options,
@@ -131,60 +139,51 @@ def test_bad_rollout_settings(opts, message):
 
 
 # --------------------------------------------------------------------------------------------------
-# Reading pyinfra's results (captured from `pyinfra -y --json` on the test fleet; h3's veth down)
+# Reading pyinfra's results (pyinfra's objects; tests/unit/test_pyinfra_run.py runs the real API)
 
 
-def _capture(name: str) -> tuple[str, list[str]]:
-    out = (FIXTURES / f"{name}.stdout.json").read_text()
-    err = (FIXTURES / f"{name}.stderr.txt").read_text().splitlines()
-    return out, err
+def test_a_failure_reads_as_the_reason_the_operation_gave_on_its_meta():
+    """The why of a failed host comes from pyinfra's OperationMeta: the reason the operation
+    put there (record_failure), else the failed command's stderr; never from the log."""
+    from types import SimpleNamespace
+
+    from specfleet.core.errors import ERROR_ATTR
+
+    meta = SimpleNamespace(stderr_lines=["x", "E: boom"], stdout_lines=[])
+    setattr(meta, ERROR_ATTR, "sf-roll.service not ready after 16 s\n    | journal line\n"
+            "  fix: read `journalctl -u sf-roll.service`")
+    assert failure_text(meta) == ["sf-roll.service not ready after 16 s",
+                                  "fix: read `journalctl -u sf-roll.service`"]
+    plain = SimpleNamespace(stderr_lines=["x", "y", "z", "E: boom"], stdout_lines=[])
+    assert failure_text(plain) == ["y", "z", "E: boom"]
 
 
-def test_parse_a_run_with_changed_failed_and_unreachable_hosts():
-    out, err = _capture("mixed")
-    res = parse_step(out, err, H4)
-    assert res["h1"].status == "changed" and res["h4"].status == "changed"
-    assert res["h1"].changed_ops == ["Changed file", "Fails on h2"]
-    assert res["h2"].status == "failed"
-    assert res["h2"].why == ["in 'Fails on h2': h2 is broken on purpose"]
-    assert res["h3"].status == "unreachable"
-    assert res["h3"].why[0].startswith("unreachable: Could not connect")
-    assert "10.250.200.13" in res["h3"].why[0]
+def test_a_busy_lock_reads_as_who_holds_it_and_since_when():
+    why = ["in 'Hold the run lock for the whole rollout': another specfleet run holds this host: "
+           "ops@ctl (run 5e0b7c1d2a9f, pid 42 on machine 9f1c2b3a, since 2026-12-01 15:00:00)"
+           ": python -m specfleet.fleet.rollout inv.py; its lease expires ..."]
+    assert busy_words(why) == ("ops@ctl (run 5e0b7c1d2a9f, pid 42 on machine 9f1c2b3a, since "
+                               "2026-12-01 15:00:00)")
+    assert busy_words(["in 'x': disk full"]) is None
 
 
-def test_parse_a_run_where_every_host_failed_and_pyinfra_printed_no_json():
-    out, err = _capture("all_failed")
-    assert out.strip() == ""  # pyinfra stops with "No hosts remaining!"
-    res = parse_step(out, err, ["h2"])
-    assert res["h2"].status == "failed"
-    assert res["h2"].why == ["in 'Fails on h2': h2 is broken on purpose"]
+def test_limit_selects_hosts_and_groups_and_rejects_what_matches_nothing():
+    groups = {"gpu": ["h1", "h2"], "all": H4}
+    assert select_hosts(H4, groups, []) == H4
+    assert select_hosts(H4, groups, ["gpu"]) == ["h1", "h2"]
+    assert select_hosts(H4, groups, ["h4", "h3"]) == ["h3", "h4"]
+    assert select_hosts(H4, groups, ["h[34]"]) == ["h3", "h4"]
+    with pytest.raises(SpecfleetError, match="--limit h9 matches no host or group"):
+        select_hosts(H4, groups, ["h9"])
 
 
-def test_readiness_ops_do_not_count_as_changes():
-    out = ('{"results": {"operations": [{"name": "Readiness gate", "success": ["h1"], '
-           '"error": [], "no_change": []}], "failed_hosts": []}}')
-    assert parse_step(out, [], ["h1"])["h1"].status == "ok"
-
-
-def test_a_gate_failure_reads_as_the_op_and_the_servers_words():
-    err = [
-        "--> Starting operation: SGLang server ",
-        "[h3] restarting sf-roll.service: the environment file changed",
-        "[h3] gate: waiting for sf-roll.service to serve; budget 60 s; since @1796051526",
-        "[h3] gate: FAILED after 16 s: systemd reports sf-roll.service failed",
-        "[h3] sf-roll.service not ready after 16 s: systemd reports sf-roll.service failed",
-        "    | standin: exiting with status 3 as asked",
-        "  fix: read `journalctl -u sf-roll.service` on the host",
-        "    [h3] Error: executed 2 commands",
-    ]
-    out = ('{"results": {"operations": [{"name": "SGLang server", "success": [], '
-           '"error": ["h3"], "no_change": []}], "failed_hosts": ["h3"]}}')
-    why = parse_step(out, err, ["h3"])["h3"].why
-    assert why == [
-        "in 'SGLang server': restarting sf-roll.service: the environment file changed",
-        "sf-roll.service not ready after 16 s: systemd reports sf-roll.service failed",
-        "fix: read `journalctl -u sf-roll.service` on the host",
-    ]
+def test_pyinfra_options_become_override_data_as_the_cli_makes_them():
+    o = PyinfraOptions(ssh_user="deploy", key="/k", port=2222,
+                       data=["ssh_strict_host_key_checking=off", "n=3"])
+    assert o.override_data() == {"ssh_strict_host_key_checking": "off", "n": 3,
+                                 "ssh_user": "deploy", "ssh_key": "/k", "ssh_port": 2222}
+    with pytest.raises(SpecfleetError, match="not KEY=VALUE"):
+        PyinfraOptions(data=["oops"]).override_data()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,7 +199,7 @@ class Script:
 
     def __call__(self, inventory, deploy, hosts, name):
         kind = {SNAPSHOT_DEPLOY: "snapshot", GATE_DEPLOY: "gate", RESTORE_DEPLOY: "rollback",
-                "prefetch.py": "prefetch"}.get(Path(deploy).name, "deploy")
+                LOCK_DEPLOY: "lock", "prefetch.py": "prefetch"}.get(Path(deploy).name, "deploy")
         self.calls.append((kind, list(hosts)))
         results = {}
         for h in hosts:
@@ -210,7 +209,8 @@ class Script:
         return StepRun(name, list(hosts), 0, 0.01, results)
 
     def touched(self) -> set[str]:
-        return {h for kind, hosts in self.calls if kind != "prefetch" for h in hosts}
+        return {h for kind, hosts in self.calls if kind not in ("prefetch", "lock")
+                for h in hosts}
 
 
 def _rollout(script, **opts) -> Rollout:
@@ -222,6 +222,7 @@ def test_a_clean_rollout_runs_every_step_in_order():
     r = _rollout(script, batch_size=2)
     assert r.run() == 0
     assert script.calls == [
+        ("lock", H4),  # every host's run lock, once, before any step
         ("prefetch", H4),
         ("snapshot", ["h1"]), ("deploy", ["h1"]), ("gate", ["h1"]),
         ("snapshot", ["h2", "h3"]), ("deploy", ["h2", "h3"]), ("gate", ["h2", "h3"]),
@@ -390,3 +391,59 @@ def test_pip_sources_put_the_wheel_cache_first():
     s = settings_from_dict({"sglang": {"index_url": "https://mirror/simple"}})
     assert pip_source_args(s, "/w")[2:] == ["--find-links", "/w", "--index-url",
                                             "https://mirror/simple"]
+
+
+def test_a_busy_host_is_not_started_never_touched_and_never_rolled_back():
+    class Busy(Script):
+        def __call__(self, inventory, deploy, hosts, name):
+            run = super().__call__(inventory, deploy, hosts, name)
+            if Path(deploy).name == LOCK_DEPLOY and "h2" in hosts:
+                run.results["h2"] = HostStep("failed", why=[
+                    "in 'Hold the run lock': another specfleet run holds this host: "
+                    "bob@ci (run abc, pid 7, since 2026-12-01 15:00:00): pyinfra inv.py "
+                    "deploys/kimi_k26.py; its lease expires ..."])
+            return run
+
+    script = Busy({("gate", "h2"): "failed"})
+    r = _rollout(script, batch_size=2, max_fail_percent=0)
+    assert r.run() == 1
+    assert "h2" not in script.touched()
+    assert r.reports["h2"].status == "not started" and not r.reports["h2"].failed
+    assert r.reports["h2"].why == [
+        "not started: busy (held by bob@ci (run abc, pid 7, since 2026-12-01 15:00:00))"]
+    assert [r.reports[h].status for h in ("h1", "h3", "h4")] == ["changed"] * 3
+
+
+def test_the_fleet_download_adds_every_hosts_progress_up():
+    from specfleet.fleet.progress import download_words, fleet_download
+
+    gib = 1024**3
+    d = fleet_download([
+        {"bytes_done": 100 * gib, "bytes_total": 600 * gib, "rate_bps": 1e9,
+         "state": "downloading"},
+        {"bytes_done": 312 * gib, "bytes_total": 600 * gib, "rate_bps": 0.9e9,
+         "state": "downloading"},
+        {"bytes_done": 0, "bytes_total": 0, "state": "done"},
+    ])
+    assert d["active"] == 2 and round(d["rate"]) == 1.9e9
+    assert round(d["eta"]) == round(788 * gib / 1.9e9)
+    assert download_words(d, 3) == "412.0 of 1200.0 GiB across 3 hosts, 1.90 GB/s, 7 min left"
+    assert fleet_download([])["eta"] is None
+
+
+def test_the_live_view_renders_every_host_in_its_batch():
+    from rich.console import Console
+
+    from specfleet.fleet.progress import RichView
+
+    r = _rollout(Script(), batch_size=2)
+    r.run()
+    view = RichView(r)
+    view.step("batch 1/2 gate", ["h2", "h3"])
+    console = Console(record=True, width=120)
+    console.print(view.table())
+    text = console.export_text()
+    assert "prefetch: 0.0 of 0.0 GiB across 0 hosts" in text
+    for h in H4:
+        assert h in text
+    assert "batch 1/2 gate" in text and "canary" in text
