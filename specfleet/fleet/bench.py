@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,13 @@ from typing import Any
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
-from specfleet.fleet.pyinfra_run import HostStep, checkout_dir, deploy_path, parse_step
+from specfleet.fleet.pyinfra_run import (
+    HostStep,
+    PyinfraOptions,
+    deploy_path,
+    load_inventory,
+    run_pyinfra,
+)
 
 BENCH_DEPLOY = "bench_kimi.py"
 
@@ -48,25 +53,26 @@ class DataRun:
 
 def run_with_data(inventory: str, deploy: str, hosts: Sequence[str],
                   data: Mapping[str, Any], log_path: Path | None = None) -> DataRun:
-    """``pyinfra -y --json --limit H ... --data KEY=JSON ... INVENTORY DEPLOY`` in the checkout.
-    ``--data`` is pyinfra's own override layer: ``settings_for_host`` merges it over the
-    inventory's data key by key, so ``{"specfleet": {"plan": {...}}}`` changes only the plan."""
-    argv = [sys.executable, "-m", "pyinfra", "-y", "--json"]
-    for h in hosts:
-        argv += ["--limit", h]
-    for key, value in data.items():
-        argv += ["--data", f"{key}={json.dumps(value, sort_keys=True)}"]
-    argv += [os.path.abspath(inventory) if os.path.exists(inventory) else inventory, deploy]
+    """One deploy file on ``hosts`` in this process (pyinfra's API, ``pyinfra_run``), with
+    ``data`` as pyinfra's own ``--data`` override layer: ``settings_for_host`` merges it over the
+    inventory's data key by key, so ``{"specfleet": {"plan": {...}}}`` changes only the plan.
+    Each host's result and failure reason come from pyinfra's objects; ``log_path`` gets them as
+    lines (pyinfra's own log goes to stderr)."""
+    options = PyinfraOptions(
+        data=[f"{key}={json.dumps(value, sort_keys=True)}" for key, value in data.items()]
+    )
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=checkout_dir(), capture_output=True, text=True,
-                          env=os.environ.copy(), check=False)
+    step = run_pyinfra(inventory, deploy, list(hosts), Path(deploy).stem, options)
     seconds = time.monotonic() - start
-    log = proc.stderr
+    log = "\n".join(
+        f"{h}: {r.status}" + "".join(f"\n  {line}" for line in r.why)
+        for h, r in step.results.items()
+    )
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(log)
-    results = parse_step(proc.stdout, log.splitlines(), list(hosts))
-    return DataRun(proc.returncode, seconds, results, log)
+        log_path.write_text(log + "\n")
+    rc = 0 if all(r.passed for r in step.results.values()) else 1
+    return DataRun(rc, seconds, dict(step.results), log)
 
 
 def load_result(path: Path) -> dict[str, Any] | None:
@@ -118,12 +124,7 @@ def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
 
 
 def list_hosts(inventory: str) -> list[str]:
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    ctx_state.set(State())
-    return [h.name for h in make_inventory(inventory, cwd=os.getcwd())]
+    return [h.name for h in load_inventory(inventory)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
