@@ -9,13 +9,14 @@ file of your own can too::
 2. SGLang pinned, compressed-tensors pinned, PR#20547 where missing;
 3. the target and drafter weights, pinned and verified;
 4. the launch plan and the systemd unit;
-5. restart only on change, then the readiness gate.
+5. restart only on change, then the readiness gate;
+6. the health watchdog (with the /metrics relay) and the deploy's record for the metrics.
 """
 
 from pyinfra.api import deploy
 from pyinfra.operations.util import any_changed
 
-from operations import preflight, serving, sglang, weights
+from operations import preflight, serving, sglang, watchdog, weights
 from operations.venvs import effective_settings
 from specfleet.core.settings import Settings
 
@@ -48,5 +49,7 @@ def kimi_k26(settings: Settings) -> None:
         enabled=True,
         ready=True,
     )
+    watchdog.service(name="Health watchdog and metrics relay", settings=settings)
+    watchdog.deploy_record(name="Deploy record for the metrics", settings=settings)
 
     preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -5,6 +5,8 @@
     specfleet fanout INVENTORY [fan-out options]                           (a checkout)
     specfleet probe INVENTORY [python=... models_path=...]                 (a checkout)
     specfleet status INVENTORY [--limit HOST ...]                          (a checkout)
+    specfleet monitoring INVENTORY --out DIR                               (Prometheus, Grafana)
+    specfleet logs INVENTORY HOST [-n LINES]                               (redacted journal)
 
 ``plan`` needs nothing but this package. The others run the deploy files and facts of a
 specfleet checkout (the current directory, ``--checkout PATH`` or ``$SPECFLEET_CHECKOUT``), by
@@ -21,7 +23,7 @@ import sys
 
 from specfleet import plan as plan_cli
 from specfleet.core.errors import SpecfleetError
-from specfleet.fleet import fanout, rollout
+from specfleet.fleet import fanout, monitoring, rollout
 from specfleet.fleet.pyinfra_run import CHECKOUT_ENV, checkout_dir
 
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         ("fanout", "fetch the weights once per fleet, then host to host"),
         ("probe", "every host's facts, one SSH command per host"),
         ("status", "what each host runs, read-only"),
+        ("monitoring", "Prometheus scrape config, alert rules and a Grafana dashboard"),
+        ("logs", "a host's server journal, every secret redacted"),
     ):
         p = sub.add_parser(name, help=what, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -62,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fanout":
             checkout_dir(args.checkout)
             return fanout.main(args.rest)
+        if args.command == "monitoring":
+            return monitoring.main_monitoring(args.rest)
+        if args.command == "logs":
+            return monitoring.main_logs(args.rest)
         if args.command == "probe":
             return _in_checkout(["-m", "facts.probe", *args.rest], args.checkout)
         return _in_checkout(

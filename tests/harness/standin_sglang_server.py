@@ -16,6 +16,13 @@ Its own options come first and are named --standin-*:
                           "cwd": ..., "pid": ...} to PATH (JSON) at start
   --standin-load-s N      answer 503 on /health_generate for N seconds ("loading the model")
   --standin-exit N        exit with status N right after recording (a server that crashes)
+  --standin-hang-file P   alive but not generating while P holds this process's pid (a wedged
+                          scheduler, sgl-project/sglang #6624): /health answers, /health_generate
+                          waits SGLANG_HEALTH_CHECK_TIMEOUT and answers 503, no tokens are made
+  --standin-busy-file P   while P exists: busy (tokens rise, /health_generate fails as under load,
+                          #22511)
+
+With SGLang's --enable-metrics it serves /metrics with SGLang's metric names (DayTwo below).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 import logging.config
 import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -88,6 +96,82 @@ def read_config(path: str) -> dict[str, str]:
     return out
 
 
+class DayTwo:
+    """STAND-IN for what the watchdog and Prometheus see of a real server: /metrics (SGLang's
+    names and labels, from srt/observability/metrics_collector.py of 0.5.11 and 0.5.23: gauges
+    and counters labelled ``model_name``; prometheus_client writes a Counter named ``x_total`` as
+    ``x_total``) and /health_generate under the hang and busy knobs. ``sglang:`` names used here
+    are checked against the wheels by tests/unit/test_monitoring.py."""
+
+    def __init__(self, args: argparse.Namespace, model_name: str):
+        self.args = args
+        self.model = model_name
+        self.lock = threading.Lock()
+        self.generated = 0.0
+        self.prompt = 0.0
+        self.requests = 0.0
+        threading.Thread(target=self._busy_loop, daemon=True).start()
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--standin-hang-file")
+        p.add_argument("--standin-busy-file")
+        p.add_argument("--enable-metrics", action="store_true")
+
+    def hung(self) -> bool:
+        path = self.args.standin_hang_file
+        try:
+            with open(path) as f:
+                return f.read().strip() == str(os.getpid())
+        except (OSError, TypeError):
+            return False
+
+    def busy(self) -> bool:
+        return bool(self.args.standin_busy_file) and os.path.exists(self.args.standin_busy_file)
+
+    def _busy_loop(self) -> None:
+        while True:
+            time.sleep(0.5)
+            if self.busy() and not self.hung():
+                with self.lock:
+                    self.generated += 37
+                    self.prompt += 120
+                    self.requests += 1
+
+    def health_generate(self) -> int:
+        """As SGLang's /health_generate: a one-token generate, 200 once anything came back, else
+        503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s by default)."""
+        if self.hung() or self.busy():
+            time.sleep(float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+            return 503
+        with self.lock:
+            self.generated += 1
+            self.prompt += 1
+        return 200
+
+    def metrics(self) -> str | None:
+        if not self.args.enable_metrics:
+            return None
+        label = f'{{model_name="{self.model}"}}'
+        busy = self.busy()
+        with self.lock:
+            gen, prompt, reqs = self.generated, self.prompt, self.requests
+        rows = [
+            ("sglang:num_running_reqs", "gauge", 8.0 if busy else 0.0),
+            ("sglang:num_queue_reqs", "gauge", 3.0 if busy else 0.0),
+            ("sglang:gen_throughput", "gauge", 74.0 if busy else 0.0),
+            ("sglang:spec_accept_length", "gauge", 3.4 if busy else 0.0),
+            ("sglang:prompt_tokens_total", "counter", prompt),
+            ("sglang:generation_tokens_total", "counter", gen),
+            ("sglang:num_requests_total", "counter", reqs),
+        ]
+        out = []
+        for name, kind, value in rows:
+            base = name[: -len("_total")] if kind == "counter" else name
+            out += [f"# HELP {base} {name}", f"# TYPE {base} {kind}", f"{name}{label} {value}"]
+        return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="standin_sglang_server")
     p.add_argument("--standin-record")
@@ -103,6 +187,7 @@ def main() -> int:
     p.add_argument("--config")
     p.add_argument("--served-model-name")
     p.add_argument("--log-level", default="info")
+    DayTwo.add_arguments(p)
     args, _rest = p.parse_known_args()
 
     api_key = args.api_key
@@ -144,6 +229,7 @@ def main() -> int:
 
     started = time.monotonic()
     served = args.served_model_name or args.model_path
+    day_two = DayTwo(args, served)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: object | None = None) -> None:
@@ -154,12 +240,25 @@ def main() -> int:
             self.end_headers()
             self.wfile.write(data)
 
+        def _send_text(self, code: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]
             loading = time.monotonic() - started < args.standin_load_s
             # As SGLang's auth middleware: /health* is always open, the rest needs the key.
             if path.startswith("/health"):
+                if path == "/health_generate" and not loading:
+                    return self._send(day_two.health_generate())
                 return self._send(503 if loading else 200)
+            # As SGLang's auth middleware: /metrics is open too.
+            if path == "/metrics" and day_two.metrics() is not None:
+                return self._send_text(200, day_two.metrics())
             if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
                 return self._send(401, {"error": "Unauthorized"})
             if path in ("/get_model_info", "/model_info"):

@@ -27,7 +27,12 @@ from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, PlanCo
 from specfleet.core.plan.dflash import block_size, plan_dflash
 from specfleet.core.plan.gpus import plan_gpus
 from specfleet.core.plan.inputs import FactsInputError, check_facts, one_host_facts
-from specfleet.core.plan.launch import launch_argv, plan_model_args, plan_model_paths
+from specfleet.core.plan.launch import (
+    launch_argv,
+    plan_metrics,
+    plan_model_args,
+    plan_model_paths,
+)
 from specfleet.core.plan.memory import plan_gpu_memory, plan_mem_fraction
 from specfleet.core.plan.model import Plan, PlanBuilder, PlanError, Reason, ReasonKind
 from specfleet.core.plan.overrides import apply_overrides
@@ -54,6 +59,7 @@ TOPICS = (
     plan_mem_fraction,
     plan_all_reduce,
     plan_model_args,
+    plan_metrics,
 )
 
 

@@ -190,6 +190,9 @@ class VersionRow:
     compressed_tensors_quant: bool = True
     ddtree: bool = False
     dflash_pr20547: bool = False
+    # The flag that turns on SGLang's Prometheus /metrics (server_args.py add_argument in 0.5.11,
+    # the observability.py field enable_metrics in 0.5.23); None where a release lacks it.
+    metrics_flag: str | None = "--enable-metrics"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def features(self) -> dict:
