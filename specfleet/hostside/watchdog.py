@@ -317,7 +317,8 @@ def tick(cfg: dict, st: dict, run_lock) -> dict:
                              capture_output=True, text=True, check=False)  # fmt: skip
         if res.returncode != 0:
             say(f"systemctl restart {cfg['unit']} failed: {res.stderr.strip()}")
-    elif action == WAIT and st.get("failures") or (st.get("capped") and not was_capped):
+    elif action == WAIT and (seen != "not probed" or (st.get("capped") and not was_capped)):
+        # A failed probe, and why it did not restart (loading, busy, counting, back-off, cap).
         say(f"{cfg['unit']}: {reason}")
     write_atomic(cfg["state_path"], json.dumps(_persisted(st), sort_keys=True) + "\n")
     if cfg.get("textfile"):

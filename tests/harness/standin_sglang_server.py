@@ -166,9 +166,9 @@ class DayTwo:
             ("sglang:num_requests_total", "counter", reqs),
         ]
         out = []
+        # prometheus_client's text format (0.0.4): a Counter's HELP and TYPE carry the _total name.
         for name, kind, value in rows:
-            base = name[: -len("_total")] if kind == "counter" else name
-            out += [f"# HELP {base} {name}", f"# TYPE {base} {kind}", f"{name}{label} {value}"]
+            out += [f"# HELP {name} {name}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
         return "\n".join(out) + "\n"
 
 
