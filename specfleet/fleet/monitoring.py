@@ -30,6 +30,7 @@ from specfleet.core.monitoring import (
     dashboard,
     file_sd,
     prometheus_config,
+    watchdog_paths,
 )
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
@@ -103,8 +104,6 @@ for _line in _sys.stdin:
 
 def logs_command(s: Settings, lines: int, since: str | None) -> str:
     """The shell command that prints the server's journal with every secret redacted."""
-    from specfleet.core.monitoring import watchdog_paths
-
     unit = f"{s.service_name}.service"
     secret = f"/etc/specfleet/secrets/{s.service_name}.yaml"
     # The host's own token (huggingface_hub's default path) and the copy a deploy makes.

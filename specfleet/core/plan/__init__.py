@@ -58,8 +58,8 @@ TOPICS = (
     plan_dflash,
     plan_mem_fraction,
     plan_all_reduce,
-    plan_model_args,
     plan_metrics,
+    plan_model_args,
 )
 
 
