@@ -349,8 +349,14 @@ def main(argv: list[str]) -> int:
                               if k in ("restarts_total", "last_reason")})  # fmt: skip
     relay = cfg.get("relay")
     if relay:
-        serve_relay(relay["listen"], relay["port"], cfg["server_url"], cfg["probe_timeout_s"])
-        say(f"relaying {cfg['server_url']}/metrics on {relay['listen']}:{relay['port']}/metrics")
+        where = f"{relay['listen']}:{relay['port']}"
+        try:
+            serve_relay(relay["listen"], relay["port"], cfg["server_url"], cfg["probe_timeout_s"])
+            say(f"relaying {cfg['server_url']}/metrics on {where}/metrics")
+        except OSError as exc:
+            # The watchdog matters more than the relay: it goes on without it.
+            say(f"cannot relay /metrics on {where}: {exc}; fix: set metrics.relay_port to a "
+                "free port (each server on a host needs its own)")
     say(f"watching {cfg['unit']} at {cfg['server_url']} every {cfg['interval_s']:g} s "
         f"(restart after {cfg['failures']} failed probes)")  # fmt: skip
     while True:
