@@ -17,13 +17,15 @@ from facts.cache import cached_fact
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.serving import (
+    _gather,
     _per_host,
     _settings,
-    current_plan,
+    plan_from_facts,
     render,
     server_paths,
     service_state_args,
     sha1_text,
+    unit_files,
 )
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.monitoring import WatchdogPaths, deploy_state, watchdog_config, watchdog_paths
@@ -180,7 +182,9 @@ def _deploy_record(settings: Settings | None):
     server = server_paths(s)
     unit_st = cached_fact(host, ServiceState, **service_state_args(s))
     unit_sha = ((unit_st or {}).get("files", {}).get(server.unit) or {}).get("sha1", "")
-    record = deploy_state(current_plan(s).build, unit_sha[:16], _weights_ok(s))
+    # The facts the unit step read (the probe's, on a converged host: no command more).
+    build = plan_from_facts(s, _gather(s, unit_files(server)), host.name).build
+    record = deploy_state(build, unit_sha[:16], _weights_ok(s))
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     if _matches(_state(s), paths.deploy_state, text, 644):
         host.noop(f"deploy record {paths.deploy_state} is up to date")

@@ -119,6 +119,15 @@ def wait_ready(fleet) -> None:
              lambda: textfile(fleet).get("specfleet_server_ready") == 1)  # fmt: skip
 
 
+def test_a_second_deploy_leaves_the_watchdog_and_its_record_alone(wd, tmp_path):
+    run = deploy(wd, tmp_path, settings_data(), BODY)
+    assert run.rc == 0, run
+    assert run.ops["watchdog"] == "No changes" and run.ops["record"] == "No changes", run
+    record = json.loads(sh(wd, f"cat /var/lib/specfleet/{NAME}.deployed.json"))
+    assert record["target_revision"] == REV and record["result"] == "ok"
+    assert sh(wd, f"systemctl is-active {NAME}-watchdog.service").strip() == "active"
+
+
 def test_a_hung_server_is_restarted_once_with_the_reason_in_the_journal(wd):
     wait_ready(wd)
     before, pid = len(restarts_in_journal(wd)), main_pid(wd)
