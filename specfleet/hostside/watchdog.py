@@ -72,7 +72,8 @@ def decide(state: dict, obs: dict, cfg: dict) -> tuple[str, str, dict]:
         st["failures"] = 0
         return WAIT, f"the run lock is held by {obs['lock']}: a deploy is in charge", st
     if obs.get("active") != "active":
-        st["failures"] = 0
+        # Not running is not loading (the not-ready alert holds back only for a loading server).
+        st.update(failures=0, loading=False)
         return WAIT, (f"the unit is {obs.get('active') or 'unknown'}: systemd's Restart= and the "
                       "deploy handle a server that is not running"), st  # fmt: skip
     if obs.get("probe_ok"):

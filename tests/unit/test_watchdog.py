@@ -71,8 +71,9 @@ def test_the_run_lock_holds_every_restart_back():
 
 
 def test_a_server_that_is_not_running_is_left_to_systemd():
-    out, _ = run([obs(t, active="failed") for t in range(1, 10)], ready_state())
+    out, st = run([obs(t, active="failed", invocation="") for t in range(1, 10)], ready_state())
     assert {a for a, _ in out} == {w.WAIT}
+    assert "systemd's Restart=" in out[-1][1] and not st["loading"]
 
 
 def test_back_off_doubles_up_to_its_max_and_the_cap_stops_restarts():
