@@ -7,7 +7,8 @@ fi
 # command -> Debian package
 need=()
 for pair in debootstrap:debootstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client \
-            scp:openssh-client patch:patch curl:curl git:git python3:python3; do
+            scp:openssh-client patch:patch curl:curl git:git python3:python3 \
+            promtool:prometheus prometheus-node-exporter:prometheus-node-exporter; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

@@ -15,14 +15,15 @@ under the run lock, ``operations.removal`` removes what ``removal.footprint`` li
 3. the target and drafter weights, pinned and verified;
 4. the launch plan and the systemd unit;
 5. restart only on change (a serving group restarts as one), then the readiness gate (on a
-   serving group's rank 0: SGLang's ranks >= 1 answer health checks whatever their state).
+   serving group's rank 0: SGLang's ranks >= 1 answer health checks whatever their state);
+6. the health watchdog (with the /metrics relay) and the deploy's record for the metrics.
 """
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations.util import any_changed
 
-from operations import preflight, removal, serving, sglang, weights
+from operations import preflight, removal, serving, sglang, watchdog, weights
 from operations.venvs import effective_settings
 from specfleet.core.settings import Settings
 
@@ -66,5 +67,7 @@ def kimi_k26(settings: Settings, present: bool | None = None,
         enabled=True,
         ready=settings.group is None or settings.group.members[0] == host.name,
     )
+    watchdog.service(name="Health watchdog and metrics relay", settings=settings)
+    watchdog.deploy_record(name="Deploy record for the metrics", settings=settings)
 
     preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -23,6 +23,7 @@ from facts.sglang import PatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
 from operations.serving import host_specs, server_paths, service_state_args, unit_files
 from operations.venvs import candidate_venvs
+from operations.watchdog import state_args as watchdog_state_args
 from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_pattern
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import venv_python
@@ -64,4 +65,6 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
     # server.unit, server.service
     paths = server_paths(s)
     specs += host_specs(s, unit_files(paths)).values()
+    # watchdog.service, watchdog.deploy_record
+    specs.append((ServiceState, watchdog_state_args(s)))
     return specs

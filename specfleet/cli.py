@@ -8,6 +8,8 @@
     specfleet remove INVENTORY [--limit HOST ...] [--dry] [--weights] [--venv]  (a checkout)
     specfleet bench INVENTORY [--limit HOST ...] [bench options]           (a checkout)
     specfleet sweep INVENTORY --host HOST [sweep options]                  (a checkout)
+    specfleet monitoring INVENTORY --out DIR                               (Prometheus, Grafana)
+    specfleet logs INVENTORY HOST [-n LINES]                               (redacted journal)
 
 ``plan`` needs nothing but this package. The others run the deploy files and facts of a
 specfleet checkout (the current directory, ``--checkout PATH`` or ``$SPECFLEET_CHECKOUT``), by
@@ -26,7 +28,7 @@ import tempfile
 
 from specfleet import plan as plan_cli
 from specfleet.core.errors import SpecfleetError
-from specfleet.fleet import bench, fanout, rollout, sweep
+from specfleet.fleet import bench, fanout, monitoring, rollout, sweep
 from specfleet.fleet.pyinfra_run import CHECKOUT_ENV, checkout_dir
 
 
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         ("remove", "take the deploy off the hosts (the weights and your venv stay)"),
         ("bench", "a smoke benchmark on every host, slow hosts flagged"),
         ("sweep", "tune the speculative settings on one host, restore the best"),
+        ("monitoring", "Prometheus scrape config, alert rules and a Grafana dashboard"),
+        ("logs", "a host's server journal, every secret redacted"),
     ):
         p = sub.add_parser(name, help=what, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("bench", "sweep"):
             checkout_dir(args.checkout)
             return (bench if args.command == "bench" else sweep).main(args.rest)
+        if args.command == "monitoring":
+            return monitoring.main_monitoring(args.rest)
+        if args.command == "logs":
+            return monitoring.main_logs(args.rest)
         if args.command == "probe":
             return _in_checkout(["-m", "facts.probe", *args.rest], args.checkout)
         if args.command == "status" and "--json" in args.rest:

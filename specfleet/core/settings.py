@@ -208,6 +208,44 @@ class ServingGroup:
 
 
 @dataclass(frozen=True)
+class WatchdogOptions:
+    """The host-side health watchdog (``specfleet/hostside/watchdog.py``, its own systemd unit)."""
+
+    enable: bool = True
+    # Seconds between generation probes.
+    interval_s: float = 30.0
+    # One probe's budget: SGLang's /health_generate answers within SGLANG_HEALTH_CHECK_TIMEOUT
+    # (20 s by default), plus a margin.
+    probe_timeout_s: float = 40.0
+    # Failed probes in a row (with sglang:generation_tokens_total flat) before a restart.
+    failures: int = 3
+    # After a restart the next one waits backoff_s, doubling per restart in window_s, up to
+    # backoff_max_s; at most max_restarts restarts in window_s, then it waits for a person.
+    backoff_s: float = 300.0
+    backoff_max_s: float = 3600.0
+    max_restarts: int = 3
+    window_s: float = 21600.0
+    # How long a start may load before failed probes count; unset: readiness_timeout_s.
+    load_grace_s: float | None = None
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """Prometheus: SGLang's own metrics, specfleet's per-host state, and how both leave the host."""
+
+    # SGLang's --enable-metrics (its /metrics on the server's port).
+    enable: bool = True
+    # The watchdog relays the server's /metrics (that path only) here, since the server listens
+    # on the loopback; None: no relay.
+    relay_port: int | None = 30091
+    relay_listen: str = "0.0.0.0"
+    # node-exporter's textfile collector folder (Debian's prometheus-node-exporter default).
+    textfile_dir: str = "/var/lib/prometheus/node-exporter"
+    # Where node-exporter listens on the host, for the generated scrape config.
+    node_exporter_port: int = 9100
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a Kimi K2.6 + DFlash deploy can be told. Defaults are that deploy's."""
 
@@ -231,6 +269,8 @@ class Settings:
     removal: RemovalOptions = field(default_factory=RemovalOptions)
     # None: this host serves alone. Set: it is one member of a multi-host server.
     group: ServingGroup | None = None
+    watchdog: WatchdogOptions = field(default_factory=WatchdogOptions)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
 
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
@@ -558,6 +598,8 @@ def validate(
     _check_rollout(settings.rollout, p)
     if settings.group is not None:
         _check_group(settings, p)
+    _check_watchdog(settings.watchdog, p)
+    _check_metrics(settings.metrics, settings.port, p)
     p.raise_any()
     return settings
 
@@ -889,6 +931,35 @@ def _check_group(s: Settings, p: _Problems) -> None:
     if s.plan.tp_size is not None:
         p.problem("settings keys 'plan.tp_size' and 'group' are both set",
                   "remove plan.tp_size: a serving group shards over every GPU of its members")
+
+
+def _check_watchdog(w: WatchdogOptions, p: _Problems) -> None:
+    for key, example in (("interval_s", 30), ("probe_timeout_s", 40), ("backoff_s", 300),
+                         ("backoff_max_s", 3600), ("window_s", 21600), ("load_grace_s", 3600)):
+        p.number(f"watchdog.{key}", getattr(w, key), 0, None, low_open=True,
+                 fix=f"set watchdog.{key} to seconds, e.g. {example}")  # fmt: skip
+    for key, example in (("failures", 3), ("max_restarts", 3)):
+        if getattr(w, key) < 1:
+            p.bad(f"watchdog.{key}", str(getattr(w, key)), ">= 1",
+                  f"set watchdog.{key} to e.g. {example}, or watchdog.enable to False")
+    if w.backoff_max_s < w.backoff_s:
+        p.problem("settings key 'watchdog.backoff_max_s' is below 'watchdog.backoff_s'",
+                  "set watchdog.backoff_max_s to at least watchdog.backoff_s")  # fmt: skip
+
+
+def _check_metrics(m: MetricsOptions, server_port: int, p: _Problems) -> None:
+    for key in ("relay_port", "node_exporter_port"):
+        value = getattr(m, key)
+        if value is not None and not 1 <= value <= 65535:
+            p.bad(f"metrics.{key}", str(value), "1..65535", f"set metrics.{key} to a free TCP port")
+    if m.relay_port is not None and m.relay_port == server_port:
+        p.problem(f"settings key 'metrics.relay_port' is the server's port {server_port}",
+                  "give the metrics relay a port of its own, e.g. 30091")  # fmt: skip
+    p.check("metrics.relay_listen", m.relay_listen, host_problem(m.relay_listen),
+            "set metrics.relay_listen to an address of the host, e.g. '0.0.0.0'")  # fmt: skip
+    p.check("metrics.textfile_dir", m.textfile_dir, abs_path_problem(m.textfile_dir),
+            "set metrics.textfile_dir to node-exporter's textfile folder, e.g. "
+            "'/var/lib/prometheus/node-exporter'")  # fmt: skip
 
 
 def _is_commit(rev: str) -> bool:

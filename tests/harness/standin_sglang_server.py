@@ -31,6 +31,13 @@ distributed timeout, then serves SGLang's dummy health server (launch_dummy_heal
 that waits for one that never comes, exits 1 at the timeout with torch's message; a lost peer
 afterwards ends every rank, as an NCCL error would. The rendezvous protocol itself is this
 stand-in's own (one line per rank), not torch's.
+  --standin-hang-file P   alive but not generating while P holds this process's pid (a wedged
+                          scheduler, sgl-project/sglang #6624): /health answers, /health_generate
+                          waits SGLANG_HEALTH_CHECK_TIMEOUT and answers 503, no tokens are made
+  --standin-busy-file P   while P exists: busy (tokens rise, /health_generate fails as under load,
+                          #22511)
+
+With SGLang's --enable-metrics it serves /metrics with SGLang's metric names (DayTwo below).
 """
 
 from __future__ import annotations
@@ -204,6 +211,87 @@ def standin_perf(seed: int | None, served: str):
     return perf_module.Perf(exact_argv(), seed, served) if perf_module else None
 
 
+class DayTwo:
+    """STAND-IN for what the watchdog and Prometheus see of a real server: /metrics (SGLang's
+    names and labels, from srt/observability/metrics_collector.py of 0.5.11 and 0.5.23: gauges
+    and counters labelled ``model_name``; prometheus_client writes a Counter named ``x_total`` as
+    ``x_total``) and /health_generate under the hang and busy knobs. ``sglang:`` names used here
+    are checked against the wheels by tests/unit/test_monitoring.py."""
+
+    def __init__(self, args: argparse.Namespace, model_name: str):
+        self.args = args
+        self.model = model_name
+        self.lock = threading.Lock()
+        self.generated = 0.0
+        self.prompt = 0.0
+        self.requests = 0.0
+        threading.Thread(target=self._busy_loop, daemon=True).start()
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--standin-hang-file")
+        p.add_argument("--standin-busy-file")
+        p.add_argument("--enable-metrics", action="store_true")
+
+    def hung(self) -> bool:
+        path = self.args.standin_hang_file
+        try:
+            with open(path) as f:
+                return f.read().strip() == str(os.getpid())
+        except (OSError, TypeError):
+            return False
+
+    def busy(self) -> bool:
+        return bool(self.args.standin_busy_file) and os.path.exists(self.args.standin_busy_file)
+
+    def _busy_loop(self) -> None:
+        while True:
+            time.sleep(0.5)
+            if self.busy() and not self.hung():
+                with self.lock:
+                    self.generated += 37
+                    self.prompt += 120
+                    self.requests += 1
+
+    def health_generate(self) -> int:
+        """As SGLang's /health_generate: a one-token generate, 200 once anything came back, else
+        503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s by default)."""
+        if self.hung() or self.busy():
+            time.sleep(float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+            return 503
+        with self.lock:
+            self.generated += 1
+            self.prompt += 1
+        return 200
+
+    def metrics(self, perf=None) -> str | None:
+        """The /metrics text; with the performance model (standin_perf.py), its throughput and
+        acceptance length gauges stand for the fixed ones here."""
+        if not self.args.enable_metrics:
+            return None
+        label = f'{{model_name="{self.model}"}}'
+        busy = self.busy()
+        with self.lock:
+            gen, prompt, reqs = self.generated, self.prompt, self.requests
+        rows = [
+            ("sglang:num_running_reqs", "gauge", 8.0 if busy else 0.0),
+            ("sglang:num_queue_reqs", "gauge", 3.0 if busy else 0.0),
+            ("sglang:gen_throughput", "gauge", 74.0 if busy else 0.0),
+            ("sglang:spec_accept_length", "gauge", 3.4 if busy else 0.0),
+            ("sglang:prompt_tokens_total", "counter", prompt),
+            ("sglang:generation_tokens_total", "counter", gen),
+            ("sglang:num_requests_total", "counter", reqs),
+        ]
+        if perf is not None:
+            rows = [r for r in rows
+                    if r[0] not in ("sglang:gen_throughput", "sglang:spec_accept_length")]
+        out = []
+        # prometheus_client's text format (0.0.4): a Counter's HELP and TYPE carry the _total name.
+        for name, kind, value in rows:
+            out += [f"# HELP {name} {name}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+        return "\n".join(out) + "\n" + (perf.metrics_text() if perf is not None else "")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="standin_sglang_server")
     p.add_argument("--standin-record")
@@ -225,6 +313,7 @@ def main() -> int:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--dist-init-addr")
     p.add_argument("--dist-timeout", type=int)
+    DayTwo.add_arguments(p)
     args, _rest = p.parse_known_args()
 
     api_key = args.api_key
@@ -287,12 +376,21 @@ def main() -> int:
     started = time.monotonic()
     served = args.served_model_name or args.model_path
     perf = standin_perf(args.standin_perf_seed, served)
+    day_two = DayTwo(args, served)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: object | None = None) -> None:
             data = b"" if body is None else json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _send_text(self, code: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -305,7 +403,12 @@ def main() -> int:
                 return self._send(200 if path in ("/health", "/health_generate") else 404)
             # As SGLang's auth middleware: /health* is always open, the rest needs the key.
             if path.startswith("/health"):
+                if path == "/health_generate" and not loading:
+                    return self._send(day_two.health_generate())
                 return self._send(503 if loading else 200)
+            # As SGLang's auth middleware: /metrics is open too.
+            if path == "/metrics" and day_two.metrics(perf) is not None:
+                return self._send_text(200, day_two.metrics(perf))
             if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
                 return self._send(401, {"error": "Unauthorized"})
             if path in ("/get_model_info", "/model_info"):
@@ -327,17 +430,7 @@ def main() -> int:
             if path in ("/get_server_info", "/server_info"):
                 return self._send(200, {"version": "standin", "model_path": args.model_path,
                                         **(perf.server_info() if perf else {})})
-            if path == "/metrics" and perf and perf.metrics_enabled:
-                return self._send_text(200, perf.metrics_text())
             return self._send(404, {"detail": "Not Found"})
-
-        def _send_text(self, code: int, text: str) -> None:
-            data = text.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]

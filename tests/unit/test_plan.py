@@ -161,6 +161,7 @@ def expected_argv(arch: str, build: str, tp: int, pcie_many: bool) -> list[str]:
         v["window"], "4096",
         *a["mem"],
         *(["--disable-custom-all-reduce"] if pcie_many else []),
+        "--enable-metrics",
         "--reasoning-parser", "kimi_k2",
         "--tool-call-parser", "kimi_k2",
         "--host", "127.0.0.1",
@@ -232,6 +233,7 @@ def test_h200x2_small_model_full_argv():
         "--speculative-num-draft-tokens", "8",
         "--speculative-draft-attention-backend", "fa3",
         "--speculative-dflash-draft-window-size", "4096",
+        "--enable-metrics",
         "--reasoning-parser", "kimi_k2",
         "--tool-call-parser", "kimi_k2",
         "--host", "127.0.0.1",
@@ -445,7 +447,8 @@ def test_overrides_are_reported_and_applied():
     assert argv[argv.index("--port") + 1] == "30001"
     assert argv.count("--port") == 1
     assert "--reasoning-parser" not in argv
-    assert argv[-3:] == ["--context-length", "131072", "--enable-metrics"]
+    assert argv[-2:] == ["--context-length", "131072"]
+    assert argv.count("--enable-metrics") == 1
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "0"
     kinds = {r.topic: r.kind for r in plan.reasons}
     for topic in (
@@ -838,6 +841,7 @@ def test_ct200_plan():
         "--speculative-dflash-draft-window-size", "4096",
         "--mem-fraction-static", "0.85",
         "--disable-custom-all-reduce",
+        "--enable-metrics",
         "--reasoning-parser", "kimi_k2",
         "--tool-call-parser", "kimi_k2",
         "--host", "127.0.0.1",

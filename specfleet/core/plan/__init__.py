@@ -28,7 +28,12 @@ from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, GroupR
 from specfleet.core.plan.dflash import block_size, plan_dflash
 from specfleet.core.plan.gpus import plan_gpus
 from specfleet.core.plan.inputs import FactsInputError, check_facts, one_host_facts
-from specfleet.core.plan.launch import launch_argv, plan_model_args, plan_model_paths
+from specfleet.core.plan.launch import (
+    launch_argv,
+    plan_metrics,
+    plan_model_args,
+    plan_model_paths,
+)
 from specfleet.core.plan.memory import plan_gpu_memory, plan_mem_fraction
 from specfleet.core.plan.model import Plan, PlanBuilder, PlanError, Reason, ReasonKind
 from specfleet.core.plan.nodes import plan_nodes
@@ -56,6 +61,7 @@ TOPICS = (
     plan_dflash,
     plan_mem_fraction,
     plan_all_reduce,
+    plan_metrics,
     plan_model_args,
 )
 

@@ -35,6 +35,20 @@ def plan_model_args(c: PlanContext) -> None:
     b.why("listen", f"{s.listen_host}:{s.port}", "settings listen_host and port")
 
 
+def plan_metrics(c: PlanContext) -> None:
+    """SGLang's own Prometheus endpoint, unless ``metrics.enable`` says no or the release lacks it
+    (the version table's ``metrics_flag``)."""
+    b, s = c.b, c.settings
+    flag = c.row.metrics_flag if c.row is not None else None
+    if not s.metrics.enable:
+        b.why("metrics", "off", "settings metrics.enable is False")
+    elif flag is None:
+        b.why("metrics", "off", f"SGLang {s.sglang.version} has no --enable-metrics")
+    else:
+        b.flag(flag)
+        b.why("metrics", flag, "/metrics for Prometheus (the watchdog relays it off the host)")
+
+
 def launch_argv(c: PlanContext, flags: list[tuple[str, str | None]]) -> list[str]:
     s = c.settings
     argv = (

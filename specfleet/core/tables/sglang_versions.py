@@ -215,6 +215,9 @@ class VersionRow:
     # group is refused): pp_size must be 1 with DFLASH, (tp_size * pp_size) % nnodes == 0, and no
     # dp_size > 1 across nodes.
     multinode_source: str = MULTINODE_SOURCE_0_5_11
+    # The flag that turns on SGLang's Prometheus /metrics (server_args.py add_argument in 0.5.11,
+    # the observability.py field enable_metrics in 0.5.23); None where a release lacks it.
+    metrics_flag: str | None = "--enable-metrics"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def features(self) -> dict:

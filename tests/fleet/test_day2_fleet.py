@@ -1,0 +1,307 @@
+"""Day two on a real Debian host: the health watchdog against a stand-in server made to hang,
+load, be busy, or be watched while a run holds the lock; then a real Prometheus (Debian's) on
+the control machine scraping the host's metrics relay and a real node-exporter's textfile, with
+the alerts firing; and ``specfleet logs``.
+
+One host, one module fleet. The watchdog runs with a 1 s interval and the stand-in's
+``SGLANG_HEALTH_CHECK_TIMEOUT`` of 1 s, so each scenario takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specfleet.core.monitoring import watchdog_paths
+from specfleet.core.settings import settings_from_dict
+from tests.fleet.test_server_fleet import DRAFTER_CONFIG, DRAFTER_DIR, REV, deploy
+from tests.harness import HostSpec
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
+NAME = "sf-wd"
+UNIT = f"{NAME}.service"
+HANG = "/run/standin/hang"
+BUSY = "/run/standin/busy"
+RELAY_PORT = 30091
+BODY = """
+serving.unit(name="unit")
+serving.service(name="service", running=True, enabled=True)
+from operations import watchdog
+watchdog.service(name="watchdog")
+watchdog.deploy_record(name="record")
+"""
+
+
+def settings_data(load_s: float = 0, **watch) -> dict:
+    return {
+        "service_name": NAME,
+        "port": 30100,
+        "target": {"repo_id": "tests/tiny-target", "revision": REV},
+        "drafter": {"repo_id": "z-lab/Kimi-K2.6-DFlash", "revision": REV},
+        "sglang": {"version": "0.5.11"},
+        "readiness_timeout_s": 60,
+        "launcher": ["/usr/bin/python3", STANDIN, "--standin-hang-file", HANG,
+                     "--standin-busy-file", BUSY, "--standin-load-s", str(load_s)],
+        "plan": {"extra_env": {"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}},
+        "watchdog": {"interval_s": 1, "probe_timeout_s": 4, "failures": 3, "backoff_s": 1,
+                     "backoff_max_s": 2, "load_grace_s": 30, **watch},
+        "metrics": {"relay_port": RELAY_PORT},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def wd(make_fleet, tmp_path_factory):
+    fleet = make_fleet("day2", [HostSpec("h1", gpu="h200x2", disk="8G")])
+    pip = " ".join(fleet.pip_args())
+    setup = (
+        f"python3 -m venv /opt/specfleet/sglang && /opt/specfleet/sglang/bin/pip install -q "
+        f"--disable-pip-version-check --no-deps {pip} sglang==0.5.11 && "
+        f"mkdir -p /opt/specfleet-standin /run/standin {DRAFTER_DIR} && "
+        f"echo {json.dumps(json.dumps(DRAFTER_CONFIG))} > {DRAFTER_DIR}/config.json"
+    )
+    res = fleet.run("h1", setup, timeout=600)
+    assert res.returncode == 0, res.stderr
+    fleet.put("h1", REPO / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
+    run = deploy(fleet, tmp_path_factory.mktemp("wd"), settings_data(), BODY)
+    assert run.rc == 0, run
+    return fleet
+
+
+def sh(fleet, cmd: str) -> str:
+    res = fleet.run("h1", cmd, timeout=60)
+    assert res.returncode == 0, (cmd, res.stdout, res.stderr)
+    return res.stdout
+
+
+def textfile(fleet) -> dict[str, float]:
+    path = watchdog_paths(settings_from_dict(settings_data(), environ={
+        "SPECFLEET_ALLOW_TEST_SETTINGS": "1"})).textfile  # fmt: skip
+    out = {}
+    for line in sh(fleet, f"cat {path} 2>/dev/null || true").splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series.split("{")[0]] = float(value)
+    return out
+
+
+def restarts_in_journal(fleet) -> list[str]:
+    out = sh(fleet, f"journalctl -u {NAME}-watchdog.service --no-pager -o cat")
+    return [line for line in out.splitlines() if line.startswith(f"restarting {UNIT}:")]
+
+
+def main_pid(fleet) -> str:
+    return sh(fleet, f"systemctl show -p MainPID --value {UNIT}").strip()
+
+
+def wait_for(what, check, timeout: float = 40.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_ready(fleet) -> None:
+    wait_for("the server ready in the textfile",
+             lambda: textfile(fleet).get("specfleet_server_ready") == 1)  # fmt: skip
+
+
+def test_a_second_deploy_leaves_the_watchdog_and_its_record_alone(wd, tmp_path):
+    run = deploy(wd, tmp_path, settings_data(), BODY)
+    assert run.rc == 0, run
+    assert run.ops["watchdog"] == "No changes" and run.ops["record"] == "No changes", run
+    record = json.loads(sh(wd, f"cat /var/lib/specfleet/{NAME}.deployed.json"))
+    assert record["target_revision"] == REV and record["result"] == "ok"
+    assert sh(wd, f"systemctl is-active {NAME}-watchdog.service").strip() == "active"
+
+
+def test_a_hung_server_is_restarted_once_with_the_reason_in_the_journal(wd):
+    wait_ready(wd)
+    before, pid = len(restarts_in_journal(wd)), main_pid(wd)
+    sh(wd, f"echo {pid} > {HANG}")  # alive, /health answers, nothing generates
+    assert sh(wd, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30100/health") == "200"
+    wait_for("a restart by the watchdog", lambda: main_pid(wd) not in (pid, "0"))
+    wait_ready(wd)
+    time.sleep(3)  # a second restart would come within failures x interval
+    lines = restarts_in_journal(wd)
+    assert len(lines) == before + 1, lines
+    assert "3 failed generation probes in a row (/health_generate: HTTP 503)" in lines[-1]
+    assert "sglang:generation_tokens_total flat" in lines[-1]
+    assert textfile(wd)["specfleet_watchdog_restarts_total"] == before + 1
+
+
+def test_a_loading_server_is_left_alone(wd, tmp_path):
+    run = deploy(wd, tmp_path, settings_data(load_s=12), BODY)  # each start now loads 12 s
+    assert run.rc == 0, run
+    before = len(restarts_in_journal(wd))
+    sh(wd, f"systemctl restart {UNIT}")
+    pid = main_pid(wd)
+    time.sleep(8)  # 8 probes answered 503 ("loading"), failures is 3
+    assert main_pid(wd) == pid
+    assert len(restarts_in_journal(wd)) == before
+    assert textfile(wd)["specfleet_server_loading"] == 1
+    run = deploy(wd, tmp_path, settings_data(), BODY)
+    assert run.rc == 0, run
+
+
+def test_a_busy_server_that_fails_its_probe_is_left_alone(wd):
+    wait_ready(wd)
+    before, pid = len(restarts_in_journal(wd)), main_pid(wd)
+    sh(wd, f"touch {BUSY}")
+    try:
+        time.sleep(10)
+        assert main_pid(wd) == pid
+        assert len(restarts_in_journal(wd)) == before
+        journal = sh(wd, f"journalctl -u {NAME}-watchdog.service --no-pager -o cat -n 50")
+        assert "busy, not stuck: sglang:generation_tokens_total rose" in journal
+    finally:
+        sh(wd, f"rm -f {BUSY}")
+
+
+def test_a_run_holding_the_lock_is_not_disturbed(wd):
+    wait_ready(wd)
+    before, pid = len(restarts_in_journal(wd)), main_pid(wd)
+    lock = {"owner": "ops@laptop", "command": "pyinfra deploys/kimi_k26.py", "token": "t",
+            "expires_at": time.time() + 3600}  # fmt: skip
+    sh(wd, f"mkdir -p /var/lib/specfleet && echo '{json.dumps(lock)}' > /var/lib/specfleet/run.lock"
+           f" && echo {pid} > {HANG}")  # fmt: skip
+    try:
+        time.sleep(8)
+        assert main_pid(wd) == pid
+        assert len(restarts_in_journal(wd)) == before
+        assert "ops@laptop" in sh(wd, f"grep run_lock_held {watchdog_paths_textfile()}")
+    finally:
+        sh(wd, "rm -f /var/lib/specfleet/run.lock")
+    # The same hang without the lock is restarted: the lock was what held it back.
+    wait_for("a restart once the lock is gone", lambda: main_pid(wd) not in (pid, "0"))
+    assert len(restarts_in_journal(wd)) == before + 1
+
+
+def watchdog_paths_textfile() -> str:
+    return watchdog_paths(settings_from_dict(settings_data(), environ={
+        "SPECFLEET_ALLOW_TEST_SETTINGS": "1"})).textfile  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# A real Prometheus on the control machine, a real node-exporter on the host
+# --------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def api(port: int, path: str, **params) -> dict:
+    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - local
+        return json.loads(resp.read())["data"]
+
+
+def firing(port: int) -> set[tuple[str, str]]:
+    return {(a["labels"]["alertname"], a["labels"].get("host", ""))
+            for a in api(port, "alerts")["alerts"] if a["state"] == "firing"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prom(wd, tmp_path_factory):
+    exporter = shutil.which("prometheus-node-exporter")
+    prometheus = shutil.which("prometheus")
+    assert exporter and prometheus, "apt-get install prometheus prometheus-node-exporter"
+    wd.put("h1", exporter, "/usr/local/bin/prometheus-node-exporter")
+    sh(wd, "chmod 755 /usr/local/bin/prometheus-node-exporter && "
+           "systemd-run --unit sf-node-exporter /usr/local/bin/prometheus-node-exporter "
+           "--collector.textfile.directory=/var/lib/prometheus/node-exporter "
+           "--web.listen-address=:9100")  # fmt: skip
+    out = tmp_path_factory.mktemp("prom")
+    inv = wd.write_inventory(out / "inventory.py", host_data={"h1": {"specfleet": settings_data()}})
+    res = subprocess.run([sys.executable, "-m", "specfleet.cli", "monitoring", str(inv), "--out",
+                          str(out / "mon"), "--scrape-interval", "1", "--alert-for", "0s"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    port = free_port()
+    proc = subprocess.Popen(
+        [prometheus, f"--config.file={out / 'mon' / 'prometheus.yml'}",
+         f"--storage.tsdb.path={out / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=open(out / "prometheus.log", "w"),  # noqa: SIM115
+    )  # fmt: skip
+    try:
+        wait_for("Prometheus up", lambda: _up(port), timeout=60)
+        yield port, out / "mon"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        wd.run("h1", "systemctl stop sf-node-exporter")
+
+
+def _up(port: int) -> bool:
+    try:
+        return bool(api(port, "query", query="up"))
+    except OSError:
+        return False
+
+
+def series(port: int, query: str) -> list[dict]:
+    return api(port, "query", query=query)["result"]
+
+
+def test_prometheus_scrapes_the_host_and_the_alerts_fire(wd, prom):
+    port, mon = prom
+    wait_ready(wd)
+    for query in ('up{job="specfleet-sglang",host="h1"} == 1', 'up{job="specfleet-node"} == 1',
+                  "sglang:generation_tokens_total", 'specfleet_build_info{sglang_version="0.5.11"}',
+                  "specfleet_server_ready == 1", "specfleet_watchdog_restarts_total"):
+        wait_for(f"series of {query}", lambda q=query: series(port, q), timeout=30)
+    # Every dashboard panel's query returns series from this Prometheus.
+    board = json.loads((mon / "grafana" / "specfleet.json").read_text())
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            wait_for(f"panel {panel['title']!r}", lambda e=target["expr"]: series(port, e),
+                     timeout=30)  # fmt: skip
+    # Watchdog restarting: a hang, a restart, the counter rises.
+    sh(wd, f"echo {main_pid(wd)} > {HANG}")
+    wait_for("SpecfleetWatchdogRestarting", lambda: ("SpecfleetWatchdogRestarting", "h1")
+             in firing(port))  # fmt: skip
+    # Server down and not ready: the server stops; the relay answers 502, the probe fails.
+    wait_ready(wd)
+    sh(wd, f"systemctl stop {UNIT}")
+    try:
+        wait_for("SpecfleetServerDown", lambda: ("SpecfleetServerDown", "h1") in firing(port))
+        wait_for("SpecfleetServerNotReady",
+                 lambda: ("SpecfleetServerNotReady", "h1") in firing(port))  # fmt: skip
+    finally:
+        sh(wd, f"systemctl reset-failed {UNIT}; systemctl start {UNIT}")
+    wait_ready(wd)
+
+
+def test_logs_shows_the_journal_with_secrets_redacted(wd, tmp_path):
+    key = "sk-day2-" + "x7" * 12
+    data = settings_data()
+    data["api_key"] = key
+    run = deploy(wd, tmp_path, data, BODY)
+    assert run.rc == 0, run
+    # The key in the server's journal as a careless client puts it there: in a query string,
+    # which the server's access log prints as it is (on stdout, past its logging config).
+    sh(wd, f"curl -s -o /dev/null 'http://127.0.0.1:30100/v1/models?api_key={key}&k2={key}'")
+    assert key in sh(wd, f"journalctl -u {UNIT} --no-pager -o cat | tail -n 50")
+    inv = wd.write_inventory(tmp_path / "inv.py", host_data={"h1": {"specfleet": data}})
+    res = subprocess.run([sys.executable, "-m", "specfleet.cli", "logs", str(inv), "h1", "-n",
+                          "400"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "GET /v1/models?api_key=<redacted>" in res.stdout
+    assert key not in res.stdout
+    assert re.search(r"server_args=ServerArgs\(.*api_key='<redacted>'", res.stdout), res.stdout

@@ -1,0 +1,117 @@
+"""specfleet/hostside/watchdog.py: the pure decision of each tick, and its textfile."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from specfleet.hostside import watchdog as w
+
+CFG = {"failures": 3, "load_grace_s": 60.0, "backoff_s": 10.0, "backoff_max_s": 25.0,
+       "max_restarts": 3, "window_s": 1000.0, "service_name": "sf"}  # fmt: skip
+
+
+def obs(now, ok=False, tokens=5.0, invocation="a", active="active", lock=None):
+    return {"now": now, "probe_ok": ok, "probe": "/health_generate: HTTP 503", "tokens": tokens,
+            "invocation": invocation, "active": active, "lock": lock}  # fmt: skip
+
+
+def run(observations, st=None):
+    st = st or w.new_state()
+    out = []
+    for o in observations:
+        action, reason, st = w.decide(st, o, CFG)
+        out.append((action, reason))
+    return out, st
+
+
+def ready_state():
+    _, st = run([obs(0, ok=True)])
+    return st
+
+
+def test_restarts_after_n_consecutive_failures_and_says_why():
+    out, st = run([obs(1), obs(2), obs(3)], ready_state())
+    assert [a for a, _ in out] == [w.WAIT, w.WAIT, w.RESTART]
+    assert "3 failed generation probes in a row (/health_generate: HTTP 503)" in out[-1][1]
+    assert "sglang:generation_tokens_total flat at 5" in out[-1][1]
+    assert st["restarts_total"] == 1 and st["failures"] == 0
+
+
+def test_a_passed_probe_resets_the_count():
+    out, _ = run([obs(1), obs(2), obs(3, ok=True), obs(4), obs(5)], ready_state())
+    assert w.RESTART not in [a for a, _ in out]
+
+
+def test_a_loading_server_is_never_restarted_within_the_grace():
+    # A new invocation: loading; its failed probes do not count until the grace is over.
+    out, st = run([obs(t, invocation="b") for t in range(1, 50)], ready_state())
+    assert {a for a, _ in out} == {w.WAIT}
+    assert all("loading since its start" in r for _, r in out)
+    out, _ = run([obs(t, invocation="b") for t in (62, 63, 64)], st)
+    assert out[-1][0] == w.RESTART
+
+
+def test_a_server_that_was_ready_is_not_loading():
+    out, _ = run([obs(1), obs(2), obs(3)], ready_state())
+    assert "loading" not in out[0][1]
+
+
+def test_rising_tokens_mean_busy_not_stuck():
+    out, _ = run([obs(t, tokens=10.0 * t) for t in range(1, 10)], ready_state())
+    assert {a for a, _ in out} == {w.WAIT}
+    assert "busy, not stuck: sglang:generation_tokens_total rose" in out[-1][1]
+
+
+def test_the_run_lock_holds_every_restart_back():
+    out, st = run([obs(t, lock="ops@laptop (pyinfra)") for t in range(1, 10)], ready_state())
+    assert {a for a, _ in out} == {w.WAIT}
+    assert "held by ops@laptop" in out[-1][1] and st["failures"] == 0
+
+
+def test_a_server_that_is_not_running_is_left_to_systemd():
+    out, st = run([obs(t, active="failed", invocation="") for t in range(1, 10)], ready_state())
+    assert {a for a, _ in out} == {w.WAIT}
+    assert "systemd's Restart=" in out[-1][1] and not st["loading"]
+
+
+def test_back_off_doubles_up_to_its_max_and_the_cap_stops_restarts():
+    st = ready_state()
+    times = []
+    for t in range(1, 200):
+        action, reason, st = w.decide(st, obs(float(t), invocation=f"i{len(times)}"), CFG)
+        if action == w.RESTART:
+            times.append(t)
+        # Each restart is a new invocation that loaded at once: make it ready again.
+        if action == w.RESTART:
+            _, _, st = w.decide(st, obs(t + 0.5, ok=True, invocation=f"i{len(times)}"), CFG)
+    assert len(times) == 3  # max_restarts in window_s
+    assert times[1] - times[0] >= 10 and times[2] - times[1] >= 20  # 10, then 20 (<= 25)
+    assert st["capped"] and "not restarting: 3 restarts" in reason
+
+
+def test_textfile_passes_promtool_check_metrics():
+    st = dict(w.new_state(), restarts_total=2, failures=1)
+    deployed = {"sglang_version": "0.5.11", "pr20547": "none", "target_revision": "a" * 40,
+                "drafter_revision": "b" * 40, "plan_hash": "0123", "result": "ok",
+                "weights_ok": {"target": True, "drafter": False}}  # fmt: skip
+    text = w.textfile(CFG, st, True, 'ops "x"', deployed, 1700000000.0)
+    res = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 'specfleet_watchdog_restarts_total{service="sf"} 2' in text
+    assert 'specfleet_weights_manifest_ok{service="sf",model="drafter"} 0' in text
+    assert 'holder="ops \\"x\\""' in text
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ('sglang:generation_tokens_total{model_name="m"} 12.0\n', 12.0),
+        ('sglang:generation_tokens_total{a="1"} 2\nsglang:generation_tokens_total{a="2"} 3\n', 5.0),
+        ("# HELP sglang:generation_tokens Number\nsglang:generation_tokens_created 1\n", None),
+    ],
+)
+def test_metric_sum(text, value):
+    assert w.metric_sum(text, w.TOKENS_METRIC) == value
