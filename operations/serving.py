@@ -1229,8 +1229,9 @@ def _group_diagnosis(state, group: tuple[str, list[tuple[str, str]]]) -> str:
         peer = state.inventory.get_host(member, default=None)
         script = (
             'printf "%s|" "$(systemctl is-active "$1" 2>/dev/null)"; '
-            'journalctl -u "$1" -n 40 --no-pager -o cat 2>/dev/null | grep -v "\\"GET /" | '
-            "tail -n 1"
+            # The server's own lines (_SYSTEMD_UNIT), not systemd's about it; no access log.
+            'journalctl _SYSTEMD_UNIT="$1" -n 40 --no-pager -o cat 2>/dev/null | '
+            'grep -v "\\"GET /" | tail -n 1'
         )
         try:
             _, out = peer.run_shell_command(
