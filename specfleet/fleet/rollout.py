@@ -126,6 +126,7 @@ def make_batches(
     canary: str | None = None,
     batch_size: int | None = None,
     batch_percent: float | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> list[list[str]]:
     """The batches, in order: ``[[canary], batch, batch, ...]``.
 
@@ -133,6 +134,10 @@ def make_batches(
     first host and goes alone. The rest go ``batch_size`` at a time, or ``batch_percent`` of the
     whole fleet at a time (rounded down, at least 1, as Ansible's ``serial: "30%"``), or one at a
     time when neither is set.
+
+    ``groups`` maps each member of a serving group to its members in rank order: a group is one
+    unit, never split across batches (its members restart as one), in rank order; the canary's
+    group is the canary. A group larger than the batch size is a batch of its own.
     """
     hosts = list(hosts)
     if not hosts:
@@ -159,9 +164,22 @@ def make_batches(
             )
         ordered.remove(canary)
         ordered.insert(0, canary)
-    first, rest = ordered[0], ordered[1:]
     size = batch_size_for(len(hosts), batch_size, batch_percent)
-    return [[first]] + [rest[i : i + size] for i in range(0, len(rest), size)]
+    units: list[list[str]] = []
+    placed: set[str] = set()
+    for h in ordered:
+        if h in placed:
+            continue
+        unit = [m for m in (groups or {}).get(h, [h]) if m in known] or [h]
+        placed.update(unit)
+        units.append(unit)
+    batches = [units[0]]
+    for unit in units[1:]:
+        if len(batches) > 1 and len(batches[-1]) + len(unit) <= size:
+            batches[-1] = batches[-1] + unit
+        else:
+            batches.append(list(unit))
+    return batches
 
 
 def batch_size_for(total: int, batch_size: int | None, batch_percent: float | None) -> int:
@@ -276,6 +294,8 @@ class Rollout:
     # How a step runs: ``runner(inventory, deploy, hosts, name) -> StepRun``; by default in the
     # rollout's pyinfra session (tests script it).
     runner: Any = None
+    # A serving group's members (host -> members in rank order): one unit in batches and rollback.
+    groups: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -300,7 +320,8 @@ class Rollout:
 
     def run(self) -> int:
         o = self.options
-        self.batches = make_batches(self.hosts, o.order, o.canary, o.batch_size, o.batch_percent)
+        self.batches = make_batches(self.hosts, o.order, o.canary, o.batch_size, o.batch_percent,
+                                    self.groups)
         for i, batch in enumerate(self.batches):
             for h in batch:
                 self.reports[h] = HostReport(h, i)
@@ -474,6 +495,16 @@ class Rollout:
                     broken.append(h)
                 else:
                     passed.append(h)
+        for h in list(broken):
+            # A serving group fails as one: every member rolls back with the broken one.
+            for m in self.groups.get(h, ()):
+                if m in touched and m not in broken:
+                    broken.append(m)
+                    if m in passed:
+                        passed.remove(m)
+                    r = self.reports[m]
+                    r.status = FAILED
+                    r.why.append(f"rolled back with its serving group: member {h} failed")
         back = [h for h in broken if not self.reports[h].unreachable]
         if back:
             rb = self.run_deploy(RESTORE_DEPLOY, back, f"{label} rollback")
@@ -533,6 +564,28 @@ def run_on_host(host: Any, command: str, env: Mapping[str, str]) -> tuple[bool, 
 def rollout_settings(sess: Any) -> dict[str, Any]:
     """Each host in play's ``rollout`` settings (only those hosts' settings are validated)."""
     return {h.name: settings_for_host(h).rollout for h in sess.inventory}
+
+
+def serving_groups(sess: Any) -> dict[str, list[str]]:
+    """Each member of a serving group in play -> the group's members in rank order. A group with
+    a member outside the rollout is refused: a group deploys and restarts as one."""
+    in_play = {h.name for h in sess.inventory}
+    out: dict[str, list[str]] = {}
+    for h in sess.inventory:
+        g = settings_for_host(h).group
+        if g is None:
+            continue
+        missing = [m for m in g.members if m not in in_play]
+        if missing:
+            raise SpecfleetError(
+                f"serving group {g.name}: member(s) {', '.join(missing)} of {h.name}'s group are "
+                "not in this rollout",
+                host=h.name,
+                fix="roll a serving group out whole: put all its members in the inventory and in "
+                "--limit",
+            )
+        out[h.name] = list(g.members)
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -608,8 +661,9 @@ def main(argv: list[str] | None = None) -> int:
                 "fanout": False if args.no_fanout else None,
             }
             options = resolve_options(per_host, cli)
+            groups = serving_groups(sess)
             make_batches(hosts, options.order, options.canary, options.batch_size,
-                         options.batch_percent)
+                         options.batch_percent, groups)
         except SpecfleetError as exc:
             print(exc.render(), file=sys.stderr)
             return 3
@@ -619,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             os.path.abspath(args.prefetch_deploy) if args.prefetch_deploy else None,
             session=sess, run_id=run_id,
             hooks=Hooks(args.pre_hook, args.post_hook, args.hook_on), dry=args.dry,
+            groups=groups,
         )
         with progress_view(rollout, quiet=args.json) as view:
             rollout.progress = view

@@ -149,7 +149,8 @@ def test_rank_that_dies_is_named_by_rank0s_gate(genv):
                    "systemctl daemon-reload")  # fmt: skip
     try:
         inv = genv.inventory("crash.py", **{h: {"launcher": genv.demo.settings(h)["launcher"] + [
-            "--standin-fail-if-env", "STANDIN_CRASH"], **genv.group()} for h in ("g0", "g1")})
+            "--standin-fail-if-env", "STANDIN_CRASH"], "readiness_timeout_s": 45.0,
+            **genv.group()} for h in ("g0", "g1")})
         rc, out = genv.pyinfra("-y", inventory=inv)
     finally:
         genv.run("g1", "rm -rf /etc/systemd/system/specfleet-sglang.service.d && "

@@ -447,3 +447,33 @@ def test_the_live_view_renders_every_host_in_its_batch():
     for h in H4:
         assert h in text
     assert "batch 1/2 gate" in text and "canary" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Serving groups: one unit in the batches
+# --------------------------------------------------------------------------------------------------
+
+PAIR = {"g0": ["g0", "g1"], "g1": ["g0", "g1"]}
+
+
+def test_a_serving_group_is_never_split_across_batches():
+    hosts = ["a", "g1", "b", "g0", "c"]
+    assert make_batches(hosts, batch_size=2, groups=PAIR) == [
+        ["a"], ["g0", "g1"], ["b", "c"],
+    ]
+    # Larger than the batch size: a batch of its own.
+    assert make_batches(hosts, batch_size=1, groups=PAIR) == [
+        ["a"], ["g0", "g1"], ["b"], ["c"],
+    ]
+
+
+def test_the_canarys_group_is_the_canary_in_rank_order():
+    hosts = ["a", "g0", "g1", "b"]
+    assert make_batches(hosts, canary="g1", batch_size=3, groups=PAIR) == [
+        ["g0", "g1"], ["a", "b"],
+    ]
+
+
+def test_without_groups_the_batches_are_as_before():
+    hosts = ["a", "b", "c", "d", "e"]
+    assert make_batches(hosts, batch_size=2) == [["a"], ["b", "c"], ["d", "e"]]
