@@ -331,6 +331,8 @@ class Run:
             self.proc.wait()
         self.thread.join(timeout=30)
         self.env.outputs.append(self.out)
+        (self.env.work / f"output-{len(self.env.outputs):03d}.txt").write_text(
+            " ".join(self.proc.args) + "\n" + self.out)
         self.ended = time.monotonic()
         return self.proc.returncode
 
@@ -482,7 +484,8 @@ def drill_sglang_killed(env: Env, d: Drill) -> None:
     again = env.deploy(host, repo_id)
     check(again.rc == 0, f"the re-run failed: {again.out[-2000:]}")
     new = env.sh(host, f"systemctl show -p MainPID --value {SERVICE}").stdout.strip()
-    check(new not in ("", "0", pid), "the server was not started again")
+    check(new not in ("", "0", pid), f"the server was not started again ({pid} -> {new}): "
+          f"{again.out[-1500:]}")
     env.converged(host, repo_id)
 
 
@@ -620,11 +623,12 @@ DRILLS = [
 ]
 
 
-def boot(name: str) -> Fleet:
+def boot(name: str, keep: bool) -> Fleet:
     specs = [HostSpec("d1", gpu="h200x2", disk="24M", persistent=True),
              HostSpec("d2", gpu="h200x2", disk="1G"), HostSpec("d3", gpu="h200x2", disk="1G"),
              HostSpec("c2", disk="64M")]
-    return Fleet.up(name, specs, owner_pid=os.getpid())
+    # Reaped by the next fleet's boot once this process is gone, unless it is to be kept.
+    return Fleet.up(name, specs, owner_pid=None if keep else os.getpid())
 
 
 def prepare_controller(env: Env) -> None:
@@ -647,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         "\n")[0])
     ap.add_argument("--only", help="comma-separated drill names")
     ap.add_argument("--keep", action="store_true", help="leave the fleet up")
+    ap.add_argument("--fleet", help="use this fleet of an earlier --keep run (not torn down)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args(argv)
     drills = [d for d in DRILLS if not a.only or d.name in a.only.split(",")]
@@ -657,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SPECFLEET_ALLOW_TEST_SETTINGS"] = "1"
     work = Path(f"/var/tmp/specfleet-drills-{os.getpid()}")
     work.mkdir(parents=True)
-    fleet = boot(f"drills-{os.getpid() % 100000}")
+    print(f"drills: work folder {work} (each controller's output in output-NNN.txt)", flush=True)
+    fleet = Fleet.attach(a.fleet) if a.fleet else boot(f"drills-{os.getpid() % 100000}", a.keep)
+    a.keep = a.keep or bool(a.fleet)
     rows: list[Row] = []
     try:
         env = Env(fleet, work)
@@ -708,11 +715,11 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 0 if survived == len(rows) and not lost and not leaks else 1
     finally:
-        if not a.keep:
-            try:
-                env.hub.stop()
-            except Exception:  # noqa: BLE001 - the fleet's down stops it anyway
-                pass
+        if "env" in locals():
+            env.hub.stop()
+        if a.keep:
+            print(f"left running: python -m tests.fleet down --name {fleet.name}", flush=True)
+        else:
             fleet.down()
 
 
