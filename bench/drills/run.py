@@ -134,13 +134,16 @@ class Env:
         self.token_file.write_text(TOKEN)
         self.token_file.chmod(0o600)
         self.corrupt_sends: Counter = Counter()
+        self.nonce = f"{os.getpid()}-{time.time()}"
 
     # ----- the model repositories ------------------------------------------------------------
     def repo(self, name: str, shards: int = 4, size: int = MB,
              sizes: list[int] | None = None) -> str:
         repo_id = f"drills/{name}"
         sizes = sizes or [size] * shards
-        files = {f"model-{i:05d}-of-{len(sizes):05d}.safetensors": random_bytes(n, f"{name}{i}")
+        # Bytes of this run only: a host never has them from an earlier run (no hard link).
+        files = {f"model-{i:05d}-of-{len(sizes):05d}.safetensors": random_bytes(
+            n, f"{name}{i}-{self.nonce}")
                  for i, n in enumerate(sizes, start=1)}
         files["config.json"] = json.dumps({"model_type": "test", "name": name}).encode()
         self.revs[repo_id] = make_repo(self.mirrors, repo_id, files)
@@ -405,6 +408,7 @@ def drill_reboot_mid_download(env: Env, d: Drill) -> None:
           "the host did not reboot")
     check(set(kept) <= set(verified(env, host, repo_id)), "verified shards were lost")
     env.start_recorders([host])
+    env.sh(host, "mkdir -p /run/standin")  # the stand-in's record folder is a tmpfs
     env.hub_config()
     again = env.deploy(host, repo_id)
     check(again.rc == 0, f"the re-run after the reboot failed: {again.out[-2000:]}")
@@ -421,7 +425,7 @@ def drill_disk_full(env: Env, d: Drill) -> None:
     rc = run.wait(300)
     out = run.out
     check(rc != 0, "the deploy succeeded on a full disk")
-    check(re.search(r"No space left|not enough (free )?space|disk (is )?full", out, re.I)
+    check(re.search(r"No space left|not enough (free )?space|disk at \S+ is full", out, re.I)
           is not None, f"no clear disk-full error: {out[-2500:]}")
     env.sh(host, "rm -f /srv/models/filler")
     env.hub_config()
