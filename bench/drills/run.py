@@ -181,7 +181,8 @@ class Env:
         return e
 
     def argv(self, inv: Path, hosts: list[str], deploy: str = DEPLOY) -> list[str]:
-        return [PYINFRA, "-y", "-vvv", "--limit", ",".join(hosts), str(inv), deploy]
+        limits = [arg for h in hosts for arg in ("--limit", h)]
+        return [PYINFRA, "-y", "-vvv", *limits, str(inv), deploy]
 
     def pyinfra(self, inv: Path, hosts: list[str], timeout: float = 600) -> Run:
         p = Run(self, self.argv(inv, hosts))
@@ -271,9 +272,12 @@ print('\n'.join(bad))
         return found
 
     def healthy(self, host: str) -> bool:
-        r = self.sh(host, f"systemctl is-active {SERVICE}.service && curl -sf -o /dev/null "
-                          f"-H 'Authorization: Bearer {API_KEY}' "
-                          f"http://127.0.0.1:{PORT}/health_generate && echo HEALTHY")
+        # The key from stdin into a header file: never on a command line (the leak count reads
+        # every command line on the host).
+        r = self.fleet.run(host, "umask 077; cat > /root/.drill-auth; systemctl is-active "
+                           f"{SERVICE}.service && curl -sf -o /dev/null -H @/root/.drill-auth "
+                           f"http://127.0.0.1:{PORT}/health_generate && echo HEALTHY",
+                           input=f"Authorization: Bearer {API_KEY}\n")
         return "HEALTHY" in r.stdout
 
     def converged(self, host: str, repo_id: str) -> None:
@@ -569,9 +573,10 @@ def drill_kill_rollout(env: Env, d: Drill) -> None:
     argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv2), DEPLOY, "--report",
             str(report), "--no-prefetch", "--canary", "d2"]
     run = Run(env, argv)
-    seen = wait_until(lambda: env.sh("d2", f"test -e {KEPT}").returncode == 0
-                      and "SF_GEN=broken" in env.sh("d2", f"cat /etc/specfleet/{SERVICE}.env"
-                                                    ).stdout, 240, 0.2)
+    seen = wait_until(lambda: env.sh("d2", f"test -e {KEPT} && grep -qs SF_GEN=broken "
+                                           f"/etc/systemd/system/{SERVICE}.service "
+                                           f"/etc/specfleet/{SERVICE}.env").returncode == 0,
+                      240, 0.1)
     check(seen, f"the rollout never reached the canary's deploy: {run.out[-1500:]}")
     rc = run.kill()
     check(rc == -signal.SIGKILL, f"the rollout was not SIGKILLed (rc={rc})")
