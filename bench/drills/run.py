@@ -381,7 +381,8 @@ def slow_download(env: Env, host: str, name: str, rate: int = 100_000) -> tuple[
     repo_id = env.repo(name, sizes=[200_000, 2 * MB, 2 * MB, 2 * MB])
     env.hub_config(rate_bps=rate)
     run = env.start(env.inventory({host: env.settings(repo_id)}), [host])
-    ok = wait_until(lambda: len(verified(env, host, repo_id)) >= 1 or run.proc.poll() is not None,
+    first = "model-00001-of-00004.safetensors"
+    ok = wait_until(lambda: first in verified(env, host, repo_id) or run.proc.poll() is not None,
                     240, 0.3)
     check(ok and run.proc.poll() is None,
           f"the download never got under way: rc={run.proc.poll()} {run.out[-1500:]}")
