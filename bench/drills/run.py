@@ -574,7 +574,7 @@ def drill_kill_rollout(env: Env, d: Drill) -> None:
     argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv2), DEPLOY, "--report",
             str(report), "--no-prefetch", "--canary", "d2"]
     run = Run(env, argv)
-    seen = wait_until(lambda: env.sh("d2", f"test -e {KEPT} && grep -qs SF_GEN=broken "
+    seen = wait_until(lambda: env.sh("d2", f"test -e {KEPT} && grep -qsE 'SF_GEN|standin-exit' "
                                            f"/etc/systemd/system/{SERVICE}.service "
                                            f"/etc/specfleet/{SERVICE}.env").returncode == 0,
                       240, 0.1)
