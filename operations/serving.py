@@ -421,6 +421,11 @@ def start_decision(st: dict[str, Any], fingerprint: str) -> StartDecision:
     sub_state = st.get("sub_state") or "dead"
     up = active_state in ("active", "activating", "reloading")
     if pending is None:
+        if sub_state == "auto-restart":
+            # "activating" here is a dead server that systemd starts again after RestartSec (or
+            # never, once its start limit is hit): nothing serves, so start it now and gate it.
+            return StartDecision("start", "the server died; systemd waits to start it again "
+                                 "(auto-restart)")
         return StartDecision("none" if up else "start")
     started = st.get("restart_started")
     if not started:
@@ -1030,6 +1035,9 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
             start = decision.action
             if start == "restart":
                 verb = "restarting" if state.is_executing else "will restart"
+                host.log(f"{verb} {paths.unit_name}: {decision.why}", logger.info)
+            elif decision.why:
+                verb = "starting" if state.is_executing else "will start"
                 host.log(f"{verb} {paths.unit_name}: {decision.why}", logger.info)
             if st["active_state"] == "failed" or st["result"] == "start-limit-hit":
                 commands.append(_systemctl("reset-failed", paths.unit_name))

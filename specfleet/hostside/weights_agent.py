@@ -68,6 +68,14 @@ def fmt_gib(n: float) -> str:
     return f"{n / 1024**2:.1f} MiB"
 
 
+def free_bytes_at(path: str) -> int:
+    """Free bytes on the file system that holds ``path`` (or its nearest existing parent)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def disk_preflight(
     missing_bytes: int,
     free_bytes: int,
@@ -894,7 +902,20 @@ def cmd_run(job: dict, job_path: str) -> int:
                           "retrying with HF_HUB_DISABLE_XET=1")
                 continue
             break
-        if outcome == "stall":
+        left = sum(n for path, n in sizes.items() if path not in done)
+        free = free_bytes_at(rev_dir)
+        if outcome == "stall" and free < left:
+            # A full disk shows as a download that stops moving (the client retries its writes):
+            # say so, instead of blaming the link.
+            error = {
+                "kind": "disk-full",
+                "message": f"download of {job['repo_id']}@{sha[:12]} stopped: the disk at "
+                f"{rev_dir} is full ({fmt_gib(free)} free, {fmt_gib(left)} still to download; "
+                f"{len(done)}/{len(sizes)} files verified and kept)",
+                "fix": f"free at least {fmt_gib(left - free)} on the disk of {job['root']} (or "
+                "point models_root at a larger disk); a re-run resumes",
+            }
+        elif outcome == "stall":
             error = {
                 "kind": "stall",
                 "message": f"download of {job['repo_id']}@{sha[:12]} made no progress for "

@@ -5,14 +5,24 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Fleet, FleetError, HostSpec, check_target, parse_hosts, standin_nvidia_smi
+from tests.harness import (
+    Fleet,
+    FleetError,
+    HostSpec,
+    check_target,
+    core,
+    parse_hosts,
+    standin_nvidia_smi,
+)
 from tests.harness.core import FIXTURES_NVIDIA, NO_GPU
+from tests.harness.weights_support import StandinHub, make_repo
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = sorted(p.parent.name for p in FIXTURES_NVIDIA.glob("*/commands.json"))
@@ -29,6 +39,7 @@ def test_parse_hosts_reads_the_cli_spec():
     hosts = parse_hosts("h1:h200x2:disk=64G, h2:nogpu:disk=8G,h3")
     assert hosts == [HostSpec("h1", "h200x2", "64G"), HostSpec("h2", "nogpu", "8G"),
                      HostSpec("h3", "nogpu", "8G")]
+    assert parse_hosts("p1:disk=1G:persistent") == [HostSpec("p1", disk="1G", persistent=True)]
     with pytest.raises(FleetError, match="unknown option"):
         parse_hosts("h1:h200x2:ram=4G")
 
@@ -257,16 +268,68 @@ def test_wheelhouse_installs_real_sglang_without_deps(fleet):
     fleet.run(host, "rm -rf /tmp/v")
 
 
-def test_second_fleet_is_isolated_and_goes_away(fleet, make_fleet):
-    other = make_fleet("isolated", [HostSpec("a1")], wheelhouse_needed=False)
+def test_second_fleet_is_isolated_keeps_a_persistent_disk_and_goes_away(
+        fleet, make_fleet, tmp_path, monkeypatch):
+    """A second fleet has no route to the first; its ``persistent`` host keeps what it wrote
+    (root, /srv/models) across a power cut and a reboot; ``python -m tests.fleet down --tag``
+    removes the fleet, its disk's mounts and every server started beside it on its bridge (a
+    stand-in hub, as ``.ci/demo --keep`` leaves one), even when the one that started it is gone."""
+    tag = f"isolated-{os.getpid()}"
+    monkeypatch.setenv("SPECFLEET_FLEET_TAG", tag)
+    other = make_fleet("isolated", [HostSpec("a1", disk="16M", persistent=True)],
+                       wheelhouse_needed=False)
     assert other.subnet != fleet.subnet
     assert other.wheelhouse_url is None
     r = other.run("a1", f"ip -4 route get {fleet.hosts['h1']}")
     assert r.returncode != 0, "a host of one fleet has no route to another fleet"
+    # Persistent disk: written before a power cut, there after the reboot (a new boot id).
+    boot = other.run("a1", "cat /proc/sys/kernel/random/boot_id", check=True).stdout
+    other.run("a1", "echo kept > /srv/models/shard && mkdir -p /root/venv && echo v > "
+              "/root/venv/marker && echo e > /etc/specfleet-kept && sync", check=True)
+    assert other.run("a1", "df --output=size -B1M /srv/models | tail -1").stdout.strip() == "16"
+    other.reboot("a1", hard=True)
+    assert other.run("a1", "cat /proc/sys/kernel/random/boot_id").stdout != boot
+    assert other.run("a1", "cat /srv/models/shard /root/venv/marker /etc/specfleet-kept"
+                     ).stdout == "kept\nv\ne\n"
+    assert other.run("a1", "df --output=size -B1M /srv/models | tail -1").stdout.strip() == "16"
+    disk = other.disk_dir("a1")
+    assert (disk / "models" / "shard").read_text() == "kept\n"
     netns = other.state["hosts"]["a1"]["netns"]
     bridge = other.state["bridge"]
-    other.down()
+    make_repo(tmp_path / "mirrors", "t/x", {"config.json": b"{}"})
+    hub = StandinHub(tmp_path / "mirrors", other.bridge_ip, tmp_path)
+    hub.wait("t/x")
+    assert other.run("a1", f"curl -fsS -o /dev/null {hub.url}/api/models/t/x/revision/main"
+                     ).returncode == 0
+    r = subprocess.run([sys.executable, "-m", "tests.fleet", "down", "--tag", tag], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"fleet {other.name}: down" in r.stdout
+    assert hub.proc.wait(timeout=15) is not None, "the stand-in hub outlived its fleet"
     assert not Path(f"/run/netns/{netns}").exists()
     assert not Path(f"/sys/class/net/{bridge}").exists()
+    assert not os.path.ismount(disk / "root") and not os.path.ismount(disk / "models")
+    assert not disk.exists()
     with pytest.raises(FleetError, match="no fleet named"):
         Fleet.attach(other.name)
+
+
+def test_down_stops_only_the_adopted_process_it_recorded(tmp_path, monkeypatch):
+    """An adopted process is stopped by ``down``; a pid reused by another process is not."""
+    monkeypatch.setattr(core, "STATE_ROOT", tmp_path)
+    f = Fleet({"name": "adopt", "hosts": {}, "bridge": "sfbr-none", "bridge_ip": "10.250.0.1"})
+    f.dir.mkdir()
+    mine = subprocess.Popen(["sleep", "300"])
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        f.adopt("standin-hub", mine.pid)
+        # A record whose pid now names another process (a reused pid): left alone.
+        stale = f.adopt("old-hub", other.pid)
+        stale.write_text(stale.read_text().replace('"starttime": "', '"starttime": "1'))
+        f.down()
+        assert mine.wait(timeout=15) == -15
+        assert other.poll() is None
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()

@@ -62,12 +62,19 @@ def _log(msg: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class HostSpec:
     """One host: a name, a GPU profile (a folder of tests/fixtures/nvidia, or ``nogpu``), a
-    models-disk size (tmpfs at /srv/models) and pyinfra host data for the generated inventory."""
+    models-disk size (tmpfs at /srv/models) and pyinfra host data for the generated inventory.
+
+    ``persistent=True``: the host's writes (its root's overlay upper layer, /srv/models, a venv)
+    live in a folder on the control machine (``<fleet dir>/disk/<host>``) instead of the
+    container's volatile overlay, so ``Fleet.reboot(host)`` keeps them, as a real host's disk.
+    /srv/models is then a tmpfs of ``disk`` mounted there by the control machine (a size limit
+    that outlives the container)."""
 
     name: str
     gpu: str = NO_GPU
     disk: str = "8G"
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    persistent: bool = False
 
     def check(self) -> None:
         if not HOST_RE.match(self.name):
@@ -102,15 +109,17 @@ def parse_hosts(spec: str) -> list[HostSpec]:
     hosts = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         parts = item.split(":")
-        name, gpu, disk = parts[0], NO_GPU, "8G"
+        name, gpu, disk, persistent = parts[0], NO_GPU, "8G", False
         for part in parts[1:]:
             if part.startswith("disk="):
                 disk = part[len("disk="):]
+            elif part == "persistent":
+                persistent = True
             elif "=" in part:
-                raise FleetError(f"{item!r}: unknown option {part!r} (only disk=SIZE)")
+                raise FleetError(f"{item!r}: unknown option {part!r} (only disk=SIZE, persistent)")
             else:
                 gpu = part
-        hosts.append(HostSpec(name, gpu=gpu, disk=disk))
+        hosts.append(HostSpec(name, gpu=gpu, disk=disk, persistent=persistent))
     return hosts
 
 
@@ -191,6 +200,27 @@ def _raise_kernel_limits() -> None:
             _log(f"could not raise {key} to {minimum} ({e}); many hosts may fail to boot")
 
 
+def _proc_starttime(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the
+    pid it names one process, never a later one that reused the pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def fleet_on_bridge(ip: str) -> Fleet | None:
+    """The fleet whose bridge address is ``ip`` (a stand-in served there belongs to it)."""
+    for name in list_fleets():
+        try:
+            fleet = Fleet.attach(name)
+        except (FleetError, ValueError, OSError):
+            continue
+        if fleet.bridge_ip == ip:
+            return fleet
+    return None
+
+
 def _systemd_is_pid1() -> bool:
     return Path("/run/systemd/system").is_dir()
 
@@ -236,7 +266,8 @@ class Fleet:
 
     @property
     def specs(self) -> list[HostSpec]:
-        return [HostSpec(h, gpu=d["gpu"], disk=d["disk"], data=d.get("data", {}))
+        return [HostSpec(h, gpu=d["gpu"], disk=d["disk"], data=d.get("data", {}),
+                         persistent=bool(d.get("persistent")))
                 for h, d in self.state["hosts"].items()]
 
     @property
@@ -341,6 +372,50 @@ class Fleet:
         path.write_text("\n".join(lines) + "\n")
         return path
 
+    # ----- processes beside the hosts ---------------------------------------------------
+    @property
+    def procs_dir(self) -> Path:
+        return self.dir / "procs"
+
+    def adopt(self, role: str, pid: int) -> Path:
+        """Record a process serving this fleet from the control machine (a stand-in hub, olah)
+        so that ``down`` stops it, whoever started it and whether or not that one is still
+        there (``.ci/demo --keep`` exits and leaves its hub serving the kept fleet). One file per
+        process beside state.json: starters in other processes never rewrite the state."""
+        self.procs_dir.mkdir(exist_ok=True)
+        path = self.procs_dir / f"{role}-{pid}.json"
+        path.write_text(json.dumps({"role": role, "pid": pid, "starttime": _proc_starttime(pid),
+                                    "tag": self.state.get("tag", "")}))
+        return path
+
+    def adopted(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted(self.procs_dir.glob("*.json")):
+            try:
+                out.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _stop_adopted(self) -> None:
+        """SIGTERM, then SIGKILL, each adopted process that is still the one recorded."""
+        live = [p for p in self.adopted()
+                if _alive(p["pid"]) and _proc_starttime(p["pid"]) == p["starttime"]]
+        for p in live:
+            try:
+                os.kill(p["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 10
+        for p in live:
+            while _alive(p["pid"]) and time.time() < deadline:
+                time.sleep(0.1)
+            if _alive(p["pid"]) and _proc_starttime(p["pid"]) == p["starttime"]:
+                try:
+                    os.kill(p["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     # ----- lifecycle ---------------------------------------------------------------------
     @classmethod
     def attach(cls, name: str) -> Fleet:
@@ -412,7 +487,7 @@ class Fleet:
                 state["hosts"][s.name] = {
                     "ip": f"10.250.{idx}.{10 + n}", "gpu": s.gpu, "disk": s.disk,
                     "data": dict(s.data), "netns": f"sf{idx}-{s.name}", "veth": f"sf{idx}v{n}",
-                    "pid": None,
+                    "pid": None, "persistent": s.persistent,
                 }
             fleet = cls(state)
             fleet._save()  # from here on, down() can clean up whatever exists
@@ -450,32 +525,110 @@ class Fleet:
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{h['ip']}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            argv = [
-                "systemd-nspawn", "--boot", "--volatile=overlay", "--register=no",
-                f"--directory={root}", f"--machine=sf{self.state['idx']}-{host}",
-                f"--hostname={host}", f"--network-namespace-path=/run/netns/{ns}",
-                f"--bind-ro={ak}:/root/.ssh/authorized_keys",
-                f"--tmpfs=/srv/models:mode=0755,size={h['disk']}",
-                "--console=read-only",
-            ]
-            if not _systemd_is_pid1():
-                # No systemd here to make a scope for each host: nspawn stays in our cgroup.
-                # (Where systemd is PID 1, --keep-unit would put every host in one unit, and it
-                # is refused from a login session: there nspawn makes its own scope.)
-                argv.insert(4, "--keep-unit")
-            if h["gpu"] != NO_GPU:
-                argv += [
-                    f"--bind-ro={STANDIN_NVIDIA_SMI_REPLAY}:/usr/local/bin/nvidia-smi",
-                    f"--bind-ro={STANDIN_NVIDIA_SMI}:{STANDIN_NVIDIA_SMI_HOST_PATH}",
-                    f"--bind-ro={FIXTURES_NVIDIA / h['gpu']}:{STANDIN_PROFILE_MOUNT}",
-                ]
-            with open(d / f"{host}.log", "w") as log:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-            h["pid"] = proc.pid
-            h["booted_at"] = time.time()
-            self._save()
+            self._start_host(host)
         self.write_inventory()
+
+    def disk_dir(self, host: str) -> Path:
+        """Where a persistent host's writes live on the control machine."""
+        return self.dir / "disk" / host
+
+    def _mount_disk(self, host: str) -> None:
+        """A persistent host's root: an overlay of the cached rootfs whose upper layer is a
+        folder here, and its /srv/models a tmpfs of its disk size, both mounted by the control
+        machine (once; a reboot finds them mounted)."""
+        h, d = self.state["hosts"][host], self.disk_dir(host)
+        for sub in ("upper", "work", "root", "models"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        if not os.path.ismount(d / "root"):
+            _run(["mount", "-t", "overlay", "overlay", "-o",
+                  f"lowerdir={self.state['rootfs']},upperdir={d / 'upper'},workdir={d / 'work'}",
+                  str(d / "root")])
+        if not os.path.ismount(d / "models"):
+            _run(["mount", "-t", "tmpfs", "-o", f"mode=0755,size={h['disk']}", "tmpfs",
+                  str(d / "models")])
+
+    def _unmount_disk(self, host: str) -> bool:
+        d = self.disk_dir(host)
+        ok = True
+        for sub in ("models", "root"):
+            if os.path.ismount(d / sub):
+                r = _run(["umount", str(d / sub)], check=False)
+                if r.returncode:
+                    r = _run(["umount", "-l", str(d / sub)], check=False)
+                ok = ok and not r.returncode
+        return ok
+
+    def _start_host(self, host: str) -> None:
+        """Start (or start again) a host's systemd-nspawn."""
+        h = self.state["hosts"][host]
+        ak = self.dir / "authorized_keys"
+        root = Path(self.state["rootfs"])
+        argv = [
+            "systemd-nspawn", "--boot", "--register=no",
+            f"--machine=sf{self.state['idx']}-{host}",
+            f"--hostname={host}", f"--network-namespace-path=/run/netns/{h['netns']}",
+            f"--bind-ro={ak}:/root/.ssh/authorized_keys",
+            "--console=read-only",
+        ]
+        if h.get("persistent"):
+            self._mount_disk(host)
+            argv += [f"--directory={self.disk_dir(host) / 'root'}",
+                     f"--bind={self.disk_dir(host) / 'models'}:/srv/models"]
+        else:
+            argv += ["--volatile=overlay", f"--directory={root}",
+                     f"--tmpfs=/srv/models:mode=0755,size={h['disk']}"]
+        if not _systemd_is_pid1():
+            # No systemd here to make a scope for each host: nspawn stays in our cgroup.
+            # (Where systemd is PID 1, --keep-unit would put every host in one unit, and it
+            # is refused from a login session: there nspawn makes its own scope.)
+            argv.insert(2, "--keep-unit")
+        if h["gpu"] != NO_GPU:
+            argv += [
+                f"--bind-ro={STANDIN_NVIDIA_SMI_REPLAY}:/usr/local/bin/nvidia-smi",
+                f"--bind-ro={STANDIN_NVIDIA_SMI}:{STANDIN_NVIDIA_SMI_HOST_PATH}",
+                f"--bind-ro={FIXTURES_NVIDIA / h['gpu']}:{STANDIN_PROFILE_MOUNT}",
+            ]
+        with open(self.dir / f"{host}.log", "a") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        h["pid"] = proc.pid
+        h["booted_at"] = time.time()
+        h.pop("ready_s", None)
+        self._save()
+
+    def _kill_host_processes(self, host: str) -> None:
+        """Whatever still runs in the host's namespace (a hung or power-cut container)."""
+        h = self.state["hosts"][host]
+        if Path(f"/run/netns/{h['netns']}").exists():
+            r = _run(["ip", "netns", "pids", h["netns"]], check=False)
+            for pid in r.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        if _alive(h.get("pid")):
+            try:
+                os.killpg(h["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def reboot(self, host: str, hard: bool = False, timeout: float = 120) -> None:
+        """Reboot a host: a clean shutdown (``hard=False``) or a power cut (``hard=True``: every
+        process of the host is SIGKILLed at once), then boot it again and wait until it answers.
+        A ``persistent`` host keeps its disk; any other comes back as fresh as it first booted."""
+        h = self.state["hosts"][host]
+        if hard:
+            self._kill_host_processes(host)
+        elif _alive(h.get("pid")):
+            os.kill(h["pid"], signal.SIGTERM)  # nspawn powers the container off
+        deadline = time.time() + 30
+        while _alive(h.get("pid")) and time.time() < deadline:
+            time.sleep(0.2)
+        self._kill_host_processes(host)
+        while _alive(h.get("pid")):
+            time.sleep(0.1)
+        self._start_host(host)
+        self._wait_ready(timeout, only=[host])
 
     def _start_wheelhouse(self, wheels: Path) -> None:
         url = f"http://{self.bridge_ip}:{WHEELHOUSE_PORT}/"
@@ -495,10 +648,11 @@ class Fleet:
             return "(no console log)"
         return re.sub(r"\x1b\[[0-9;]*m", "", text)[-chars:]
 
-    def _wait_ready(self, timeout: float) -> None:
-        """Wait until every host accepts SSH and systemd has finished booting."""
+    def _wait_ready(self, timeout: float, only: list[str] | None = None) -> None:
+        """Wait until every host (or those ``only``) accepts SSH and systemd has finished
+        booting."""
         deadline = time.time() + timeout
-        pending = {h: "not started" for h in self.hosts}
+        pending = {h: "not started" for h in (only or self.hosts)}
         while pending:
             for host in sorted(pending):
                 h = self.state["hosts"][host]
@@ -530,7 +684,7 @@ class Fleet:
                                      + details)
                 time.sleep(0.5)
         self._save()
-        if self.wheelhouse_url:
+        if self.wheelhouse_url and not only:
             r = subprocess.run(["curl", "-fsS", "-o", "/dev/null", self.wheelhouse_url],
                                capture_output=True, text=True)
             if r.returncode:
@@ -582,24 +736,20 @@ class Fleet:
         for h in hosts.values():
             while _alive(h.get("pid")) and time.time() < deadline:
                 time.sleep(0.2)
-        for h in hosts.values():
+        unmounted = True
+        for host, h in hosts.items():
             # Whatever still runs in the host's namespace (a hung container) is killed.
-            if Path(f"/run/netns/{h['netns']}").exists():
-                r = _run(["ip", "netns", "pids", h["netns"]], check=False)
-                for pid in r.stdout.split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except (ProcessLookupError, ValueError):
-                        pass
-            if _alive(h.get("pid")):
-                try:
-                    os.killpg(h["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self._kill_host_processes(host)
+            if h.get("persistent"):
+                deadline = time.time() + 10
+                while _alive(h.get("pid")) and time.time() < deadline:
+                    time.sleep(0.1)
+                unmounted = self._unmount_disk(host) and unmounted
             if Path(f"/run/netns/{h['netns']}").exists():
                 _run(["ip", "netns", "del", h["netns"]], check=False)
             if _link_exists(h["veth"]):
                 _run(["ip", "link", "del", h["veth"]], check=False)
+        self._stop_adopted()
         wh = self.state.get("wheelhouse")
         if wh and _alive(wh["pid"]):
             try:
@@ -608,7 +758,13 @@ class Fleet:
                 pass
         if _link_exists(self.state["bridge"]):
             _run(["ip", "link", "del", self.state["bridge"]], check=False)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if unmounted:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            # Never delete through a mount that is still there (the rootfs cache lies below).
+            _log(f"fleet {self.name}: a host disk is still mounted under {self.dir}/disk; "
+                 "left in place")
+            (self.dir / "state.json").unlink(missing_ok=True)
 
 
 def list_fleets() -> list[str]:

@@ -13,14 +13,20 @@ Config (a JSON file, re-read on every request so a test can change it while it r
      "rate_bps": 0,                          # 0 = unlimited
      "stall": ["shard-2.safetensors"],       # hang after half of these files...
      "stall_count": 1,                       # ...for this many GETs in all (then serve them)
-     "epoch": 3,                             # stalls are counted per epoch
+     "truncate": ["shard-1.safetensors"],    # send half of these files, then close the connection
+     "truncate_count": 1,                    # ...for this many GETs in all (then serve them)
+     "corrupt": ["shard-1.safetensors"],     # serve these with one byte flipped (full length)
+     "corrupt_count": 1,                     # ...for this many GETs in all (then serve them)
+     "epoch": 3,                             # stalls, truncations, corruptions counted per epoch
      "aliases": {"org/name": {"../x.json": "config.json"}}}
                                              # a hostile listing: extra names (any string) listed
                                              # and served with the bytes of a real file
 
 Usage: python -m tests.harness.standin_hub --root ROOT --host IP --port PORT --config CFG --log LOG
 The log has one line per request (method, path, status, "auth" when a token was sent; never the
-token itself).
+token itself) and, for every file GET, a line when its body ends:
+``SENT <repo_id> <revision sha> <path> <bytes sent>/<bytes due> <client ip> <full|partial>``
+(the drills in bench/drills count lost work from it).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _stall_lock = threading.Lock()
-_stalls_done: dict[str, int] = {}  # per "epoch" of the config: a new config starts again at 0
+_stalls_done: dict[str, int] = {}  # per knob and "epoch" of the config: a new config starts at 0
 _sha_cache: dict[tuple[str, str], str] = {}
 
 
@@ -251,21 +257,46 @@ class Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return None
         cfg = self.hub.config()
-        stall_at = None
-        if any(fnmatch.fnmatch(fpath, p) for p in cfg.get("stall", [])):
-            epoch = str(cfg.get("epoch"))
+
+        def fault(knob: str) -> bool:
+            if not any(fnmatch.fnmatch(fpath, p) for p in cfg.get(knob, [])):
+                return False
+            key = f"{knob}:{cfg.get('epoch')}"
             with _stall_lock:
-                if _stalls_done.get(epoch, 0) < int(cfg.get("stall_count", 1)):
-                    _stalls_done[epoch] = _stalls_done.get(epoch, 0) + 1
-                    stall_at = (end - start + 1) // 2
+                if _stalls_done.get(key, 0) < int(cfg.get(f"{knob}_count", 1)):
+                    _stalls_done[key] = _stalls_done.get(key, 0) + 1
+                    return True
+            return False
+
+        half = (end - start + 1) // 2
+        stall_at = half if fault("stall") else None
+        cut_at = half if fault("truncate") else None
         rate = float(cfg.get("rate_bps") or 0)
         data = git(repo, "cat-file", "blob", oid)[start:end + 1]
+        if data and fault("corrupt"):
+            flip = len(data) // 2
+            data = data[:flip] + bytes([data[flip] ^ 0xFF]) + data[flip + 1:]
+            self.hub.log(f"CORRUPT {fpath} at {start + flip}")
         sent, t0, chunk = 0, time.monotonic(), 64 * 1024
+        repo_id = unquote(urlsplit(self.path).path).split("/resolve/", 1)[0].lstrip("/")
+
+        def sent_line() -> None:
+            done = "full" if start == 0 and sent == size else "partial"
+            self.hub.log(f"SENT {repo_id} {sha} {fpath} {sent}/{len(data)} "
+                         f"{self.client_address[0]} {done}")
+
         try:
             while sent < len(data):
                 if stall_at is not None and sent >= stall_at:
                     self.hub.log(f"STALL {fpath} at {sent}")
+                    sent_line()
                     time.sleep(3600)
+                    return None
+                if cut_at is not None and sent >= cut_at:
+                    self.hub.log(f"TRUNCATE {fpath} at {sent}")
+                    sent_line()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
                     return None
                 piece = data[sent:sent + chunk]
                 self.wfile.write(piece)
@@ -275,7 +306,9 @@ class Handler(BaseHTTPRequestHandler):
                     if ahead > 0:
                         time.sleep(ahead)
         except (BrokenPipeError, ConnectionResetError):
+            sent_line()
             return None
+        sent_line()
         return None
 
 

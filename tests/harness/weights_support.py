@@ -89,6 +89,16 @@ def wait_http(url: str, timeout: float = 30) -> None:
         time.sleep(0.3)
 
 
+def _adopt_by_fleet(ip: str, role: str, pid: int) -> None:
+    """A server on a fleet's bridge is that fleet's: its ``down`` stops it (by name, tag, --all,
+    or as an orphan), even when the process that started it is gone (``.ci/demo --keep``)."""
+    from tests.harness.core import fleet_on_bridge
+
+    fleet = fleet_on_bridge(ip)
+    if fleet is not None:
+        fleet.adopt(role, pid)
+
+
 class StandinHub:
     """tests/harness/standin_hub.py as a subprocess on ``ip`` (the fleet bridge)."""
 
@@ -105,6 +115,7 @@ class StandinHub:
              "--log", str(self.log_path)],
             stdout=subprocess.DEVNULL, stderr=open(workdir / "hub.err", "w"),  # noqa: SIM115
         )
+        _adopt_by_fleet(ip, "standin-hub", self.proc.pid)
 
     def configure(self, **cfg) -> None:
         self.epoch = getattr(self, "epoch", 0) + 1
@@ -161,6 +172,7 @@ class Olah:
         self.proc = subprocess.Popen([str(olah), "-c", str(conf), "--log-path",
                                       str(workdir / "olah-logs")],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
+        _adopt_by_fleet(ip, "olah", self.proc.pid)
 
     def wait(self, repo_id: str) -> None:
         wait_http(f"{self.url}/api/models/{repo_id}/revision/main", timeout=60)

@@ -69,6 +69,15 @@ def test_no_marker_starts_a_stopped_server_and_leaves_a_running_one():
         assert d.action == "start"
 
 
+def test_no_marker_starts_a_server_that_died_and_waits_for_systemds_restart():
+    # A SIGKILLed server under Restart=on-failure is "activating/auto-restart" for RestartSec:
+    # nothing serves; a run must start it and gate it, not report it running (the drill
+    # sglang-killed in bench/drills found this).
+    d = decide(restart_pending=None, restart_started=None, active_state="activating",
+               sub_state="auto-restart", main_pid=0)
+    assert d.action == "start" and "auto-restart" in d.why
+
+
 def test_a_marker_without_a_restart_record_restarts():
     d = decide(restart_started=None)
     assert d.action == "restart" and d.why == "the unit changed"

@@ -1,0 +1,748 @@
+"""Fault drills: specfleet against faults on the local fleet, figures from independent evidence.
+
+    python -m bench.drills.run [--only NAME,NAME] [--keep] [--list]
+
+Boots a fleet of its own (tests.harness; d1 with a persistent disk, d2, d3, and c2, a second
+control machine with its own machine id), serves small model repositories from the stand-in hub,
+then runs each drill: a converged deploy (tests/deploys/rollout_deploy.py: SGLang from the
+wheelhouse, the weights, the unit, the readiness gate, as deploys/kimi_k26.py orders them), a
+fault while something runs, and the re-run that has to finish the job. One row per drill (fault,
+where, what was checked, result), then
+
+    drills: survived=S/N lost=L leaks=K tracebacks=T bad_inputs=B
+
+The counters never ask specfleet:
+- lost: files of the SGLang wheel that differ from its RECORD hashes, weights that differ from the
+  hub's own bytes (git blobs), and, from the stand-in hub's access log (one ``SENT`` line per file
+  body with its bytes and the client), a file sent whole to one host more than once (a verified
+  shard fetched twice), less the sends the drill itself corrupted;
+- leaks: each secret (the HF token, the server's API key) found in a host's journal, in any
+  process's command line on a host (sampled 10 times a second all along), or in the ``-vvv``
+  output of any controller;
+- tracebacks: ``Traceback`` anywhere in the controllers' output;
+- bad_inputs: generated bad settings and facts (hypothesis, tests/unit/test_bad_inputs.py), each
+  answered by a SpecfleetError that names the problem and a fix.
+A drill whose fault cannot be seen happening (the hub's log, the host's boot id, a process that
+was there and is not) fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import traceback
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from specfleet.core.settings import deep_merge
+from tests.harness import Fleet, HostSpec
+from tests.harness.weights_support import StandinHub, blob, make_repo, random_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+DEPLOY = "tests/deploys/rollout_deploy.py"
+SERVICE = "sf-drill"
+PORT = 30100
+STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
+RECORD = f"/run/standin/{SERVICE}.json"
+VENV = "/opt/specfleet/sglang"
+KEPT = f"/var/lib/specfleet/rollback/{SERVICE}"
+TOKEN = "hf_drillTokenNeverPrinted0123456789abcdef"
+API_KEY = "sk-drill-api-key-never-printed-42"
+SECRETS = {"hf token": TOKEN, "api key": API_KEY}
+DRAFTER = "drills/drafter"
+MB = 1_000_000
+ARGV_LOG = "/var/tmp/drill-argv.log"
+# Records every distinct command line on a host, 10 times a second (it reads no secret itself).
+ARGV_RECORDER = r"""
+import glob, time
+seen = set()
+with open('@LOG@', 'a') as out:
+    while True:
+        for f in glob.glob('/proc/[0-9]*/cmdline'):
+            try:
+                line = open(f, 'rb').read().replace(b'\0', b' ').decode('utf-8', 'replace')
+            except OSError:
+                continue
+            if line and line not in seen:
+                seen.add(line)
+                out.write(line + '\n')
+        out.flush()
+        time.sleep(0.1)
+""".replace("@LOG@", ARGV_LOG)
+
+
+class DrillFailed(Exception):
+    pass
+
+
+class ExpectedFailure(Exception):
+    """A known defect that an open issue fixes: recorded, not counted as survived."""
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise DrillFailed(what)
+
+
+@dataclasses.dataclass
+class Drill:
+    name: str
+    fault: str
+    where: str
+    checked: str
+    run: Callable[[Env, Drill], None]
+    fails_on: str  # the earlier code it fails on
+    known_issue: str | None = None
+
+
+@dataclasses.dataclass
+class Row:
+    drill: Drill
+    result: str
+    seconds: float
+    lost: int = 0
+    tracebacks: int = 0
+
+
+class Env:
+    def __init__(self, fleet: Fleet, work: Path):
+        self.fleet, self.work = fleet, work
+        self.mirrors = work / "mirrors"
+        self.outputs: list[str] = []
+        self.n = 0
+        self.revs: dict[str, str] = {}
+        self.revs[DRAFTER] = make_repo(self.mirrors, DRAFTER, {"config.json": json.dumps(
+            {"architectures": ["DFlashDraftModel"], "block_size": 8,
+             "mask_token_id": 163838}).encode()})
+        self.hub = StandinHub(self.mirrors, fleet.bridge_ip, work)
+        self.hub.configure(gated={DRAFTER: [hashlib.sha256(TOKEN.encode()).hexdigest()]})
+        self.hub.wait(DRAFTER)
+        self.token_file = work / "hf-token"
+        self.token_file.write_text(TOKEN)
+        self.token_file.chmod(0o600)
+        self.corrupt_sends: Counter = Counter()
+        self.nonce = f"{os.getpid()}-{time.time()}"
+
+    # ----- the model repositories ------------------------------------------------------------
+    def repo(self, name: str, shards: int = 4, size: int = MB,
+             sizes: list[int] | None = None) -> str:
+        repo_id = f"drills/{name}"
+        sizes = sizes or [size] * shards
+        # Bytes of this run only: a host never has them from an earlier run (no hard link).
+        files = {f"model-{i:05d}-of-{len(sizes):05d}.safetensors": random_bytes(
+            n, f"{name}{i}-{self.nonce}")
+                 for i, n in enumerate(sizes, start=1)}
+        files["config.json"] = json.dumps({"model_type": "test", "name": name}).encode()
+        self.revs[repo_id] = make_repo(self.mirrors, repo_id, files)
+        return repo_id
+
+    def hub_config(self, **cfg) -> None:
+        self.hub.configure(gated={DRAFTER: [hashlib.sha256(TOKEN.encode()).hexdigest()]}, **cfg)
+
+    # ----- settings and runs ------------------------------------------------------------------
+    def settings(self, repo_id: str, **over) -> dict:
+        data = {
+            "target": {"repo_id": repo_id, "revision": self.revs[repo_id]},
+            "drafter": {"repo_id": DRAFTER, "revision": self.revs[DRAFTER], "gated": True},
+            "weights": {"hf_endpoint": self.hub.url, "poll_seconds": 0.3,
+                        "margin_min_gib": 0.001, "stall_minutes": 0.25,
+                        "token_file": str(self.token_file),
+                        "allow_http_hosts": [urllib.parse.urlsplit(self.hub.url).hostname]},
+            "sglang": {"version": "0.5.11", "find_links": self.fleet.wheelhouse_url,
+                       "trusted_hosts": [self.fleet.bridge_ip], "no_deps": True},
+            "service_name": SERVICE, "port": PORT, "api_key": API_KEY,
+            "readiness_timeout_s": 60,
+            "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", RECORD],
+        }
+        return deep_merge(data, over)
+
+    def inventory(self, per_host: dict[str, dict], path: Path | None = None) -> Path:
+        self.n += 1
+        return self.fleet.write_inventory(
+            path or self.work / f"inventory{self.n}.py",
+            host_data={h: {"specfleet": sf} for h, sf in per_host.items()})
+
+    def run_env(self) -> dict[str, str]:
+        e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        e["SPECFLEET_ALLOW_TEST_SETTINGS"] = "1"
+        return e
+
+    def argv(self, inv: Path, hosts: list[str], deploy: str = DEPLOY) -> list[str]:
+        limits = [arg for h in hosts for arg in ("--limit", h)]
+        return [PYINFRA, "-y", "-vvv", *limits, str(inv), deploy]
+
+    def pyinfra(self, inv: Path, hosts: list[str], timeout: float = 600) -> Run:
+        p = Run(self, self.argv(inv, hosts))
+        p.wait(timeout)
+        return p
+
+    def start(self, inv: Path, hosts: list[str]) -> Run:
+        return Run(self, self.argv(inv, hosts))
+
+    def deploy(self, host: str, repo_id: str, **over) -> Run:
+        return self.pyinfra(self.inventory({host: self.settings(repo_id, **over)}), [host])
+
+    # ----- evidence ---------------------------------------------------------------------------
+    def sh(self, host: str, cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return self.fleet.run(host, cmd, timeout=timeout)
+
+    def start_recorders(self, hosts: list[str]) -> None:
+        for h in hosts:
+            self.sh(h, "systemctl stop drill-argv 2>/dev/null; systemd-run --quiet "
+                       f"--unit=drill-argv /usr/bin/python3 -c {shq(ARGV_RECORDER)}")
+
+    def record_mismatches(self, host: str) -> list[str]:
+        """Files of the installed SGLang wheel that differ from its RECORD (or are missing)."""
+        script = r"""
+import base64, csv, glob, hashlib, os, sys
+site = glob.glob('@VENV@/lib/python3*/site-packages')[0]
+rec = glob.glob(site + '/sglang-*.dist-info/RECORD')[0]
+bad = []
+for row in csv.reader(open(rec)):
+    if len(row) < 2 or not row[1]:
+        continue
+    path = os.path.normpath(os.path.join(site, row[0]))
+    algo, want = row[1].split('=', 1)
+    try:
+        got = base64.urlsafe_b64encode(hashlib.new(algo, open(path, 'rb').read()).digest())
+    except OSError:
+        bad.append('missing ' + row[0]); continue
+    if got.rstrip(b'=').decode() != want:
+        bad.append('changed ' + row[0])
+print('\n'.join(bad))
+""".replace("@VENV@", VENV)
+        r = self.sh(host, f"/usr/bin/python3 -c {shq(script)}")
+        if r.returncode:
+            return [f"RECORD unreadable on {host}: {r.stderr.strip()[-200:]}"]
+        return [line for line in r.stdout.splitlines() if line.strip()]
+
+    def weights_mismatches(self, host: str, repo_id: str) -> list[str]:
+        rev = self.revs[repo_id]
+        folder = f"/srv/models/{repo_id.replace('/', '--')}/{rev}"
+        r = self.sh(host, f"cd {folder} && find . -type f -not -path './.*' -exec sha256sum {{}} +")
+        got = {line.split()[1][2:]: line.split()[0] for line in r.stdout.splitlines()}
+        repo_dir = self.mirrors / "models" / repo_id
+        paths = subprocess.run(["git", "-C", str(repo_dir), "ls-tree", "-r", "--name-only", rev],
+                               capture_output=True, text=True, check=True).stdout.split()
+        bad = []
+        for p in paths:
+            want = hashlib.sha256(blob(self.mirrors, repo_id, rev, p)).hexdigest()
+            if got.get(p) != want:
+                bad.append(f"{host}:{repo_id}/{p} {'missing' if p not in got else 'differs'}")
+        return bad
+
+    def hub_lines(self, since: int = 0) -> list[str]:
+        return self.hub.log_lines()[since:]
+
+    def refetched(self) -> list[str]:
+        """Files sent whole to one host more than once (less the corrupted sends)."""
+        full: Counter = Counter()
+        for line in self.hub.log_lines():
+            parts = line.split()
+            if parts and parts[0] == "SENT" and parts[-1] == "full":
+                full[(parts[5], parts[1], parts[2], parts[3])] += 1
+        return [f"{k[0]} {k[1]}@{k[2][:8]}/{k[3]} x{n}" for k, n in full.items()
+                if n - self.corrupt_sends[(k[0], k[1], k[3])] > 1]
+
+    def leaks(self, hosts: list[str]) -> list[str]:
+        found = []
+        for h in hosts:
+            journal = self.sh(h, "journalctl --no-pager -o cat 2>/dev/null; "
+                                 f"cat {ARGV_LOG} 2>/dev/null").stdout
+            for what, secret in SECRETS.items():
+                if secret in journal:
+                    found.append(f"{what} in {h}'s journal or a command line")
+        for what, secret in SECRETS.items():
+            n = sum(out.count(secret) for out in self.outputs)
+            if n:
+                found.append(f"{what} in controller output ({n}x)")
+        return found
+
+    def healthy(self, host: str) -> bool:
+        # The key from stdin into a header file: never on a command line (the leak count reads
+        # every command line on the host).
+        r = self.fleet.run(host, "umask 077; cat > /root/.drill-auth; systemctl is-active "
+                           f"{SERVICE}.service && curl -sf -o /dev/null -H @/root/.drill-auth "
+                           f"http://127.0.0.1:{PORT}/health_generate && echo HEALTHY",
+                           input=f"Authorization: Bearer {API_KEY}\n")
+        return "HEALTHY" in r.stdout
+
+    def converged(self, host: str, repo_id: str) -> None:
+        """The host serves ``repo_id``: healthy, weights as the hub has them, SGLang as its
+        wheel's RECORD says."""
+        check(self.healthy(host), f"{host}: the server is not healthy")
+        bad = self.weights_mismatches(host, repo_id) + self.weights_mismatches(host, DRAFTER)
+        check(not bad, f"weights differ from the hub: {bad}")
+        rec = self.record_mismatches(host)
+        check(not rec, f"{host}: SGLang differs from its RECORD: {rec[:5]}")
+        served = self.sh(host, f"cat {RECORD}").stdout
+        check(self.revs[repo_id] in served, f"{host}: the server does not serve {repo_id}")
+
+
+def shq(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+class Run:
+    """A controller process whose output is read as it comes (to act mid-run)."""
+
+    def __init__(self, env: Env, argv: list[str], cwd: Path = REPO, ssh_host: str | None = None):
+        self.env, self.lines = env, []
+        self.started = time.monotonic()
+        if ssh_host:
+            argv = env.fleet.ssh_argv(ssh_host) + ["--", " ".join(shq(a) for a in argv)]
+        # A session of its own: "the control machine dies" kills the controller and every
+        # process it started (pyinfra's ssh sessions, a rollout's pyinfra runs) at once.
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env.run_env(), text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(pattern, self.out):
+                return True
+            if self.proc.poll() is not None:
+                time.sleep(0.3)
+                return bool(re.search(pattern, self.out))
+            time.sleep(0.1)
+        return False
+
+    def kill(self) -> int:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.wait(60)
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.thread.join(timeout=30)
+        self.env.outputs.append(self.out)
+        (self.env.work / f"output-{len(self.env.outputs):03d}.txt").write_text(
+            " ".join(self.proc.args) + "\n" + self.out)
+        self.ended = time.monotonic()
+        return self.proc.returncode
+
+    @property
+    def rc(self) -> int | None:
+        return self.proc.returncode
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, step: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return False
+
+
+def verified(env: Env, host: str, repo_id: str) -> list[str]:
+    out = env.sh(host, f"cat /srv/models/{repo_id.replace('/', '--')}/{env.revs[repo_id]}/"
+                       ".specfleet/verified.jsonl 2>/dev/null").stdout
+    return [json.loads(line)["path"] for line in out.splitlines() if line.strip()]
+
+
+def download_unit_active(env: Env, host: str) -> bool:
+    r = env.sh(host, "systemctl list-units --plain --no-legend --state=active "
+                     "'specfleet-weights-*'")
+    return bool(r.stdout.strip())
+
+
+# ----- the drills ------------------------------------------------------------------------------
+def slow_download(env: Env, host: str, name: str, rate: int = 100_000) -> tuple[str, Run]:
+    """A deploy of a new repo on ``host`` whose shards come slowly (a small one first, then three
+    that take 20 s each at ``rate``); returns once the small one is verified."""
+    repo_id = env.repo(name, sizes=[200_000, 2 * MB, 2 * MB, 2 * MB])
+    env.hub_config(rate_bps=rate)
+    run = env.start(env.inventory({host: env.settings(repo_id)}), [host])
+    first = "model-00001-of-00004.safetensors"
+    ok = wait_until(lambda: first in verified(env, host, repo_id) or run.proc.poll() is not None,
+                    240, 0.3)
+    check(ok and run.proc.poll() is None,
+          f"the download never got under way: rc={run.proc.poll()} {run.out[-1500:]}")
+    return repo_id, run
+
+
+def drill_kill_controller_deploy(env: Env, d: Drill) -> None:
+    host = "d2"
+    repo_id, run = slow_download(env, host, "ctlkill")
+    check(download_unit_active(env, host), "no download unit ran when the controller died")
+    rc = run.kill()
+    check(rc == -signal.SIGKILL, f"pyinfra was not SIGKILLed (rc={rc})")
+    check(download_unit_active(env, host), "the download died with the control machine")
+    env.hub_config()
+    again = env.deploy(host, repo_id)
+    check(again.rc == 0, f"the re-run failed: {again.out[-2000:]}")
+    env.converged(host, repo_id)
+
+
+def drill_reboot_mid_download(env: Env, d: Drill) -> None:
+    host = "d1"
+    repo_id, run = slow_download(env, host, "reboot")
+    boot = env.sh(host, "cat /proc/sys/kernel/random/boot_id").stdout
+    kept = verified(env, host, repo_id)
+    env.fleet.reboot(host, hard=True)
+    run.wait(120)
+    check(env.sh(host, "cat /proc/sys/kernel/random/boot_id").stdout not in ("", boot),
+          "the host did not reboot")
+    check(set(kept) <= set(verified(env, host, repo_id)), "verified shards were lost")
+    env.start_recorders([host])
+    env.sh(host, "mkdir -p /run/standin")  # the stand-in's record folder is a tmpfs
+    env.hub_config()
+    again = env.deploy(host, repo_id)
+    check(again.rc == 0, f"the re-run after the reboot failed: {again.out[-2000:]}")
+    env.converged(host, repo_id)
+
+
+def drill_disk_full(env: Env, d: Drill) -> None:
+    host = "d1"
+    repo_id, run = slow_download(env, host, "diskfull")
+    env.sh(host, "fallocate -l $(( $(df --output=avail -B1 /srv/models | tail -1) - 65536 )) "
+                 "/srv/models/filler || true")
+    avail = int(env.sh(host, "df --output=avail -B1 /srv/models | tail -1").stdout.strip())
+    check(avail < MB, f"the disk did not fill ({avail} bytes free)")
+    rc = run.wait(300)
+    out = run.out
+    check(rc != 0, "the deploy succeeded on a full disk")
+    check(re.search(r"No space left|not enough (free )?space|disk at \S+ is full", out, re.I)
+          is not None, f"no clear disk-full error: {out[-2500:]}")
+    env.sh(host, "rm -f /srv/models/filler")
+    env.hub_config()
+    again = env.deploy(host, repo_id)
+    check(again.rc == 0, f"the re-run after freeing space failed: {again.out[-2000:]}")
+    env.converged(host, repo_id)
+
+
+def drill_hub_knob(knob: str, log_word: str, name: str, host: str = "d2"):
+    def drill(env: Env, d: Drill) -> None:
+        repo_id = env.repo(name)
+        since = len(env.hub.log_lines())
+        env.hub_config(**{knob: ["model-00002-*"], f"{knob}_count": 1})
+        first = env.deploy(host, repo_id)
+        env.hub_config()
+        seen = [ln for ln in env.hub_lines(since) if ln.startswith(log_word)]
+        check(bool(seen), f"the hub never did it (no {log_word} in its log)")
+        if knob == "corrupt":
+            env.corrupt_sends[(env.fleet.hosts[host], repo_id, "model-00002-of-00004.safetensors")
+                              ] += len(seen)
+        if first.rc != 0:
+            check(re.search(r"sha256|checksum|hash|corrupt|differs", first.out, re.I)
+                  is not None, f"the failure does not say what was wrong: {first.out[-2000:]}")
+            first = env.deploy(host, repo_id)
+        check(first.rc == 0, f"not converged after a re-run: {first.out[-2000:]}")
+        env.converged(host, repo_id)
+    return drill
+
+
+def drill_hostile_listing(env: Env, d: Drill) -> None:
+    host = "d2"
+    repo_id = env.repo("hostile", shards=1)
+    hostile = ["../escape.json", "/tmp/escape-abs.json", "../../../../etc/drill-escape",
+               "a\\..\\..\\bs.json", "new\nline.json"]
+    listing = "find /srv/models -xdev 2>/dev/null | sort"
+    before = env.sh(host, listing).stdout
+    since = len(env.hub.log_lines())
+    env.hub_config(aliases={repo_id: {n: "config.json" for n in hostile}})
+    try:
+        run = env.deploy(host, repo_id)
+    finally:
+        env.hub_config()
+    check(any(f"/api/models/{repo_id}/" in ln for ln in env.hub_lines(since)),
+          "the hub never served the listing")
+    check(run.rc != 0, "a hostile listing was accepted")
+    check("not safe" in run.out and repo_id in run.out, f"no clear error: {run.out[-2000:]}")
+    after = env.sh(host, listing).stdout
+    new = sorted(set(after.splitlines()) - set(before.splitlines()))
+    outside = [p for p in new if not p.startswith(f"/srv/models/{repo_id.replace('/', '--')}")]
+    check(not outside, f"created outside the revision folder: {outside}")
+    for gone in ("/tmp/escape-abs.json", "/etc/drill-escape", "/srv/escape.json"):
+        check(env.sh(host, f"test -e {gone}").returncode != 0, f"{gone} was written")
+
+
+def drill_sglang_killed(env: Env, d: Drill) -> None:
+    host = "d3"
+    repo_id = env.repo("killed", shards=1)
+    first = env.deploy(host, repo_id)
+    check(first.rc == 0, f"the first deploy failed: {first.out[-2000:]}")
+    pid = env.sh(host, f"systemctl show -p MainPID --value {SERVICE}").stdout.strip()
+    check(pid not in ("", "0"), "no server ran")
+    env.sh(host, f"kill -9 {pid}")
+    check(wait_until(lambda: env.sh(host, f"test -d /proc/{pid}").returncode != 0, 10),
+          "the server did not die")
+    again = env.deploy(host, repo_id)
+    check(again.rc == 0, f"the re-run failed: {again.out[-2000:]}")
+    new = env.sh(host, f"systemctl show -p MainPID --value {SERVICE}").stdout.strip()
+    check(new not in ("", "0", pid), f"the server was not started again ({pid} -> {new}): "
+          f"{again.out[-1500:]}")
+    env.converged(host, repo_id)
+
+
+def drill_gate_timeout(env: Env, d: Drill) -> None:
+    host = "d3"
+    repo_id = env.repo("gate", shards=1)
+    over = {"readiness_timeout_s": 5,
+            "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", RECORD,
+                         "--standin-load-s", "600"]}
+    t0 = time.monotonic()
+    run = env.deploy(host, repo_id, **over)
+    took = time.monotonic() - t0
+    check(run.rc != 0, "a server that never got ready passed the gate")
+    check("not ready within the budget of 5 s" in run.out, f"no clear error: {run.out[-2000:]}")
+    check("readiness_timeout_s" in run.out, "the error names no fix")
+    check(took >= 5, f"the gate gave up before its budget ({took:.1f}s)")
+    again = env.deploy(host, repo_id)
+    check(again.rc == 0, f"the re-run with a server that loads failed: {again.out[-2000:]}")
+    env.converged(host, repo_id)
+
+
+def drill_two_controllers(env: Env, d: Drill) -> None:
+    """Two control machines (this one and c2, a fleet host with the checkout copied in and a
+    machine id of its own) deploy d3 at the same moment."""
+    host = "d3"
+    repo_id = env.repo("twoctl", shards=2)
+    mine = env.sh("c2", "cat /etc/machine-id").stdout.strip()
+    here = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else ""
+    check(bool(mine) and mine != here, "c2 has no machine id of its own")
+    env.hub_config(rate_bps=1_500_000)
+    inv = env.inventory({host: env.settings(repo_id)}, path=env.fleet.dir / "drill-two.py")
+    env.fleet.put("c2", inv, str(inv))
+    env.fleet.put("c2", env.token_file, str(env.token_file))
+    # c2's Python is Debian's: the checkout's venv packages by path (its interpreter is this
+    # machine's), specfleet from the checkout.
+    site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
+    argv = [f"cd {REPO} && SPECFLEET_ALLOW_TEST_SETTINGS=1 PYTHONPATH={site}:{REPO} "
+            f"/usr/bin/python3 -m pyinfra -y -vvv --limit {host} {inv} {DEPLOY}"]
+    a = Run(env, env.argv(inv, [host]))
+    b = Run(env, ["bash", "-c", argv[0]], ssh_host="c2")
+    ra, rb = a.wait(600), b.wait(600)
+    env.hub_config()
+    check(b.started < a.ended and a.started < b.ended, "the two runs did not overlap")
+    outs = a.out + b.out
+    check("run lock" in outs or "lock" in outs.lower() or (ra == 0 and rb == 0),
+          "neither run met the other")
+    check(ra == 0 or rb == 0, f"neither controller converged the host: {outs[-3000:]}")
+    for r in (a, b):
+        if r.rc != 0:
+            check(re.search(r"lock", r.out, re.I) is not None,
+                  f"the losing run does not say the host is locked: {r.out[-2000:]}")
+    final = env.deploy(host, repo_id)
+    check(final.rc == 0, f"a run after both failed: {final.out[-2000:]}")
+    env.converged(host, repo_id)
+
+
+def drill_kill_rollout(env: Env, d: Drill) -> None:
+    """A rollout SIGKILLed while it deploys the canary; the rollback point must survive: a
+    re-run whose new server fails the gate has to bring back the server of before."""
+    hosts = ["d2", "d3"]
+    repo_id = env.repo("rollout", shards=1)
+    inv = env.inventory({h: env.settings(repo_id) for h in hosts})
+    first = env.pyinfra(inv, hosts)
+    check(first.rc == 0, f"the baseline deploy failed: {first.out[-2000:]}")
+    files = f"cat /etc/systemd/system/{SERVICE}.service /etc/specfleet/{SERVICE}.env | sha1sum"
+    before = {h: env.sh(h, files).stdout for h in hosts}
+    bad = {h: env.settings(repo_id, plan={"extra_env": {"SF_GEN": "broken"}},
+                           launcher=["/usr/bin/python3", STANDIN, "--standin-record", RECORD,
+                                     "--standin-exit", "3"]) for h in hosts}
+    inv2 = env.inventory(bad)
+    report = env.work / "rollout-report.json"
+    argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv2), DEPLOY, "--report",
+            str(report), "--no-prefetch", "--canary", "d2"]
+    run = Run(env, argv)
+    seen = wait_until(lambda: env.sh("d2", f"test -e {KEPT} && grep -qsE 'SF_GEN|standin-exit' "
+                                           f"/etc/systemd/system/{SERVICE}.service "
+                                           f"/etc/specfleet/{SERVICE}.env").returncode == 0,
+                      240, 0.1)
+    check(seen, f"the rollout never reached the canary's deploy: {run.out[-1500:]}")
+    rc = run.kill()
+    check(rc == -signal.SIGKILL, f"the rollout was not SIGKILLed (rc={rc})")
+    again = Run(env, argv)
+    again.wait(600)
+    check(again.rc != 0, "a rollout of a failing server succeeded")
+    restored = env.sh("d2", files).stdout
+    if restored != before["d2"] or not env.healthy("d2"):
+        raise ExpectedFailure("the re-run rolled the canary back to the killed run's half "
+                              "state: the rollback point was lost (issue #19)")
+    check(env.sh("d3", files).stdout == before["d3"], "the rollout touched d3 after the canary "
+          "failed")
+
+
+def drill_bad_inputs(env: Env, d: Drill) -> None:
+    from tests.unit.test_bad_inputs import run_generated
+
+    tried, failures = run_generated(examples=150)
+    env.bad_inputs = tried
+    check(tried >= 100, f"only {tried} bad inputs were tried")
+    check(not failures, f"{len(failures)} bad inputs gave no clear error: {failures[:3]}")
+
+
+DRILLS = [
+    Drill("ctl-kill-deploy", "control machine SIGKILLed mid-download", "d2 (pyinfra)",
+          "download unit outlives pyinfra; re-run converges; no shard fetched twice",
+          drill_kill_controller_deploy, "before 'weights: detached, resumable downloads'"),
+    Drill("reboot-mid-download", "host power-cut and rebooted mid-download", "d1 (persistent)",
+          "boot id changed; verified shards kept, not fetched again; re-run converges",
+          drill_reboot_mid_download,
+          "c51bb1c^: no persistent host disk, no Fleet.reboot (the drill cannot run)"),
+    Drill("disk-full", "disk filled mid-download", "d1 /srv/models",
+          "clear ENOSPC error, no traceback; re-run after freeing converges, no refetch",
+          drill_disk_full, "993c195^: a full disk was reported as a slow link"),
+    Drill("hub-timeout", "hub stops answering mid-file", "stand-in hub (stall)",
+          "STALL in the hub log; watchdog retries; converges; hashes", drill_hub_knob(
+              "stall", "STALL", "stall"), "before the stall watchdog"),
+    Drill("hub-truncated", "hub closes the connection half-way", "stand-in hub (truncate)",
+          "TRUNCATE in the hub log; resumes; hashes match the hub", drill_hub_knob(
+              "truncate", "TRUNCATE", "trunc"), "a download that trusts the byte count"),
+    Drill("hub-corrupt", "hub serves a shard with a flipped byte", "stand-in hub (corrupt)",
+          "CORRUPT in the hub log; sha256 catches it; converges", drill_hub_knob(
+              "corrupt", "CORRUPT", "corrupt"), "before LFS sha256 verification"),
+    Drill("hostile-listing", "hub lists ../, absolute, backslash, newline names", "d2",
+          "clear 'not safe' error; nothing created outside the revision folder",
+          drill_hostile_listing, "43bc2c8^: Hub file names unchecked"),
+    Drill("sglang-killed", "server SIGKILLed after ready", "d3 (unit main pid)",
+          "re-run starts it again; healthy; no traceback", drill_sglang_killed,
+          "c39195d^: auto-restart counted as running, No changes, nothing serving"),
+    Drill("gate-timeout", "server never ready", "d3 readiness gate",
+          "fails after its 5 s budget naming readiness_timeout_s; next run converges",
+          drill_gate_timeout, "8b23489^ (a failed gate's loading server restarted on every run)"),
+    Drill("two-controllers", "two control machines deploy one host at once", "d3 from here + c2",
+          "runs overlap; one converges, the other names the lock; host converged",
+          drill_two_controllers, "aae2b12^: no lease model of the run lock"),
+    Drill("ctl-kill-rollout", "rollout controller SIGKILLed mid-canary", "d2, d3",
+          "rerun of a failing change rolls the canary back to the server of before; d3 untouched",
+          drill_kill_rollout,
+          "2f6088d (main): a re-run snapshots the killed run's half state (#19)",
+          known_issue="#19"),
+    Drill("bad-inputs", "generated bad settings and facts (hypothesis)", "control machine",
+          ">=100 inputs, each a SpecfleetError naming problem and fix", drill_bad_inputs,
+          "978a0ca^: no generated bad inputs"),
+]
+
+
+def boot(name: str, keep: bool) -> Fleet:
+    specs = [HostSpec("d1", gpu="h200x2", disk="24M", persistent=True),
+             HostSpec("d2", gpu="h200x2", disk="1G"), HostSpec("d3", gpu="h200x2", disk="1G"),
+             HostSpec("c2", disk="64M")]
+    # Reaped by the next fleet's boot once this process is gone, unless it is to be kept.
+    return Fleet.up(name, specs, owner_pid=None if keep else os.getpid())
+
+
+def prepare_controller(env: Env) -> None:
+    """c2 becomes a second control machine: this checkout and its venv at the same path (the
+    venv's scripts name it), the fleet's key, and a machine id of its own (systemd made it)."""
+    tar = env.work / "checkout.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(REPO, arcname=str(REPO).lstrip("/"), filter=lambda i: None if any(
+            p in i.name for p in ("/.git/", "/__pycache__", ".ruff_cache", ".pytest_cache"))
+            else i)
+    env.fleet.put("c2", tar, "/tmp/checkout.tar")
+    env.sh("c2", f"tar -C / -xf /tmp/checkout.tar && rm /tmp/checkout.tar && mkdir -p "
+                 f"{env.fleet.dir} && mkdir -p {env.work}", timeout=300)
+    env.fleet.put("c2", env.fleet.key_path, str(env.fleet.key_path))
+    env.sh("c2", f"chmod 600 {env.fleet.key_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.drills.run", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--only", help="comma-separated drill names")
+    ap.add_argument("--keep", action="store_true", help="leave the fleet up")
+    ap.add_argument("--fleet", help="use this fleet of an earlier --keep run (not torn down)")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args(argv)
+    drills = [d for d in DRILLS if not a.only or d.name in a.only.split(",")]
+    if a.list:
+        for d in DRILLS:
+            print(f"{d.name:20} {d.fault}")
+        return 0
+    os.environ["SPECFLEET_ALLOW_TEST_SETTINGS"] = "1"
+    work = Path(f"/var/tmp/specfleet-drills-{os.getpid()}")
+    work.mkdir(parents=True)
+    print(f"drills: work folder {work} (each controller's output in output-NNN.txt)", flush=True)
+    fleet = Fleet.attach(a.fleet) if a.fleet else boot(f"drills-{os.getpid() % 100000}", a.keep)
+    a.keep = a.keep or bool(a.fleet)
+    rows: list[Row] = []
+    try:
+        env = Env(fleet, work)
+        env.bad_inputs = 0
+        hosts = list(fleet.hosts)
+        for h in hosts:
+            fleet.run(h, "mkdir -p /opt/specfleet-standin /run/standin", check=True)
+            fleet.put(h, REPO / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
+        env.start_recorders(hosts)
+        if any(d.name == "two-controllers" for d in drills):
+            prepare_controller(env)
+        for d in drills:
+            t0, n_out = time.monotonic(), len(env.outputs)
+            try:
+                d.run(env, d)
+                result = "survived"
+            except ExpectedFailure as e:
+                result = f"expected-fail {d.known_issue}: {e}"
+            except DrillFailed as e:
+                result = f"FAILED: {e}"
+            except Exception as e:  # a drill's own bug is a failed drill, shown whole
+                result = f"FAILED (drill error): {e!r} {traceback.format_exc()[-800:]}"
+            tb = sum(o.count("Traceback") for o in env.outputs[n_out:])
+            if tb and result == "survived":
+                result = f"FAILED: {tb} traceback(s) in the output"
+            row = Row(d, result, time.monotonic() - t0, tracebacks=tb)
+            rows.append(row)
+            print(f"| {d.name} | {d.fault} | {d.where} | {d.checked} | {result[:300]} | "
+                  f"{row.seconds:.0f}s |", flush=True)
+        lost = env.refetched()
+        for h in ("d1", "d2", "d3"):
+            if env.sh(h, f"test -d {VENV}").returncode == 0:
+                lost += env.record_mismatches(h)
+        leaks = env.leaks(hosts)
+        survived = sum(r.result == "survived" for r in rows)
+        print("\n| drill | fault | where | checked | result | time |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r.drill.name} | {r.drill.fault} | {r.drill.where} | {r.drill.checked} | "
+                  f"{r.result[:200]} | {r.seconds:.0f}s |")
+        print("\nfails on: " + "; ".join(f"{r.drill.name}: {r.drill.fails_on}" for r in rows))
+        for what in lost:
+            print(f"lost: {what}")
+        for what in leaks:
+            print(f"leak: {what}")
+        print(f"drills: survived={survived}/{len(rows)} lost={len(lost)} leaks={len(leaks)} "
+              f"tracebacks={sum(r.tracebacks for r in rows)} bad_inputs={env.bad_inputs}",
+              flush=True)
+        return 0 if survived == len(rows) and not lost and not leaks else 1
+    finally:
+        if "env" in locals():
+            env.hub.stop()
+        if a.keep:
+            print(f"left running: python -m tests.fleet down --name {fleet.name}", flush=True)
+        else:
+            fleet.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
