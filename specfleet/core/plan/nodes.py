@@ -11,9 +11,13 @@ from __future__ import annotations
 from specfleet.core.plan.context import PlanContext
 
 # The flags that would split the model another way than tensor parallel over every GPU of every
-# member; SGLang refuses each of them with DFLASH or across nodes.
-_PIPELINE = ("--pp-size", "--pipeline-parallel-size")
-_DATA_PARALLEL = ("--dp-size", "--data-parallel-size")
+# member, each with what SGLang says about it (with DFLASH, or across nodes) and the fix.
+_OTHER_SPLITS = (
+    (("--pp-size", "--pipeline-parallel-size"), "runs DFLASH with pp_size == 1 only",
+     "remove {flag} from plan.extra_args: the group runs tensor parallel over all {gpus} GPUs"),
+    (("--dp-size", "--data-parallel-size"), "does not run data-parallel replicas across nodes",
+     "remove {flag}, or serve the replicas as separate groups behind a load balancer"),
+)  # fmt: skip
 
 
 def plan_nodes(c: PlanContext) -> None:
@@ -22,23 +26,15 @@ def plan_nodes(c: PlanContext) -> None:
         return
     b, ov = c.b, c.overrides
     source = c.row.multinode_source if c.row is not None else "SGLang's server_args"
-    for flag in _PIPELINE:
-        value = ov.extra_args.get(flag)
-        if value not in (None, False, 1, "1"):
-            raise b.error(
-                f"plan.extra_args sets {flag} {value} for serving group {g.name}: SGLang "
-                f"{c.version or '?'} runs DFLASH with pp_size == 1 only ({source})",
-                f"remove {flag} from plan.extra_args: the group runs tensor parallel over all "
-                f"{g.nnodes * g.gpus_per_node} GPUs",
-            )
-    for flag in _DATA_PARALLEL:
-        value = ov.extra_args.get(flag)
-        if value not in (None, False, 1, "1"):
-            raise b.error(
-                f"plan.extra_args sets {flag} {value} for serving group {g.name}: SGLang "
-                f"{c.version or '?'} does not run data-parallel replicas across nodes ({source})",
-                f"remove {flag}, or serve the replicas as separate groups behind a load balancer",
-            )
+    for flags, rule, fix in _OTHER_SPLITS:
+        for flag in flags:
+            value = ov.extra_args.get(flag)
+            if value not in (None, False, 1, "1"):
+                raise b.error(
+                    f"plan.extra_args sets {flag} {value} for serving group {g.name}: SGLang "
+                    f"{c.version or '?'} {rule} ({source})",
+                    fix.format(flag=flag, gpus=g.nnodes * g.gpus_per_node),
+                )
     b.flag("--nnodes", g.nnodes)
     b.flag("--node-rank", g.node_rank)
     b.flag("--dist-init-addr", g.rendezvous)
