@@ -9,22 +9,11 @@ a deploy measures a server that is restarting). Options, all optional, in the ho
 under ``<state_dir>/bench``), ``fetch_to`` (a folder on the control machine for ``<host>.json``).
 """
 
-from pyinfra import host, inventory
+from pyinfra import host
 
-from operations import bench, preflight
-from operations.venvs import effective_settings
-from specfleet.core.settings import settings_for_all_hosts
+from operations import bench
+from operations.util import settings_in_play
 
-settings = settings_for_all_hosts(inventory)[host.name]
-opts = host.data.get("specfleet_bench") or {}
-preflight.lock(name="Hold the run lock", settings=settings, probe=False)
-bench.smoke(
-    name="Smoke benchmark",
-    settings=effective_settings(settings),
-    concurrency=opts.get("concurrency", (1, 4)),
-    requests=int(opts.get("requests", 0)),
-    max_tokens=int(opts.get("max_tokens", 64)),
-    result=str(opts.get("result", "latest")),
-    fetch_to=opts.get("fetch_to"),
-)
-preflight.lock(name="Release the run lock", settings=settings, present=False)
+settings = settings_in_play()
+if settings is not None:
+    bench.locked_smoke(settings, host.data.get("specfleet_bench"), result="latest")

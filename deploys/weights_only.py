@@ -6,16 +6,14 @@ downloads the target and drafter to every host first (each from upstream), so th
 waits on a 595 GB download with its server down. Nothing else on the host changes.
 """
 
-from pyinfra import host, inventory
-
 from operations import preflight, weights
-from specfleet.core.settings import settings_for_all_hosts
+from operations.util import settings_in_play
 
-settings = settings_for_all_hosts(inventory)[host.name]
-
-preflight.lock(name="Hold the run lock", settings=settings)
-weights.tools_from_settings(name="Weights tools")
-weights.token_from_settings(name="Hugging Face token")
-weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
-weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
-preflight.lock(name="Release the run lock", settings=settings, present=False)
+settings = settings_in_play()
+if settings is not None:
+    preflight.lock(name="Hold the run lock", settings=settings)
+    weights.tools_from_settings(name="Weights tools")
+    weights.token_from_settings(name="Hugging Face token")
+    weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
+    weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
+    preflight.lock(name="Release the run lock", settings=settings, present=False)

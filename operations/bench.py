@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -18,8 +19,10 @@ from pyinfra.operations import files
 
 from facts.gpu import Gpus
 from facts.serving import ServiceState
+from operations import preflight
 from operations.serving import has_api_key, server_paths, service_state_args
 from operations.util import fails_host
+from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
@@ -132,3 +135,21 @@ def not_serving(settings: Settings | None = None, allow: bool = False):
         fix="take the host out of service first, or pass --allow-serving",
     )
     yield  # unreached: it makes this a generator, as pyinfra runs operation bodies
+
+
+def locked_smoke(settings: Settings, options: Mapping[str, Any] | None, result: str) -> None:
+    """The smoke benchmark under the run lock, with ``options`` as the ``specfleet_bench`` host
+    data gives them (``concurrency``, ``requests``, ``max_tokens``, ``result``, ``fetch_to``):
+    what ``deploys/bench_kimi.py`` and ``deploys/sweep_point.py`` run. Call it from a deploy."""
+    opts = dict(options or {})
+    preflight.lock(name="Hold the run lock", settings=settings, probe=False)
+    smoke(
+        name="Smoke benchmark",
+        settings=effective_settings(settings),
+        concurrency=opts.get("concurrency", (1, 4)),
+        requests=int(opts.get("requests", 0)),
+        max_tokens=int(opts.get("max_tokens", 64)),
+        result=str(opts.get("result", result)),
+        fetch_to=opts.get("fetch_to"),
+    )
+    preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from pyinfra.api import State
 
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.monitoring import (
@@ -34,16 +35,13 @@ from specfleet.core.monitoring import (
 )
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
+from specfleet.fleet.pyinfra_run import load_inventory
 
 
 def load_hosts(inventory: str) -> list[tuple[str, dict[str, Any], Settings]]:
     """``(name, host data, settings)`` of every host of the inventory, in order."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    ctx_state.set(State())
-    inv = make_inventory(inventory, cwd=os.getcwd())
+    inv = load_inventory(inventory)
+    State(inventory=inv)  # hosts read their data through the state they belong to
     return [(h.name, dict(h.data.dict()), settings_for_host(h)) for h in inv]
 
 
