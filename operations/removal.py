@@ -19,6 +19,7 @@ from operations.serving import server_paths
 from operations.sglang import patch_restore_steps
 from operations.util import fails_host
 from operations.weights import TOOLS_PATH, model_root
+from specfleet.core.monitoring import watchdog_paths
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.core.sglang.install import sibling_venv
 
@@ -65,6 +66,8 @@ def footprint(s: Settings) -> Footprint:
         TOOLS_PATH, f"{opt}/*",
         f"{state_dir}/*",  # the HF token's copy, weights jobs, rollback points, fan-out state
         control_dir("") + "*",  # the fan-out's control folders in /run
+        # the watchdog's node-exporter textfile (its unit, config and program are covered above)
+        watchdog_paths(s).textfile,
     )  # fmt: skip
     dirs = (secrets, etc, opt)
     venvs = (s.venv.rstrip("/"), sibling_venv(s.venv, "") + "*")

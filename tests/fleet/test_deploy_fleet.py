@@ -252,7 +252,9 @@ def env(make_fleet, tmp_path_factory):
 # Everything a deploy (or its probe) could write: specfleet's files, units, venvs, models, packages.
 HOST_STATE = (
     "find /etc/systemd/system /etc/specfleet /opt /srv/models /var/lib/specfleet /root "
-    "/run/systemd/transient /usr/local -xdev -path /root/.cache/pip -prune -o -type d -printf '%p %m\\n' "
+    # The health watchdog rewrites its own state file every tick: that is no change by a run.
+    "/run/systemd/transient /usr/local -xdev -path /root/.cache/pip -prune -o "
+    "-name '*.watchdog-state.json' -prune -o -type d -printf '%p %m\\n' "
     "-o -printf '%p %s %T@ %m %y %l\\n' 2>/dev/null | sort; "
     "dpkg-query -W -f '${Package} ${Version} ${Status}\\n'; "
     "for py in /root/venv_sglang211/bin/python /opt/specfleet/sglang/bin/python; do "
