@@ -20,6 +20,8 @@ from operations.serving import (
     _gather,
     _per_host,
     _settings,
+    group_peers,
+    host_address,
     plan_from_facts,
     render,
     server_paths,
@@ -183,7 +185,9 @@ def _deploy_record(settings: Settings | None):
     unit_st = cached_fact(host, ServiceState, **service_state_args(s))
     unit_sha = ((unit_st or {}).get("files", {}).get(server.unit) or {}).get("sha1", "")
     # The facts the unit step read (the probe's, on a converged host: no command more).
-    build = plan_from_facts(s, _gather(s, unit_files(server)), host.name).build
+    build = plan_from_facts(
+        s, _gather(s, unit_files(server)), host.name, group_peers(s), host_address(host)
+    ).build
     record = deploy_state(build, unit_sha[:16], _weights_ok(s))
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     if _matches(_state(s), paths.deploy_state, text, 644):
