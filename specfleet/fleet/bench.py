@@ -58,9 +58,8 @@ def run_with_data(inventory: str, deploy: str, hosts: Sequence[str],
     inventory's data key by key, so ``{"specfleet": {"plan": {...}}}`` changes only the plan.
     Each host's result and failure reason come from pyinfra's objects; ``log_path`` gets them as
     lines (pyinfra's own log goes to stderr)."""
-    options = PyinfraOptions(
-        data=[f"{key}={json.dumps(value, sort_keys=True)}" for key, value in data.items()]
-    )
+    # pyinfra's --data takes a Python literal (JSON's true/false/null would stay a string).
+    options = PyinfraOptions(data=[f"{key}={value!r}" for key, value in data.items()])
     start = time.monotonic()
     step = run_pyinfra(inventory, deploy, list(hosts), Path(deploy).stem, options)
     seconds = time.monotonic() - start
