@@ -767,7 +767,10 @@ def test_removal_then_deploy_converges_again(env):
     state = {h: host_state(env, h) for h in REMOVED}
     rc, out = specfleet_cli(env, "remove", str(inv), *limit(*REMOVED), "--dry")
     assert rc == 0, out[-4000:]
-    assert "removal: stops specfleet-sglang.service" in host_output(out, "h200")
+    said = host_output(out, "h200")
+    assert "removal: stops specfleet-sglang" in said
+    for unit in ("specfleet-sglang.service", "specfleet-sglang-watchdog.service"):
+        assert f"stops {unit}" in said, said
     assert {h: host_state(env, h) for h in REMOVED} == state
 
     # Remove: the server stops, every file specfleet put there goes; the weights stay, and so
