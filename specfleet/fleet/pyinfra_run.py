@@ -20,6 +20,7 @@ import fnmatch
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -494,6 +495,7 @@ class Session:
         failed = {}
         for h in todo:
             if h.connected:
+                _fail_fast_on_a_dead_link(h)
                 self.connected.add(h.name)
                 self.state.activate_host(h)
             else:
@@ -628,6 +630,24 @@ class Session:
             disconnect_all(st)
         finally:
             self.connected.clear()
+
+
+# A link that stops carrying data (a cut cable, a host that vanished) fails the host's next
+# command within this time instead of after TCP's ~15 minutes of retransmissions.
+DEAD_LINK_S = 30
+
+
+def _fail_fast_on_a_dead_link(h: Any) -> None:
+    """SSH keepalives every few seconds, and TCP_USER_TIMEOUT on the connection: unacknowledged
+    data for ``DEAD_LINK_S`` ends it, so a command in flight on a cut link fails the host as
+    unreachable instead of hanging the rollout. Best effort: a connector without a socket (local,
+    docker) is left as it is."""
+    try:
+        transport = h.connector.client.get_transport()
+        transport.set_keepalive(5)
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_LINK_S * 1000)
+    except (AttributeError, OSError):
+        pass
 
 
 @contextmanager
