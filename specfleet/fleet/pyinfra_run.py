@@ -546,6 +546,7 @@ class Session:
         self.state.current_deploy_filename = path
         rc = 0
         load_errors: dict[str, list[str]] = {}
+        lost: dict[str, str] = {}
         with ctx_state.use(self.state), ctx_inventory.use(self.inventory), \
                 ctx_config.use(self.state.config):
             for h in live:
@@ -568,8 +569,18 @@ class Session:
                     run_ops(self.state)
             except PyinfraError:  # "No hosts remaining!": every host failed, each one said why
                 rc = 1
+            except (EOFError, OSError, ConnectionError) as exc:
+                # A link cut while a command was in flight (the connection's dead-link timeout):
+                # that host is unreachable; the others keep what they did.
+                rc = 1
+                for h in live:
+                    if not _link_alive(h):
+                        lost[h.name] = f"unreachable: connection lost ({type(exc).__name__})"
+                        self.connected.discard(h.name)
         for h in live:
-            if h.name in load_errors:
+            if h.name in lost:
+                results[h.name] = HostStep(UNREACHABLE, why=[lost[h.name]])
+            elif h.name in load_errors:
                 results[h.name] = HostStep(FAILED, why=load_errors[h.name])
             else:
                 results[h.name] = self._host_result(h)
@@ -635,6 +646,14 @@ class Session:
 # A link that stops carrying data (a cut cable, a host that vanished) fails the host's next
 # command within this time instead of after TCP's ~15 minutes of retransmissions.
 DEAD_LINK_S = 30
+
+
+def _link_alive(h: Any) -> bool:
+    try:
+        transport = h.connector.client.get_transport()
+        return bool(transport and transport.is_active())
+    except AttributeError:
+        return True
 
 
 def _fail_fast_on_a_dead_link(h: Any) -> None:
