@@ -763,7 +763,7 @@ def _check_patch(patch: PatchSource, p: _Problems) -> None:
                 "settings key 'patch.source' is set without 'patch.sha256'",
                 "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)",
             )
-    if patch.sha256:
+    if patch.sha256 is not None:
         p.check("patch.sha256", patch.sha256, sha256_problem(patch.sha256),
                 "set patch.sha256 to the output of sha256sum on the diff")  # fmt: skip
 
