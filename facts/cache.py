@@ -18,6 +18,7 @@ Anything else is asked live. Without a ``load`` (a deploy that takes no probe, p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -58,12 +59,34 @@ def fact_key(cls: type[FactBase] | str, kwargs: Mapping[str, Any] | None = None)
     the fact's ``command``): ``facts.weights.WeightsState#3f9a0c1d2e``."""
     cls = fact_class(cls)
     kwargs = dict(kwargs or {})
+    # Memoised on the arguments' repr (cheap next to binding them to the signature): a deploy
+    # asks the same few dozen keys on every host, hundreds of times per host.
+    memo = (cls, repr(sorted(kwargs.items())))
+    key = _KEYS.get(memo)
+    if key is None:
+        if len(_KEYS) >= 4096:
+            _KEYS.clear()
+        key = _KEYS[memo] = _fact_key(cls, kwargs)
+    return key
+
+
+_KEYS: dict[tuple[type, str], str] = {}
+
+
+def _fact_key(cls: type[FactBase], kwargs: dict[str, Any]) -> str:
     if callable(cls.command):
-        bound = inspect.signature(cls().command).bind(**kwargs)
+        bound = _command_signature(cls).bind(**kwargs)
         bound.apply_defaults()
         kwargs = dict(bound.arguments)
     text = json.dumps(sorted(kwargs.items()), default=repr)
     return f"{cls.name}#{hashlib.sha1(text.encode()).hexdigest()[:10]}"  # noqa: S324 - a key
+
+
+@functools.lru_cache(maxsize=512)
+def _command_signature(cls: type[FactBase]) -> inspect.Signature:
+    """The signature of a fact's ``command``: one per class (each ``inspect.signature`` costs
+    more than the rest of a fact key, and a deploy asks hundreds per host)."""
+    return inspect.signature(cls().command)
 
 
 def keyed_specs(specs: Mapping[str, Spec] | list) -> dict[str, tuple[type[FactBase], dict]]:
@@ -119,6 +142,21 @@ def _completed_with_commands(host: Any) -> set[str]:
 
 
 def _fact_shell(cls: type[FactBase], kwargs: dict) -> str:
+    """The shell a fact runs for ``kwargs``, as its own ``command`` builds it (once per fact key:
+    a fact's command is a function of its class and arguments alone)."""
+    key = fact_key(cls, kwargs)
+    shell = _SHELLS.get(key)
+    if shell is None:
+        if len(_SHELLS) >= 4096:
+            _SHELLS.clear()
+        shell = _SHELLS[key] = _build_fact_shell(cls, kwargs)
+    return shell
+
+
+_SHELLS: dict[str, str] = {}
+
+
+def _build_fact_shell(cls: type[FactBase], kwargs: dict) -> str:
     fact = cls()
     command = fact.command(**kwargs) if callable(fact.command) else fact.command
     command = command.get_raw_value() if isinstance(command, StringCommand) else str(command)

@@ -10,6 +10,8 @@ scripts of one interpreter in one process (``PythonJob``, ``RUNNER``).
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import inspect
 import json
 import re
@@ -46,6 +48,13 @@ def script_source(name: str) -> str:
 def parse_printed(text: str):
     """The value a host-side script printed: a Python literal (``repr``: such scripts need not
     import ``json``, 7 ms of a 15 ms script) or JSON (older scripts, captured fixtures)."""
+    return copy.deepcopy(_parse_printed_once(text))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_printed_once(text: str):
+    # Hosts of one build print the same text: parsed once per distinct text (``ast`` is the
+    # costliest step of a converged run's facts), a copy handed to each caller.
     try:
         return json.loads(text)
     except ValueError:

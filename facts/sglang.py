@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shlex
 from typing import Any
@@ -70,6 +71,12 @@ def collect_request() -> str:
 
 def enum_members(source: str, class_name: str) -> list[str]:
     """The member names of ``class class_name(Enum)`` in ``source``, in source order."""
+    return list(_enum_members(source, class_name))
+
+
+@functools.lru_cache(maxsize=64)
+def _enum_members(source: str, class_name: str) -> tuple[str, ...]:
+    # One parse per distinct source: the hosts of a fleet send the same files.
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -82,8 +89,8 @@ def enum_members(source: str, class_name: str) -> list[str]:
                 if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
                     targets = [stmt.target]
                 names += [t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()]
-            return names
-    return []
+            return tuple(names)
+    return ()
 
 
 def attention_backends(registry_source: str) -> list[str]:
@@ -147,6 +154,7 @@ def parse_install(collected: dict | None) -> dict | None:
     }
 
 
+@functools.lru_cache(maxsize=64)
 def routes_to_v2(spec_info: str) -> bool:
     """Whether spec_info.py hands DFLASH to ``DFlashWorkerV2`` (an import of it from the v2
     worker module anywhere in the file: both the PR and 0.5.14 import it where they route)."""

@@ -39,6 +39,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -79,16 +80,44 @@ def _env() -> dict[str, str]:
     return env
 
 
-def pyinfra(inventory: Path, *args: str, limit: list[str] | None = None,
-            timeout: float = 900) -> tuple[float, subprocess.CompletedProcess]:
+def pyinfra_argv(inventory: Path, *args: str, limit: list[str] | None = None) -> list[str]:
     argv = [PYINFRA, "-y"]
     for name in limit or []:
         argv += ["--limit", name]
-    argv += [str(inventory), *args]
-    t0 = time.monotonic()
-    done = subprocess.run(argv, cwd=TREE, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return time.monotonic() - t0, done
+    return [*argv, str(inventory), *args]
+
+
+def pyinfra(inventory: Path, *args: str, limit: list[str] | None = None,
+            timeout: float = 900) -> tuple[float, subprocess.CompletedProcess]:
+    argv = pyinfra_argv(inventory, *args, limit=limit)
+    t, done, _ = pyinfra_timed(argv, timeout)
+    return t, done
+
+
+def pyinfra_timed(argv: list[str], timeout: float = 900,
+                  ) -> tuple[float, subprocess.CompletedProcess, float]:
+    """Wall seconds, the finished process, and the CPU seconds (user + system) of the pyinfra
+    process and every child it waited for: ``wait4``'s rusage of that one process tree, on the
+    control machine only (the hosts' work runs in their own containers, not below it)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=TREE, env=_env(), stdout=out, stderr=err, text=True)
+        deadline = t0 + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.005)
+        wall = time.monotonic() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+    return wall, done, usage.ru_utime + usage.ru_stime
 
 
 def changes(out: str) -> int | None:
@@ -151,6 +180,15 @@ def reattach() -> demo_mod.Demo:
     return demo
 
 
+def compile_tree(tree: Path) -> None:
+    """Byte-compile the project's packages, as ``pip install`` does: pyinfra's CLI turns
+    ``sys.dont_write_bytecode`` on, so a deploy run from a source tree would otherwise compile
+    every module of ours on every run, and the bare exec it is compared with loads pyinfra's
+    compiled modules from site-packages. (Deploy files are run by path and never cached.)"""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "operations", "facts", "specfleet"],
+                   cwd=tree, check=True, stdout=subprocess.DEVNULL)
+
+
 def prioritise(fleet: Fleet, nice: int) -> None:
     """The machine's CPUs are shared with other fleets: give what is measured, on both sides, the
     same head start, so that the ratio is less about the neighbours' load. Each host's listening
@@ -180,24 +218,28 @@ def settle(inv: Path, hosts: list[str]) -> None:
 
 
 def measure(inv: Path, hosts: list[str], runs: int) -> dict:
-    t_exec, t_deploy = [], []
+    t_exec, t_deploy, cpu_exec, cpu_deploy = [], [], [], []
     settle(inv, hosts)
     retries = 2
     while len(t_deploy) < runs:
-        t, done = pyinfra(inv, "exec", "--", "true", limit=hosts)
+        t, done, cpu = pyinfra_timed(pyinfra_argv(inv, "exec", "--", "true", limit=hosts))
         if done.returncode:
             raise _fail("exec -- true", done)
         t_exec.append(t)
-        t, done = pyinfra(inv, DEPLOY, limit=hosts)
+        cpu_exec.append(cpu)
+        t, done, cpu = pyinfra_timed(pyinfra_argv(inv, DEPLOY, limit=hosts))
         out = done.stdout + done.stderr
         if done.returncode or changes(out) != 0:
             if done.returncode == 0 and retries:
                 retries -= 1
                 print(f"    a timed run changed {changes(out)} things: not converged, again",
                       flush=True)
+                t_exec.pop()
+                cpu_exec.pop()
                 continue
             raise _fail(f"converged deploy (changes={changes(out)})", done)
         t_deploy.append(t)
+        cpu_deploy.append(cpu)
     _, done = pyinfra(inv, "--debug", "exec", "--", "true", limit=hosts)
     exec_cmds = count_commands(done.stdout + done.stderr, hosts)
     _, done = pyinfra(inv, "--debug", DEPLOY, limit=hosts)
@@ -208,24 +250,30 @@ def measure(inv: Path, hosts: list[str], runs: int) -> dict:
     misses = sorted({m.group(1) for m in MISS_RE.finditer(done.stdout + done.stderr)})
     for miss in misses:
         print(f"    asked live (not in the probe): {miss}", flush=True)
+    n = len(hosts)
     return {
-        "hosts": len(hosts),
+        "hosts": n,
         "exec_s": statistics.median(t_exec),
         "deploy_s": statistics.median(t_deploy),
         "ratio": statistics.median(t_deploy) / statistics.median(t_exec),
+        "exec_cpu_per_host": statistics.median(cpu_exec) / n,
+        "deploy_cpu_per_host": statistics.median(cpu_deploy) / n,
+        "cpu_ratio": statistics.median(cpu_deploy) / statistics.median(cpu_exec),
         "exec_cmds": max(exec_cmds.values()),
         "deploy_cmds": max(deploy_cmds.values()),
         "all_exec_s": t_exec,
         "all_deploy_s": t_deploy,
+        "all_exec_cpu_s": cpu_exec,
+        "all_deploy_cpu_s": cpu_deploy,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--hosts", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3, help="timed runs of each, medians")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="hold per chunk, each way")
-    ap.add_argument("--sizes", default="", help="fleet sizes to measure (default 1,4,HOSTS)")
+    ap.add_argument("--sizes", default="", help="fleet sizes to measure (default 1,8,16,HOSTS)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--nice", type=int, default=-10,
                     help="nice value for what is measured: this process (pyinfra, the relays) "
@@ -241,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     TREE = a.tree.resolve()
     # A plain `kill` still tears down (the fleet, the hub, the relays).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else sorted({1, min(4, a.hosts),
-                                                                          a.hosts})
+    sizes = ([int(s) for s in a.sizes.split(",")] if a.sizes
+             else sorted({s for s in (1, 8, 16) if s < a.hosts} | {a.hosts}))
+    compile_tree(TREE)
     demo = reattach() if a.reuse else boot(a.hosts, a.keep)
     relays = None
     try:
@@ -263,18 +312,19 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         print()
         print("| hosts | RTT ms | exec -- true s (median, min) | converged deploy s (median, min) "
-              "| ratio of medians | ratio of minima | commands/host exec | commands/host deploy |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| ratio of medians | control CPU s/host exec | control CPU s/host deploy "
+              "| cpu_ratio | commands/host exec | commands/host deploy |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['hosts']} | {rtt_ms} | {r['exec_s']:.2f}, {min(r['all_exec_s']):.2f} | "
                   f"{r['deploy_s']:.2f}, {min(r['all_deploy_s']):.2f} | {r['ratio']:.2f} | "
-                  f"{min(r['all_deploy_s']) / min(r['all_exec_s']):.2f} | {r['exec_cmds']:g} | "
-                  f"{r['deploy_cmds']:g} |")
+                  f"{r['exec_cpu_per_host']:.3f} | {r['deploy_cpu_per_host']:.3f} | "
+                  f"{r['cpu_ratio']:.2f} | {r['exec_cmds']:g} | {r['deploy_cmds']:g} |")
         if a.json:
             a.json.write_text(json.dumps({"rtt_ms": rtt_ms, "rows": rows}, indent=1))
         last = rows[-1]
         print(f"converged: ratio={last['ratio']:.2f} commands_per_host={last['deploy_cmds']:g} "
-              f"hosts={last['hosts']} rtt_ms={rtt_ms}")
+              f"hosts={last['hosts']} rtt_ms={rtt_ms} cpu_ratio={last['cpu_ratio']:.2f}")
         return 0
     finally:
         if relays:

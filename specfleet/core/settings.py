@@ -443,8 +443,22 @@ def settings_from_layers(
                 fix=f"make {DATA_KEY} a dict, e.g. {DATA_KEY} = {{'port': 30000}}",
             )
         merged = deep_merge(merged, layer)
-    settings = _build(Settings, merged, host)
-    return validate(settings, host, environ)
+    # Settings are a pure function of the merged data, the host's name (in errors) and whether
+    # test-only settings are allowed: a fleet of hosts sharing their settings, or a deploy's
+    # steps asking again for one host, builds and checks them once (a converged run's CPU).
+    key = (repr(merged), host, allow_test_settings(environ))
+    built = _BUILT.get(key)
+    if built is None:
+        built = validate(_build(Settings, merged, host), host, environ)
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.clear()
+        _BUILT[key] = built
+    return built
+
+
+# ``settings_from_layers``'s memo: Settings are frozen, so one value serves every caller.
+_BUILT: dict[tuple[str, str, bool], Settings] = {}
+_BUILT_MAX = 4096
 
 
 def settings_from_dict(

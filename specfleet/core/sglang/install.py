@@ -6,6 +6,7 @@ Every function here is a pure function of fact values (no I/O), so it is tested 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import posixpath
 import re
 from dataclasses import dataclass
@@ -186,6 +187,7 @@ def decide_install(
     )
 
 
+@functools.lru_cache(maxsize=256)
 def decide_compressed_tensors(
     installed: str | None, sglang_version: str, override: str | None = None
 ) -> tuple[Decision, SpecifierSet]:

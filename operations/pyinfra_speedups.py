@@ -1,0 +1,110 @@
+"""Two of pyinfra's per-operation costs, answered the same way for a fraction of the CPU.
+
+A converged run over a fleet is mostly bookkeeping on the control machine: each operation call on
+each host costs pyinfra 3.10 two things that do not depend on the host (profile of a converged
+32-host run: ``bench/converged/profile.md``):
+
+- ``api.util.get_operation_order_from_stack`` (in CLI mode) builds ``inspect.stack()`` and calls
+  ``inspect.getframeinfo`` on every frame twice; each of those reads the frame's source line and
+  walks ``sys.modules`` (``inspect.getmodule``) only to get a file name and a line number, which
+  the frame already holds (``f_code.co_filename``, ``f_lineno``): about 2/3 of the deploy's
+  own CPU per host;
+- ``api.arguments.all_global_arguments`` evaluates ``typing.get_type_hints`` of the same class on
+  every operation and fact call.
+
+``install()`` swaps in equivalents that read the frames directly and keep the type hints once.
+They return exactly what pyinfra's functions return (``tests/unit/test_pyinfra_speedups.py``
+compares both on real operation calls); they are installed only when pyinfra's functions are the
+ones they were written against (the sha256 of their source), so another pyinfra keeps its own.
+The same change, proposed upstream, would make this module unnecessary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import sys
+from typing import Any
+
+import pyinfra
+
+# By module path: ``pyinfra.api`` exports functions under some of these modules' names
+# (``pyinfra.api.operation`` is also the ``@operation`` decorator).
+pyinfra_arguments = importlib.import_module("pyinfra.api.arguments")
+pyinfra_facts = importlib.import_module("pyinfra.api.facts")
+pyinfra_operation = importlib.import_module("pyinfra.api.operation")
+pyinfra_util = importlib.import_module("pyinfra.api.util")
+
+# sha256 of the source of each function replaced, in the pyinfra it was read from (3.10.0).
+REPLACED = {
+    "get_operation_order_from_stack":
+        "f4807f61585570e091fd453c7552d9e2b49329555f07f395a8e8f1d2a398a0b2",
+    "all_global_arguments":
+        "f7afbc472d78c5d2f0bb282994175647651e888543da001968d903cc4a26a5a1",
+}  # fmt: skip
+
+_ORIGINALS: dict[str, Any] = {}
+
+
+def source_sha256(func: Any) -> str:
+    return hashlib.sha256(inspect.getsource(func).encode()).hexdigest()
+
+
+def operation_order_from_frames(state: Any) -> list[int]:
+    """``pyinfra.api.util.get_operation_order_from_stack(state)``, from the frames themselves."""
+    frames = []
+    # This frame stands where pyinfra's own is, and is skipped as pyinfra skips its own (from
+    # its install dir): with no deploy file on the stack, pyinfra starts from that frame.
+    frame = sys._getframe(0)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()
+
+    start = 0
+    if state.current_deploy_filename:
+        for start, frame in enumerate(frames):  # noqa: B007 - pyinfra keeps the last index too
+            if frame.f_code.co_filename == state.current_deploy_filename:
+                break
+
+    line_numbers = []
+    if pyinfra.is_cli:
+        line_numbers.append(state.current_op_file_number)
+    me = operation_order_from_frames.__code__
+    for frame in frames[start:]:
+        if frame.f_code is me or frame.f_code.co_filename.startswith(
+                pyinfra_util.PYINFRA_INSTALL_DIR):
+            continue
+        line_numbers.append(frame.f_lineno)
+    return line_numbers
+
+
+_GLOBAL_ARGUMENTS: list[tuple[str, type]] = []
+
+
+def global_arguments_once() -> list[tuple[str, type]]:
+    """``pyinfra.api.arguments.all_global_arguments()``, its type hints evaluated once."""
+    if not _GLOBAL_ARGUMENTS:
+        _GLOBAL_ARGUMENTS.extend(_ORIGINALS.get("all_global_arguments",
+                                                pyinfra_arguments.all_global_arguments)())
+    return list(_GLOBAL_ARGUMENTS)
+
+
+def install() -> bool:
+    """Swap the equivalents in where pyinfra's functions are the ones they replace; True if so."""
+    if _ORIGINALS:
+        return True
+    order = pyinfra_util.get_operation_order_from_stack
+    hints = pyinfra_arguments.all_global_arguments
+    if (source_sha256(order) != REPLACED["get_operation_order_from_stack"]
+            or source_sha256(hints) != REPLACED["all_global_arguments"]):
+        return False
+    _ORIGINALS["get_operation_order_from_stack"] = order
+    _ORIGINALS["all_global_arguments"] = hints
+    # Each module that imported a name keeps its own reference: replace it where it is used.
+    pyinfra_util.get_operation_order_from_stack = operation_order_from_frames
+    pyinfra_operation.get_operation_order_from_stack = operation_order_from_frames
+    pyinfra_arguments.all_global_arguments = global_arguments_once
+    pyinfra_facts.all_global_arguments = global_arguments_once
+    return True
