@@ -59,7 +59,8 @@ def kimi_k26(settings: Settings, present: bool | None = None,
         reason="the software or weights",
         _if=any_changed(*software.values(), target, drafter),
     )
-    serving.group_restart(name="Serving group restarts as one", settings=settings)
+    if settings.group is not None:
+        serving.group_restart(name="Serving group restarts as one", settings=settings)
     serving.service(
         name="SGLang server running, enabled and ready",
         settings=settings,

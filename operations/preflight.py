@@ -104,7 +104,12 @@ def lease_seconds() -> float:
 
 def _me() -> dict[str, Any]:
     """The owner this run writes into the lock (``specfleet.core.runlock``)."""
-    pid = os.getpid()
+    return {**_this_process(os.getpid()), "run_id": run_id(), "started": time.time()}
+
+
+@functools.lru_cache(maxsize=4)
+def _this_process(pid: int) -> dict[str, Any]:
+    # Read once per process (keyed by pid: a fork is another owner), not once per host.
     return {
         "owner": f"{os.environ.get('USER', 'root')}@{socket.gethostname()}",
         "control_host": socket.gethostname(),
@@ -112,8 +117,6 @@ def _me() -> dict[str, Any]:
         "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
         "pid": pid,
         "pid_start": _pid_start(pid),
-        "run_id": run_id(),
-        "started": time.time(),
         "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)),
     }
 

@@ -346,6 +346,44 @@ def test_a_converged_run_is_two_commands_per_host(env):
     assert counts == {h: 2 for h in hosts} and uploads == 0, (counts, uploads, said)
 
 
+# One controller process running the deploy twice (the rollout's in-process session): every run
+# probes the host again, so a change made between the two runs is seen by the second.
+SESSION_TWICE = """
+import json, subprocess, sys
+from specfleet.fleet.pyinfra_run import deploy_path, session
+inventory, host, change = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+runs = {}
+with session(inventory) as s:
+    s.connect([host])
+    runs["first"] = s.run(str(deploy_path("kimi_k26")), [host], "first")
+    subprocess.run(change, check=True)
+    runs["second"] = s.run(str(deploy_path("kimi_k26")), [host], "second")
+print("RESULT " + json.dumps({name: {"status": r.results[host].status,
+                                     "changed": r.results[host].changed_ops}
+                              for name, r in runs.items()}))
+"""
+
+
+def test_a_change_between_two_runs_of_one_process_is_seen(env):
+    """Nothing is answered from an earlier run's facts (the per-process memos of
+    bench/converged's CPU work key on what this run read): in one controller process, a
+    converged run, then the server stopped behind its back, then a run that starts it again."""
+    host = "h100"
+    change = [*env.fleet.ssh_argv(host), "--", f"systemctl stop {UNIT}"]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    environ["HF_TOKEN"] = DEMO_TOKEN
+    res = subprocess.run([sys.executable, "-c", SESSION_TWICE, str(env.inventory()), host,
+                          json.dumps(change)], cwd=REPO_ROOT, env=environ, capture_output=True,
+                         text=True, timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["first"] == {"status": "ok", "changed": []}, out[-4000:]
+    assert result["second"]["status"] == "changed", out[-4000:]
+    assert any("SGLang server running" in op for op in result["second"]["changed"]), result
+    assert env.run(host, f"systemctl is-active {UNIT}").strip() == "active"
+
+
 def test_changed_settings_restart_exactly_once(env):
     """b200 gets a new flag, h100 a new target revision committed to the hub; the other two
     hosts keep theirs. Each changed host restarts once; a rerun changes nothing again."""
