@@ -315,3 +315,48 @@ def test_python_facts_of_one_interpreter_run_in_one_process_as_they_would_alone(
     assert (exit3["rc"], exit3["stdout"], exit3["stderr"]) == (3, ["partial"], ["why"])
     raised = sections_together[key(Script, {"what": "raise"})]
     assert raised["rc"] == 1 and raised["stderr"][-1] == "RuntimeError: boom"
+
+
+# --------------------------------------------------------------------------------------------------
+# Memos of a converged run's pure work (bench/converged/profile.md): keyed on exactly what they
+# are given, each caller gets its own value, and errors are never remembered
+# --------------------------------------------------------------------------------------------------
+
+
+def test_fact_key_memo_is_the_computed_key_and_bad_arguments_still_fail():
+    assert fact_key(Value, {"path": "/x"}) == cache._fact_key(Value, {"path": "/x"})
+    # defaults filled in: asking with the default spelled out is the same fact
+    assert fact_key(Value, {"path": "/x"}) == fact_key(Value, {"path": "/x", "tag": "a"})
+    assert fact_key(Value, {"path": "/x"}) != fact_key(Value, {"path": "/y"})
+    for _ in range(2):
+        with pytest.raises(TypeError):
+            fact_key(Value, {"nope": 1})
+
+
+def test_printed_literals_are_parsed_once_and_each_caller_gets_its_own():
+    from facts.hostpy import parse_printed
+
+    text = "{'dists': {'sglang': '0.5.11'}, 'paths': ['/a', '/b']}"
+    first = parse_printed(text)
+    first["dists"]["sglang"] = "changed by a caller"
+    first["paths"].append("/c")
+    assert parse_printed(text) == {"dists": {"sglang": "0.5.11"}, "paths": ["/a", "/b"]}
+    assert parse_printed('{"json": true}') == {"json": True}
+    for _ in range(2):
+        with pytest.raises((ValueError, SyntaxError)):
+            parse_printed("{'unterminated': ")
+
+
+def test_settings_are_built_once_per_data_and_refused_every_time():
+    from specfleet.core.errors import SettingsError
+    from specfleet.core.settings import settings_from_layers
+
+    layers = [{"port": 30001}, {"models_root": "/srv/m"}]
+    a = settings_from_layers(layers, host="h1")
+    assert settings_from_layers([{"port": 30001}, {"models_root": "/srv/m"}], host="h1") is a
+    assert (a.port, a.models_root) == (30001, "/srv/m")
+    other = settings_from_layers([{"port": 30002}], host="h1")
+    assert other.port == 30002 and other is not a
+    for _ in range(2):
+        with pytest.raises(SettingsError, match="port"):
+            settings_from_layers([{"port": -1}], host="h1")
