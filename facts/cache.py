@@ -30,6 +30,7 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.arguments import all_argument_meta
+from pyinfra.context import ContextObject, ctx_host
 
 from facts.hostpy import RUNNER, PythonJob
 from facts.probe import (
@@ -269,12 +270,20 @@ def forget(host: Any) -> None:
 
 
 def _valid(host: Any) -> dict | None:
+    if isinstance(host, ContextObject):  # pyinfra's ``host`` proxy: the Host it stands for
+        host = ctx_host.get()
     try:
         entry = _PROBES.get(host)
     except TypeError:  # an unhashable stand-in host
         return None
     if entry is None:
         return None
+    # While one operation runs on the host, no other of its operations can complete and its
+    # connector arguments stay put: one check serves every fact it asks.
+    running = getattr(host, "current_op_hash", None)
+    token = (running, id(getattr(host, "current_op_global_arguments", None)))
+    if running is not None and entry.get("valid_for") == token:
+        return entry
     state = getattr(host, "state", None)
     if entry["state"]() is not state or entry["executing"] != bool(state.is_executing):
         return None
@@ -282,6 +291,7 @@ def _valid(host: Any) -> dict | None:
         return None
     if entry["executing"] and _completed_with_commands(host) - entry["dirty_before"]:
         return None
+    entry["valid_for"] = token if running is not None else None
     return entry
 
 
