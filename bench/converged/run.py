@@ -2,7 +2,7 @@
 
 Usage (as root, from the repository root):
 
-    .venv/bin/python bench/converged/run.py [--hosts 8] [--runs 3] [--delay-ms 25] [--keep|--reuse]
+    .venv/bin/python bench/converged/run.py [--hosts 32] [--runs 3] [--delay-ms 25] [--keep|--reuse]
 
 1. Boots the demo fleet (``tests.demo``: real Debian hosts, the stand-in hub and SGLang server)
    with N hosts named ``p1..pN`` (GPU profiles h100x8, b200x8, rtx6000x8 in turn) as fleet
@@ -10,10 +10,14 @@ Usage (as root, from the repository root):
 2. Puts a delaying TCP relay (``bench/converged/relay.py``) in front of each host's sshd: every
    chunk is held ``--delay-ms`` (25) each way, so about 50 ms of round-trip time (this kernel has
    no ``netem``). A benchmark inventory points ``ssh_hostname``/``ssh_port`` at the relays.
-3. For 1, 4 and N hosts (``--limit``), side by side in one run, ``--runs`` times interleaved:
-   the time of a converged ``pyinfra -y INV deploys/kimi_k26.py`` and of
-   ``pyinfra -y INV exec -- true``; the ratio is of their medians. Every deploy run must report
-   no change (the table's change column), or the benchmark fails.
+3. For 1, 8, 16 and N hosts (``--limit``; ``--sizes``), side by side in one run, ``--runs``
+   times interleaved: the time of a converged ``pyinfra -y INV deploys/kimi_k26.py`` and of
+   ``pyinfra -y INV exec -- true``, and the CPU seconds of each pyinfra process and its children
+   on the control machine (``wait4``'s rusage: not the hosts'), per host; ``ratio`` is of the
+   wall-time medians, ``cpu_ratio`` of the CPU medians. Every deploy run must report no change,
+   or the benchmark fails. The tree is byte-compiled first, as ``pip install`` does. A third
+   run each time, ``bench/converged/noop_ops.py`` (stock pyinfra, 15 operations that do
+   nothing), is the reference for what pyinfra itself needs for that many operations.
 4. SSH commands per host in a converged run, from one extra run with ``--debug``: each
    ``Running command on HOST`` line (one remote process started: an exec channel) plus each
    ``Attempting upload`` (an SFTP channel). The same counter on ``exec -- true`` must give 1.
@@ -24,7 +28,7 @@ command it starts; ``--nice 0`` measures without it. Times are medians of ``--ru
 are printed too.
 
 It prints a table, and the last line ``converged: ratio=R.RR commands_per_host=N hosts=H
-rtt_ms=M`` for the largest fleet. ``--keep`` leaves the fleet and hub up (state in
+rtt_ms=M cpu_ratio=C.CC`` for the largest fleet. ``--keep`` leaves the fleet and hub up (state in
 ``/run/specfleet-fleet/perf/bench.json``); ``--reuse`` attaches to them instead of booting, and
 restarts the stand-in hub on its old port. ``python -m tests.fleet down --name perf`` tears down.
 """
@@ -60,6 +64,8 @@ FLEET = "perf"
 PROFILES = ["h100x8", "b200x8", "rtx6000x8"]
 PYINFRA = demo_mod.PYINFRA
 DEPLOY = demo_mod.DEPLOY
+# What stock pyinfra needs for as many operations as a converged deploy runs (the reference).
+NOOP_OPS = str(Path(__file__).with_name("noop_ops.py"))
 RUN_RE = re.compile(r"Running command on (\S+?):")
 UPLOAD_RE = re.compile(r"Attempting upload of ")
 MISS_RE = re.compile(r"fact cache miss on \S+: (.*)")
@@ -218,7 +224,7 @@ def settle(inv: Path, hosts: list[str]) -> None:
 
 
 def measure(inv: Path, hosts: list[str], runs: int) -> dict:
-    t_exec, t_deploy, cpu_exec, cpu_deploy = [], [], [], []
+    t_exec, t_deploy, cpu_exec, cpu_deploy, cpu_noop = [], [], [], [], []
     settle(inv, hosts)
     retries = 2
     while len(t_deploy) < runs:
@@ -240,6 +246,10 @@ def measure(inv: Path, hosts: list[str], runs: int) -> dict:
             raise _fail(f"converged deploy (changes={changes(out)})", done)
         t_deploy.append(t)
         cpu_deploy.append(cpu)
+        _, done, cpu = pyinfra_timed(pyinfra_argv(inv, NOOP_OPS, limit=hosts))
+        if done.returncode:
+            raise _fail("the no-op reference deploy", done)
+        cpu_noop.append(cpu)
     _, done = pyinfra(inv, "--debug", "exec", "--", "true", limit=hosts)
     exec_cmds = count_commands(done.stdout + done.stderr, hosts)
     _, done = pyinfra(inv, "--debug", DEPLOY, limit=hosts)
@@ -259,6 +269,8 @@ def measure(inv: Path, hosts: list[str], runs: int) -> dict:
         "exec_cpu_per_host": statistics.median(cpu_exec) / n,
         "deploy_cpu_per_host": statistics.median(cpu_deploy) / n,
         "cpu_ratio": statistics.median(cpu_deploy) / statistics.median(cpu_exec),
+        "noop_cpu_per_host": statistics.median(cpu_noop) / n,
+        "all_noop_cpu_s": cpu_noop,
         "exec_cmds": max(exec_cmds.values()),
         "deploy_cmds": max(deploy_cmds.values()),
         "all_exec_s": t_exec,
@@ -313,13 +325,15 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("| hosts | RTT ms | exec -- true s (median, min) | converged deploy s (median, min) "
               "| ratio of medians | control CPU s/host exec | control CPU s/host deploy "
-              "| cpu_ratio | commands/host exec | commands/host deploy |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| cpu_ratio | control CPU s/host, 15 no-op operations (stock pyinfra) "
+              "| commands/host exec | commands/host deploy |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['hosts']} | {rtt_ms} | {r['exec_s']:.2f}, {min(r['all_exec_s']):.2f} | "
                   f"{r['deploy_s']:.2f}, {min(r['all_deploy_s']):.2f} | {r['ratio']:.2f} | "
                   f"{r['exec_cpu_per_host']:.3f} | {r['deploy_cpu_per_host']:.3f} | "
-                  f"{r['cpu_ratio']:.2f} | {r['exec_cmds']:g} | {r['deploy_cmds']:g} |")
+                  f"{r['cpu_ratio']:.2f} | {r['noop_cpu_per_host']:.3f} | {r['exec_cmds']:g} | "
+                  f"{r['deploy_cmds']:g} |")
         if a.json:
             a.json.write_text(json.dumps({"rtt_ms": rtt_ms, "rows": rows}, indent=1))
         last = rows[-1]
