@@ -62,16 +62,21 @@ def fact_key(cls: type[FactBase] | str, kwargs: Mapping[str, Any] | None = None)
     kwargs = dict(kwargs or {})
     # Memoised on the arguments' repr (cheap next to binding them to the signature): a deploy
     # asks the same few dozen keys on every host, hundreds of times per host.
-    memo = (cls, repr(sorted(kwargs.items())))
-    key = _KEYS.get(memo)
-    if key is None:
-        if len(_KEYS) >= 4096:
-            _KEYS.clear()
-        key = _KEYS[memo] = _fact_key(cls, kwargs)
-    return key
+    return _remembered(_KEYS, (cls, repr(sorted(kwargs.items()))), lambda: _fact_key(cls, kwargs))
 
 
 _KEYS: dict[tuple[type, str], str] = {}
+_MEMO_MAX = 4096
+
+
+def _remembered(memo: dict, key: Any, build: Any) -> Any:
+    """``memo[key]``, built by ``build()`` the first time (a bounded memo of a pure function)."""
+    value = memo.get(key)
+    if value is None:
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        value = memo[key] = build()
+    return value
 
 
 def _fact_key(cls: type[FactBase], kwargs: dict[str, Any]) -> str:
@@ -145,13 +150,7 @@ def _completed_with_commands(host: Any) -> set[str]:
 def _fact_shell(cls: type[FactBase], kwargs: dict) -> str:
     """The shell a fact runs for ``kwargs``, as its own ``command`` builds it (once per fact key:
     a fact's command is a function of its class and arguments alone)."""
-    key = fact_key(cls, kwargs)
-    shell = _SHELLS.get(key)
-    if shell is None:
-        if len(_SHELLS) >= 4096:
-            _SHELLS.clear()
-        shell = _SHELLS[key] = _build_fact_shell(cls, kwargs)
-    return shell
+    return _remembered(_SHELLS, fact_key(cls, kwargs), lambda: _build_fact_shell(cls, kwargs))
 
 
 _SHELLS: dict[str, str] = {}
