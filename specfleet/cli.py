@@ -99,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=what, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    # A sub-command's own options before its first argument (``specfleet rollout --help``,
+    # ``specfleet fanout --dry INV``) are not the REMAINDER's: hand them on, in order.
+    words = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = parser.parse_known_args(words)
+    if unknown:
+        before = words[: words.index(args.command)]
+        if not hasattr(args, "rest") or any(u in before for u in unknown):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.rest = [*unknown, *args.rest]
     try:
         if args.checkout:
             os.environ[CHECKOUT_ENV] = os.path.abspath(args.checkout)
