@@ -355,9 +355,9 @@ inventory, host, change = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 runs = {}
 with session(inventory) as s:
     s.connect([host])
-    runs["first"] = s.run(str(deploy_path("kimi_k26")), [host], "first")
+    runs["first"] = s.run(str(deploy_path("kimi_k26.py")), [host], "first")
     subprocess.run(change, check=True)
-    runs["second"] = s.run(str(deploy_path("kimi_k26")), [host], "second")
+    runs["second"] = s.run(str(deploy_path("kimi_k26.py")), [host], "second")
 print("RESULT " + json.dumps({name: {"status": r.results[host].status,
                                      "changed": r.results[host].changed_ops}
                               for name, r in runs.items()}))
