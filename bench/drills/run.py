@@ -913,7 +913,7 @@ DRILLS = [
     Drill("two-controllers", "two control machines deploy one host at once", "d3 from here + c2",
           "runs overlap; one changes d3, the other is refused as busy naming the first and "
           "changes nothing; a third run changes nothing", drill_two_controllers,
-          "a deploy without the run lock (tests/deploys/rollout_deploy.py alone): both change d3"),
+          "a deploy without the run lock (this drill's form in 914541e): both change d3"),
     Drill("ctl-kill-rollout", "rollout controller SIGKILLed mid-canary", "d2, d3",
           "rerun of a failing change rolls the canary back to the server of before; d3 untouched",
           drill_kill_rollout,
@@ -921,8 +921,8 @@ DRILLS = [
     Drill("ctl-kill-patch", "control machine SIGKILLed during the PR#20547 apply (3 points)",
           "d3 SGLang venv", "apply begun, never marked done; re-run ends fully patched (tree of "
           "an uninterrupted apply), then changes nothing; removal gives RECORD back",
-          drill_kill_patch, "85b877d^: the apply without its journal (a kill mid-patch loses "
-          "upstream files the next run cannot restore)"),
+          drill_kill_patch, "58140e9 (before b43d9d6): after a kill at 'patching' the re-run "
+          "calls the port built in and leaves SGLang unpatched"),
     Drill("fanout-peer-cut", "fan-out peer's link cut mid-copy", "d2 (seed) -> d3",
           "a partial copy in flight at the cut; the receiver gives up on the peer, takes the rest "
           "from the hub; nothing unverified recorded; re-run converges, no file sent twice, no "
