@@ -658,12 +658,12 @@ print(json.dumps(out))
 """.replace("@VENV@", VENV)
 # A host-side watcher: prints the apply's stage the moment the host shows it (polled every ms), so
 # that the control machine dies right there. The apply (operations/sglang_commands.apply_script)
-# backs up the touched files (backup.tar.tmp), commits its journal (journal), then patches (the
-# port's new worker file appears).
+# starts (site), lists and backs up the touched files, commits its journal (journal), then
+# patches (the port's new worker file appears).
 PATCH_WATCH = r"""
 import os, sys, time
 d, site = sys.argv[1], sys.argv[2]
-marks = {'backup': d + '/backup.tar.tmp', 'journal': d + '/journal',
+marks = {'backup': d + '/site', 'journal': d + '/journal',
          'patching': site + '/sglang/srt/speculative/dflash_worker_v2.py'}
 want = marks[sys.argv[3]]
 print('WATCHING', flush=True)
