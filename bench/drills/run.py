@@ -927,8 +927,8 @@ DRILLS = [
           "a partial copy in flight at the cut; the receiver gives up on the peer, takes the rest "
           "from the hub; nothing unverified recorded; re-run converges, no file sent twice, no "
           "fan-out sshd or key left", drill_fanout_peer_cut,
-          "a pull without ssh keepalives/timeouts (hangs on the cut link), or one that records "
-          "what rsync wrote without hashing it"),
+          "the pull's ssh without keepalives (ServerAliveInterval=0): the fan-out hangs on "
+          "the cut link"),
     Drill("bad-inputs", "generated bad settings and facts (hypothesis)", "control machine",
           ">=100 inputs, each a SpecfleetError naming problem and fix", drill_bad_inputs,
           "978a0ca^: no generated bad inputs"),
