@@ -433,10 +433,16 @@ def pr20547(
         return
 
     features = install.get("features") or {}
+    release = None
+    if marker and marker.get("partial") and load_port(install.get("version") or "?"):
+        # An apply killed after it patched leaves the v2 worker wired in: the decision reads the
+        # release's features, which the restore step gives back.
+        release = features = predicted_install(install["version"])["features"]
     port = patch = None
     if opted_in and present and features.get("dflash") != "v2":
         port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker)
-    decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port)
+    decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port,
+                              release_features=release)
     if decision.warning:
         _warn(decision.warning)
     if decision.row == KEEP_V1:

@@ -106,6 +106,7 @@ class Drill:
     run: Callable[[Env, Drill], None]
     fails_on: str  # the earlier code it fails on
     known_issue: str | None = None
+    detail: str = ""  # what the drill saw, for its row
 
 
 @dataclasses.dataclass
@@ -260,11 +261,18 @@ print('\n'.join(bad))
     def leaks(self, hosts: list[str]) -> list[str]:
         found = []
         for h in hosts:
-            journal = self.sh(h, "journalctl --no-pager -o cat 2>/dev/null; "
-                                 f"cat {ARGV_LOG} 2>/dev/null").stdout
-            for what, secret in SECRETS.items():
-                if secret in journal:
-                    found.append(f"{what} in {h}'s journal or a command line")
+            sources = {
+                "journal": "journalctl --no-pager -o short-iso 2>/dev/null",
+                "a command line": f"cat {ARGV_LOG} 2>/dev/null",
+            }
+            for where, cmd in sources.items():
+                text = self.sh(h, cmd).stdout
+                for what, secret in SECRETS.items():
+                    hits = [ln for ln in text.splitlines() if secret in ln]
+                    if hits:
+                        # Where it was, with the secret itself blanked out (this output is kept).
+                        shown = hits[0].replace(secret, "<" + what + ">")[:300]
+                        found.append(f"{what} in {h}'s {where} ({len(hits)} lines): {shown}")
         for what, secret in SECRETS.items():
             n = sum(out.count(secret) for out in self.outputs)
             if n:
@@ -302,6 +310,7 @@ class Run:
     def __init__(self, env: Env, argv: list[str], cwd: Path = REPO, ssh_host: str | None = None):
         self.env, self.lines = env, []
         self.started = time.monotonic()
+        self.timed_out = False
         if ssh_host:
             argv = env.fleet.ssh_argv(ssh_host) + ["--", " ".join(shq(a) for a in argv)]
         # A session of its own: "the control machine dies" kills the controller and every
@@ -339,7 +348,8 @@ class Run:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.timed_out = True
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.thread.join(timeout=30)
         self.env.outputs.append(self.out)
@@ -521,39 +531,60 @@ def drill_gate_timeout(env: Env, d: Drill) -> None:
     env.converged(host, repo_id)
 
 
+LOCKED_DEPLOY = "bench/drills/locked_deploy.py"
+
+
+def changed(out: str, host: str) -> bool:
+    """Whether a pyinfra run's -vvv output shows an operation that changed ``host``."""
+    return re.search(rf"\[{host}\] Success", out) is not None
+
+
 def drill_two_controllers(env: Env, d: Drill) -> None:
     """Two control machines (this one and c2, a fleet host with the checkout copied in and a
-    machine id of its own) deploy d3 at the same moment."""
+    machine id of its own) deploy d3 at the same moment, each under the run lock as
+    deploys/kimi_k26.py takes it (bench/drills/locked_deploy.py). The first holds the lock while
+    the hub serves slowly; the second must be refused as busy, naming the first, with nothing
+    changed. Both changing the host (what a deploy without the lock does) fails the drill."""
     host = "d3"
     repo_id = env.repo("twoctl", shards=2)
     mine = env.sh("c2", "cat /etc/machine-id").stdout.strip()
     here = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else ""
     check(bool(mine) and mine != here, "c2 has no machine id of its own")
-    env.hub_config(rate_bps=1_500_000)
+    env.hub_config(rate_bps=300_000)  # ~7 s of download: the lock is held while c2 starts
     inv = env.inventory({host: env.settings(repo_id)}, path=env.fleet.dir / "drill-two.py")
     env.fleet.put("c2", inv, str(inv))
     env.fleet.put("c2", env.token_file, str(env.token_file))
     # c2's Python is Debian's: the checkout's venv packages by path (its interpreter is this
     # machine's), specfleet from the checkout.
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
-    argv = [f"cd {REPO} && SPECFLEET_ALLOW_TEST_SETTINGS=1 PYTHONPATH={site}:{REPO} "
-            f"/usr/bin/python3 -m pyinfra -y -vvv --limit {host} {inv} {DEPLOY}"]
-    a = Run(env, env.argv(inv, [host]))
-    b = Run(env, ["bash", "-c", argv[0]], ssh_host="c2")
+    remote = (f"cd {REPO} && SPECFLEET_ALLOW_TEST_SETTINGS=1 PYTHONPATH={site}:{REPO} "
+              f"/usr/bin/python3 -m pyinfra -y -vvv --limit {host} {inv} {LOCKED_DEPLOY}")
+    a = Run(env, env.argv(inv, [host], deploy=LOCKED_DEPLOY))
+    b = Run(env, ["bash", "-c", remote], ssh_host="c2")
     ra, rb = a.wait(600), b.wait(600)
     env.hub_config()
     check(b.started < a.ended and a.started < b.ended, "the two runs did not overlap")
-    outs = a.out + b.out
-    check("run lock" in outs or "lock" in outs.lower() or (ra == 0 and rb == 0),
-          "neither run met the other")
-    check(ra == 0 or rb == 0, f"neither controller converged the host: {outs[-3000:]}")
-    for r in (a, b):
-        if r.rc != 0:
-            check(re.search(r"lock", r.out, re.I) is not None,
-                  f"the losing run does not say the host is locked: {r.out[-2000:]}")
-    final = env.deploy(host, repo_id)
-    check(final.rc == 0, f"a run after both failed: {final.out[-2000:]}")
+    runs = {"here": a, "c2": b}
+    busy = {k: r for k, r in runs.items() if "another specfleet run holds this host" in r.out}
+    won = {k: r for k, r in runs.items() if k not in busy}
+    check(len(busy) == 1, f"{len(busy)} of the two runs met the other's lock (rc here={ra}, "
+          f"c2={rb}): {a.out[-1500:]} {b.out[-1500:]}")
+    (loser_name, loser), (winner_name, winner) = next(iter(busy.items())), next(iter(won.items()))
+    check(winner.rc == 0, f"the run holding the lock ({winner_name}) failed: "
+          f"{winner.out[-2000:]}")
+    check(changed(winner.out, host), f"the run holding the lock ({winner_name}) changed nothing")
+    check(loser.rc != 0 and not changed(loser.out, host),
+          f"the refused run ({loser_name}) changed {host} too: {loser.out[-2000:]}")
+    holder_id = (here if winner_name == "here" else mine)[:8]
+    check(f"on machine {holder_id}" in loser.out,
+          f"the refusal does not name the other control machine ({holder_id}): "
+          f"{loser.out[-1500:]}")
+    final = Run(env, env.argv(inv, [host], deploy=LOCKED_DEPLOY))
+    final.wait(600)
+    check(final.rc == 0 and not changed(final.out, host),
+          f"a run after both changed {host} again: {final.out[-2000:]}")
     env.converged(host, repo_id)
+    d.detail = f"{winner_name} held the lock and changed {host}; {loser_name} refused as busy"
 
 
 def drill_kill_rollout(env: Env, d: Drill) -> None:
@@ -585,11 +616,260 @@ def drill_kill_rollout(env: Env, d: Drill) -> None:
     again.wait(600)
     check(again.rc != 0, "a rollout of a failing server succeeded")
     restored = env.sh("d2", files).stdout
-    if restored != before["d2"] or not env.healthy("d2"):
-        raise ExpectedFailure("the re-run rolled the canary back to the killed run's half "
-                              "state: the rollback point was lost (issue #19)")
+    check(restored == before["d2"], "the re-run rolled the canary back to the killed run's half "
+          "state: the rollback point was lost")
+    check(env.healthy("d2"), "the canary does not serve after the rollback")
     check(env.sh("d3", files).stdout == before["d3"], "the rollout touched d3 after the canary "
           "failed")
+
+
+PATCH_DEPLOY = "tests/deploys/deploy_op_sglang.py"
+PATCH_STATE = f"{VENV}/.specfleet/pr20547"
+# The installed SGLang against its wheel's RECORD (changed, missing), the files under sglang/ that
+# RECORD does not name (added: what the port creates), and one hash of every source file (paths
+# and bytes, bytecode aside) to compare with an apply that was never interrupted.
+TREE_CHECK = r"""
+import base64, csv, glob, hashlib, json, os
+site = glob.glob('@VENV@/lib/python3*/site-packages')[0]
+rec = {}
+for row in csv.reader(open(glob.glob(site + '/sglang-*.dist-info/RECORD')[0])):
+    if len(row) > 1 and row[0].startswith('sglang/') and row[1].startswith('sha256='):
+        rec[row[0]] = row[1].split('=', 1)[1]
+out = {'changed': [], 'missing': [], 'added': []}
+for path, want in sorted(rec.items()):
+    try:
+        data = open(os.path.join(site, path), 'rb').read()
+    except OSError:
+        out['missing'].append(path); continue
+    if base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip('=') != want:
+        out['changed'].append(path)
+tree = hashlib.sha256()
+for root, dirs, files in os.walk(os.path.join(site, 'sglang')):
+    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+    for name in sorted(files):
+        rel = os.path.relpath(os.path.join(root, name), site)
+        if rel not in rec and not name.endswith('.pyc'):
+            out['added'].append(rel)
+        if not name.endswith('.pyc'):
+            tree.update(rel.encode() + b'\0' + hashlib.sha256(
+                open(os.path.join(root, name), 'rb').read()).digest())
+out['tree'] = tree.hexdigest()
+print(json.dumps(out))
+""".replace("@VENV@", VENV)
+# A host-side watcher: prints the apply's stage the moment the host shows it (polled every ms), so
+# that the control machine dies right there. The apply (operations/sglang_commands.apply_script)
+# starts (site), lists and backs up the touched files, commits its journal (journal), then
+# patches (the port's new worker file appears).
+PATCH_WATCH = r"""
+import os, sys, time
+d, site = sys.argv[1], sys.argv[2]
+marks = {'backup': d + '/site', 'journal': d + '/journal',
+         'patching': site + '/sglang/srt/speculative/dflash_worker_v2.py'}
+want = marks[sys.argv[3]]
+print('WATCHING', flush=True)
+deadline = time.time() + 300
+while time.time() < deadline:
+    if os.path.lexists(want):
+        print('STAGE', sys.argv[3], flush=True)
+        break
+    time.sleep(0.001)
+"""
+
+
+def tree_state(env: Env, host: str) -> dict:
+    r = env.sh(host, f"/usr/bin/python3 -c {shq(TREE_CHECK)}")
+    check(r.returncode == 0, f"{host}: the SGLang tree could not be read: {r.stderr[-500:]}")
+    return json.loads(r.stdout)
+
+
+def op_status(out: str, op: str, host: str) -> str | None:
+    """pyinfra's verdict for ``host`` in the operation named ``op`` (its -vvv output)."""
+    section = out.split(f"Starting operation: {op}", 1)[-1] if op in out else ""
+    m = re.search(rf"\[{host}\] (Success|No changes|Error)", section)
+    return m.group(1) if m else None
+
+
+def patch_run(env: Env, host: str, data: dict, ops: list[str], present: bool = True) -> Run:
+    env.n += 1
+    inv = env.fleet.write_inventory(env.work / f"inventory{env.n}.py", host_data={
+        host: {"specfleet": data, "sglang_test": {"ops": ops, "pr20547_present": present}}})
+    return Run(env, env.argv(inv, [host], deploy=PATCH_DEPLOY))
+
+
+def drill_kill_patch(env: Env, d: Drill) -> None:
+    """The control machine SIGKILLed while PR#20547 is being applied to d3's SGLang, at three
+    points of the apply (backing up, journal committed, files being patched). Judged against
+    the wheel's RECORD (unpatched: every file as RECORD says, nothing added) and the tree of an
+    apply never interrupted (patched): the re-run must end fully patched, a removal fully
+    unpatched."""
+    from operations.sglang_commands import load_port
+    from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256, pr20547_diff
+
+    host = "d3"
+    port_id = hashlib.sha256(load_port("0.5.11").patch(pr20547_diff().decode()).text.encode()
+                             ).hexdigest()
+    data = env.settings(env.repo("patch", shards=1),
+                        patch={"source": str(PR20547_DIFF), "sha256": PR20547_DIFF_SHA256})
+
+    def marker() -> str:
+        return env.sh(host, f"cat {PATCH_STATE}/sha256 2>/dev/null").stdout.strip()
+
+    def unpatched(what: str) -> None:
+        t = tree_state(env, host)
+        check(not (t["changed"] or t["missing"] or t["added"]),
+              f"{what}: SGLang differs from its RECORD: {dict(t, tree=None)}")
+
+    def remove(what: str) -> None:
+        r = patch_run(env, host, data, ["pr20547"], present=False)
+        r.wait(600)
+        check(r.rc == 0, f"{what}: the removal failed: {r.out[-2000:]}")
+        unpatched(f"after the removal ({what})")
+        check(env.sh(host, f"test -e {PATCH_STATE}").returncode != 0,
+              f"{what}: the patch state is left after the removal")
+
+    # The references: SGLang as its wheel has it, and as an apply never interrupted leaves it.
+    base = patch_run(env, host, data, ["installed", "pr20547"])
+    base.wait(900)
+    check(base.rc == 0, f"the uninterrupted apply failed: {base.out[-2000:]}")
+    check(marker() == port_id, f"the uninterrupted apply left no marker {port_id[:12]}")
+    patched = tree_state(env, host)
+    check(bool(patched["added"]) and bool(patched["changed"]),
+          f"the port changed nothing that RECORD sees: {patched}")
+    remove("the reference")
+    site = env.sh(host, f"ls -d {VENV}/lib/python3*/site-packages").stdout.strip()
+    landed = []
+    for stage in ("backup", "journal", "patching"):
+        watch = Run(env, ["/usr/bin/python3", "-u", "-c", PATCH_WATCH, PATCH_STATE, site, stage],
+                    ssh_host=host)
+        check(watch.wait_for(r"WATCHING", 30), f"the watcher did not start on {host}")
+        run = patch_run(env, host, data, ["pr20547"])
+        deadline = time.monotonic() + 300
+        while not (seen := any(ln.startswith("STAGE") for ln in watch.lines)):
+            if run.proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.001)
+        rc = run.kill() if run.proc.poll() is None else run.wait(60)
+        if not seen:
+            watch.kill()
+        watch.wait(30)
+        check(seen, f"the apply never reached '{stage}': {run.out[-1500:]}")
+        check(rc == -signal.SIGKILL, f"pyinfra finished before it was killed at '{stage}' "
+              f"(rc={rc})")
+        time.sleep(3)  # what the host was running when its controller died ends (or dies)
+        after = tree_state(env, host)
+        # The fault, seen on the host: the apply had begun (its state folder) and was never
+        # declared done (the marker only the control machine writes, after verifying it).
+        began = env.sh(host, f"test -d {PATCH_STATE}").returncode == 0
+        check(began and not marker(), f"'{stage}': the kill left no interrupted apply "
+              f"(state folder: {began}, marker: {marker()[:12]})")
+        state = ("unpatched" if not (after["changed"] or after["missing"] or after["added"])
+                 else "patched" if after["tree"] == patched["tree"] else "half-patched")
+        landed.append(f"{stage}: {state}")
+        again = patch_run(env, host, data, ["pr20547"])
+        again.wait(600)
+        check(again.rc == 0, f"'{stage}': the re-run failed: {again.out[-2000:]}")
+        now = tree_state(env, host)
+        check(now["tree"] == patched["tree"] and now["added"] == patched["added"],
+              f"'{stage}': the re-run did not end fully patched: changed {now['changed']}, "
+              f"added {now['added']}, missing {now['missing']}")
+        check(marker() == port_id, f"'{stage}': the re-run left no marker")
+        settled = patch_run(env, host, data, ["pr20547"])
+        settled.wait(600)
+        check(settled.rc == 0 and op_status(settled.out, "sglang.pr20547", host) == "No changes"
+              and tree_state(env, host)["tree"] == patched["tree"],
+              f"'{stage}': a second re-run changed the tree: {settled.out[-1500:]}")
+        remove(stage)
+    d.detail = "killed at " + ", ".join(landed)
+
+
+FANOUT_STATE = "/var/lib/specfleet/fanout"
+
+
+def netns_run(env: Env, host: str, *argv: str) -> None:
+    subprocess.run(["ip", "netns", "exec", env.fleet.state["hosts"][host]["netns"], *argv],
+                   check=True, capture_output=True, text=True)
+
+
+def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
+    """d3 copies the target's shards from d2 (the fan-out's seed, python -m
+    specfleet.fleet.fanout) when d2's link is cut, mid-file. d2's sending is slowed (a token
+    bucket on its link, 4 Mbit/s) so that the cut finds a copy in flight; the cut is d2's veth
+    down, as a pulled cable (no reset: the copy has to find out by itself)."""
+    seed, receiver = "d2", "d3"
+    repo_id = env.repo("fanout", shards=3, size=3 * MB)
+    rev = env.revs[repo_id]
+    rev_dir = f"/srv/models/{repo_id.replace('/', '--')}/{rev}"
+    inv = env.inventory({h: env.settings(repo_id) for h in (seed, receiver)})
+    argv = [sys.executable, "-m", "specfleet.fleet.fanout", str(inv), "--order",
+            f"{seed},{receiver}", "--limit", seed, "--limit", receiver]
+    since = len(env.hub.log_lines())
+    veth = env.fleet.state["hosts"][seed]["veth"]
+    ip = {h: env.fleet.hosts[h] for h in (seed, receiver)}
+    in_flight = ("pgrep -f '^rsync -rt' >/dev/null && find " + rev_dir + " -maxdepth 1 "
+                 "-name '.model-*' -size +0 -printf '%f %s\\n' 2>/dev/null | head -1")
+    netns_run(env, seed, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+              "4mbit", "burst", "32kb", "latency", "400ms")
+    run = Run(env, argv)
+    partial = ""
+    try:
+        ok = wait_until(lambda: bool(env.sh(receiver, in_flight, timeout=20).stdout.strip())
+                        or run.proc.poll() is not None, 300, 0.2)
+        partial = env.sh(receiver, in_flight, timeout=20).stdout.strip() if ok else ""
+        check(bool(partial) and run.proc.poll() is None,
+              f"no copy from {seed} was ever in flight on {receiver}: {run.out[-2000:]}")
+        subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        rc = run.wait(400)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        netns_run(env, seed, "tc", "qdisc", "del", "dev", "eth0", "root")
+    check(not run.timed_out, f"the fan-out hung on the cut link (killed after 400 s): "
+          f"{run.out[-2000:]}")
+    name, size = partial.split()
+    full = MB * 3
+    check(0 < int(size) < full, f"the copy in flight was not partial at the cut ({partial})")
+    out = run.out
+    journal = env.sh(receiver, "journalctl --no-pager -o cat -u 'specfleet-fanout-*'").stdout
+    check(re.search(rf"{seed} unreachable|rsync from {seed} failed|made no progress",
+                    journal) is not None,
+          f"{receiver} never said its peer copy from {seed} failed: {journal[-1500:]}")
+    if rc != 0:
+        check(re.search(rf"{seed}.*(unreachable|failed)|(unreachable|failed).*{seed}", out)
+              is not None, f"the fan-out failed without naming {seed}: {out[-2000:]}")
+    deadline = time.monotonic() + 60
+    while env.sh(seed, "true", timeout=20).returncode and time.monotonic() < deadline:
+        time.sleep(1)
+    # No partial shard counts as verified: whatever the receiver recorded has the hub's bytes.
+    leftovers = env.sh(receiver, f"find {rev_dir} -maxdepth 1 -name '.model-*'").stdout.split()
+    rec = verified(env, receiver, repo_id)
+    bad = [p for p in env.weights_mismatches(receiver, repo_id) if p.split("/")[-1].split()[0]
+           in rec]
+    check(not bad, f"a shard recorded as verified differs from the hub: {bad}")
+    again = Run(env, argv)
+    again.wait(400)
+    check(again.rc == 0, f"the re-run of the fan-out failed: {again.out[-2000:]}")
+    for h in (seed, receiver):
+        w = env.weights_mismatches(h, repo_id)
+        check(not w, f"{h}: weights differ from the hub after the re-run: {w}")
+        left = env.sh(h, f"find {FANOUT_STATE} -mindepth 1 ! -name '*.pull.json' 2>/dev/null; "
+                         "systemctl list-units --no-legend --state=active 'specfleet-fanout-*'"
+                    ).stdout.strip()
+        check(not left, f"{h}: the fan-out left {left}")
+    tmp = env.sh(receiver, f"find {rev_dir} -maxdepth 1 -name '.model-*'").stdout.split()
+    check(not tmp, f"{receiver}: rsync's partial files left in the revision folder: {tmp}")
+    sends = Counter()
+    for ln in env.hub_lines(since):
+        parts = ln.split()
+        if parts[:1] == ["SENT"] and parts[1] == repo_id and parts[-1] == "full":
+            sends[(parts[5], parts[3])] += 1
+    twice = {k: n for k, n in sends.items() if n > 1}
+    check(not twice, f"the hub sent a shard whole twice to one host: {twice}")
+    shards = [f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
+    check(all(sends[(ip[seed], f)] == 1 for f in shards),
+          f"the seed did not fetch each shard once: {dict(sends)}")
+    from_hub = sorted(f for (c, f) in sends if c == ip[receiver])
+    d.detail = (f"cut during {name.lstrip('.').rsplit('.', 1)[0]} at {int(size) // 1000} kB; "
+                f"{receiver} took {len(from_hub)} shard(s) from the hub; "
+                f"rsync temp files left by the cut: {len(leftovers)}; first run rc={rc}")
 
 
 def drill_bad_inputs(env: Env, d: Drill) -> None:
@@ -631,13 +911,24 @@ DRILLS = [
           "fails after its 5 s budget naming readiness_timeout_s; next run converges",
           drill_gate_timeout, "8b23489^ (a failed gate's loading server restarted on every run)"),
     Drill("two-controllers", "two control machines deploy one host at once", "d3 from here + c2",
-          "runs overlap; one converges, the other names the lock; host converged",
-          drill_two_controllers, "aae2b12^: no lease model of the run lock"),
+          "runs overlap; one changes d3, the other is refused as busy naming the first and "
+          "changes nothing; a third run changes nothing", drill_two_controllers,
+          "a deploy without the run lock (this drill's form in 914541e): both change d3"),
     Drill("ctl-kill-rollout", "rollout controller SIGKILLed mid-canary", "d2, d3",
           "rerun of a failing change rolls the canary back to the server of before; d3 untouched",
           drill_kill_rollout,
-          "2f6088d (main): a re-run snapshots the killed run's half state (#19)",
-          known_issue="#19"),
+          "2f6088d (before #19): a re-run snapshots the killed run's half state"),
+    Drill("ctl-kill-patch", "control machine SIGKILLed during the PR#20547 apply (3 points)",
+          "d3 SGLang venv", "apply begun, never marked done; re-run ends fully patched (tree of "
+          "an uninterrupted apply), then changes nothing; removal gives RECORD back",
+          drill_kill_patch, "58140e9 (before b43d9d6): after a kill at 'patching' the re-run "
+          "calls the port built in and leaves SGLang unpatched"),
+    Drill("fanout-peer-cut", "fan-out peer's link cut mid-copy", "d2 (seed) -> d3",
+          "a partial copy in flight at the cut; the receiver gives up on the peer, takes the rest "
+          "from the hub; nothing unverified recorded; re-run converges, no file sent twice, no "
+          "fan-out sshd or key left", drill_fanout_peer_cut,
+          "the pull's ssh without keepalives (ServerAliveInterval=0): the fan-out hangs on "
+          "the cut link"),
     Drill("bad-inputs", "generated bad settings and facts (hypothesis)", "control machine",
           ">=100 inputs, each a SpecfleetError naming problem and fix", drill_bad_inputs,
           "978a0ca^: no generated bad inputs"),
@@ -695,6 +986,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet.run(h, "mkdir -p /opt/specfleet-standin /run/standin", check=True)
             fleet.put(h, REPO / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
         env.start_recorders(hosts)
+        seen_leaks: set[str] = set()
         if any(d.name == "two-controllers" for d in drills):
             prepare_controller(env)
         for d in drills:
@@ -711,6 +1003,13 @@ def main(argv: list[str] | None = None) -> int:
             tb = sum(o.count("Traceback") for o in env.outputs[n_out:])
             if tb and result == "survived":
                 result = f"FAILED: {tb} traceback(s) in the output"
+            # Leaks after each drill, so that a leak is the drill's that caused it.
+            new_leaks = [x for x in env.leaks(hosts) if x.split(" (")[0] not in seen_leaks]
+            seen_leaks.update(x.split(" (")[0] for x in new_leaks)
+            if new_leaks and result == "survived":
+                result = f"FAILED: leaked: {'; '.join(new_leaks)}"
+            if d.detail and result == "survived":
+                result = f"survived ({d.detail})"
             row = Row(d, result, time.monotonic() - t0, tracebacks=tb)
             rows.append(row)
             print(f"| {d.name} | {d.fault} | {d.where} | {d.checked} | {result[:300]} | "
@@ -720,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
             if env.sh(h, f"test -d {VENV}").returncode == 0:
                 lost += env.record_mismatches(h)
         leaks = env.leaks(hosts)
-        survived = sum(r.result == "survived" for r in rows)
+        survived = sum(r.result.startswith("survived") for r in rows)
         print("\n| drill | fault | where | checked | result | time |")
         print("|---|---|---|---|---|---|")
         for r in rows:

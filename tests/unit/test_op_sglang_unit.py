@@ -398,6 +398,19 @@ def test_decide_pr20547(install, marker, present, opted_in, port, steps, row, wo
         assert d.fix and "\n" not in d.reason
 
 
+def test_an_apply_killed_after_it_patched_is_restored_and_applied_again():
+    """The control machine died after the apply had wired the v2 worker in, before its marker
+    (found by bench/drills ctl-kill-patch): the tree shows v2, yet it is our half-done port, not
+    SGLang's. The release's features decide: restore, then apply, in one run."""
+    ours = {**V1, "features": {"dflash": "v2", "dflash_pr20547": True}}
+    d = decide_pr20547(ours, {"partial": True}, present=True, opted_in=True, port=PORT,
+                       release_features=V1["features"])
+    assert (d.steps, d.row) == (("restore", "apply"), "apply port")
+    gone = decide_pr20547(ours, {"partial": True}, present=False, opted_in=True, port=None,
+                          release_features=V1["features"])
+    assert (gone.steps, gone.row) == (("restore",), "keep v1")
+
+
 def test_load_patch_checks_sha256(tmp_path):
     p = tmp_path / "p.diff"
     p.write_text(PATCH)

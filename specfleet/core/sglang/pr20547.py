@@ -65,10 +65,13 @@ def decide_pr20547(
     present: bool,
     opted_in: bool,
     port: PortVerdict | None,
+    release_features: dict | None = None,
 ) -> PatchDecision:
     """The table above. ``install``: the SGLangInstall fact; ``marker``: the PatchState fact;
     ``opted_in``: the settings give the PR diff (``patch.source`` and ``sha256``); ``port``: the
-    verdict for this tree (None when not asked: not opted in)."""
+    verdict for this tree (None when not asked: not opted in); ``release_features``: the
+    features of the release tree that restoring an interrupted apply gives back (where known:
+    a port exists only for a release's exact tree)."""
     version = (install or {}).get("version") or "?"
     steps: list[str] = []
     warning = None
@@ -102,6 +105,10 @@ def decide_pr20547(
         # The tree under an applied port no longer hashes as the wheel did: that is the port.
         return PatchDecision((), APPLIED, f"PR#20547 port {short(applied)} is applied")
     features = (install or {}).get("features") or {}
+    if marker and marker.get("partial") and release_features is not None:
+        # An interrupted apply of ours may have wired the v2 worker in already: that is not
+        # SGLang's own. The restore step puts the release's tree back; judge that tree.
+        features = release_features
     if features.get("dflash") == "v2":
         what = "PR#20547 built in" if features.get("dflash_pr20547") else "the DFlash v2 worker"
         return PatchDecision(tuple(steps), BUILT_IN, f"SGLang {version} has {what}", warning)
