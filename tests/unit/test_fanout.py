@@ -19,10 +19,14 @@ from specfleet.core.fanout import plan_fanout, swarm_key, tree_sources
 from specfleet.core.settings import settings_from_dict
 from specfleet.fleet.fanout import add_keys, make_keypair
 from specfleet.hostside.fanout_agent import (
+    STATUS_WAIT_MAX,
+    StatusRequest,
     available,
     parse_status_request,
     source_finished,
     ssh_command,
+    status_news,
+    wait_status,
 )
 from specfleet.hostside.weights_agent import expected_hash
 
@@ -165,11 +169,114 @@ def test_known_hosts_pins_each_server():
 
 
 def test_status_request_parsing():
-    assert parse_status_request(f"specfleet-status o--m {REV}") == ("o--m", REV)
+    assert parse_status_request(f"specfleet-status o--m {REV}") == StatusRequest("o--m", REV,
+                                                                                 -1, 0.0)
+    # A long poll: the number of verified files the receiver knows of, the seconds to wait.
+    assert parse_status_request(f"specfleet-status o--m {REV} 3 10") == ("o--m", REV, 3, 10.0)
+    assert parse_status_request(f"specfleet-status o--m {REV} 0 2.5").wait == 2.5
+    assert parse_status_request(f"specfleet-status o--m {REV} 0 9999").wait == STATUS_WAIT_MAX
     for bad in (f"specfleet-status ../etc {REV}", f"specfleet-status o--m {REV} x",
                 "specfleet-status o--m main", f"specfleet-status .. {REV}",
-                f"specfleet-status a/b {REV}", "rsync --server --sender . x", ""):
+                f"specfleet-status a/b {REV}", "rsync --server --sender . x", "",
+                f"specfleet-status o--m {REV} 3", f"specfleet-status o--m {REV} -1 5",
+                f"specfleet-status o--m {REV} 3 x", f"specfleet-status o--m {REV} 3 5 6",
+                f"specfleet-status o--m {REV} 3 1e9"):
         assert parse_status_request(bad) is None, bad
+
+
+def test_status_news():
+    st = {"revision": REV, "verified": {"a": {}, "b": {}}, "complete": False,
+          "weights": {"revision": REV, "state": "downloading"}, "pull": {}}
+    assert not status_news(st, 2)
+    assert status_news(st, 1) and status_news(st, 3)  # one more, or one less (changed since)
+    assert status_news({**st, "complete": True}, 2)
+    assert status_news({**st, "weights": {"revision": REV, "state": "failed"}}, 2)
+    assert status_news({**st, "pull": {"revision": REV, "state": "partial"}}, 2)
+    # Another revision's old download or pull ended long ago: no news about this one.
+    assert not status_news({**st, "weights": {"revision": "b" * 40, "state": "done"}}, 2)
+    assert not status_news({**st, "pull": {"revision": "b" * 40, "state": "done"}}, 2)
+
+
+def verified_folder(tmp_path: Path) -> tuple[Path, Path, Path]:
+    models, state = tmp_path / "models", tmp_path / "state"
+    rev_dir = models / "o--m" / REV
+    (rev_dir / ".specfleet").mkdir(parents=True)
+    return models, state, rev_dir
+
+
+def add_verified(rev_dir: Path, name: str, data: bytes) -> None:
+    (rev_dir / name).write_bytes(data)
+    st = (rev_dir / name).stat()
+    with open(rev_dir / ".specfleet" / "verified.jsonl", "a") as f:
+        f.write(json.dumps({"path": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                            "hash_kind": "git", "hash": f"h-{name}", "at": 1.0}) + "\n")
+
+
+class Clock:
+    """A clock that a sleep moves on, and a hook that runs at a given sleep."""
+
+    def __init__(self, at: dict[int, object] | None = None):
+        self.t, self.sleeps, self.at = 0.0, 0, at or {}
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        self.sleeps += 1
+        if self.sleeps in self.at:
+            self.at[self.sleeps]()
+
+
+def test_wait_status_answers_when_a_new_file_is_verified(tmp_path):
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    clock = Clock({5: lambda: add_verified(rev_dir, "b.bin", b"world")})
+    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
+                     clock.sleep)
+    assert sorted(st["verified"]) == ["a.bin", "b.bin"]
+    assert clock.sleeps == 5  # at once after the file came, not at the end of the wait
+
+
+def test_wait_status_answers_at_once_with_news_or_without_known(tmp_path):
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    for req in (StatusRequest("o--m", REV), StatusRequest("o--m", REV, 0, 10.0)):
+        clock = Clock()
+        st = wait_status(str(models), str(state), req, clock, clock.sleep)
+        assert list(st["verified"]) == ["a.bin"] and clock.sleeps == 0, req
+
+
+def test_wait_status_gives_up_after_the_wait_or_when_the_copy_ends(tmp_path):
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    clock = Clock()
+    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 2.0), clock,
+                     clock.sleep)
+    assert list(st["verified"]) == ["a.bin"] and 2.0 <= clock.t < 2.2
+
+    def download_failed():
+        (state / "weights").mkdir(parents=True)
+        (state / "weights" / "o--m.progress.json").write_text(json.dumps(
+            {"revision": REV, "state": "failed", "updated_at": 5.0}))
+
+    clock = Clock({3: download_failed})
+    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
+                     clock.sleep)
+    assert st["weights"]["state"] == "failed" and clock.sleeps == 3
+
+
+def test_serve_answers_a_long_poll(tmp_path):
+    """The forced command, run for real: a request that knows every verified file waits its
+    WAIT out, then answers; one that knows fewer is answered at once."""
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    r = serve(models, state, f"specfleet-status o--m {REV} 0 20")
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(r.stdout)["verified"]) == ["a.bin"]
+    r = serve(models, state, f"specfleet-status o--m {REV} 1 0.5")
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(r.stdout)["verified"]) == ["a.bin"]
 
 
 def test_available_only_files_the_source_verified_with_the_hubs_hash():
