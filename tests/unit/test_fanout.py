@@ -15,7 +15,7 @@ import pytest
 from facts.fanout import parse_leftovers, parse_serve
 from operations.fanout import authorized_keys, known_hosts, serve_command, sshd_config
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.fanout import plan_fanout, swarm_key, tree_sources
+from specfleet.core.fanout import auto_degree, plan_fanout, swarm_key, tree_sources
 from specfleet.core.settings import settings_from_dict
 from specfleet.fleet.fanout import add_keys, make_keypair
 from specfleet.hostside.fanout_agent import (
@@ -69,6 +69,34 @@ def test_plan_four_hosts_binary_tree():
     assert sorted(plan["hosts"]["h1"]["receivers"]) == [ADDR["h2"], ADDR["h3"], ADDR["h4"]]
     assert plan["hosts"]["h4"]["receivers"] == []
     assert [s["seed"] for s in plan["swarms"]] == ["h1", "h2"]
+
+
+def test_auto_degree_keeps_every_host_within_two_hops():
+    assert [auto_degree(n) for n in (1, 2, 4, 7, 8, 16, 21, 22, 32, 73)] == [
+        2, 2, 2, 2, 3, 4, 4, 5, 6, 8]
+    assert auto_degree(74) == auto_degree(1000) == 8  # the cap: a third hop beyond 73 hosts
+    for n in range(2, 74):
+        d = auto_degree(n)
+        assert max(len(tree_sources(i, d)) for i in range(n)) <= 2, n
+        assert d == 2 or max(len(tree_sources(i, d - 1)) for i in range(n)) > 2, n
+
+
+def test_plan_degree_from_the_swarms_size():
+    """16 hosts: a tree of degree 4 (two hops), not a binary one (four hops); 4 hosts keep the
+    binary tree; the degree is recorded per swarm."""
+    hosts = [f"n{i}" for i in range(1, 17)]
+    addr = {h: f"10.250.9.{10 + i}" for i, h in enumerate(hosts, 1)}
+    plan = plan_fanout(hosts, addr, same_keys(hosts))
+    assert [s["degree"] for s in plan["swarms"]] == [4, 4]
+    assert sources(plan, "n2") == ["n1"] and sources(plan, "n5") == ["n1"]
+    assert sources(plan, "n6") == ["n2", "n1"] and sources(plan, "n16") == ["n4", "n1"]
+    assert max(len(sources(plan, h)) for h in hosts) == 2
+    assert len(plan["hosts"]["n1"]["receivers"]) == 15  # its 4 children, and theirs (fallback)
+    assert plan_fanout(hosts, addr, same_keys(hosts), degree=2)["swarms"][0]["degree"] == 2
+    assert sources(plan_fanout(hosts, addr, same_keys(hosts), degree=2), "n16") == [
+        "n8", "n4", "n2", "n1"]
+    four = plan_fanout(hosts[:4], addr, same_keys(hosts[:4]))
+    assert four["swarms"][0]["degree"] == 2 and sources(four, "n4") == ["n2", "n1"]
 
 
 def test_plan_follows_order_and_degree():
