@@ -128,6 +128,45 @@ class LimitedHub:
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
+def tree_cpu(root_pid: int) -> float:
+    """CPU seconds of a process tree so far: each live process's own time and that of the
+    children it reaped (so every process that ended counts once, in its reaper's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total / tick
+
+
+def fleet_cpu(fleet: Fleet) -> float:
+    """CPU seconds the fleet's hosts (every process of their containers) used so far: on this
+    machine they share its CPUs with the control process, unlike a real fleet's."""
+    return sum(tree_cpu(h["pid"]) for h in fleet.state["hosts"].values() if h.get("pid"))
+
+
+def control_cpu() -> float:
+    """CPU seconds of this process (pyinfra runs in it) and its reaped children."""
+    import resource
+
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def load() -> str:
     """The load averages (1, 5, 15 min): the machine is shared, so each run notes its load."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -162,6 +201,17 @@ def step_ok(step, what: str) -> None:
         raise RuntimeError(f"{what} failed: {bad}")
 
 
+def seed_line(fleet: Fleet, host: str, dir_name: str, t0: float) -> list[str]:
+    """When (seconds after the run started) the host's own download started and ended."""
+    raw = fleet.run(host, f"cat /var/lib/specfleet/weights/{dir_name}.progress.json").stdout
+    try:
+        p = json.loads(raw)
+    except ValueError:
+        return [f"  {host:<4} no download progress file"]
+    return [f"  {host:<4} download {(p.get('started_at') or 0) - t0:6.1f} -> "
+            f"{(p.get('updated_at') or 0) - t0:6.1f} s ({p.get('state')})"]
+
+
 def pull_profile(fleet: Fleet, plan: dict, dir_name: str, t0: float) -> list[str]:
     """One line per host of the target's swarm: its depth in the tree, its source, and when
     (seconds after the fan-out run started) its pull started, took its first file and ended."""
@@ -171,10 +221,9 @@ def pull_profile(fleet: Fleet, plan: dict, dir_name: str, t0: float) -> list[str
         srcs = plan["hosts"][h]["models"]["target"]["sources"]
         depth = len(srcs)
         if i == 0:
-            path = f"/var/lib/specfleet/weights/{dir_name}.progress.json"
-        else:
-            path = f"/var/lib/specfleet/fanout/{dir_name}.pull.json"
-        raw = fleet.run(h, f"cat {path}").stdout
+            lines += seed_line(fleet, h, dir_name, t0)
+            continue
+        raw = fleet.run(h, f"cat /var/lib/specfleet/fanout/{dir_name}.pull.json").stdout
         try:
             p = json.loads(raw)
         except ValueError:
@@ -182,15 +231,14 @@ def pull_profile(fleet: Fleet, plan: dict, dir_name: str, t0: float) -> list[str
             continue
         start = p.get("started_at") or 0
         end = p.get("updated_at") or 0
-        if i == 0:
-            lines.append(f"  {h:<4} seed     : download {start - t0:6.1f} -> {end - t0:6.1f} s "
-                         f"({p.get('state')})")
-            continue
-        firsts = [e["at"] for e in p.get("events") or [] if "to take from peers" in e["text"]]
+        events = p.get("events") or []
+        listed = [e["at"] for e in events if "to take from peers" in e["text"]]
+        copied = [e["at"] for e in events if e["text"].startswith("every file of")]
         lines.append(f"  {h:<4} depth {depth} from {srcs[0]['host']:<4}: pull {start - t0:6.1f}"
                      f" -> {end - t0:6.1f} s ({p.get('state')}, "
                      f"{p.get('files_from_peers')} files from peers"
-                     f"{', listed at %.1f s' % (firsts[0] - t0) if firsts else ''})")
+                     f"{', listed at %.1f s' % (listed[0] - t0) if listed else ''}"
+                     f"{', all copied at %.1f s' % (copied[0] - t0) if copied else ''})")
     return lines
 
 
@@ -272,6 +320,7 @@ def main() -> int:
             wipe(fleet, "bench--big")
             mark = hub.mark()
             load_at = load()
+            cpu0 = (control_cpu(), fleet_cpu(fleet))
             t0 = time.time()
             if mode == "fanout":
                 plan.clear()
@@ -281,11 +330,14 @@ def main() -> int:
             step_ok(step, label)
             check_verified(fleet, hosts, "bench--big", big)
             up = hub.upstream_bytes(mark, sizes, "bench/big")
-            rows.append((label, len(hosts), seconds, up, load_at))
-            print(f"{label}: {seconds:.1f} s, upstream {up / 1e6:.0f} MB (load {load_at})",
-                  flush=True)
+            ctl, hosts_cpu = control_cpu() - cpu0[0], fleet_cpu(fleet) - cpu0[1]
+            rows.append((label, len(hosts), seconds, up, load_at, ctl, hosts_cpu))
+            print(f"{label}: {seconds:.1f} s, upstream {up / 1e6:.0f} MB (load {load_at}; CPU s: "
+                  f"control {ctl:.1f}, hosts {hosts_cpu:.1f})", flush=True)
             if mode == "fanout":
                 profile = pull_profile(fleet, plan, "bench--big", t0)
+            elif len(hosts) == 1:
+                print("\n".join(seed_line(fleet, hosts[0], "bench--big", t0)), flush=True)
         single = rows[0][2]
         print()
         print(f"model {model_bytes / 1e6:.0f} MB in {shards + 1} files; upstream link "
@@ -293,14 +345,15 @@ def main() -> int:
         if not baseline:
             print(f"(no \"{n} hosts, no fan-out\" run: --baseline adds it, ~{n} x single)")
         print(f"{'run':<22} {'hosts':>5} {'time s':>8} {'x single':>9} {'upstream MB':>12} "
-              f"{'x model':>8}  load average at start")
-        for label, nh, seconds, up, load_at in rows:
+              f"{'x model':>8} {'ctl CPU s':>9} {'hosts CPU s':>11}  load average at start")
+        for label, nh, seconds, up, load_at, ctl, hosts_cpu in rows:
             print(f"{label:<22} {nh:>5} {seconds:>8.1f} {seconds / single:>9.2f} "
-                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f}  {load_at}")
+                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f} {ctl:>9.1f} {hosts_cpu:>11.1f}"
+                  f"  {load_at}")
         print("fan-out, per host (seconds after the run started):")
         print("\n".join(profile))
         print(f"load at the end: {load()}")
-        _, _, fan_s, fan_up, _ = rows[-1]
+        fan_s, fan_up = rows[-1][2], rows[-1][3]
         print(f"fanout: upstream_bytes/model={fan_up / model_bytes:.2f} "
               f"fleet/single={fan_s / single:.2f} hosts={n}")
         return 0
