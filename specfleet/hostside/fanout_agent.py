@@ -40,7 +40,9 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 SCHEMA = 1
@@ -82,6 +84,8 @@ def weights_progress_path(state_dir: str, dir_name: str) -> str:
 # How long a receiver's status request waits for news from its source: it asks again after
 # that, so a stalled source is noticed (``stall_seconds``) with a delay of at most this.
 STATUS_WAIT = 10.0
+# How often a pull looks for the files its rsync has put in place (to hash them at once).
+LANDED_LOOK_SECONDS = 0.05
 # The longest a status request may wait for news (a receiver asks again after it).
 STATUS_WAIT_MAX = 30.0
 # How often a waiting status request looks at the files it reports (a stat of each).
@@ -225,6 +229,23 @@ def available(status: dict, wanted: dict[str, dict], expected_hash) -> list[str]
         ):
             out.append(path)
     return sorted(out)
+
+
+def file_identity(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a file, None where there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def landed(rev_dir: str, path: str, size: int, before: tuple[int, int, int] | None) -> bool:
+    """Whether rsync has put ``path`` in place since ``before`` (its identity when the copy
+    started): rsync writes each file under a temporary name and renames it when it is whole, so
+    a new file at the final name with the full size is complete."""
+    now = file_identity(os.path.join(rev_dir, path))
+    return now is not None and now != before and now[1] == size
 
 
 def ssh_command(key_path: str, known_hosts: str, port: int, control_dir: str) -> list[str]:
@@ -407,19 +428,41 @@ class Pull:
             return None
 
     def rsync(self, source: dict, dir_name: str, revision: str, paths: list[str],
-              rev_dir: str) -> tuple[bool, str]:
-        lst = os.path.join(rev_dir, self.wa.STATE_DIR, "fanout-files")
+              rev_dir: str, wanted: dict[str, dict],
+              on_landed: Callable[[str], object] = lambda path: None) -> tuple[bool, str]:
+        """Copy ``paths`` from ``source`` in one rsync; while it runs, ``on_landed(path)`` is
+        called for each file as soon as rsync has put it in place (``landed``), so the file is
+        hashed while the next one copies, and a receiver of this host can take it at once."""
+        state = os.path.join(rev_dir, self.wa.STATE_DIR)
+        lst = os.path.join(state, "fanout-files")
         with open(lst, "w") as f:
             f.write("".join(p + "\n" for p in paths))
+        before = {p: file_identity(os.path.join(rev_dir, p)) for p in paths}
         # As root, yet nothing of the peer but names, bytes and times: no owner, group,
         # permission, device, special file or symlink.
         argv = ["rsync", "-rt", "--no-owner", "--no-group", "--no-perms", "--no-devices",
                 "--no-specials", "--no-links", "--whole-file", "--files-from", lst,
                 "-e", shlex.join(self.ssh(source)),
                 f"root@{source['address']}:{dir_name}/{revision}/", rev_dir + "/"]
-        r = subprocess.run(argv, capture_output=True, text=True)
+        pending = list(paths)
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err, text=True)
+            try:
+                while proc.poll() is None:
+                    for p in [p for p in pending if landed(rev_dir, p, wanted[p]["size"],
+                                                           before[p])]:
+                        pending.remove(p)
+                        on_landed(p)
+                    time.sleep(LANDED_LOOK_SECONDS)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            err.seek(0)
+            last = (err.read().strip().splitlines() or [""])[-1]
         os.unlink(lst)
-        return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]
+        return proc.returncode == 0, last
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -519,8 +562,15 @@ class Pull:
             known = len(st.get("verified") or {})
             paths = available(st, wanted, wa.expected_hash)
             if paths:
-                ok, err = self.rsync(source, dir_name, sha, paths, rev_dir)
-                got = self.check(source, paths, rev_dir, wanted)
+                good = [0]
+
+                def hash_landed(path: str, good: list[int] = good) -> None:
+                    good[0] += self.check(source, [path], rev_dir, wanted)
+
+                ok, err = self.rsync(source, dir_name, sha, paths, rev_dir, wanted, hash_landed)
+                # What landed unnoticed (rsync found it up to date) or did not land: now.
+                got = good[0] + self.check(source, [p for p in paths if p in wanted], rev_dir,
+                                           wanted)
                 if not ok and not got:
                     self.note(f"rsync from {source['host']} failed ({err}); trying the next "
                               "source")

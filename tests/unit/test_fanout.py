@@ -22,6 +22,8 @@ from specfleet.hostside.fanout_agent import (
     STATUS_WAIT_MAX,
     StatusRequest,
     available,
+    file_identity,
+    landed,
     parse_status_request,
     source_finished,
     ssh_command,
@@ -210,6 +212,27 @@ def test_status_request_parsing():
                 f"specfleet-status o--m {REV} 3 x", f"specfleet-status o--m {REV} 3 5 6",
                 f"specfleet-status o--m {REV} 3 1e9"):
         assert parse_status_request(bad) is None, bad
+
+
+def test_landed_only_a_whole_file_rsync_put_in_place(tmp_path):
+    """rsync writes each file under a temporary name and renames it when whole: a pull hashes a
+    file while the next copies once a new file of the full size is at its name."""
+    (tmp_path / "old.bin").write_bytes(b"stale")  # a leftover of the same name
+    before = {n: file_identity(str(tmp_path / n)) for n in ("a.bin", "old.bin")}
+    assert before["a.bin"] is None
+    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])
+    (tmp_path / ".a.bin.Xy12").write_bytes(b"hel")  # rsync's temporary file, still growing
+    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])
+    os.rename(tmp_path / ".a.bin.Xy12", tmp_path / "a.bin")
+    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])  # not the full size
+    (tmp_path / "a.tmp").write_bytes(b"hello")
+    os.rename(tmp_path / "a.tmp", tmp_path / "a.bin")
+    assert landed(str(tmp_path), "a.bin", 5, before["a.bin"])
+    # The leftover is not taken for the copy until rsync replaced it.
+    assert not landed(str(tmp_path), "old.bin", 5, before["old.bin"])
+    (tmp_path / "o.tmp").write_bytes(b"fresh")
+    os.rename(tmp_path / "o.tmp", tmp_path / "old.bin")
+    assert landed(str(tmp_path), "old.bin", 5, before["old.bin"])
 
 
 def test_status_news():
@@ -501,14 +524,15 @@ def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkey
            "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
     pull = fanout_agent.Pull(job)
     seen = []
+    real_popen = subprocess.Popen
 
-    def run(argv, **kw):
+    def popen(argv, **kw):
         seen.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "", "")
+        return real_popen(["true"], **kw)
 
-    monkeypatch.setattr(fanout_agent.subprocess, "run", run)
+    monkeypatch.setattr(fanout_agent.subprocess, "Popen", popen)
     ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin"],
-                       str(rev_dir))
+                       str(rev_dir), {"a.bin": {"size": 5}})
     assert ok
     argv = seen[0]
     assert argv[0] == "rsync" and "-rt" in argv
@@ -517,3 +541,35 @@ def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkey
         assert flag in argv, flag
     shorts = "".join(a[1:] for a in argv if a.startswith("-") and not a.startswith("--"))
     assert not set(shorts) & set("aolgDpLkK"), argv
+
+
+def test_receiver_hashes_each_file_as_soon_as_rsync_put_it_in_place(tmp_path, monkeypatch):
+    """The pull's rsync copies a batch; each file is handed on (hashed, recorded for this host's
+    own receivers) as soon as it is whole, while the next one still copies."""
+    from specfleet.hostside import fanout_agent
+
+    rev_dir = tmp_path / REV
+    (rev_dir / ".specfleet").mkdir(parents=True)
+    job = {"rollout_id": "r", "repo_id": "o/m", "revision": REV, "root": str(tmp_path),
+           "sources": [], "port": 22113, "key_path": "/k", "known_hosts": "/kh",
+           "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
+    pull = fanout_agent.Pull(job)
+    real_popen = subprocess.Popen
+    # A stand-in for rsync's receiver: each file under a temporary name, renamed when whole.
+    script = (
+        "import os, sys, time\n"
+        "for name in ('a.bin', 'b.bin'):\n"
+        "    tmp = os.path.join(sys.argv[1], '.' + name + '.XyZ')\n"
+        "    open(tmp, 'wb').write(b'hello')\n"
+        "    os.rename(tmp, os.path.join(sys.argv[1], name))\n"
+        "    time.sleep(1.0)\n"
+    )
+    monkeypatch.setattr(fanout_agent.subprocess, "Popen", lambda argv, **kw: real_popen(
+        [sys.executable, "-c", script, str(rev_dir)], **kw))
+    landed_at = []
+    ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin", "b.bin"],
+                       str(rev_dir), {"a.bin": {"size": 5}, "b.bin": {"size": 5}},
+                       lambda p: landed_at.append((p, (rev_dir / "b.bin").exists())))
+    assert ok
+    # a.bin was handed on before b.bin existed; both while rsync ran.
+    assert landed_at == [("a.bin", False), ("b.bin", True)]
