@@ -153,6 +153,65 @@ def tree_cpu(root_pid: int) -> float:
     return total / tick
 
 
+class CpuByProgram:
+    """Samples, once a second while a run goes, the CPU time of every process of the fleet's
+    hosts by program name (rsync, ssh, sshd, python3, ...): where the hosts' CPU goes. A process
+    that lives less than a sample's interval is missed (its time shows in ``fleet_cpu`` only)."""
+
+    def __init__(self, fleet: Fleet):
+        import threading
+
+        self.roots = [h["pid"] for h in fleet.state["hosts"].values() if h.get("pid")]
+        self.seen: dict[tuple[int, str], tuple[str, int, int]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def sample(self) -> None:
+        parent: dict[int, int] = {}
+        info: dict[int, tuple[str, int, str]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+            except OSError:
+                continue
+            head, tail = stat.rsplit(")", 1)
+            fields = tail.split()
+            pid = int(entry.name)
+            parent[pid] = int(fields[1])
+            # starttime tells a reused pid apart
+            info[pid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]), fields[19])
+        roots = set(self.roots)
+        for pid, (comm, ticks, start) in info.items():
+            p, hops = pid, 0
+            while p in parent and p not in roots and hops < 64:
+                p, hops = parent[p], hops + 1
+            if p in roots:
+                first = self.seen.get((pid, start), (comm, ticks, ticks))[1]
+                self.seen[(pid, start)] = (comm, first, ticks)
+
+    def loop(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(1.0)
+
+    def __enter__(self) -> CpuByProgram:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def by_program(self) -> list[tuple[str, float]]:
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for comm, first, last in self.seen.values():
+            out[comm] = out.get(comm, 0.0) + (last - first) / tick
+        return sorted(((c, v) for c, v in out.items() if v >= 0.5), key=lambda x: -x[1])
+
+
 def fleet_cpu(fleet: Fleet) -> float:
     """CPU seconds the fleet's hosts (every process of their containers) used so far: on this
     machine they share its CPUs with the control process, unlike a real fleet's."""
@@ -316,6 +375,7 @@ def main() -> int:
         runs.append((f"{n} hosts, fan-out", "fanout", hosts_all))
         plan: dict = {}
         profile: list[str] = []
+        programs: list[tuple[str, float]] = []
         for label, mode, hosts in runs:
             wipe(fleet, "bench--big")
             mark = hub.mark()
@@ -324,7 +384,10 @@ def main() -> int:
             t0 = time.time()
             if mode == "fanout":
                 plan.clear()
-                seconds, step = timed(lambda h=hosts, lb=label: run_fanout(h, lb, big_inv, plan))
+                with CpuByProgram(fleet) as sampler:
+                    seconds, step = timed(lambda h=hosts, lb=label: run_fanout(h, lb, big_inv,
+                                                                               plan))
+                programs = sampler.by_program()
             else:
                 seconds, step = timed(lambda h=hosts, lb=label: run("plain", h, lb, big_inv))
             step_ok(step, label)
@@ -350,6 +413,8 @@ def main() -> int:
             print(f"{label:<22} {nh:>5} {seconds:>8.1f} {seconds / single:>9.2f} "
                   f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f} {ctl:>9.1f} {hosts_cpu:>11.1f}"
                   f"  {load_at}")
+        print("fan-out, the hosts' CPU seconds by program (sampled each second): "
+              + ", ".join(f"{c} {v:.1f}" for c, v in programs))
         print("fan-out, per host (seconds after the run started):")
         print("\n".join(profile))
         print(f"load at the end: {load()}")
