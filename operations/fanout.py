@@ -441,19 +441,42 @@ def model(
     )
     yield FunctionCommand(_wait, (), {
         "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
-        "poll_seconds": job["poll_seconds"],
+        "poll_seconds": job["poll_seconds"], "agent": (python, agent_path),
     })
 
 
+# How long one look at a pull's progress may wait on the host for a change (the pull writes
+# its progress at each file it verified, and when it ends).
+PROGRESS_WAIT_SECONDS = 10
+
+
+def watch_command(unit: str, progress_path: str, agent: tuple[str, str] | None,
+                  seen: float | None):
+    """The pull's units and progress, after waiting on the host (``fanout_agent.py wait``)
+    until the progress is news to a watcher that saw ``seen`` (its ``updated_at``): one round
+    trip per change of the pull, not one per poll, from the control machine to every host."""
+    look = job_command(f"{unit}.service", progress_path)
+    if agent is None:
+        return look
+    return StringCommand(
+        QuoteString(agent[0]), QuoteString(agent[1]), "wait", QuoteString(progress_path),
+        "none" if seen is None else repr(float(seen)), str(PROGRESS_WAIT_SECONDS),
+        ">/dev/null", "2>&1", ";", look,
+    )
+
+
 def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
-          poll_seconds: float) -> bool:
-    """Poll the pull's progress until it ends. A pull never fails the host: what it could not
-    copy, ``weights.model`` fetches from upstream."""
+          poll_seconds: float, agent: tuple[str, str] | None = None) -> bool:
+    """Watch the pull's progress until it ends (on the host, ``watch_command``). A pull never
+    fails the host: what it could not copy, ``weights.model`` fetches from upstream."""
     last_line, events_seen, gone_since = "", 0, None
+    seen: float | None = None
     while True:
-        ok, output = host.run_shell_command(job_command(f"{unit}.service", progress_path),
+        asked = time.monotonic()
+        ok, output = host.run_shell_command(watch_command(unit, progress_path, agent, seen),
                                             print_output=False, print_input=False)
         info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
+        seen = (info["progress"] or {}).get("updated_at")
         p = info["progress"] if (info["progress"] or {}).get("rollout_id") == rollout_id else None
         if p is not None:
             events = p.get("events") or []
@@ -480,7 +503,8 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
                 return True
         else:
             gone_since = None
-        gevent.sleep(poll_seconds)
+        if time.monotonic() - asked < poll_seconds:
+            gevent.sleep(poll_seconds)  # answered at once (an ended pull's unit still exits)
 
 
 @operation()

@@ -29,6 +29,10 @@ Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on flee
         way to the next one in ``sources``, then to upstream. The private key file is removed at
         the end.
 
+    fanout_agent.py wait PROGRESS UPDATED_AT|none SECONDS
+        Wait (at most SECONDS) until the pull's progress file was written again since
+        UPDATED_AT, or says the pull ended: the control machine's watch of a pull.
+
 Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 """
 
@@ -657,14 +661,39 @@ def cmd_pull(job: dict) -> int:
         pull.write()
 
 
+PULL_ENDED = ("done", "partial", "failed")
+
+
+def progress_news(progress: dict | None, seen: float | None) -> bool:
+    """Whether a pull's progress is news to a watcher that saw ``seen`` (its ``updated_at``;
+    None: no progress yet): it was written again, or the pull has ended."""
+    progress = progress or {}
+    return progress.get("updated_at") != seen or progress.get("state") in PULL_ENDED
+
+
+def cmd_wait(progress_path: str, seen: float | None, seconds: float, clock=time.monotonic,
+             sleep=time.sleep) -> int:
+    """Return once the pull's progress file is news (``progress_news``), at most after
+    ``seconds`` (capped at ``STATUS_WAIT_MAX``): the control machine's watch of a pull costs one
+    round trip per change, not one per poll."""
+    wa = _weights_agent()
+    deadline = clock() + min(seconds, STATUS_WAIT_MAX)
+    while not progress_news(wa.read_json(progress_path), seen) and clock() < deadline:
+        sleep(STATUS_LOOK_SECONDS)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "serve":
         return cmd_serve(argv[1], argv[2], argv[3:])
+    if len(argv) == 4 and argv[0] == "wait":
+        seen = None if argv[2] == "none" else float(argv[2])
+        return cmd_wait(argv[1], seen, float(argv[3]))
     if len(argv) == 2 and argv[0] == "pull":
         with open(argv[1]) as f:
             return cmd_pull(json.load(f))
     sys.stderr.write("usage: fanout_agent.py serve MODELS_ROOT STATE_DIR DIR=REV|DIR ... | "
-                     "pull JOB.json\n")
+                     "pull JOB.json | wait PROGRESS.json UPDATED_AT|none SECONDS\n")
     return 2
 
 

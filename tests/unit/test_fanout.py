@@ -22,9 +22,11 @@ from specfleet.hostside.fanout_agent import (
     STATUS_WAIT_MAX,
     StatusRequest,
     available,
+    cmd_wait,
     file_identity,
     landed,
     parse_status_request,
+    progress_news,
     source_finished,
     ssh_command,
     status_news,
@@ -573,3 +575,30 @@ def test_receiver_hashes_each_file_as_soon_as_rsync_put_it_in_place(tmp_path, mo
     assert ok
     # a.bin was handed on before b.bin existed; both while rsync ran.
     assert landed_at == [("a.bin", False), ("b.bin", True)]
+
+
+def test_progress_news_and_the_wait_for_it(tmp_path):
+    """The control machine's watch of a pull waits on the host until the pull wrote its
+    progress again or has ended: one round trip per change, not one per poll."""
+    assert progress_news(None, 1.0) and progress_news({"updated_at": 2.0}, 1.0)
+    assert not progress_news(None, None) and not progress_news({"updated_at": 1.0}, 1.0)
+    assert progress_news({"updated_at": 1.0, "state": "done"}, 1.0)  # ended: at once
+    path = tmp_path / "o--m.pull.json"
+    path.write_text(json.dumps({"updated_at": 1.0, "state": "pulling"}))
+    clock = Clock({4: lambda: path.write_text(json.dumps({"updated_at": 2.5,
+                                                          "state": "pulling"}))})
+    assert cmd_wait(str(path), 1.0, 10, clock, clock.sleep) == 0
+    assert clock.sleeps == 4  # woke when the progress changed
+    clock = Clock()
+    cmd_wait(str(path), 2.5, 3, clock, clock.sleep)
+    assert 3.0 <= clock.t < 3.2  # no change: the whole wait, then the control looks anyway
+
+
+def test_watch_command_waits_on_the_host_then_looks():
+    from operations.fanout import watch_command
+
+    cmd = str(watch_command("u1", "/s/p.json", ("/t/bin/python", "/t/fanout_agent.py"), 1.5))
+    assert cmd.startswith("/t/bin/python /t/fanout_agent.py wait /s/p.json 1.5 10 ")
+    assert "systemctl list-units" in cmd and "u1.service" in cmd
+    assert " wait /s/p.json none 10 " in str(watch_command("u1", "/s/p.json", ("p", "a"), None))
+    assert str(watch_command("u1", "/s/p.json", None, None)).startswith("( systemctl")
