@@ -25,10 +25,10 @@ preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 weights.tools_from_settings(name="Weights tools")
 weights.token_from_settings(name="Hugging Face token")
 for which in MODELS:
-    if me["models"][which]["role"] == "seed":
-        # Started now, waited for (attached to) by its fanout.model below.
-        weights.model(name=f"{which.capitalize()} download started (seed)", which=which,
-                      wait=False)
+    # On every host (pyinfra lines operations up by the order each host calls them): a seed
+    # starts its download now, its fanout.model below attaches to it; a peer does nothing yet.
+    fanout.model(name=f"{which.capitalize()} download started (seeds)", which=which,
+                 role=me["models"][which]["role"], wait=False)
 fanout.agent(name="Fan-out agent")
 fanout.needs(name="Weights wanted here", rollout_id=plan["rollout_id"])
 fanout.serve(

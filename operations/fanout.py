@@ -381,6 +381,7 @@ def model(
     port: int = FANOUT_PORT,
     private_key: str | None = None,
     servers: dict[str, dict] | None = None,
+    wait: bool = True,
 ):
     """
     The target or the drafter of the host's settings, from upstream or from peers.
@@ -392,16 +393,21 @@ def model(
     + port: the port of the peers' ephemeral sshd
     + private_key: the rollout's private key (put in a 0600 file for this pull only)
     + servers: ``{host: {"address", "port", "host_public_key"}}``, pinned in known_hosts
+    + wait: ``False``: a seed only starts its download (a later run of this operation attaches
+      to it and waits); a peer does nothing yet
 
     A peer that already holds a complete, unchanged copy does nothing. Run ``weights.model``
     after it on every host: it verifies the copy, fetches what peers could not give from
     upstream, writes the manifest and flips ``current``.
     """
-    if role == "seed":
-        yield from weights.model._inner(which=which)
-        return
-    if role != "peer":
+    if role not in ("seed", "peer"):
         raise ValueError(f"fanout.model role={role!r}: use seed or peer")
+    if role == "seed":
+        yield from weights.model._inner(which=which, wait=wait)
+        return
+    if not wait:
+        host.noop(f"the {which} comes from peers once they have it")
+        return
     s = settings_for_host(host)
     src = getattr(s, which)
     root = weights.model_root(s, which)
