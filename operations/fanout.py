@@ -12,8 +12,10 @@ tree. The ops here:
   folders being fanned out, each its own rrsync root, no symlink followed out of it; and a
   status), and only from the receivers' addresses (``from=``); ``present=False`` stops it and
   removes every file;
-- ``model``: a seed runs ``weights.model``; a peer uploads its copy of the rollout's private key
-  (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress. The key is
+- ``model``: a seed runs ``weights.model`` (``wait=False``: it only starts the download, which
+  a later run attaches to); a peer uploads its copy of the rollout's private key
+  (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress (watched
+  on the host: one round trip per change, ``fanout_agent.py wait``). The key is
   removed by the agent when the pull ends. Whatever the peers could not give (a failed or
   corrupt copy) is left to ``weights.model``, run next on every host: it verifies the copy and
   fetches the rest from upstream;
