@@ -1,8 +1,9 @@
 """The rollout's prefetch stage with fan-out (run by ``specfleet.fleet.fanout.run_prefetch``, which
 passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see specfleet/fleet/fanout.py).
 
-1. the weights tools, the fan-out agent and the token on every host;
-2. an ephemeral sshd on each host that serves peers;
+1. the weights tools and the token on every host; each seed starts its upstream download at
+   once (detached; the fleet's other preparations are off the download's critical path);
+2. the fan-out agent, and an ephemeral sshd on each host that serves peers;
 3. per model: the seed downloads from upstream while its peers copy from it, pipelined and in
    a tree (one operation, so all hosts run it at once), then ``weights.model`` on every host
    verifies, fetches from upstream whatever the peers could not give, writes the manifest;
@@ -22,8 +23,13 @@ serving = bool(me["receivers"])
 
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 weights.tools_from_settings(name="Weights tools")
-fanout.agent(name="Fan-out agent")
 weights.token_from_settings(name="Hugging Face token")
+for which in MODELS:
+    # On every host (pyinfra lines operations up by the order each host calls them): a seed
+    # starts its download now, its fanout.model below attaches to it; a peer does nothing yet.
+    fanout.model(name=f"{which.capitalize()} download started (seeds)", which=which,
+                 role=me["models"][which]["role"], wait=False)
+fanout.agent(name="Fan-out agent")
 fanout.needs(name="Weights wanted here", rollout_id=plan["rollout_id"])
 fanout.serve(
     name="Serve weights to peers (ephemeral sshd)",

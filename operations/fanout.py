@@ -12,8 +12,10 @@ tree. The ops here:
   folders being fanned out, each its own rrsync root, no symlink followed out of it; and a
   status), and only from the receivers' addresses (``from=``); ``present=False`` stops it and
   removes every file;
-- ``model``: a seed runs ``weights.model``; a peer uploads its copy of the rollout's private key
-  (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress. The key is
+- ``model``: a seed runs ``weights.model`` (``wait=False``: it only starts the download, which
+  a later run attaches to); a peer uploads its copy of the rollout's private key
+  (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress (watched
+  on the host: one round trip per change, ``fanout_agent.py wait``). The key is
   removed by the agent when the pull ends. Whatever the peers could not give (a failed or
   corrupt copy) is left to ``weights.model``, run next on every host: it verifies the copy and
   fetches the rest from upstream;
@@ -381,6 +383,7 @@ def model(
     port: int = FANOUT_PORT,
     private_key: str | None = None,
     servers: dict[str, dict] | None = None,
+    wait: bool = True,
 ):
     """
     The target or the drafter of the host's settings, from upstream or from peers.
@@ -392,16 +395,21 @@ def model(
     + port: the port of the peers' ephemeral sshd
     + private_key: the rollout's private key (put in a 0600 file for this pull only)
     + servers: ``{host: {"address", "port", "host_public_key"}}``, pinned in known_hosts
+    + wait: ``False``: a seed only starts its download (a later run of this operation attaches
+      to it and waits); a peer does nothing yet
 
     A peer that already holds a complete, unchanged copy does nothing. Run ``weights.model``
     after it on every host: it verifies the copy, fetches what peers could not give from
     upstream, writes the manifest and flips ``current``.
     """
-    if role == "seed":
-        yield from weights.model._inner(which=which)
-        return
-    if role != "peer":
+    if role not in ("seed", "peer"):
         raise ValueError(f"fanout.model role={role!r}: use seed or peer")
+    if role == "seed":
+        yield from weights.model._inner(which=which, wait=wait)
+        return
+    if not wait:
+        host.noop(f"the {which} comes from peers once they have it")
+        return
     s = settings_for_host(host)
     src = getattr(s, which)
     root = weights.model_root(s, which)
@@ -441,19 +449,42 @@ def model(
     )
     yield FunctionCommand(_wait, (), {
         "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
-        "poll_seconds": job["poll_seconds"],
+        "poll_seconds": job["poll_seconds"], "agent": (python, agent_path),
     })
 
 
+# How long one look at a pull's progress may wait on the host for a change (the pull writes
+# its progress at each file it verified, and when it ends).
+PROGRESS_WAIT_SECONDS = 10
+
+
+def watch_command(unit: str, progress_path: str, agent: tuple[str, str] | None,
+                  seen: float | None):
+    """The pull's units and progress, after waiting on the host (``fanout_agent.py wait``)
+    until the progress is news to a watcher that saw ``seen`` (its ``updated_at``): one round
+    trip per change of the pull, not one per poll, from the control machine to every host."""
+    look = job_command(f"{unit}.service", progress_path)
+    if agent is None:
+        return look
+    return StringCommand(
+        QuoteString(agent[0]), QuoteString(agent[1]), "wait", QuoteString(progress_path),
+        "none" if seen is None else repr(float(seen)), str(PROGRESS_WAIT_SECONDS),
+        ">/dev/null", "2>&1", ";", look,
+    )
+
+
 def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
-          poll_seconds: float) -> bool:
-    """Poll the pull's progress until it ends. A pull never fails the host: what it could not
-    copy, ``weights.model`` fetches from upstream."""
+          poll_seconds: float, agent: tuple[str, str] | None = None) -> bool:
+    """Watch the pull's progress until it ends (on the host, ``watch_command``). A pull never
+    fails the host: what it could not copy, ``weights.model`` fetches from upstream."""
     last_line, events_seen, gone_since = "", 0, None
+    seen: float | None = None
     while True:
-        ok, output = host.run_shell_command(job_command(f"{unit}.service", progress_path),
+        asked = time.monotonic()
+        ok, output = host.run_shell_command(watch_command(unit, progress_path, agent, seen),
                                             print_output=False, print_input=False)
         info = parse_job([line.line for line in output if line.buffer_name == "stdout"])
+        seen = (info["progress"] or {}).get("updated_at")
         p = info["progress"] if (info["progress"] or {}).get("rollout_id") == rollout_id else None
         if p is not None:
             events = p.get("events") or []
@@ -480,7 +511,8 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
                 return True
         else:
             gone_since = None
-        gevent.sleep(poll_seconds)
+        if time.monotonic() - asked < poll_seconds:
+            gevent.sleep(poll_seconds)  # answered at once (an ended pull's unit still exits)
 
 
 @operation()

@@ -302,6 +302,7 @@ def downloaded(
     poll_seconds: float = 5.0,
     state_dir: str = "/var/lib/specfleet",
     max_workers: int = 4,
+    wait: bool = True,
 ):
     """
     Fetch one revision of a Hugging Face repository into ``root/<revision>``, verified.
@@ -321,6 +322,9 @@ def downloaded(
     + margin_percent/margin_min_gib: the disk margin, max(P % of the bytes missing, M GiB)
     + prune: remove other revisions of this model under ``root`` (never ``revision`` or ``keep``)
     + poll_seconds: how often the progress file is read
+    + wait: wait until the download ends (``False``: start it and go on; a later run of the same
+      operation attaches to it and waits: the fan-out's seed starts its upstream download before
+      the fleet's other preparations)
 
     The download runs detached on the host (a transient ``systemd-run`` unit), so a dropped
     SSH session does not stop it; a re-run attaches to it. Every finished file is verified
@@ -432,6 +436,9 @@ def downloaded(
 
     if attach:
         unit = active_units[0]
+        if not wait:
+            host.noop(f"the download of {repo_id}@{revision[:12]} runs ({unit})")
+            return
         host.log_styled(f"attaching to the running download {unit}", fg="cyan")
     else:
         unit = run_unit(root)
@@ -446,6 +453,8 @@ def downloaded(
             "--", QuoteString(python), QuoteString(agent), "run", QuoteString(job_path),
         ]
         yield StringCommand("rm", "-f", QuoteString(progress_path), "&&", *start)
+        if not wait:
+            return
     yield FunctionCommand(_wait, (), {
         "unit": unit, "progress_path": progress_path, "job_id": job["job_id"],
         "poll_seconds": poll_seconds,
@@ -577,12 +586,13 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
 
 
 @operation()
-def model(which: str = "target", verify: str | None = None):
+def model(which: str = "target", verify: str | None = None, wait: bool = True):
     """
     Fetch the target or the drafter of the host's settings (``specfleet`` host data).
 
     + which: ``target`` or ``drafter``
     + verify: override ``weights.verify`` (``fast`` or ``deep``)
+    + wait: wait until the download ends (``False``: start it; see ``downloaded``)
 
     Uses the token given on the control machine (put there by ``weights.token``) when there is
     one, else the host's own token file. Run ``weights.tools`` and ``weights.token`` first.
@@ -618,6 +628,7 @@ def model(which: str = "target", verify: str | None = None):
         prune=w.prune_other_revisions,
         poll_seconds=w.poll_seconds,
         state_dir=s.state_dir,
+        wait=wait,
     )
 
 

@@ -1,4 +1,5 @@
-"""Benchmark of the fan-out: 4 hosts, one upstream link limited with ``tc ... tbf``.
+"""Benchmark of the fan-out: N hosts (4 by default, 16 for issue #23), one upstream link limited
+with ``tc ... tbf``.
 
 The stand-in hub (tests/harness/standin_hub.py) runs in a network namespace of its own, joined
 to the fleet's bridge by a veth pair; ``tc qdisc ... tbf`` on that veth limits the **upstream** link
@@ -8,14 +9,19 @@ mirror (>= 500 MB, 32 MB shards, on disk); each host's models disk is a tmpfs.
 
 Runs (the weights tools and the small drafter are installed first, everywhere, untimed):
 1. single: one host fetches the model (the weights-only deploy);
-2. fleet, no fan-out: the 4 hosts each fetch it from upstream (the same deploy on all);
+2. fleet, no fan-out: the N hosts each fetch it from upstream (the same deploy on all); it takes
+   about N times the single run (at 16 hosts ~11 minutes), so it runs only with ``--baseline``,
+   the default up to 4 hosts;
 3. fleet, fan-out: ``specfleet.fleet.fanout.run_prefetch`` (seed from upstream, peers from peers).
 Each time is the whole pyinfra run, until every host has verified weights (manifest written,
 ``current`` flipped). Upstream bytes are counted from the hub's log: each GET of a file, times
 the file's size. Between runs the model is removed from every host.
 
-Usage (as root, from the repository root): .venv/bin/python bench/fanout/run.py [--mb 512]
-The last line is ``fanout: upstream_bytes/model=U.UU fleet/single=F.FF hosts=4``.
+Usage (as root, from the repository root):
+    .venv/bin/python bench/fanout/run.py [--hosts 4] [--mb 512] [--baseline|--no-baseline]
+After the fan-out run, each peer's pull is profiled from its progress file (when its pull
+started and ended, its depth in the tree). The last line is
+``fanout: upstream_bytes/model=U.UU fleet/single=F.FF hosts=N``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from specfleet.fleet.fanout import run_prefetch  # noqa: E402
-from specfleet.fleet.rollout import run_pyinfra  # noqa: E402
+from specfleet.fleet.pyinfra_run import run_pyinfra  # noqa: E402
 from tests.harness import Fleet, HostSpec  # noqa: E402
 from tests.harness.weights_support import (  # noqa: E402
     commit_files,
@@ -46,7 +52,8 @@ from tests.harness.weights_support import (  # noqa: E402
 )
 
 LINK_MBIT = 100
-HOSTS = ("h1", "h2", "h3", "h4")
+# The "fleet, no fan-out" run by default only up to this many hosts (it takes ~N x single).
+BASELINE_MAX_HOSTS = 4
 WEIGHTS_ONLY = str(Path(__file__).with_name("weights_only.py"))
 SHARD = 32_000_000
 
@@ -121,6 +128,109 @@ class LimitedHub:
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
+def tree_cpu(root_pid: int) -> float:
+    """CPU seconds of a process tree so far: each live process's own time and that of the
+    children it reaped (so every process that ended counts once, in its reaper's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total / tick
+
+
+class CpuByProgram:
+    """Samples, once a second while a run goes, the CPU time of every process of the fleet's
+    hosts by program name (rsync, ssh, sshd, python3, ...): where the hosts' CPU goes. A process
+    that lives less than a sample's interval is missed (its time shows in ``fleet_cpu`` only)."""
+
+    def __init__(self, fleet: Fleet):
+        import threading
+
+        self.roots = [h["pid"] for h in fleet.state["hosts"].values() if h.get("pid")]
+        self.seen: dict[tuple[int, str], tuple[str, int, int]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def sample(self) -> None:
+        parent: dict[int, int] = {}
+        info: dict[int, tuple[str, int, str]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+            except OSError:
+                continue
+            head, tail = stat.rsplit(")", 1)
+            fields = tail.split()
+            pid = int(entry.name)
+            parent[pid] = int(fields[1])
+            # starttime tells a reused pid apart
+            info[pid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]), fields[19])
+        roots = set(self.roots)
+        for pid, (comm, ticks, start) in info.items():
+            p, hops = pid, 0
+            while p in parent and p not in roots and hops < 64:
+                p, hops = parent[p], hops + 1
+            if p in roots:
+                first = self.seen.get((pid, start), (comm, ticks, ticks))[1]
+                self.seen[(pid, start)] = (comm, first, ticks)
+
+    def loop(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(1.0)
+
+    def __enter__(self) -> CpuByProgram:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def by_program(self) -> list[tuple[str, float]]:
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for comm, first, last in self.seen.values():
+            out[comm] = out.get(comm, 0.0) + (last - first) / tick
+        return sorted(((c, v) for c, v in out.items() if v >= 0.5), key=lambda x: -x[1])
+
+
+def fleet_cpu(fleet: Fleet) -> float:
+    """CPU seconds the fleet's hosts (every process of their containers) used so far: on this
+    machine they share its CPUs with the control process, unlike a real fleet's."""
+    return sum(tree_cpu(h["pid"]) for h in fleet.state["hosts"].values() if h.get("pid"))
+
+
+def control_cpu() -> float:
+    """CPU seconds of this process (pyinfra runs in it) and its reaped children."""
+    import resource
+
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def load() -> str:
+    """The load averages (1, 5, 15 min): the machine is shared, so each run notes its load."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def timed(fn):
     t0 = time.monotonic()
     r = fn()
@@ -150,14 +260,64 @@ def step_ok(step, what: str) -> None:
         raise RuntimeError(f"{what} failed: {bad}")
 
 
+def seed_line(fleet: Fleet, host: str, dir_name: str, t0: float) -> list[str]:
+    """When (seconds after the run started) the host's own download started and ended."""
+    raw = fleet.run(host, f"cat /var/lib/specfleet/weights/{dir_name}.progress.json").stdout
+    try:
+        p = json.loads(raw)
+    except ValueError:
+        return [f"  {host:<4} no download progress file"]
+    return [f"  {host:<4} download {(p.get('started_at') or 0) - t0:6.1f} -> "
+            f"{(p.get('updated_at') or 0) - t0:6.1f} s ({p.get('state')})"]
+
+
+def pull_profile(fleet: Fleet, plan: dict, dir_name: str, t0: float) -> list[str]:
+    """One line per host of the target's swarm: its depth in the tree, its source, and when
+    (seconds after the fan-out run started) its pull started, took its first file and ended."""
+    swarm = next(sw for sw in plan["swarms"] if sw["which"] == "target")
+    lines = []
+    for i, h in enumerate(swarm["hosts"]):
+        srcs = plan["hosts"][h]["models"]["target"]["sources"]
+        depth = len(srcs)
+        if i == 0:
+            lines += seed_line(fleet, h, dir_name, t0)
+            continue
+        raw = fleet.run(h, f"cat /var/lib/specfleet/fanout/{dir_name}.pull.json").stdout
+        try:
+            p = json.loads(raw)
+        except ValueError:
+            lines.append(f"  {h:<4} depth {depth}: no progress file")
+            continue
+        start = p.get("started_at") or 0
+        end = p.get("updated_at") or 0
+        events = p.get("events") or []
+        listed = [e["at"] for e in events if "to take from peers" in e["text"]]
+        copied = [e["at"] for e in events if e["text"].startswith("every file of")]
+        lines.append(f"  {h:<4} depth {depth} from {srcs[0]['host']:<4}: pull {start - t0:6.1f}"
+                     f" -> {end - t0:6.1f} s ({p.get('state')}, "
+                     f"{p.get('files_from_peers')} files from peers"
+                     f"{', listed at %.1f s' % (listed[0] - t0) if listed else ''}"
+                     f"{', all copied at %.1f s' % (copied[0] - t0) if copied else ''})")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=4, help="fleet size (hosts h1..hN)")
     ap.add_argument("--mb", type=int, default=512, help="model size in MB (32 MB shards)")
+    ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time every host downloading from upstream (default: on up to "
+                    f"{BASELINE_MAX_HOSTS} hosts; it takes ~N x the single run)")
     ap.add_argument("--keep-output", action="store_true", help="print pyinfra's output")
     a = ap.parse_args()
+    if a.hosts < 2:
+        ap.error("--hosts: at least 2 (a seed and a peer)")
+    hosts_all = tuple(f"h{i}" for i in range(1, a.hosts + 1))
+    baseline = a.baseline if a.baseline is not None else a.hosts <= BASELINE_MAX_HOSTS
     shards = max(1, a.mb * 1_000_000 // SHARD)
     disk = f"{a.mb + 160}M"
-    fleet = Fleet.up(f"fobench-{os.getpid()}"[:31], [HostSpec(h, disk=disk) for h in HOSTS])
+    print(f"load before boot: {load()}", flush=True)
+    fleet = Fleet.up(f"fobench-{os.getpid()}"[:31], [HostSpec(h, disk=disk) for h in hosts_all])
     work = Path(tempfile.mkdtemp(prefix="specfleet-fobench-"))
     hub = None
     quiet = open(os.devnull, "w")  # noqa: SIM115
@@ -184,6 +344,14 @@ def main() -> int:
             return str(inventory(fleet, work / f"inv-{repo.replace('/', '-')}.py",
                                  {h: sf for h in fleet.hosts}))
 
+        def run_fanout(hosts, name: str, inventory_path: str, plan_out: dict):
+            if not a.keep_output:
+                sys.stderr = quiet
+            try:
+                return run_prefetch(inventory_path, list(hosts), name=name, plan_out=plan_out)
+            finally:
+                sys.stderr = real_stderr
+
         def run(deploy_or_fanout: str, hosts, name: str, inventory_path: str):
             if not a.keep_output:
                 sys.stderr = quiet
@@ -195,35 +363,64 @@ def main() -> int:
                 sys.stderr = real_stderr
 
         # Warm-up (untimed): tools, agents, the drafter everywhere.
-        step_ok(run("fanout", HOSTS, "warm-up", inv("bench/tiny", tiny)), "warm-up")
+        step_ok(run("fanout", hosts_all, "warm-up", inv("bench/tiny", tiny)), "warm-up")
         big_inv = inv("bench/big", big)
         os.environ.pop("HF_TOKEN", None)
         rows = []
 
-        for label, mode, hosts in (("single host", "plain", HOSTS[:1]),
-                                   ("4 hosts, no fan-out", "plain", HOSTS),
-                                   ("4 hosts, fan-out", "fanout", HOSTS)):
+        n = len(hosts_all)
+        runs = [("single host", "plain", hosts_all[:1])]
+        if baseline:
+            runs.append((f"{n} hosts, no fan-out", "plain", hosts_all))
+        runs.append((f"{n} hosts, fan-out", "fanout", hosts_all))
+        plan: dict = {}
+        profile: list[str] = []
+        programs: list[tuple[str, float]] = []
+        for label, mode, hosts in runs:
             wipe(fleet, "bench--big")
             mark = hub.mark()
-            seconds, step = timed(lambda m=mode, h=hosts, lb=label: run(
-                "fanout" if m == "fanout" else "plain", h, lb, big_inv))
+            load_at = load()
+            cpu0 = (control_cpu(), fleet_cpu(fleet))
+            t0 = time.time()
+            if mode == "fanout":
+                plan.clear()
+                with CpuByProgram(fleet) as sampler:
+                    seconds, step = timed(lambda h=hosts, lb=label: run_fanout(h, lb, big_inv,
+                                                                               plan))
+                programs = sampler.by_program()
+            else:
+                seconds, step = timed(lambda h=hosts, lb=label: run("plain", h, lb, big_inv))
             step_ok(step, label)
             check_verified(fleet, hosts, "bench--big", big)
             up = hub.upstream_bytes(mark, sizes, "bench/big")
-            rows.append((label, len(hosts), seconds, up))
-            print(f"{label}: {seconds:.1f} s, upstream {up / 1e6:.0f} MB", flush=True)
+            ctl, hosts_cpu = control_cpu() - cpu0[0], fleet_cpu(fleet) - cpu0[1]
+            rows.append((label, len(hosts), seconds, up, load_at, ctl, hosts_cpu))
+            print(f"{label}: {seconds:.1f} s, upstream {up / 1e6:.0f} MB (load {load_at}; CPU s: "
+                  f"control {ctl:.1f}, hosts {hosts_cpu:.1f})", flush=True)
+            if mode == "fanout":
+                profile = pull_profile(fleet, plan, "bench--big", t0)
+            elif len(hosts) == 1:
+                print("\n".join(seed_line(fleet, hosts[0], "bench--big", t0)), flush=True)
         single = rows[0][2]
         print()
         print(f"model {model_bytes / 1e6:.0f} MB in {shards + 1} files; upstream link "
               f"{LINK_MBIT} Mbit/s (tbf on the hub's veth), LAN unlimited")
+        if not baseline:
+            print(f"(no \"{n} hosts, no fan-out\" run: --baseline adds it, ~{n} x single)")
         print(f"{'run':<22} {'hosts':>5} {'time s':>8} {'x single':>9} {'upstream MB':>12} "
-              f"{'x model':>8}")
-        for label, n, seconds, up in rows:
-            print(f"{label:<22} {n:>5} {seconds:>8.1f} {seconds / single:>9.2f} "
-                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f}")
-        _, _, fan_s, fan_up = rows[2]
+              f"{'x model':>8} {'ctl CPU s':>9} {'hosts CPU s':>11}  load average at start")
+        for label, nh, seconds, up, load_at, ctl, hosts_cpu in rows:
+            print(f"{label:<22} {nh:>5} {seconds:>8.1f} {seconds / single:>9.2f} "
+                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f} {ctl:>9.1f} {hosts_cpu:>11.1f}"
+                  f"  {load_at}")
+        print("fan-out, the hosts' CPU seconds by program (sampled each second): "
+              + ", ".join(f"{c} {v:.1f}" for c, v in programs))
+        print("fan-out, per host (seconds after the run started):")
+        print("\n".join(profile))
+        print(f"load at the end: {load()}")
+        fan_s, fan_up = rows[-1][2], rows[-1][3]
         print(f"fanout: upstream_bytes/model={fan_up / model_bytes:.2f} "
-              f"fleet/single={fan_s / single:.2f} hosts={len(HOSTS)}")
+              f"fleet/single={fan_s / single:.2f} hosts={n}")
         return 0
     finally:
         sys.stderr = real_stderr

@@ -14,10 +14,24 @@ from specfleet.core.errors import SpecfleetError
 # The ephemeral sshd's port on serving peers (settings ``rollout``; open it between hosts).
 FANOUT_PORT = 22113
 PLAN_ENV = "SPECFLEET_FANOUT_PLAN"
+# The tree's degree when none is given: the smallest that keeps a swarm two hops deep from its
+# seed (1 + d + d*d hosts), from 2 up to ``MAX_AUTO_DEGREE``. Each hop adds a lag at the end
+# (the last shards are copied and hashed once per hop), so a 16-host swarm is a tree of degree
+# 4 (depth 2), not a binary one (depth 4). A serving host sends to its d receivers at once, so
+# its LAN must carry d times the upstream rate to keep pace: the cap assumes a LAN 8x faster
+# than upstream (beyond 73 hosts the tree gets a third hop instead).
 DEFAULT_DEGREE = 2
+MAX_AUTO_DEGREE = 8
 MODELS = ("target", "drafter")
 
 
+def auto_degree(swarm_size: int) -> int:
+    """The tree's degree for a swarm of ``swarm_size`` hosts: the smallest (at least 2, at most
+    ``MAX_AUTO_DEGREE``) whose tree reaches every host within two hops of the seed."""
+    d = DEFAULT_DEGREE
+    while d < MAX_AUTO_DEGREE and 1 + d + d * d < swarm_size:
+        d += 1
+    return d
 
 
 def swarm_key(settings: Any, which: str) -> tuple:
@@ -52,20 +66,21 @@ def plan_fanout(
     addresses: Mapping[str, str],
     keys: Mapping[str, Mapping[str, tuple]],
     order: Sequence[str] | None = None,
-    degree: int = DEFAULT_DEGREE,
+    degree: int | None = None,
 ) -> dict[str, Any]:
     """Who copies what from whom. Pure.
 
-    ``keys[which][host]`` is the host's ``swarm_key`` for that model. Returns::
+    ``keys[which][host]`` is the host's ``swarm_key`` for that model; ``degree``: the peers each
+    host serves, None: ``auto_degree`` of each swarm's size. Returns::
 
         {"hosts": {host: {"address": ip, "models": {which: {"role": "seed"|"peer",
                                                               "sources": [{"host","address"}]}},
                           "receivers": [ip, ...],       # whom this host serves (from=)
                           "receiver_hosts": [host, ...],
                           "serves": [which, ...]}},     # the models it serves them
-         "swarms": [{"which", "hosts": [...], "seed"}]}
+         "swarms": [{"which", "hosts": [...], "seed", "degree"}]}
     """
-    if degree < 1:
+    if degree is not None and degree < 1:
         raise SpecfleetError(f"fan-out degree {degree}", fix="use 1 or more peers per host")
     seq = ordered(list(hosts), order)
     plan: dict[str, Any] = {
@@ -80,9 +95,11 @@ def plan_fanout(
         for members in groups.values():
             shift = m % len(members)
             members = members[shift:] + members[:shift]
-            plan["swarms"].append({"which": which, "hosts": members, "seed": members[0]})
+            d = degree if degree is not None else auto_degree(len(members))
+            plan["swarms"].append({"which": which, "hosts": members, "seed": members[0],
+                                   "degree": d})
             for i, h in enumerate(members):
-                srcs = [members[j] for j in tree_sources(i, degree)]
+                srcs = [members[j] for j in tree_sources(i, d)]
                 plan["hosts"][h]["models"][which] = {
                     "role": "seed" if i == 0 else "peer",
                     "sources": [{"host": s, "address": addresses[s]} for s in srcs],

@@ -1,6 +1,6 @@
 """Download once per fleet, spread host to host over the LAN: the rollout's prefetch with fan-out.
 
-    python -m specfleet.fleet.fanout INVENTORY [--order h1,h2,...] [--degree 2] [--port 22113]
+    python -m specfleet.fleet.fanout INVENTORY [--order h1,h2,...] [--degree N] [--port 22113]
         [--limit h1 --limit h2 ...] [--report FILE.json]
 
 For each model (target, drafter), the hosts that want the same revision from the same place, at the
@@ -8,8 +8,10 @@ same site (``rollout.fanout_site``, unset: one site), form a **swarm**. Its firs
 (``--order``, else inventory order; the drafter's swarm starts one host further on, so that two
 hosts share the upstream work) is the **seed**: it downloads from upstream (the Hub or
 ``weights.hf_endpoint``) as ``weights.model`` always does. The others copy from peers, in a tree of
-``degree`` children per host: host *i* of the swarm copies from host ``(i-1)//degree``, then from
-that one's own source, up to the seed. A copy is pipelined: a peer takes each file as soon as its
+``degree`` children per host (by default the smallest, from 2, that keeps every host within two
+hops of the seed: 2 up to 7 hosts, 4 at 16; ``specfleet.core.fanout.auto_degree``): host *i* of
+the swarm copies from host ``(i-1)//degree``, then from that one's own source, up to the seed.
+A copy is pipelined: a peer takes each file as soon as its
 source has verified it, so the fleet finishes a little after the seed, and the upstream link
 carries each byte once.
 
@@ -58,7 +60,6 @@ from typing import Any
 
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.fanout import (
-    DEFAULT_DEGREE,
     FANOUT_PORT,
     MODELS,
     PLAN_ENV,
@@ -270,7 +271,7 @@ def run_prefetch(
     hosts: Sequence[str],
     order: Sequence[str] | None = None,
     runner: Callable[..., Any] | None = None,
-    degree: int = DEFAULT_DEGREE,
+    degree: int | None = None,
     port: int | None = None,
     name: str = "prefetch",
     plan_out: dict | None = None,
@@ -295,7 +296,8 @@ def run_prefetch(
     full = add_keys(plan, port or FANOUT_PORT, rollout_id)
     for sw in plan["swarms"]:
         print(f"fanout: {sw['which']} {' -> '.join(sw['hosts'][:1])} seeds "
-              f"{', '.join(sw['hosts'][1:]) or 'no peers'} (degree {degree})", file=sys.stderr)
+              f"{', '.join(sw['hosts'][1:]) or 'no peers'} (degree {sw['degree']})",
+              file=sys.stderr)
     prefetch, cleanup = str(deploy_path(PREFETCH_DEPLOY)), str(deploy_path(CLEANUP_DEPLOY))
     hours = max((settings[h].rollout.fanout_serve_hours for h in hosts), default=0.0)
     guard = _Signals(hours)
@@ -346,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("inventory")
     p.add_argument("--order", help="hosts in this order first (the first seeds the target)")
-    p.add_argument("--degree", type=int, default=DEFAULT_DEGREE,
-                   help="peers each host serves (the tree's fan-out)")
+    p.add_argument("--degree", type=int, default=None,
+                   help="peers each host serves (the tree's fan-out; default: the smallest, "
+                   "from 2, that keeps every host within two hops of its seed)")
     p.add_argument("--port", type=int, help="the ephemeral sshd's port on serving peers")
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.add_argument("--report", help="write the per-host results and the plan as JSON here")

@@ -6,9 +6,12 @@ Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on flee
         The forced command of the rollout's ephemeral ssh key on a serving peer; it serves the
         revision folders named (``MODELS_ROOT/DIR/REVISION``; a bare ``DIR``, for a swarm that
         follows a branch: the revision this host's own download or pull resolved) and nothing
-        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION`` it prints one
-        JSON object (what the peer holds of that revision and how its own download or pull is
-        going); a read-only rsync of ``DIR/REVISION/[PATH]`` goes to ``rrsync -ro`` with that
+        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION [KNOWN WAIT]`` it
+        prints one JSON object (what the peer holds of that revision and how its own download or
+        pull is going); with KNOWN and WAIT it first waits, up to WAIT seconds, until the number
+        of files it has verified differs from KNOWN or its copy has ended (a long poll: a
+        receiver hears of each new file at once, in one round trip); a read-only rsync of
+        ``DIR/REVISION/[PATH]`` goes to ``rrsync -ro`` with that
         revision folder as its root, and never follows a symlink out of it: the options that
         make the sender follow links are refused, and so is a folder holding a symlink that
         leads out of it. Anything else is refused.
@@ -26,6 +29,10 @@ Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on flee
         way to the next one in ``sources``, then to upstream. The private key file is removed at
         the end.
 
+    fanout_agent.py wait PROGRESS UPDATED_AT|none SECONDS
+        Wait (at most SECONDS) until the pull's progress file was written again since
+        UPDATED_AT, or says the pull ended: the control machine's watch of a pull.
+
 Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 """
 
@@ -37,7 +44,10 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 SCHEMA = 1
 STATUS_VERB = "specfleet-status"
@@ -75,14 +85,50 @@ def weights_progress_path(state_dir: str, dir_name: str) -> str:
     return f"{state_dir.rstrip('/')}/weights/{dir_name}.progress.json"
 
 
-def parse_status_request(command: str) -> tuple[str, str] | None:
-    """``specfleet-status DIR REVISION`` -> (DIR, REVISION); None for anything else."""
+# How long a receiver's status request waits for news from its source: it asks again after
+# that, so a stalled source is noticed (``stall_seconds``) with a delay of at most this.
+STATUS_WAIT = 10.0
+# How often a pull looks for the files its rsync has put in place (to hash them at once).
+LANDED_LOOK_SECONDS = 0.05
+# The longest a status request may wait for news (a receiver asks again after it).
+STATUS_WAIT_MAX = 30.0
+# How often a waiting status request looks at the files it reports (a stat of each).
+STATUS_LOOK_SECONDS = 0.1
+
+
+class StatusRequest(NamedTuple):
+    dir_name: str
+    revision: str
+    known: int = -1  # the verified files the receiver knows of; -1: answer at once
+    wait: float = 0.0  # seconds to wait for news, at most
+
+
+def parse_status_request(command: str) -> StatusRequest | None:
+    """``specfleet-status DIR REVISION [KNOWN WAIT]`` -> StatusRequest; None for anything
+    else (WAIT is capped at ``STATUS_WAIT_MAX``)."""
     parts = command.split()
-    if len(parts) != 3 or parts[0] != STATUS_VERB:
+    if len(parts) not in (3, 5) or parts[0] != STATUS_VERB:
         return None
     if not _DIR_RE.match(parts[1]) or ".." in parts[1] or not _REV_RE.match(parts[2]):
         return None
-    return parts[1], parts[2]
+    if len(parts) == 3:
+        return StatusRequest(parts[1], parts[2])
+    if not re.fullmatch(r"[0-9]{1,9}", parts[3]) or not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,3})?",
+                                                                         parts[4]):
+        return None
+    return StatusRequest(parts[1], parts[2], int(parts[3]), min(float(parts[4]), STATUS_WAIT_MAX))
+
+
+def status_news(status: dict, known: int) -> bool:
+    """Whether a status is worth answering a waiting receiver with: the number of verified
+    files differs from what it knows, or the peer's copy has ended (complete, its download done
+    or failed, or a pull of it ended: the receiver decides whether that pull is its rollout's)."""
+    if len(status.get("verified") or {}) != known or status.get("complete"):
+        return True
+    w, p = status.get("weights") or {}, status.get("pull") or {}
+    ended = ("done", "partial", "failed")
+    return any(x.get("revision") == status.get("revision") and x.get("state") in ended
+               for x in (w, p))
 
 
 def parse_served(specs: list[str]) -> dict[str, str | None]:
@@ -189,6 +235,23 @@ def available(status: dict, wanted: dict[str, dict], expected_hash) -> list[str]
     return sorted(out)
 
 
+def file_identity(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a file, None where there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def landed(rev_dir: str, path: str, size: int, before: tuple[int, int, int] | None) -> bool:
+    """Whether rsync has put ``path`` in place since ``before`` (its identity when the copy
+    started): rsync writes each file under a temporary name and renames it when it is whole, so
+    a new file at the final name with the full size is complete."""
+    now = file_identity(os.path.join(rev_dir, path))
+    return now is not None and now != before and now[1] == size
+
+
 def ssh_command(key_path: str, known_hosts: str, port: int, control_dir: str) -> list[str]:
     """The ssh client of a pull: the rollout's key only, the peer's pinned host key only."""
     return [
@@ -229,6 +292,43 @@ def status_of(models_root: str, state_dir: str, dir_name: str, revision: str) ->
     }
 
 
+def status_files(models_root: str, state_dir: str, dir_name: str, revision: str) -> list[str]:
+    """The files a status is read from (a waiting request looks for a change in them)."""
+    wa = _weights_agent()
+    state = os.path.join(models_root, dir_name, revision, wa.STATE_DIR)
+    return [os.path.join(state, wa.VERIFIED), os.path.join(state, wa.MANIFEST),
+            weights_progress_path(state_dir, dir_name), pull_progress_path(state_dir, dir_name)]
+
+
+def _stamp(paths: list[str]) -> tuple:
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def wait_status(models_root: str, state_dir: str, req: StatusRequest, clock=time.monotonic,
+                sleep=time.sleep) -> dict:
+    """The status of ``req``'s revision folder, once it has news for the receiver
+    (``status_news``) or ``req.wait`` seconds have passed. It is read again only when one of its
+    files changed."""
+    deadline = clock() + req.wait
+    paths = status_files(models_root, state_dir, req.dir_name, req.revision)
+    stamp = _stamp(paths)
+    status = status_of(models_root, state_dir, req.dir_name, req.revision)
+    while req.known >= 0 and not status_news(status, req.known) and clock() < deadline:
+        sleep(STATUS_LOOK_SECONDS)
+        now_stamp = _stamp(paths)
+        if now_stamp != stamp:
+            stamp = now_stamp
+            status = status_of(models_root, state_dir, req.dir_name, req.revision)
+    return status
+
+
 def resolved_revisions(state_dir: str, served: dict[str, str | None]) -> dict[str, set[str]]:
     """For each served folder that follows a branch: the revisions this host resolved (its own
     download's, its own pull's)."""
@@ -250,8 +350,8 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
     try:
         req = parse_status_request(command)
         if req is not None:
-            served_folder(f"{req[0]}/{req[1]}/", served, resolved)
-            print(json.dumps(status_of(models_root, state_dir, *req)), flush=True)
+            served_folder(f"{req.dir_name}/{req.revision}/", served, resolved)
+            print(json.dumps(wait_status(models_root, state_dir, req)), flush=True)
             return 0
         opts, path = parse_rsync_request(command)
         d, rev, tail = served_folder(path, served, resolved)
@@ -310,9 +410,14 @@ class Pull:
         return ssh_command(j["key_path"], j["known_hosts"], int(source.get("port", j["port"])),
                            j["control_dir"])
 
-    def status(self, source: dict, dir_name: str, revision: str) -> dict | None:
-        argv = self.ssh(source) + [f"root@{source['address']}",
-                                   f"{STATUS_VERB} {dir_name} {revision}"]
+    def status(self, source: dict, dir_name: str, revision: str, known: int = -1,
+               wait: float = 0.0) -> dict | None:
+        """The source's status; with ``known`` (the number of files it had verified at the
+        last answer) it answers when that changes or its copy ends, within ``wait`` seconds."""
+        request = f"{STATUS_VERB} {dir_name} {revision}"
+        if known >= 0:
+            request += f" {known} {wait:g}"
+        argv = self.ssh(source) + [f"root@{source['address']}", request]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
@@ -327,19 +432,41 @@ class Pull:
             return None
 
     def rsync(self, source: dict, dir_name: str, revision: str, paths: list[str],
-              rev_dir: str) -> tuple[bool, str]:
-        lst = os.path.join(rev_dir, self.wa.STATE_DIR, "fanout-files")
+              rev_dir: str, wanted: dict[str, dict],
+              on_landed: Callable[[str], object] = lambda path: None) -> tuple[bool, str]:
+        """Copy ``paths`` from ``source`` in one rsync; while it runs, ``on_landed(path)`` is
+        called for each file as soon as rsync has put it in place (``landed``), so the file is
+        hashed while the next one copies, and a receiver of this host can take it at once."""
+        state = os.path.join(rev_dir, self.wa.STATE_DIR)
+        lst = os.path.join(state, "fanout-files")
         with open(lst, "w") as f:
             f.write("".join(p + "\n" for p in paths))
+        before = {p: file_identity(os.path.join(rev_dir, p)) for p in paths}
         # As root, yet nothing of the peer but names, bytes and times: no owner, group,
         # permission, device, special file or symlink.
         argv = ["rsync", "-rt", "--no-owner", "--no-group", "--no-perms", "--no-devices",
                 "--no-specials", "--no-links", "--whole-file", "--files-from", lst,
                 "-e", shlex.join(self.ssh(source)),
                 f"root@{source['address']}:{dir_name}/{revision}/", rev_dir + "/"]
-        r = subprocess.run(argv, capture_output=True, text=True)
+        pending = list(paths)
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err, text=True)
+            try:
+                while proc.poll() is None:
+                    for p in [p for p in pending if landed(rev_dir, p, wanted[p]["size"],
+                                                           before[p])]:
+                        pending.remove(p)
+                        on_landed(p)
+                    time.sleep(LANDED_LOOK_SECONDS)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            err.seek(0)
+            last = (err.read().strip().splitlines() or [""])[-1]
         os.unlink(lst)
-        return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]
+        return proc.returncode == 0, last
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -421,10 +548,13 @@ class Pull:
         poll = float(j.get("poll_seconds", 1.0))
         last_progress = time.monotonic()
         failures = 0
+        known = -1  # the first question is answered at once
         self.last_error = ""
         while wanted:
-            st = self.status(source, dir_name, sha)
+            asked = time.monotonic()
+            st = self.status(source, dir_name, sha, known, STATUS_WAIT)
             if st is None:
+                known = -1
                 failures += 1
                 if failures >= 3 or time.monotonic() - last_progress > stall_s:
                     self.note(f"{source['host']} unreachable for the peer copy "
@@ -433,10 +563,18 @@ class Pull:
                 time.sleep(poll)
                 continue
             failures = 0
+            known = len(st.get("verified") or {})
             paths = available(st, wanted, wa.expected_hash)
             if paths:
-                ok, err = self.rsync(source, dir_name, sha, paths, rev_dir)
-                got = self.check(source, paths, rev_dir, wanted)
+                good = [0]
+
+                def hash_landed(path: str, good: list[int] = good) -> None:
+                    good[0] += self.check(source, [path], rev_dir, wanted)
+
+                ok, err = self.rsync(source, dir_name, sha, paths, rev_dir, wanted, hash_landed)
+                # What landed unnoticed (rsync found it up to date) or did not land: now.
+                got = good[0] + self.check(source, [p for p in paths if p in wanted], rev_dir,
+                                           wanted)
                 if not ok and not got:
                     self.note(f"rsync from {source['host']} failed ({err}); trying the next "
                               "source")
@@ -449,7 +587,8 @@ class Pull:
                 self.note(f"{source['host']} made no progress for {stall_s:.0f} s; trying the "
                           "next source")
                 return
-            time.sleep(poll)
+            if time.monotonic() - asked < min(poll, STATUS_WAIT):
+                time.sleep(poll)  # it answered at once without news (no wait there): pace it
 
     def check(self, source: dict, paths: list[str], rev_dir: str,
               wanted: dict[str, dict]) -> int:
@@ -522,14 +661,39 @@ def cmd_pull(job: dict) -> int:
         pull.write()
 
 
+PULL_ENDED = ("done", "partial", "failed")
+
+
+def progress_news(progress: dict | None, seen: float | None) -> bool:
+    """Whether a pull's progress is news to a watcher that saw ``seen`` (its ``updated_at``;
+    None: no progress yet): it was written again, or the pull has ended."""
+    progress = progress or {}
+    return progress.get("updated_at") != seen or progress.get("state") in PULL_ENDED
+
+
+def cmd_wait(progress_path: str, seen: float | None, seconds: float, clock=time.monotonic,
+             sleep=time.sleep) -> int:
+    """Return once the pull's progress file is news (``progress_news``), at most after
+    ``seconds`` (capped at ``STATUS_WAIT_MAX``): the control machine's watch of a pull costs one
+    round trip per change, not one per poll."""
+    wa = _weights_agent()
+    deadline = clock() + min(seconds, STATUS_WAIT_MAX)
+    while not progress_news(wa.read_json(progress_path), seen) and clock() < deadline:
+        sleep(STATUS_LOOK_SECONDS)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "serve":
         return cmd_serve(argv[1], argv[2], argv[3:])
+    if len(argv) == 4 and argv[0] == "wait":
+        seen = None if argv[2] == "none" else float(argv[2])
+        return cmd_wait(argv[1], seen, float(argv[3]))
     if len(argv) == 2 and argv[0] == "pull":
         with open(argv[1]) as f:
             return cmd_pull(json.load(f))
     sys.stderr.write("usage: fanout_agent.py serve MODELS_ROOT STATE_DIR DIR=REV|DIR ... | "
-                     "pull JOB.json\n")
+                     "pull JOB.json | wait PROGRESS.json UPDATED_AT|none SECONDS\n")
     return 2
 
 

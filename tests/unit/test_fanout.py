@@ -15,14 +15,22 @@ import pytest
 from facts.fanout import parse_leftovers, parse_serve
 from operations.fanout import authorized_keys, known_hosts, serve_command, sshd_config
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.fanout import plan_fanout, swarm_key, tree_sources
+from specfleet.core.fanout import auto_degree, plan_fanout, swarm_key, tree_sources
 from specfleet.core.settings import settings_from_dict
 from specfleet.fleet.fanout import add_keys, make_keypair
 from specfleet.hostside.fanout_agent import (
+    STATUS_WAIT_MAX,
+    StatusRequest,
     available,
+    cmd_wait,
+    file_identity,
+    landed,
     parse_status_request,
+    progress_news,
     source_finished,
     ssh_command,
+    status_news,
+    wait_status,
 )
 from specfleet.hostside.weights_agent import expected_hash
 
@@ -65,6 +73,34 @@ def test_plan_four_hosts_binary_tree():
     assert sorted(plan["hosts"]["h1"]["receivers"]) == [ADDR["h2"], ADDR["h3"], ADDR["h4"]]
     assert plan["hosts"]["h4"]["receivers"] == []
     assert [s["seed"] for s in plan["swarms"]] == ["h1", "h2"]
+
+
+def test_auto_degree_keeps_every_host_within_two_hops():
+    assert [auto_degree(n) for n in (1, 2, 4, 7, 8, 16, 21, 22, 32, 73)] == [
+        2, 2, 2, 2, 3, 4, 4, 5, 6, 8]
+    assert auto_degree(74) == auto_degree(1000) == 8  # the cap: a third hop beyond 73 hosts
+    for n in range(2, 74):
+        d = auto_degree(n)
+        assert max(len(tree_sources(i, d)) for i in range(n)) <= 2, n
+        assert d == 2 or max(len(tree_sources(i, d - 1)) for i in range(n)) > 2, n
+
+
+def test_plan_degree_from_the_swarms_size():
+    """16 hosts: a tree of degree 4 (two hops), not a binary one (four hops); 4 hosts keep the
+    binary tree; the degree is recorded per swarm."""
+    hosts = [f"n{i}" for i in range(1, 17)]
+    addr = {h: f"10.250.9.{10 + i}" for i, h in enumerate(hosts, 1)}
+    plan = plan_fanout(hosts, addr, same_keys(hosts))
+    assert [s["degree"] for s in plan["swarms"]] == [4, 4]
+    assert sources(plan, "n2") == ["n1"] and sources(plan, "n5") == ["n1"]
+    assert sources(plan, "n6") == ["n2", "n1"] and sources(plan, "n16") == ["n4", "n1"]
+    assert max(len(sources(plan, h)) for h in hosts) == 2
+    assert len(plan["hosts"]["n1"]["receivers"]) == 15  # its 4 children, and theirs (fallback)
+    assert plan_fanout(hosts, addr, same_keys(hosts), degree=2)["swarms"][0]["degree"] == 2
+    assert sources(plan_fanout(hosts, addr, same_keys(hosts), degree=2), "n16") == [
+        "n8", "n4", "n2", "n1"]
+    four = plan_fanout(hosts[:4], addr, same_keys(hosts[:4]))
+    assert four["swarms"][0]["degree"] == 2 and sources(four, "n4") == ["n2", "n1"]
 
 
 def test_plan_follows_order_and_degree():
@@ -165,11 +201,135 @@ def test_known_hosts_pins_each_server():
 
 
 def test_status_request_parsing():
-    assert parse_status_request(f"specfleet-status o--m {REV}") == ("o--m", REV)
+    assert parse_status_request(f"specfleet-status o--m {REV}") == StatusRequest("o--m", REV,
+                                                                                 -1, 0.0)
+    # A long poll: the number of verified files the receiver knows of, the seconds to wait.
+    assert parse_status_request(f"specfleet-status o--m {REV} 3 10") == ("o--m", REV, 3, 10.0)
+    assert parse_status_request(f"specfleet-status o--m {REV} 0 2.5").wait == 2.5
+    assert parse_status_request(f"specfleet-status o--m {REV} 0 9999").wait == STATUS_WAIT_MAX
     for bad in (f"specfleet-status ../etc {REV}", f"specfleet-status o--m {REV} x",
                 "specfleet-status o--m main", f"specfleet-status .. {REV}",
-                f"specfleet-status a/b {REV}", "rsync --server --sender . x", ""):
+                f"specfleet-status a/b {REV}", "rsync --server --sender . x", "",
+                f"specfleet-status o--m {REV} 3", f"specfleet-status o--m {REV} -1 5",
+                f"specfleet-status o--m {REV} 3 x", f"specfleet-status o--m {REV} 3 5 6",
+                f"specfleet-status o--m {REV} 3 1e9"):
         assert parse_status_request(bad) is None, bad
+
+
+def test_landed_only_a_whole_file_rsync_put_in_place(tmp_path):
+    """rsync writes each file under a temporary name and renames it when whole: a pull hashes a
+    file while the next copies once a new file of the full size is at its name."""
+    (tmp_path / "old.bin").write_bytes(b"stale")  # a leftover of the same name
+    before = {n: file_identity(str(tmp_path / n)) for n in ("a.bin", "old.bin")}
+    assert before["a.bin"] is None
+    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])
+    (tmp_path / ".a.bin.Xy12").write_bytes(b"hel")  # rsync's temporary file, still growing
+    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])
+    os.rename(tmp_path / ".a.bin.Xy12", tmp_path / "a.bin")
+    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])  # not the full size
+    (tmp_path / "a.tmp").write_bytes(b"hello")
+    os.rename(tmp_path / "a.tmp", tmp_path / "a.bin")
+    assert landed(str(tmp_path), "a.bin", 5, before["a.bin"])
+    # The leftover is not taken for the copy until rsync replaced it.
+    assert not landed(str(tmp_path), "old.bin", 5, before["old.bin"])
+    (tmp_path / "o.tmp").write_bytes(b"fresh")
+    os.rename(tmp_path / "o.tmp", tmp_path / "old.bin")
+    assert landed(str(tmp_path), "old.bin", 5, before["old.bin"])
+
+
+def test_status_news():
+    st = {"revision": REV, "verified": {"a": {}, "b": {}}, "complete": False,
+          "weights": {"revision": REV, "state": "downloading"}, "pull": {}}
+    assert not status_news(st, 2)
+    assert status_news(st, 1) and status_news(st, 3)  # one more, or one less (changed since)
+    assert status_news({**st, "complete": True}, 2)
+    assert status_news({**st, "weights": {"revision": REV, "state": "failed"}}, 2)
+    assert status_news({**st, "pull": {"revision": REV, "state": "partial"}}, 2)
+    # Another revision's old download or pull ended long ago: no news about this one.
+    assert not status_news({**st, "weights": {"revision": "b" * 40, "state": "done"}}, 2)
+    assert not status_news({**st, "pull": {"revision": "b" * 40, "state": "done"}}, 2)
+
+
+def verified_folder(tmp_path: Path) -> tuple[Path, Path, Path]:
+    models, state = tmp_path / "models", tmp_path / "state"
+    rev_dir = models / "o--m" / REV
+    (rev_dir / ".specfleet").mkdir(parents=True)
+    return models, state, rev_dir
+
+
+def add_verified(rev_dir: Path, name: str, data: bytes) -> None:
+    (rev_dir / name).write_bytes(data)
+    st = (rev_dir / name).stat()
+    with open(rev_dir / ".specfleet" / "verified.jsonl", "a") as f:
+        f.write(json.dumps({"path": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                            "hash_kind": "git", "hash": f"h-{name}", "at": 1.0}) + "\n")
+
+
+class Clock:
+    """A clock that a sleep moves on, and a hook that runs at a given sleep."""
+
+    def __init__(self, at: dict[int, object] | None = None):
+        self.t, self.sleeps, self.at = 0.0, 0, at or {}
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        self.sleeps += 1
+        if self.sleeps in self.at:
+            self.at[self.sleeps]()
+
+
+def test_wait_status_answers_when_a_new_file_is_verified(tmp_path):
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    clock = Clock({5: lambda: add_verified(rev_dir, "b.bin", b"world")})
+    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
+                     clock.sleep)
+    assert sorted(st["verified"]) == ["a.bin", "b.bin"]
+    assert clock.sleeps == 5  # at once after the file came, not at the end of the wait
+
+
+def test_wait_status_answers_at_once_with_news_or_without_known(tmp_path):
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    for req in (StatusRequest("o--m", REV), StatusRequest("o--m", REV, 0, 10.0)):
+        clock = Clock()
+        st = wait_status(str(models), str(state), req, clock, clock.sleep)
+        assert list(st["verified"]) == ["a.bin"] and clock.sleeps == 0, req
+
+
+def test_wait_status_gives_up_after_the_wait_or_when_the_copy_ends(tmp_path):
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    clock = Clock()
+    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 2.0), clock,
+                     clock.sleep)
+    assert list(st["verified"]) == ["a.bin"] and 2.0 <= clock.t < 2.2
+
+    def download_failed():
+        (state / "weights").mkdir(parents=True)
+        (state / "weights" / "o--m.progress.json").write_text(json.dumps(
+            {"revision": REV, "state": "failed", "updated_at": 5.0}))
+
+    clock = Clock({3: download_failed})
+    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
+                     clock.sleep)
+    assert st["weights"]["state"] == "failed" and clock.sleeps == 3
+
+
+def test_serve_answers_a_long_poll(tmp_path):
+    """The forced command, run for real: a request that knows every verified file waits its
+    WAIT out, then answers; one that knows fewer is answered at once."""
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    r = serve(models, state, f"specfleet-status o--m {REV} 0 20")
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(r.stdout)["verified"]) == ["a.bin"]
+    r = serve(models, state, f"specfleet-status o--m {REV} 1 0.5")
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(r.stdout)["verified"]) == ["a.bin"]
 
 
 def test_available_only_files_the_source_verified_with_the_hubs_hash():
@@ -366,14 +526,15 @@ def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkey
            "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
     pull = fanout_agent.Pull(job)
     seen = []
+    real_popen = subprocess.Popen
 
-    def run(argv, **kw):
+    def popen(argv, **kw):
         seen.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "", "")
+        return real_popen(["true"], **kw)
 
-    monkeypatch.setattr(fanout_agent.subprocess, "run", run)
+    monkeypatch.setattr(fanout_agent.subprocess, "Popen", popen)
     ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin"],
-                       str(rev_dir))
+                       str(rev_dir), {"a.bin": {"size": 5}})
     assert ok
     argv = seen[0]
     assert argv[0] == "rsync" and "-rt" in argv
@@ -382,3 +543,62 @@ def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkey
         assert flag in argv, flag
     shorts = "".join(a[1:] for a in argv if a.startswith("-") and not a.startswith("--"))
     assert not set(shorts) & set("aolgDpLkK"), argv
+
+
+def test_receiver_hashes_each_file_as_soon_as_rsync_put_it_in_place(tmp_path, monkeypatch):
+    """The pull's rsync copies a batch; each file is handed on (hashed, recorded for this host's
+    own receivers) as soon as it is whole, while the next one still copies."""
+    from specfleet.hostside import fanout_agent
+
+    rev_dir = tmp_path / REV
+    (rev_dir / ".specfleet").mkdir(parents=True)
+    job = {"rollout_id": "r", "repo_id": "o/m", "revision": REV, "root": str(tmp_path),
+           "sources": [], "port": 22113, "key_path": "/k", "known_hosts": "/kh",
+           "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
+    pull = fanout_agent.Pull(job)
+    real_popen = subprocess.Popen
+    # A stand-in for rsync's receiver: each file under a temporary name, renamed when whole.
+    script = (
+        "import os, sys, time\n"
+        "for name in ('a.bin', 'b.bin'):\n"
+        "    tmp = os.path.join(sys.argv[1], '.' + name + '.XyZ')\n"
+        "    open(tmp, 'wb').write(b'hello')\n"
+        "    os.rename(tmp, os.path.join(sys.argv[1], name))\n"
+        "    time.sleep(1.0)\n"
+    )
+    monkeypatch.setattr(fanout_agent.subprocess, "Popen", lambda argv, **kw: real_popen(
+        [sys.executable, "-c", script, str(rev_dir)], **kw))
+    landed_at = []
+    ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin", "b.bin"],
+                       str(rev_dir), {"a.bin": {"size": 5}, "b.bin": {"size": 5}},
+                       lambda p: landed_at.append((p, (rev_dir / "b.bin").exists())))
+    assert ok
+    # a.bin was handed on before b.bin existed; both while rsync ran.
+    assert landed_at == [("a.bin", False), ("b.bin", True)]
+
+
+def test_progress_news_and_the_wait_for_it(tmp_path):
+    """The control machine's watch of a pull waits on the host until the pull wrote its
+    progress again or has ended: one round trip per change, not one per poll."""
+    assert progress_news(None, 1.0) and progress_news({"updated_at": 2.0}, 1.0)
+    assert not progress_news(None, None) and not progress_news({"updated_at": 1.0}, 1.0)
+    assert progress_news({"updated_at": 1.0, "state": "done"}, 1.0)  # ended: at once
+    path = tmp_path / "o--m.pull.json"
+    path.write_text(json.dumps({"updated_at": 1.0, "state": "pulling"}))
+    clock = Clock({4: lambda: path.write_text(json.dumps({"updated_at": 2.5,
+                                                          "state": "pulling"}))})
+    assert cmd_wait(str(path), 1.0, 10, clock, clock.sleep) == 0
+    assert clock.sleeps == 4  # woke when the progress changed
+    clock = Clock()
+    cmd_wait(str(path), 2.5, 3, clock, clock.sleep)
+    assert 3.0 <= clock.t < 3.2  # no change: the whole wait, then the control looks anyway
+
+
+def test_watch_command_waits_on_the_host_then_looks():
+    from operations.fanout import watch_command
+
+    cmd = str(watch_command("u1", "/s/p.json", ("/t/bin/python", "/t/fanout_agent.py"), 1.5))
+    assert cmd.startswith("/t/bin/python /t/fanout_agent.py wait /s/p.json 1.5 10 ")
+    assert "systemctl list-units" in cmd and "u1.service" in cmd
+    assert " wait /s/p.json none 10 " in str(watch_command("u1", "/s/p.json", ("p", "a"), None))
+    assert str(watch_command("u1", "/s/p.json", None, None)).startswith("( systemctl")
