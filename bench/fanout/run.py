@@ -128,12 +128,9 @@ class LimitedHub:
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
-def tree_cpu(root_pid: int) -> float:
-    """CPU seconds of a process tree so far: each live process's own time and that of the
-    children it reaped (so every process that ended counts once, in its reaper's)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    times: dict[int, int] = {}
+def proc_stats():
+    """``(pid, program name, fields after the name)`` of each process's ``/proc/PID/stat``
+    (``fields[1]`` is the parent, ``[11:15]`` utime stime cutime cstime, ``[19]`` starttime)."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -141,8 +138,17 @@ def tree_cpu(root_pid: int) -> float:
             stat = Path(f"/proc/{entry.name}/stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        pid = int(entry.name)
+        head, tail = stat.rsplit(")", 1)
+        yield int(entry.name), head.split("(", 1)[1], tail.split()
+
+
+def tree_cpu(root_pid: int) -> float:
+    """CPU seconds of a process tree so far: each live process's own time and that of the
+    children it reaped (so every process that ended counts once, in its reaper's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for pid, _, fields in proc_stats():
         children.setdefault(int(fields[1]), []).append(pid)
         times[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
     total, todo = 0, [root_pid]
@@ -169,19 +175,10 @@ class CpuByProgram:
     def sample(self) -> None:
         parent: dict[int, int] = {}
         info: dict[int, tuple[str, int, str]] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-            except OSError:
-                continue
-            head, tail = stat.rsplit(")", 1)
-            fields = tail.split()
-            pid = int(entry.name)
+        for pid, name, fields in proc_stats():
             parent[pid] = int(fields[1])
             # starttime tells a reused pid apart
-            info[pid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]), fields[19])
+            info[pid] = (name, int(fields[11]) + int(fields[12]), fields[19])
         roots = set(self.roots)
         for pid, (comm, ticks, start) in info.items():
             p, hops = pid, 0
