@@ -514,9 +514,8 @@ def test_serve_command_names_the_folders(tmp_path):
                    f"/var/lib/specfleet o--d o--m={REV}")
 
 
-def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkeypatch):
-    """The receiver (root) keeps no owner, group, device, special file or symlink of a peer's
-    copy: ``rsync -rt`` and the ``--no-*`` switches, never ``-a``."""
+def receiver_pull(tmp_path):
+    """``(fanout_agent, the revision folder, a Pull)`` of one model with no sources."""
     from specfleet.hostside import fanout_agent
 
     rev_dir = tmp_path / REV
@@ -524,7 +523,13 @@ def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkey
     job = {"rollout_id": "r", "repo_id": "o/m", "revision": REV, "root": str(tmp_path),
            "sources": [], "port": 22113, "key_path": "/k", "known_hosts": "/kh",
            "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
-    pull = fanout_agent.Pull(job)
+    return fanout_agent, rev_dir, fanout_agent.Pull(job)
+
+
+def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkeypatch):
+    """The receiver (root) keeps no owner, group, device, special file or symlink of a peer's
+    copy: ``rsync -rt`` and the ``--no-*`` switches, never ``-a``."""
+    fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
     seen = []
     real_popen = subprocess.Popen
 
@@ -548,14 +553,7 @@ def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkey
 def test_receiver_hashes_each_file_as_soon_as_rsync_put_it_in_place(tmp_path, monkeypatch):
     """The pull's rsync copies a batch; each file is handed on (hashed, recorded for this host's
     own receivers) as soon as it is whole, while the next one still copies."""
-    from specfleet.hostside import fanout_agent
-
-    rev_dir = tmp_path / REV
-    (rev_dir / ".specfleet").mkdir(parents=True)
-    job = {"rollout_id": "r", "repo_id": "o/m", "revision": REV, "root": str(tmp_path),
-           "sources": [], "port": 22113, "key_path": "/k", "known_hosts": "/kh",
-           "control_dir": "/run/x", "progress_path": str(tmp_path / "p.json")}
-    pull = fanout_agent.Pull(job)
+    fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
     real_popen = subprocess.Popen
     # A stand-in for rsync's receiver: each file under a temporary name, renamed when whole.
     script = (
