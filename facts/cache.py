@@ -103,12 +103,13 @@ def keyed_specs(specs: Mapping[str, Spec] | list) -> dict[str, tuple[type[FactBa
         target, kwargs = spec if isinstance(spec, (tuple, list)) else (spec, {})
         try:
             cls = fact_class(target)
+            kwargs = dict(kwargs or {})
             key = fact_key(cls, kwargs)
-            _fact_shell(cls, dict(kwargs or {}))
+            _fact_shell(key, cls, kwargs)
         except Exception as exc:  # noqa: BLE001 - the probe is an optimisation: ask it live
             logger.warning("the probe leaves out %r %r: %s", target, kwargs, exc)
             continue
-        out[key] = (cls, dict(kwargs or {}))
+        out[key] = (cls, kwargs)
     return out
 
 
@@ -147,10 +148,11 @@ def _completed_with_commands(host: Any) -> set[str]:
     return out
 
 
-def _fact_shell(cls: type[FactBase], kwargs: dict) -> str:
-    """The shell a fact runs for ``kwargs``, as its own ``command`` builds it (once per fact key:
+def _fact_shell(key: str, cls: type[FactBase], kwargs: dict) -> str:
+    """The shell a fact runs for ``kwargs`` (``key``: their ``fact_key``), as its own ``command``
+    builds it (once per fact key:
     a fact's command is a function of its class and arguments alone)."""
-    return _remembered(_SHELLS, fact_key(cls, kwargs), lambda: _build_fact_shell(cls, kwargs))
+    return _remembered(_SHELLS, key, lambda: _build_fact_shell(cls, kwargs))
 
 
 _SHELLS: dict[str, str] = {}
@@ -187,7 +189,7 @@ def command(specs: Mapping[str, Spec] | list, parallel: bool = True) -> str:
     sections = {}
     for i, (key, (cls, kwargs)) in enumerate(keyed.items()):
         sections[key] = (
-            f"{{ echo '{MARK}-begin {key} {cls.name}'; ( {_fact_shell(cls, kwargs)} ) "
+            f"{{ echo '{MARK}-begin {key} {cls.name}'; ( {_fact_shell(key, cls, kwargs)} ) "
             f'2>"$d/{i}.err"; rc=$?; echo; ! test -s "$d/{i}.err" || '
             f'sed \'s/^/{MARK}-stderr /\' "$d/{i}.err"; echo "{MARK}-end {key} $rc"; }} '
             f'>"$d/{i}"'
