@@ -150,8 +150,7 @@ def _completed_with_commands(host: Any) -> set[str]:
 
 def _fact_shell(key: str, cls: type[FactBase], kwargs: dict) -> str:
     """The shell a fact runs for ``kwargs`` (``key``: their ``fact_key``), as its own ``command``
-    builds it (once per fact key:
-    a fact's command is a function of its class and arguments alone)."""
+    builds it, once per key: a fact's command is a function of its class and arguments alone."""
     return _remembered(_SHELLS, key, lambda: _build_fact_shell(cls, kwargs))
 
 
