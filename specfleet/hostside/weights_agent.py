@@ -34,6 +34,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -41,7 +42,6 @@ import sys
 import threading
 import time
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 SCHEMA = 1
 GIB = 1024**3
@@ -538,6 +538,9 @@ def emit(event: dict) -> None:
 def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
               listing_path: str | None = None) -> int:
     setup_env(job, disable_xet)
+    # Imported here: the fan-out's serve and wait import this module on every call.
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from huggingface_hub import hf_hub_download
 
     listing = None
@@ -710,17 +713,79 @@ def remove_incomplete(rev_dir: str) -> tuple[int, int]:
     return count, freed
 
 
+class ForkedFetch:
+    """A `fetch` child forked from the supervisor, with what `run_fetch_child` uses of a Popen.
+
+    The first attempt runs with the supervisor's own environment, and the plan has already
+    imported the Hub client: a fork starts downloading at once, where a new interpreter spends
+    longer importing huggingface_hub than the whole plan takes. huggingface_hub drops its pooled
+    connections in a forked child (its ``os.register_at_fork``), so none is shared.
+    """
+
+    def __init__(self, fetch) -> None:
+        sys.stdout.flush()
+        read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(read_fd)
+            os.dup2(write_fd, 1)
+            os.close(write_fd)
+            code = EXIT_FAILED
+            try:
+                code = fetch()
+            except BaseException as e:  # noqa: BLE001 - the child must never return into run
+                sys.stderr.write(f"fetch: {type(e).__name__}: {e}\n")
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        os.close(write_fd)
+        self.stdout = os.fdopen(read_fd, "r")
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(self.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                os.close(self._pidfd)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None:
+            ready, _, _ = select.select([self._pidfd], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired("weights_agent.py fetch", timeout)
+            self.poll()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress, sizes: dict,
-                    done: set, rev_dir: str) -> tuple[str, dict | None]:
-    """One `fetch` child; returns ("ok"|"stall"|"error", error). Watches for stalls."""
-    env = dict(os.environ)
-    if disable_xet:
-        env["HF_HUB_DISABLE_XET"] = "1"
-    argv = [sys.executable, os.path.abspath(__file__), "fetch", job_path,
-            f"--since={prog.data['started_at']}", f"--listing={prog.path}.listing"]
-    if disable_xet:
-        argv.append("--no-xet")
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
+                    done: set, rev_dir: str, fork: bool = False) -> tuple[str, dict | None]:
+    """One `fetch` child; returns ("ok"|"stall"|"error", error). Watches for stalls.
+
+    ``fork``: the child is a fork of this process, which must run with ``disable_xet``'s
+    environment already (the Hub client reads it when it is imported)."""
+    since = prog.data["started_at"]
+    listing = f"{prog.path}.listing"
+    if fork:
+        child = ForkedFetch(lambda: cmd_fetch(job, disable_xet, since, listing))
+    else:
+        env = dict(os.environ)
+        if disable_xet:
+            env["HF_HUB_DISABLE_XET"] = "1"
+        argv = [sys.executable, os.path.abspath(__file__), "fetch", job_path,
+                f"--since={since}", f"--listing={listing}"]
+        if disable_xet:
+            argv.append("--no-xet")
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
     events: list[dict] = []
     elock = threading.Lock()
 
@@ -894,7 +959,9 @@ def cmd_run(job: dict, job_path: str) -> int:
         outcome, error = "stall", None
         for i, no_xet in enumerate(attempts, start=1):
             prog.update(attempt=i, xet_disabled=no_xet)
-            outcome, error = run_fetch_child(job, job_path, no_xet, prog, sizes, done, rev_dir)
+            # The first attempt runs in this process's environment: a fork.
+            outcome, error = run_fetch_child(job, job_path, no_xet, prog, sizes, done, rev_dir,
+                                             fork=i == 1)
             if outcome == "ok":
                 break
             if outcome == "stall":

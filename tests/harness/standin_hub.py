@@ -45,6 +45,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 _stall_lock = threading.Lock()
 _stalls_done: dict[str, int] = {}  # per knob and "epoch" of the config: a new config starts at 0
+_tree_cache: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
 _sha_cache: dict[tuple[str, str], str] = {}
 
 
@@ -82,6 +83,12 @@ class Hub:
         return out.decode().strip() or None
 
     def tree(self, repo: str, sha: str) -> dict[str, tuple[str, int]]:
+        # A commit's tree never changes: listed once, as the Hub serves it from its index.
+        if (repo, sha) not in _tree_cache:
+            _tree_cache[(repo, sha)] = self.ls_tree(repo, sha)
+        return dict(_tree_cache[(repo, sha)])
+
+    def ls_tree(self, repo: str, sha: str) -> dict[str, tuple[str, int]]:
         files = {}
         for rec in git(repo, "ls-tree", "-r", "-l", "-z", sha).split(b"\0"):
             if not rec:
@@ -272,21 +279,27 @@ class Handler(BaseHTTPRequestHandler):
         stall_at = half if fault("stall") else None
         cut_at = half if fault("truncate") else None
         rate = float(cfg.get("rate_bps") or 0)
-        data = git(repo, "cat-file", "blob", oid)[start:end + 1]
-        if data and fault("corrupt"):
-            flip = len(data) // 2
-            data = data[:flip] + bytes([data[flip] ^ 0xFF]) + data[flip + 1:]
+        # Streamed from git as the Hub streams from its storage: the first bytes go out at once,
+        # not after the whole blob is read.
+        length = max(0, min(end + 1, size) - start)
+        flip = length // 2 if length and fault("corrupt") else None
+        if flip is not None:
             self.hub.log(f"CORRUPT {fpath} at {start + flip}")
+        blob = subprocess.Popen(["git", "-C", repo, "cat-file", "blob", oid],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         sent, t0, chunk = 0, time.monotonic(), 64 * 1024
         repo_id = unquote(urlsplit(self.path).path).split("/resolve/", 1)[0].lstrip("/")
 
         def sent_line() -> None:
             done = "full" if start == 0 and sent == size else "partial"
-            self.hub.log(f"SENT {repo_id} {sha} {fpath} {sent}/{len(data)} "
+            self.hub.log(f"SENT {repo_id} {sha} {fpath} {sent}/{length} "
                          f"{self.client_address[0]} {done}")
 
         try:
-            while sent < len(data):
+            skip = start
+            while skip:
+                skip -= len(blob.stdout.read(min(skip, 1 << 20)) or b"\0" * skip)
+            while sent < length:
                 if stall_at is not None and sent >= stall_at:
                     self.hub.log(f"STALL {fpath} at {sent}")
                     sent_line()
@@ -298,7 +311,12 @@ class Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return None
-                piece = data[sent:sent + chunk]
+                piece = blob.stdout.read(min(chunk, length - sent))
+                if not piece:
+                    break
+                if flip is not None and sent <= flip < sent + len(piece):
+                    at = flip - sent
+                    piece = piece[:at] + bytes([piece[at] ^ 0xFF]) + piece[at + 1:]
                 self.wfile.write(piece)
                 sent += len(piece)
                 if rate:
@@ -308,6 +326,10 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             sent_line()
             return None
+        finally:
+            blob.stdout.close()
+            blob.kill()
+            blob.wait()
         sent_line()
         return None
 
