@@ -453,9 +453,9 @@ def model(
     })
 
 
-# How long one look at a pull's progress may wait on the host for a change (the pull writes
-# its progress at each file it verified, and when it ends).
-PROGRESS_WAIT_SECONDS = 10
+# How long one look at a pull's progress may wait on the host for its end (progress on the way
+# is told at most every ``fanout_agent.PROGRESS_SETTLE_SECONDS``; the end at once).
+PROGRESS_WAIT_SECONDS = 30
 
 
 def watch_command(unit: str, progress_path: str, agent: tuple[str, str] | None,

@@ -94,6 +94,8 @@ LANDED_LOOK_SECONDS = 0.05
 STATUS_WAIT_MAX = 30.0
 # How often a waiting status request looks at the files it reports (a stat of each).
 STATUS_LOOK_SECONDS = 0.1
+# The least time between two answers of ``wait`` about a pull's progress (not its end).
+PROGRESS_SETTLE_SECONDS = 10.0
 
 
 class StatusRequest(NamedTuple):
@@ -672,13 +674,25 @@ def progress_news(progress: dict | None, seen: float | None) -> bool:
 
 
 def cmd_wait(progress_path: str, seen: float | None, seconds: float, clock=time.monotonic,
-             sleep=time.sleep) -> int:
-    """Return once the pull's progress file is news (``progress_news``), at most after
-    ``seconds`` (capped at ``STATUS_WAIT_MAX``): the control machine's watch of a pull costs one
-    round trip per change, not one per poll."""
+             sleep=time.sleep, settle: float = PROGRESS_SETTLE_SECONDS) -> int:
+    """Return once the pull has ended, or its progress is news (``progress_news``) and at least
+    ``settle`` seconds have passed (at once on the first look, ``seen`` None); at most after
+    ``seconds`` (capped at ``STATUS_WAIT_MAX``). The control machine's watch of a pull costs a
+    round trip per ``settle`` seconds of progress, and sees its end at once."""
     wa = _weights_agent()
-    deadline = clock() + min(seconds, STATUS_WAIT_MAX)
-    while not progress_news(wa.read_json(progress_path), seen) and clock() < deadline:
+    start = clock()
+    deadline = start + min(seconds, STATUS_WAIT_MAX)
+    stamp: tuple | None = ()
+    while clock() < deadline:
+        now_stamp = _stamp([progress_path])
+        if now_stamp != stamp:  # read again only when the pull wrote it
+            stamp = now_stamp
+            progress = wa.read_json(progress_path)
+            if (progress or {}).get("state") in PULL_ENDED:
+                break
+            news = progress_news(progress, seen)
+        if news and (seen is None or clock() - start >= settle):
+            break
         sleep(STATUS_LOOK_SECONDS)
     return 0
 

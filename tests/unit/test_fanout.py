@@ -585,18 +585,30 @@ def test_progress_news_and_the_wait_for_it(tmp_path):
     path.write_text(json.dumps({"updated_at": 1.0, "state": "pulling"}))
     clock = Clock({4: lambda: path.write_text(json.dumps({"updated_at": 2.5,
                                                           "state": "pulling"}))})
-    assert cmd_wait(str(path), 1.0, 10, clock, clock.sleep) == 0
+    assert cmd_wait(str(path), 1.0, 10, clock, clock.sleep, settle=0) == 0
     assert clock.sleeps == 4  # woke when the progress changed
     clock = Clock()
-    cmd_wait(str(path), 2.5, 3, clock, clock.sleep)
+    cmd_wait(str(path), 2.5, 3, clock, clock.sleep, settle=0)
     assert 3.0 <= clock.t < 3.2  # no change: the whole wait, then the control looks anyway
+    # Progress on the way is told once per settle time; the first look and the end at once.
+    clock = Clock({4: lambda: path.write_text(json.dumps({"updated_at": 3.0,
+                                                          "state": "pulling"}))})
+    cmd_wait(str(path), 2.5, 20, clock, clock.sleep, settle=5)
+    assert 5.0 <= clock.t < 5.2
+    clock = Clock()
+    cmd_wait(str(path), None, 20, clock, clock.sleep, settle=5)
+    assert clock.t == 0
+    clock = Clock({3: lambda: path.write_text(json.dumps({"updated_at": 3.5,
+                                                          "state": "done"}))})
+    cmd_wait(str(path), 3.0, 20, clock, clock.sleep, settle=5)
+    assert clock.sleeps == 3  # ended: at once, within the settle time
 
 
 def test_watch_command_waits_on_the_host_then_looks():
     from operations.fanout import watch_command
 
     cmd = str(watch_command("u1", "/s/p.json", ("/t/bin/python", "/t/fanout_agent.py"), 1.5))
-    assert cmd.startswith("/t/bin/python /t/fanout_agent.py wait /s/p.json 1.5 10 ")
+    assert cmd.startswith("/t/bin/python /t/fanout_agent.py wait /s/p.json 1.5 30 ")
     assert "systemctl list-units" in cmd and "u1.service" in cmd
-    assert " wait /s/p.json none 10 " in str(watch_command("u1", "/s/p.json", ("p", "a"), None))
+    assert " wait /s/p.json none 30 " in str(watch_command("u1", "/s/p.json", ("p", "a"), None))
     assert str(watch_command("u1", "/s/p.json", None, None)).startswith("( systemctl")
