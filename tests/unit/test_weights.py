@@ -348,3 +348,35 @@ def test_tools_installs_huggingface_hub_again_outside_the_range(installed, pip):
     assert bool(pips) == pip, commands
     for c in pips:
         assert c.endswith("'huggingface_hub>=0.26,<3'"), c
+
+
+class _Done:
+    def __init__(self, done: bool = False):
+        self._done = done
+
+    def done(self) -> bool:
+        return self._done
+
+
+def test_the_first_downloads_start_spread_out_so_files_land_one_by_one():
+    """Each of the first downloads waits until the one started last has its share
+    (``lead``) of the bytes: with two in flight sharing the link, twice ``lead`` in all."""
+    from specfleet.hostside.weights_agent import STAGGER_MAX_SECONDS, stagger
+
+    t, looks = [0.0], [0]
+    clock = lambda: t[0]  # noqa: E731
+
+    def sleep(seconds: float) -> None:
+        t[0] += seconds
+        looks[0] += 1
+
+    def moved() -> int:
+        return looks[0] * 1_000_000  # 1 MB more at each look
+
+    stagger(moved, 2, 4_000_000, {_Done(): "a"}, clock, sleep)
+    assert looks[0] == 8
+    t[0] = 0.0
+    stagger(lambda: 0, 1, 4_000_000, {_Done(True): "a"}, clock, sleep)
+    assert t[0] == 0.0  # a download ended: its slot is free at once
+    stagger(lambda: 0, 1, 4_000_000, {_Done(): "a"}, clock, sleep)
+    assert STAGGER_MAX_SECONDS <= t[0] < STAGGER_MAX_SECONDS + 0.1  # nothing moves: not forever
