@@ -40,17 +40,20 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 SCHEMA = 1
 STATUS_VERB = "specfleet-status"
+STREAM_WORD = "stream"
 _DIR_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,200}$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 # rsync's options that make the sending side follow symlinks (rrsync disables -L, -k and -K
@@ -94,6 +97,10 @@ LANDED_LOOK_SECONDS = 0.05
 STATUS_WAIT_MAX = 30.0
 # How often a waiting status request looks at the files it reports (a stat of each).
 STATUS_LOOK_SECONDS = 0.1
+# A status stream that says nothing for this long is dead (it answers every STATUS_WAIT).
+STATUS_SILENT_SECONDS = 3 * STATUS_WAIT
+# The longest one status stream runs (the receiver opens another one after it).
+STATUS_STREAM_SECONDS = 1800.0
 # The least time between two answers of ``wait`` about a pull's progress (not its end).
 PROGRESS_SETTLE_SECONDS = 10.0
 
@@ -103,12 +110,16 @@ class StatusRequest(NamedTuple):
     revision: str
     known: int = -1  # the verified files the receiver knows of; -1: answer at once
     wait: float = 0.0  # seconds to wait for news, at most
+    stream: bool = False  # answer at each change, on one channel, until the copy is complete
 
 
 def parse_status_request(command: str) -> StatusRequest | None:
-    """``specfleet-status DIR REVISION [KNOWN WAIT]`` -> StatusRequest; None for anything
-    else (WAIT is capped at ``STATUS_WAIT_MAX``)."""
+    """``specfleet-status DIR REVISION [KNOWN WAIT [stream]]`` -> StatusRequest; None for
+    anything else (WAIT is capped at ``STATUS_WAIT_MAX``)."""
     parts = command.split()
+    stream = len(parts) == 6 and parts[5] == STREAM_WORD
+    if stream:
+        parts = parts[:5]
     if len(parts) not in (3, 5) or parts[0] != STATUS_VERB:
         return None
     if not _DIR_RE.match(parts[1]) or ".." in parts[1] or not _REV_RE.match(parts[2]):
@@ -118,7 +129,8 @@ def parse_status_request(command: str) -> StatusRequest | None:
     if not re.fullmatch(r"[0-9]{1,9}", parts[3]) or not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,3})?",
                                                                          parts[4]):
         return None
-    return StatusRequest(parts[1], parts[2], int(parts[3]), min(float(parts[4]), STATUS_WAIT_MAX))
+    return StatusRequest(parts[1], parts[2], int(parts[3]), min(float(parts[4]), STATUS_WAIT_MAX),
+                         stream)
 
 
 def status_news(status: dict, known: int) -> bool:
@@ -331,6 +343,46 @@ def wait_status(models_root: str, state_dir: str, req: StatusRequest, clock=time
     return status
 
 
+def status_key(status: dict) -> tuple:
+    """What of a status a receiver acts on: the files verified, and whether the copy ended."""
+    w, p = status.get("weights") or {}, status.get("pull") or {}
+    files = status.get("verified") or {}
+    return (tuple(sorted((path, e.get("size"), e.get("hash")) for path, e in files.items())),
+            bool(status.get("complete")), w.get("revision"), w.get("state"),
+            p.get("rollout_id"), p.get("revision"), p.get("state"))
+
+
+def stream_status(models_root: str, state_dir: str, req: StatusRequest, out=None,
+                  clock=time.monotonic, sleep=time.sleep) -> int:
+    """Answer ``req`` on one channel, a JSON line at once and then at each change a receiver
+    acts on (``status_key``), or after ``req.wait`` seconds without one (so a silent channel
+    means a dead one), until the copy is complete, the receiver hangs up, or
+    ``STATUS_STREAM_SECONDS`` have passed. One process per receiver and source, where a long
+    poll costs a connection and an interpreter start per new file."""
+    out = out or sys.stdout
+    paths = status_files(models_root, state_dir, req.dir_name, req.revision)
+    end = clock() + STATUS_STREAM_SECONDS
+    stamp, key, sent_key, sent_at = None, None, None, float("-inf")
+    status: dict = {}
+    while clock() < end:
+        now_stamp = _stamp(paths)
+        if now_stamp != stamp:
+            stamp = now_stamp
+            status = status_of(models_root, state_dir, req.dir_name, req.revision)
+            key = status_key(status)
+        if key != sent_key or clock() - sent_at >= req.wait:
+            try:
+                out.write(json.dumps(status) + "\n")
+                out.flush()
+            except BrokenPipeError:
+                return 0
+            sent_key, sent_at = key, clock()
+            if status.get("complete"):
+                return 0
+        sleep(STATUS_LOOK_SECONDS)
+    return 0
+
+
 def resolved_revisions(state_dir: str, served: dict[str, str | None]) -> dict[str, set[str]]:
     """For each served folder that follows a branch: the revisions this host resolved (its own
     download's, its own pull's)."""
@@ -353,6 +405,8 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
         req = parse_status_request(command)
         if req is not None:
             served_folder(f"{req.dir_name}/{req.revision}/", served, resolved)
+            if req.stream:
+                return stream_status(models_root, state_dir, req)
             print(json.dumps(wait_status(models_root, state_dir, req)), flush=True)
             return 0
         opts, path = parse_rsync_request(command)
@@ -380,6 +434,59 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
 
 def now() -> float:
     return round(time.time(), 3)
+
+
+class StatusStream:
+    """A receiver's end of ``stream_status``: the ssh client, and a thread that reads its
+    answers as they come."""
+
+    def __init__(self, argv: list[str]):
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self._err, text=True)
+        self._answers: queue.Queue = queue.Queue()
+        self._ended = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self._answers.put(json.loads(line))
+            except ValueError:
+                continue
+        self._answers.put(None)  # the channel ended
+
+    def latest(self, timeout: float) -> dict | None:
+        """The newest answer: at once if some came since the last call, else the next one
+        within ``timeout`` seconds; None once the channel ended or went silent that long."""
+        if self._ended:
+            return None
+        try:
+            got = [self._answers.get(timeout=timeout)]
+        except queue.Empty:
+            return None
+        while True:
+            try:
+                got.append(self._answers.get_nowait())
+            except queue.Empty:
+                break
+        self._ended = None in got
+        answers = [a for a in got if a is not None]
+        return answers[-1] if answers else None
+
+    def error(self) -> str:
+        """Why the channel ended or went silent, from the ssh client."""
+        if self.proc.poll() is None:
+            return f"no status for {STATUS_SILENT_SECONDS:g} s"
+        self._err.seek(0)
+        lines = self._err.read().strip().splitlines()
+        return lines[-1] if lines else f"ssh exit {self.proc.returncode}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._err.close()
 
 
 class Pull:
@@ -412,26 +519,11 @@ class Pull:
         return ssh_command(j["key_path"], j["known_hosts"], int(source.get("port", j["port"])),
                            j["control_dir"])
 
-    def status(self, source: dict, dir_name: str, revision: str, known: int = -1,
-               wait: float = 0.0) -> dict | None:
-        """The source's status; with ``known`` (the number of files it had verified at the
-        last answer) it answers when that changes or its copy ends, within ``wait`` seconds."""
-        request = f"{STATUS_VERB} {dir_name} {revision}"
-        if known >= 0:
-            request += f" {known} {wait:g}"
-        argv = self.ssh(source) + [f"root@{source['address']}", request]
-        try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return None
-        if r.returncode != 0:
-            self.last_error = (r.stderr.strip().splitlines() or [f"ssh exit {r.returncode}"])[-1]
-            return None
-        try:
-            return json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            self.last_error = "unreadable status"
-            return None
+    def status_stream(self, source: dict, dir_name: str, revision: str) -> StatusStream:
+        """The source's status, at once and at each change (``stream_status``), on one ssh
+        channel for the whole copy from it."""
+        request = f"{STATUS_VERB} {dir_name} {revision} 0 {STATUS_WAIT:g} {STREAM_WORD}"
+        return StatusStream(self.ssh(source) + [f"root@{source['address']}", request])
 
     def rsync(self, source: dict, dir_name: str, revision: str, paths: list[str],
               rev_dir: str, wanted: dict[str, dict],
@@ -550,47 +642,51 @@ class Pull:
         poll = float(j.get("poll_seconds", 1.0))
         last_progress = time.monotonic()
         failures = 0
-        known = -1  # the first question is answered at once
-        self.last_error = ""
-        while wanted:
-            asked = time.monotonic()
-            st = self.status(source, dir_name, sha, known, STATUS_WAIT)
-            if st is None:
-                known = -1
-                failures += 1
-                if failures >= 3 or time.monotonic() - last_progress > stall_s:
-                    self.note(f"{source['host']} unreachable for the peer copy "
-                              f"({self.last_error}); trying the next source")
-                    return
-                time.sleep(poll)
-                continue
-            failures = 0
-            known = len(st.get("verified") or {})
-            paths = available(st, wanted, wa.expected_hash)
-            if paths:
-                good = [0]
+        stream = None
+        try:
+            while wanted:
+                if stream is None:
+                    stream = self.status_stream(source, dir_name, sha)
+                st = stream.latest(STATUS_SILENT_SECONDS)
+                if st is None:
+                    failures += 1
+                    error = stream.error()
+                    stream.close()
+                    stream = None
+                    if failures >= 3 or time.monotonic() - last_progress > stall_s:
+                        self.note(f"{source['host']} unreachable for the peer copy "
+                                  f"({error}); trying the next source")
+                        return
+                    time.sleep(poll)
+                    continue
+                failures = 0
+                paths = available(st, wanted, wa.expected_hash)
+                if paths:
+                    good = [0]
 
-                def hash_landed(path: str, good: list[int] = good) -> None:
-                    good[0] += self.check(source, [path], rev_dir, wanted)
+                    def hash_landed(path: str, good: list[int] = good) -> None:
+                        good[0] += self.check(source, [path], rev_dir, wanted)
 
-                ok, err = self.rsync(source, dir_name, sha, paths, rev_dir, wanted, hash_landed)
-                # What landed unnoticed (rsync found it up to date) or did not land: now.
-                got = good[0] + self.check(source, [p for p in paths if p in wanted], rev_dir,
-                                           wanted)
-                if not ok and not got:
-                    self.note(f"rsync from {source['host']} failed ({err}); trying the next "
-                              "source")
+                    ok, err = self.rsync(source, dir_name, sha, paths, rev_dir, wanted,
+                                         hash_landed)
+                    # What landed unnoticed (rsync found it up to date) or did not land: now.
+                    got = good[0] + self.check(source, [p for p in paths if p in wanted],
+                                               rev_dir, wanted)
+                    if not ok and not got:
+                        self.note(f"rsync from {source['host']} failed ({err}); trying the "
+                                  "next source")
+                        return
+                    last_progress = time.monotonic()
+                    continue
+                if source_finished(st, sha, j["rollout_id"]):
                     return
-                last_progress = time.monotonic()
-                continue
-            if source_finished(st, sha, j["rollout_id"]):
-                return
-            if time.monotonic() - last_progress > stall_s:
-                self.note(f"{source['host']} made no progress for {stall_s:.0f} s; trying the "
-                          "next source")
-                return
-            if time.monotonic() - asked < min(poll, STATUS_WAIT):
-                time.sleep(poll)  # it answered at once without news (no wait there): pace it
+                if time.monotonic() - last_progress > stall_s:
+                    self.note(f"{source['host']} made no progress for {stall_s:.0f} s; trying "
+                              "the next source")
+                    return
+        finally:
+            if stream is not None:
+                stream.close()
 
     def check(self, source: dict, paths: list[str], rev_dir: str,
               wanted: dict[str, dict]) -> int:

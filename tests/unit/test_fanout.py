@@ -4,10 +4,12 @@ agent's serve command run for real on local files. The fleet tests are tests/fle
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from specfleet.fleet.fanout import add_keys, make_keypair
 from specfleet.hostside.fanout_agent import (
     STATUS_WAIT_MAX,
     StatusRequest,
+    StatusStream,
     available,
     cmd_wait,
     file_identity,
@@ -30,6 +33,7 @@ from specfleet.hostside.fanout_agent import (
     source_finished,
     ssh_command,
     status_news,
+    stream_status,
     wait_status,
 )
 from specfleet.hostside.weights_agent import expected_hash
@@ -204,15 +208,20 @@ def test_status_request_parsing():
     assert parse_status_request(f"specfleet-status o--m {REV}") == StatusRequest("o--m", REV,
                                                                                  -1, 0.0)
     # A long poll: the number of verified files the receiver knows of, the seconds to wait.
-    assert parse_status_request(f"specfleet-status o--m {REV} 3 10") == ("o--m", REV, 3, 10.0)
+    assert parse_status_request(f"specfleet-status o--m {REV} 3 10") == ("o--m", REV, 3, 10.0,
+                                                                          False)
     assert parse_status_request(f"specfleet-status o--m {REV} 0 2.5").wait == 2.5
+    # A stream: an answer at each change, on one channel.
+    assert parse_status_request(f"specfleet-status o--m {REV} 0 10 stream") == (
+        "o--m", REV, 0, 10.0, True)
     assert parse_status_request(f"specfleet-status o--m {REV} 0 9999").wait == STATUS_WAIT_MAX
     for bad in (f"specfleet-status ../etc {REV}", f"specfleet-status o--m {REV} x",
                 "specfleet-status o--m main", f"specfleet-status .. {REV}",
                 f"specfleet-status a/b {REV}", "rsync --server --sender . x", "",
                 f"specfleet-status o--m {REV} 3", f"specfleet-status o--m {REV} -1 5",
                 f"specfleet-status o--m {REV} 3 x", f"specfleet-status o--m {REV} 3 5 6",
-                f"specfleet-status o--m {REV} 3 1e9"):
+                f"specfleet-status o--m {REV} 3 1e9", f"specfleet-status o--m {REV} stream",
+                f"specfleet-status o--m {REV} 3 5 streams", f"specfleet-status o--m {REV} 3 5 6 7"):
         assert parse_status_request(bad) is None, bad
 
 
@@ -317,6 +326,50 @@ def test_wait_status_gives_up_after_the_wait_or_when_the_copy_ends(tmp_path):
     st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
                      clock.sleep)
     assert st["weights"]["state"] == "failed" and clock.sleeps == 3
+
+
+def mark_complete(rev_dir: Path) -> None:
+    (rev_dir / ".specfleet" / "manifest.json").write_text(json.dumps(
+        {"revision": REV, "complete": True}))
+
+
+def test_status_stream_answers_at_each_change_and_ends_when_the_copy_is_complete(tmp_path):
+    """One channel per receiver: an answer at once, one at each new verified file, one after
+    ``wait`` seconds without a change (so silence means a dead channel), the last one when the
+    source's copy is complete."""
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    out = io.StringIO()
+    clock = Clock({5: lambda: add_verified(rev_dir, "b.bin", b"world"),
+                   40: lambda: mark_complete(rev_dir)})
+    assert stream_status(str(models), str(state), StatusRequest("o--m", REV, 0, 2.0, True),
+                         out, clock, clock.sleep) == 0
+    answers = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [sorted(a["verified"]) for a in answers] == [
+        ["a.bin"], ["a.bin", "b.bin"], ["a.bin", "b.bin"], ["a.bin", "b.bin"]]
+    assert [a["complete"] for a in answers] == [False, False, False, True]
+    assert clock.sleeps == 40  # ended with the complete answer
+
+
+def test_status_stream_through_the_forced_command_and_the_receivers_end(tmp_path):
+    """The forced command, run for real, streams; the receiver's end keeps the newest answer,
+    and says so when the channel ends or goes silent."""
+    models, state, rev_dir = verified_folder(tmp_path)
+    add_verified(rev_dir, "a.bin", b"hello")
+    mark_complete(rev_dir)
+    r = serve(models, state, f"specfleet-status o--m {REV} 0 10 stream")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["complete"] for line in r.stdout.splitlines()] == [True]
+
+    lines = "".join(f"print({json.dumps(json.dumps({'n': n}))}, flush=True);" for n in (1, 2))
+    stream = StatusStream([sys.executable, "-c", f"{lines} import time; time.sleep(0.3)"])
+    time.sleep(0.2)
+    assert stream.latest(5) == {"n": 2}  # the newest of what came
+    assert stream.latest(5) is None and "exit 0" in stream.error()  # the channel ended
+    stream.close()
+    stream = StatusStream([sys.executable, "-c", "import time; time.sleep(30)"])
+    assert stream.latest(0.3) is None and "no status for" in stream.error()
+    stream.close()
 
 
 def test_serve_answers_a_long_poll(tmp_path):
