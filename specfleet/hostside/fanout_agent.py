@@ -38,11 +38,13 @@ Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import tempfile
@@ -54,13 +56,11 @@ from typing import NamedTuple
 SCHEMA = 1
 STATUS_VERB = "specfleet-status"
 STREAM_WORD = "stream"
+SEND_VERB = "specfleet-send"
+# The most bytes one sendfile call or one read of a receiver moves.
+SEND_CHUNK = 8 << 20
 _DIR_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,200}$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
-# rsync's options that make the sending side follow symlinks (rrsync disables -L, -k and -K
-# under a restricted folder, but not these long forms).
-_FOLLOWING_LONG = ("--copy-links", "--copy-unsafe-links", "--copy-dirlinks", "--keep-dirlinks")
-_FOLLOWING_SHORT = set("LkK")
-_ARG_RE = re.compile(r"(?:[^\s\\]+|\\.[^\s\\]*)+")  # rrsync's own split of the command
 
 
 def _weights_agent():
@@ -91,8 +91,8 @@ def weights_progress_path(state_dir: str, dir_name: str) -> str:
 # How long a receiver's status request waits for news from its source: it asks again after
 # that, so a stalled source is noticed (``stall_seconds``) with a delay of at most this.
 STATUS_WAIT = 10.0
-# How often a pull looks for the files its rsync has put in place (to hash them at once).
-LANDED_LOOK_SECONDS = 0.05
+# A file on its way from a peer, next to where it goes (removed when a pull starts).
+PART_SUFFIX = ".sf-part"
 # The longest a status request may wait for news (a receiver asks again after it).
 STATUS_WAIT_MAX = 30.0
 # How often a waiting status request looks at the files it reports (a stat of each).
@@ -161,30 +161,56 @@ class Refused(Exception):
     """A request the serving side does not answer (the message goes to the client)."""
 
 
-def parse_rsync_request(command: str) -> tuple[list[str], str]:
-    """``rsync --server --sender OPTS . PATH`` -> (OPTS, PATH as sent). Refuses the options that
-    make the sender follow symlinks, and anything but exactly one path."""
-    prefix = "rsync --server --sender "
-    if not command.startswith(prefix):
-        raise Refused("only read-only rsync and status are allowed")
-    words = _ARG_RE.findall(command[len(prefix):])
-    if "." not in words:
-        raise Refused("not an rsync request")
-    dot = words.index(".")
-    opts, paths = words[:dot], words[dot + 1:]
-    for o in opts:
-        name = o.split("=", 1)[0]
-        if name in _FOLLOWING_LONG:
-            raise Refused(f"{name} is refused: symlinks are not followed (no links out of the "
-                          "served folder)")
-        if o.startswith("-") and not o.startswith("--"):
-            letters = o[1:].split("e", 1)[0]  # after "e": the protocol's capability letters
-            if set(letters) & _FOLLOWING_SHORT:
-                raise Refused(f"{o} is refused: -L, -k and -K follow links (no links out of "
-                              "the served folder)")
-    if len(paths) != 1:
-        raise Refused("not served: one path, DIR/REVISION[/PATH], per request")
-    return opts, paths[0]
+def parse_send_request(command: str) -> tuple[str, str, list[str]]:
+    """``specfleet-send DIR REVISION PATH...`` (shell-quoted) -> (DIR, REVISION, PATHs)."""
+    if not command.startswith(SEND_VERB + " "):
+        raise Refused("only status and send requests are allowed")
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        raise Refused("the send request cannot be read") from None
+    if len(words) < 4:
+        raise Refused(f"not served: {SEND_VERB} DIR REVISION PATH...")
+    return words[1], words[2], words[3:]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _header(**fields) -> bytes:
+    return (json.dumps(fields) + "\n").encode()
+
+
+def send_files(folder: str, paths: list[str], out_fd: int = 1) -> int:
+    """Send each of ``paths`` (under ``folder``, checked by ``served_folder``): a JSON line
+    ``{"path", "size"}``, then exactly that many bytes (``sendfile``: no copy through Python);
+    a file that is not a regular file right there (a symlink is not followed) gets
+    ``{"path", "error"}`` instead. Returns 1 if a file shrank while it was sent (the receiver
+    sees the channel end early)."""
+    for path in paths:
+        try:
+            fd = os.open(os.path.join(folder, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            _write_all(out_fd, _header(path=path, error=e.strerror))
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                _write_all(out_fd, _header(path=path, error="not a regular file"))
+                continue
+            _write_all(out_fd, _header(path=path, size=st.st_size))
+            sent = 0
+            while sent < st.st_size:
+                n = os.sendfile(out_fd, fd, sent, min(SEND_CHUNK, st.st_size - sent))
+                if n == 0:
+                    return 1
+                sent += n
+        finally:
+            os.close(fd)
+    return 0
 
 
 def served_folder(path: str, served: dict[str, str | None],
@@ -249,21 +275,12 @@ def available(status: dict, wanted: dict[str, dict], expected_hash) -> list[str]
     return sorted(out)
 
 
-def file_identity(path: str) -> tuple[int, int, int] | None:
-    """(inode, size, mtime) of a file, None where there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def landed(rev_dir: str, path: str, size: int, before: tuple[int, int, int] | None) -> bool:
-    """Whether rsync has put ``path`` in place since ``before`` (its identity when the copy
-    started): rsync writes each file under a temporary name and renames it when it is whole, so
-    a new file at the final name with the full size is complete."""
-    now = file_identity(os.path.join(rev_dir, path))
-    return now is not None and now != before and now[1] == size
+def remove_parts(rev_dir: str) -> None:
+    """Delete the files a killed pull left on their way (``PART_SUFFIX``)."""
+    for dirpath, _dirs, names in os.walk(rev_dir):
+        for name in names:
+            if name.endswith(PART_SUFFIX):
+                os.unlink(os.path.join(dirpath, name))
 
 
 def ssh_command(key_path: str, known_hosts: str, port: int, control_dir: str) -> list[str]:
@@ -409,8 +426,9 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
                 return stream_status(models_root, state_dir, req)
             print(json.dumps(wait_status(models_root, state_dir, req)), flush=True)
             return 0
-        opts, path = parse_rsync_request(command)
-        d, rev, tail = served_folder(path, served, resolved)
+        d, rev, paths = parse_send_request(command)
+        for path in paths:
+            served_folder(f"{d}/{rev}/{path}", served, resolved)
         folder = os.path.join(models_root, d, rev)
         if os.path.islink(folder) or not os.path.isdir(folder):
             raise Refused(f"{d}/{rev} is not here (or not a plain folder)")
@@ -421,10 +439,7 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
     except Refused as e:
         sys.stderr.write(f"specfleet fan-out: {e}\n")
         return 1
-    # rrsync's root is the revision folder itself: nothing above it is reachable.
-    os.environ["SSH_ORIGINAL_COMMAND"] = " ".join(["rsync --server --sender", *opts, ".", tail])
-    os.execvp("rrsync", ["rrsync", "-ro", folder])
-    return 1  # not reached
+    return send_files(folder, paths)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -525,42 +540,74 @@ class Pull:
         request = f"{STATUS_VERB} {dir_name} {revision} 0 {STATUS_WAIT:g} {STREAM_WORD}"
         return StatusStream(self.ssh(source) + [f"root@{source['address']}", request])
 
-    def rsync(self, source: dict, dir_name: str, revision: str, paths: list[str],
-              rev_dir: str, wanted: dict[str, dict],
-              on_landed: Callable[[str], object] = lambda path: None) -> tuple[bool, str]:
-        """Copy ``paths`` from ``source`` in one rsync; while it runs, ``on_landed(path)`` is
-        called for each file as soon as rsync has put it in place (``landed``), so the file is
-        hashed while the next one copies, and a receiver of this host can take it at once."""
-        state = os.path.join(rev_dir, self.wa.STATE_DIR)
-        lst = os.path.join(state, "fanout-files")
-        with open(lst, "w") as f:
-            f.write("".join(p + "\n" for p in paths))
-        before = {p: file_identity(os.path.join(rev_dir, p)) for p in paths}
-        # As root, yet nothing of the peer but names, bytes and times: no owner, group,
-        # permission, device, special file or symlink.
-        argv = ["rsync", "-rt", "--no-owner", "--no-group", "--no-perms", "--no-devices",
-                "--no-specials", "--no-links", "--whole-file", "--files-from", lst,
-                "-e", shlex.join(self.ssh(source)),
-                f"root@{source['address']}:{dir_name}/{revision}/", rev_dir + "/"]
-        pending = list(paths)
+    def copy(self, source: dict, dir_name: str, revision: str, paths: list[str],
+             rev_dir: str, wanted: dict[str, dict],
+             on_landed: Callable[[str, str], object] = lambda path, digest: None
+             ) -> tuple[bool, str]:
+        """Take ``paths`` from ``source`` on one channel (the source's ``send_files``). Each
+        file is written under a temporary name and hashed as it comes (one pass), renamed into
+        place when whole, and handed to ``on_landed(path, digest)`` at once, so it is recorded
+        (and a receiver of this host can take it) while the next one comes. Nothing of the
+        peer is kept but names and bytes: no owner, mode, device or link."""
+        request = shlex.join([SEND_VERB, dir_name, revision, *paths])
         with tempfile.TemporaryFile(mode="w+") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=err, text=True)
+            proc = subprocess.Popen(self.ssh(source) + [f"root@{source['address']}", request],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=err)
+            problem = ""
             try:
-                while proc.poll() is None:
-                    for p in [p for p in pending if landed(rev_dir, p, wanted[p]["size"],
-                                                           before[p])]:
-                        pending.remove(p)
-                        on_landed(p)
-                    time.sleep(LANDED_LOOK_SECONDS)
+                for path in paths:
+                    problem = self.receive(proc.stdout, path, rev_dir, wanted[path], on_landed)
+                    if problem:
+                        break
             finally:
-                if proc.poll() is None:
+                if problem and proc.poll() is None:
                     proc.kill()
+                proc.stdout.close()
                 proc.wait()
             err.seek(0)
-            last = (err.read().strip().splitlines() or [""])[-1]
-        os.unlink(lst)
-        return proc.returncode == 0, last
+            said = (err.read().strip().splitlines() or [""])[-1]
+        if problem:
+            return False, said or problem
+        return proc.returncode == 0, said or f"ssh exit {proc.returncode}"
+
+    def receive(self, stream, path: str, rev_dir: str, f: dict,
+                on_landed: Callable[[str, str], object]) -> str:
+        """One file of ``copy``'s channel; "" when it came whole (or the source could not send
+        it), else what broke the channel (it is not read further)."""
+        try:
+            head = json.loads(stream.readline(64 * 1024) or b"null")
+        except ValueError:
+            head = None
+        if not isinstance(head, dict) or head.get("path") != path:
+            return f"the channel ended or went wrong before {path}"
+        if "error" in head:
+            self.note(f"{path}: the source could not send it ({head['error']})")
+            return ""
+        if head.get("size") != f["size"]:
+            return f"{path}: the source sends {head.get('size')} bytes, the Hub lists {f['size']}"
+        local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        part = os.path.join(os.path.dirname(local), f".{os.path.basename(local)}{PART_SUFFIX}")
+        kind, _want = self.wa.expected_hash(f)
+        digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1(  # noqa: S324 - git id
+            b"blob %d\0" % f["size"])
+        left = f["size"]
+        try:
+            with open(part, "wb") as out:
+                while left:
+                    chunk = stream.read(min(SEND_CHUNK, left))
+                    if not chunk:
+                        return f"the channel ended in the middle of {path}"
+                    out.write(chunk)
+                    digest.update(chunk)
+                    left -= len(chunk)
+            os.replace(part, local)
+        finally:
+            if os.path.exists(part):
+                os.unlink(part)
+        on_landed(path, digest.hexdigest())
+        return ""
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -581,6 +628,7 @@ class Pull:
             return 1
         dir_name = os.path.basename(j["root"].rstrip("/"))
         os.makedirs(os.path.join(rev_dir, wa.STATE_DIR), exist_ok=True)
+        remove_parts(rev_dir)
         by_path = {f["path"]: f for f in files}
         verified = wa.read_verified(rev_dir)
         wanted = {}
@@ -664,16 +712,12 @@ class Pull:
                 if paths:
                     good = [0]
 
-                    def hash_landed(path: str, good: list[int] = good) -> None:
-                        good[0] += self.check(source, [path], rev_dir, wanted)
+                    def record(path: str, digest: str, good: list[int] = good) -> None:
+                        good[0] += self.check(source, [path], rev_dir, wanted, {path: digest})
 
-                    ok, err = self.rsync(source, dir_name, sha, paths, rev_dir, wanted,
-                                         hash_landed)
-                    # What landed unnoticed (rsync found it up to date) or did not land: now.
-                    got = good[0] + self.check(source, [p for p in paths if p in wanted],
-                                               rev_dir, wanted)
-                    if not ok and not got:
-                        self.note(f"rsync from {source['host']} failed ({err}); trying the "
+                    ok, err = self.copy(source, dir_name, sha, paths, rev_dir, wanted, record)
+                    if not ok and not good[0]:
+                        self.note(f"the copy from {source['host']} failed ({err}); trying the "
                                   "next source")
                         return
                     last_progress = time.monotonic()
@@ -689,8 +733,9 @@ class Pull:
                 stream.close()
 
     def check(self, source: dict, paths: list[str], rev_dir: str,
-              wanted: dict[str, dict]) -> int:
-        """Hash each copied file; record the good ones, delete the bad (upstream gets them)."""
+              wanted: dict[str, dict], digests: dict[str, str] | None = None) -> int:
+        """Hash each copied file (``digests``: hashed as it came); record the good ones, delete
+        the bad (upstream gets them)."""
         wa = self.wa
         vpath = os.path.join(rev_dir, wa.STATE_DIR, wa.VERIFIED)
         good = 0
@@ -705,7 +750,8 @@ class Pull:
             kind, want = wa.expected_hash(f)
             try:
                 size = os.path.getsize(local)
-                got = wa.hash_file(local, kind, f["size"]) if size == f["size"] else f"size {size}"
+                got = (f"size {size}" if size != f["size"] else (digests or {}).get(p)
+                       or wa.hash_file(local, kind, f["size"]))
             except OSError:
                 continue  # not copied; stays wanted
             if got != want:

@@ -4,6 +4,7 @@ agent's serve command run for real on local files. The fleet tests are tests/fle
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -26,8 +27,6 @@ from specfleet.hostside.fanout_agent import (
     StatusStream,
     available,
     cmd_wait,
-    file_identity,
-    landed,
     parse_status_request,
     progress_news,
     source_finished,
@@ -223,27 +222,6 @@ def test_status_request_parsing():
                 f"specfleet-status o--m {REV} 3 1e9", f"specfleet-status o--m {REV} stream",
                 f"specfleet-status o--m {REV} 3 5 streams", f"specfleet-status o--m {REV} 3 5 6 7"):
         assert parse_status_request(bad) is None, bad
-
-
-def test_landed_only_a_whole_file_rsync_put_in_place(tmp_path):
-    """rsync writes each file under a temporary name and renames it when whole: a pull hashes a
-    file while the next copies once a new file of the full size is at its name."""
-    (tmp_path / "old.bin").write_bytes(b"stale")  # a leftover of the same name
-    before = {n: file_identity(str(tmp_path / n)) for n in ("a.bin", "old.bin")}
-    assert before["a.bin"] is None
-    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])
-    (tmp_path / ".a.bin.Xy12").write_bytes(b"hel")  # rsync's temporary file, still growing
-    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])
-    os.rename(tmp_path / ".a.bin.Xy12", tmp_path / "a.bin")
-    assert not landed(str(tmp_path), "a.bin", 5, before["a.bin"])  # not the full size
-    (tmp_path / "a.tmp").write_bytes(b"hello")
-    os.rename(tmp_path / "a.tmp", tmp_path / "a.bin")
-    assert landed(str(tmp_path), "a.bin", 5, before["a.bin"])
-    # The leftover is not taken for the copy until rsync replaced it.
-    assert not landed(str(tmp_path), "old.bin", 5, before["old.bin"])
-    (tmp_path / "o.tmp").write_bytes(b"fresh")
-    os.rename(tmp_path / "o.tmp", tmp_path / "old.bin")
-    assert landed(str(tmp_path), "old.bin", 5, before["old.bin"])
 
 
 def test_status_news():
@@ -453,23 +431,13 @@ def test_serve_status_reports_only_files_that_still_match(tmp_path):
                               "updated_at": None}
 
 
-def test_serve_refuses_anything_but_status_and_rsync_send(tmp_path):
-    for command in ("cat /etc/shadow", "rsync --server . /srv/models/x",
-                    f"specfleet-status ../.. {REV}", "sh"):
+def test_serve_refuses_anything_but_status_and_send(tmp_path):
+    for command in ("cat /etc/shadow", "rsync --server --sender . o--m", "rsync --server . x",
+                    f"specfleet-status ../.. {REV}", "sh", "specfleet-sendx o--m"):
         r = serve(tmp_path, tmp_path, command)
         assert r.returncode == 1, command
-        assert "only read-only rsync and status" in r.stderr
+        assert "only status and send requests" in r.stderr
         assert r.stdout == ""
-
-
-def fake_rrsync(tmp_path: Path) -> tuple[str, Path]:
-    """A stand-in ``rrsync`` on PATH that records its arguments and SSH_ORIGINAL_COMMAND."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "rrsync.log"
-    bin_dir.mkdir()
-    (bin_dir / "rrsync").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\n"
-                                    f"printf '%s' \"$SSH_ORIGINAL_COMMAND\" > {log}.cmd\n")
-    (bin_dir / "rrsync").chmod(0o755)
-    return str(bin_dir), log
 
 
 def models_tree(tmp_path: Path) -> Path:
@@ -481,31 +449,39 @@ def models_tree(tmp_path: Path) -> Path:
     return models
 
 
-SEND = "rsync --server --sender -tre.iLsfxCIvu"
+def sent(stdout: str) -> list:
+    """``send_files``' answer: [(header, bytes)...] (the test files are text)."""
+    out, lines = [], stdout.split("\n")
+    while len(lines) > 1:
+        head = json.loads(lines.pop(0))
+        if "size" in head:
+            rest = "\n".join(lines)
+            out.append((head, rest[:head["size"]]))
+            lines = rest[head["size"]:].split("\n") if rest[head["size"]:] else []
+        else:
+            out.append((head, None))
+    return out
 
 
-def test_serve_exposes_only_the_revision_folders_it_fans_out(tmp_path):
-    """rrsync gets the revision folder itself, and the path under it; any other folder (another
-    model, another revision, the model's root, .cache, ``..``) is refused before rrsync."""
+def test_serve_sends_only_files_of_the_revision_folders_it_fans_out(tmp_path):
+    """A send names its revision folder and paths under it; any other folder (another model,
+    another revision, the model's root, .cache, ``..``, an absolute path) is refused before a
+    byte goes out."""
     models = models_tree(tmp_path)
-    path, log = fake_rrsync(tmp_path)
-    for asked, rest in ((f"o--m/{REV}/", "."), (f"o--m/{REV}", "."),
-                        (f"o--m/{REV}/config.json", "config.json"),
-                        (f"o--m/{REV}/sub/x.bin", "sub/x.bin")):
-        log.unlink(missing_ok=True)
-        r = serve(models, tmp_path, f"{SEND} --files-from=- --from0 . {asked}", path=path)
-        assert r.returncode == 0, (asked, r.stderr)
-        assert log.read_text().split("\n")[:-1] == ["-ro", str(models / "o--m" / REV)]
-        assert Path(f"{log}.cmd").read_text() == f"{SEND} --files-from=- --from0 . {rest}"
-    for asked in (f"o--d/{'b' * 40}/", f"o--d/{'b' * 40}/config.json", f"o--m/{'c' * 40}/",
-                  "o--m/", "o--m", ".cache/", ".cache/config.json", "", "./", ".", "/etc/shadow",
-                  f"o--m/{REV}/../{'c' * 40}/config.json", f"o--m/{REV}/sub/../../x",
-                  f"{models}/o--m/{REV}/", f"o--m/{REV}/ o--d/{'b' * 40}/", f"./o--m/{REV}/"):
-        log.unlink(missing_ok=True)
-        r = serve(models, tmp_path, f"{SEND} . {asked}".rstrip(), path=path)
-        assert r.returncode != 0, asked
-        assert not log.exists(), asked
-        assert "not served" in r.stderr or "only read-only rsync" in r.stderr, (asked, r.stderr)
+    (models / "o--m" / REV / "sub").mkdir()
+    (models / "o--m" / REV / "sub" / "x.bin").write_text("xyz")
+    r = serve(models, tmp_path, f"specfleet-send o--m {REV} config.json sub/x.bin 'no such'")
+    assert r.returncode == 0, r.stderr
+    assert sent(r.stdout) == [({"path": "config.json", "size": 2}, "{}"),
+                              ({"path": "sub/x.bin", "size": 3}, "xyz"),
+                              ({"path": "no such", "error": "No such file or directory"}, None)]
+    for asked in (f"o--d {'b' * 40} config.json", f"o--m {'c' * 40} config.json",
+                  f"o--m {REV}", f"o--m {REV} ../{'c' * 40}/config.json", "o--m . config.json",
+                  f"o--m {REV} sub/../../x", f"o--m {REV} /etc/shadow", ".cache x config.json",
+                  f"o--m {REV} ./config.json", f"o--m {REV} sub//x.bin", f"o--m {REV} '"):
+        r = serve(models, tmp_path, f"specfleet-send {asked}")
+        assert r.returncode != 0 and r.stdout == "", asked
+        assert "not served" in r.stderr or "cannot be read" in r.stderr, (asked, r.stderr)
     # Status only for the folders it serves, too.
     assert serve(models, tmp_path, f"specfleet-status o--m {REV}").returncode == 0
     r = serve(models, tmp_path, f"specfleet-status o--d {'b' * 40}")
@@ -516,25 +492,18 @@ def test_serve_exposes_only_the_revision_folders_it_fans_out(tmp_path):
 
 def test_serve_follows_no_symlink_out_of_the_folder(tmp_path):
     models = models_tree(tmp_path)
-    path, log = fake_rrsync(tmp_path)
     rev = models / "o--m" / REV
-    # rsync's options that make the sender follow links are refused; capability letters after
-    # "e." are not options.
-    for opts in ("-tLre.iLsfxCIvu", "-tkre.iLsfxCIvu", "-Ktre.iLsfxCIvu",
-                 "-tre.iLsfxCIvu --copy-unsafe-links", "-tre.iLsfxCIvu --copy-links",
-                 "-tre.iLsfxCIvu --copy-dirlinks", "-tre.iLsfxCIvu --keep-dirlinks"):
-        r = serve(models, tmp_path, f"rsync --server --sender {opts} . o--m/{REV}/", path=path)
-        assert r.returncode != 0 and not log.exists(), opts
-        assert "links" in r.stderr, r.stderr
-    # A symlink inside that stays inside is fine...
+    # A symlink inside that stays inside does not stop the serving; it is not sent itself.
     os.symlink("config.json", rev / "inner.json")
-    assert serve(models, tmp_path, f"{SEND} . o--m/{REV}/", path=path).returncode == 0
-    # ...one that leads out (a file or a folder, relative or absolute) stops the serving.
+    r = serve(models, tmp_path, f"specfleet-send o--m {REV} inner.json config.json")
+    assert r.returncode == 0, r.stderr
+    (inner, _), (config, data) = sent(r.stdout)
+    assert "error" in inner and config == {"path": "config.json", "size": 2} and data == "{}"
+    # One that leads out (a file or a folder, relative or absolute) stops the serving.
     for target in (models / "o--d" / ("b" * 40), "../../o--d", "/etc/passwd", ".."):
-        log.unlink(missing_ok=True)
         os.symlink(target, rev / "out")
-        r = serve(models, tmp_path, f"{SEND} . o--m/{REV}/", path=path)
-        assert r.returncode != 0 and not log.exists(), target
+        r = serve(models, tmp_path, f"specfleet-send o--m {REV} config.json")
+        assert r.returncode != 0 and r.stdout == "", target
         assert "symlink" in r.stderr and "out" in r.stderr, r.stderr
         os.unlink(rev / "out")
 
@@ -543,21 +512,18 @@ def test_serve_of_a_followed_branch_takes_the_revision_this_host_resolved(tmp_pa
     """A swarm that follows a branch names no commit in the plan: the folder served is the one
     this host's own download (or pull) resolved."""
     models = models_tree(tmp_path)
-    path, log = fake_rrsync(tmp_path)
     other = "c" * 40
-    r = serve(models, tmp_path, f"{SEND} . o--m/{REV}/", allowed=("o--m",), path=path)
-    assert r.returncode != 0  # nothing resolved here yet
+    ask = f"specfleet-send o--m {REV} config.json"
+    assert serve(models, tmp_path, ask, allowed=("o--m",)).returncode != 0  # nothing resolved
     (tmp_path / "weights").mkdir()
     (tmp_path / "weights" / "o--m.progress.json").write_text(json.dumps({"revision": REV}))
-    r = serve(models, tmp_path, f"{SEND} . o--m/{REV}/", allowed=("o--m",), path=path)
-    assert r.returncode == 0, r.stderr
-    assert log.read_text().split("\n")[1] == str(models / "o--m" / REV)
-    r = serve(models, tmp_path, f"{SEND} . o--m/{other}/", allowed=("o--m",), path=path)
-    assert r.returncode != 0
+    r = serve(models, tmp_path, ask, allowed=("o--m",))
+    assert r.returncode == 0 and sent(r.stdout)[0][1] == "{}", r.stderr
+    ask_other = f"specfleet-send o--m {other} config.json"
+    assert serve(models, tmp_path, ask_other, allowed=("o--m",)).returncode != 0
     (tmp_path / "fanout").mkdir()
     (tmp_path / "fanout" / "o--m.pull.json").write_text(json.dumps({"revision": other}))
-    assert serve(models, tmp_path, f"{SEND} . o--m/{other}/", allowed=("o--m",),
-                 path=path).returncode == 0
+    assert serve(models, tmp_path, ask_other, allowed=("o--m",)).returncode == 0
 
 
 def test_serve_command_names_the_folders(tmp_path):
@@ -579,53 +545,75 @@ def receiver_pull(tmp_path):
     return fanout_agent, rev_dir, fanout_agent.Pull(job)
 
 
-def test_receiver_copies_without_owners_groups_devices_or_links(tmp_path, monkeypatch):
-    """The receiver (root) keeps no owner, group, device, special file or symlink of a peer's
-    copy: ``rsync -rt`` and the ``--no-*`` switches, never ``-a``."""
-    fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
-    seen = []
+def through_forced_command(monkeypatch, fanout_agent, models: Path, state: Path):
+    """The receiver's ssh replaced by the source's forced command itself, run for real with
+    the request as ``SSH_ORIGINAL_COMMAND`` (what sshd does with the rollout's key)."""
     real_popen = subprocess.Popen
 
     def popen(argv, **kw):
-        seen.append(argv)
-        return real_popen(["true"], **kw)
+        env = {**os.environ, "SSH_ORIGINAL_COMMAND": argv[-1]}
+        return real_popen([sys.executable, str(AGENT), "serve", str(models), str(state),
+                           f"o--m={REV}"], env=env, **kw)
 
     monkeypatch.setattr(fanout_agent.subprocess, "Popen", popen)
-    ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin"],
-                       str(rev_dir), {"a.bin": {"size": 5}})
-    assert ok
-    argv = seen[0]
-    assert argv[0] == "rsync" and "-rt" in argv
-    for flag in ("--no-owner", "--no-group", "--no-devices", "--no-specials", "--no-links",
-                 "--no-perms"):
-        assert flag in argv, flag
-    shorts = "".join(a[1:] for a in argv if a.startswith("-") and not a.startswith("--"))
-    assert not set(shorts) & set("aolgDpLkK"), argv
 
 
-def test_receiver_hashes_each_file_as_soon_as_rsync_put_it_in_place(tmp_path, monkeypatch):
-    """The pull's rsync copies a batch; each file is handed on (hashed, recorded for this host's
-    own receivers) as soon as it is whole, while the next one still copies."""
+def test_receiver_takes_each_file_whole_hashed_as_it_comes(tmp_path, monkeypatch):
+    """Each file comes under a temporary name, hashed on the way, and is handed on (recorded
+    for this host's own receivers) as soon as it is whole, before the next one; nothing of the
+    peer's copy is kept but the bytes (a setuid mode stays behind)."""
+    from specfleet.hostside.weights_agent import git_blob_id
+
+    fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
+    models = tmp_path / "src"
+    src = models / "o--m" / REV
+    src.mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"hello")
+    (src / "b.bin").write_bytes(b"world!")
+    (src / "a.bin").chmod(0o4755)
+    through_forced_command(monkeypatch, fanout_agent, models, tmp_path / "state")
+    wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": git_blob_id(b"hello")},
+              "b.bin": {"path": "b.bin", "size": 6, "sha256": hashlib.sha256(b"world!")
+                        .hexdigest()}}
+    landed_at = []
+    ok, err = pull.copy({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin", "b.bin"],
+                        str(rev_dir), wanted,
+                        lambda p, d: landed_at.append((p, d, (rev_dir / "b.bin").exists())))
+    assert ok, err
+    assert landed_at == [("a.bin", git_blob_id(b"hello"), False),
+                         ("b.bin", hashlib.sha256(b"world!").hexdigest(), True)]
+    assert (rev_dir / "a.bin").read_bytes() == b"hello"
+    assert not (rev_dir / "a.bin").stat().st_mode & 0o7000
+    assert sorted(p.name for p in rev_dir.iterdir()) == [".specfleet", "a.bin", "b.bin"]
+
+
+def test_receiver_keeps_nothing_of_a_channel_that_breaks(tmp_path, monkeypatch):
+    """A channel that ends in the middle of a file, or sends another size than the Hub's,
+    leaves no file and no partial one; what came whole before stays."""
     fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
     real_popen = subprocess.Popen
-    # A stand-in for rsync's receiver: each file under a temporary name, renamed when whole.
-    script = (
-        "import os, sys, time\n"
-        "for name in ('a.bin', 'b.bin'):\n"
-        "    tmp = os.path.join(sys.argv[1], '.' + name + '.XyZ')\n"
-        "    open(tmp, 'wb').write(b'hello')\n"
-        "    os.rename(tmp, os.path.join(sys.argv[1], name))\n"
-        "    time.sleep(1.0)\n"
-    )
-    monkeypatch.setattr(fanout_agent.subprocess, "Popen", lambda argv, **kw: real_popen(
-        [sys.executable, "-c", script, str(rev_dir)], **kw))
-    landed_at = []
-    ok, _ = pull.rsync({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin", "b.bin"],
-                       str(rev_dir), {"a.bin": {"size": 5}, "b.bin": {"size": 5}},
-                       lambda p: landed_at.append((p, (rev_dir / "b.bin").exists())))
-    assert ok
-    # a.bin was handed on before b.bin existed; both while rsync ran.
-    assert landed_at == [("a.bin", False), ("b.bin", True)]
+    wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": "x"},
+              "b.bin": {"path": "b.bin", "size": 10, "blob_id": "y"}}
+    for script, problem in (
+        ('{"path": "a.bin", "size": 5}\nhello{"path": "b.bin", "size": 10}\nhalf', "middle"),
+        ('{"path": "a.bin", "size": 5}\nhello{"path": "b.bin", "size": 11}\n', "11 bytes"),
+        ('{"path": "b.bin", "size": 10}\n', "before a.bin"),
+    ):
+        monkeypatch.setattr(fanout_agent.subprocess, "Popen", lambda argv, s=script, **kw:
+                            real_popen(["printf", "%s", s], **kw))
+        for p in rev_dir.glob("*.bin"):
+            p.unlink()
+        landed_at = []
+        ok, err = pull.copy({"host": "h1", "address": "10.0.0.1"}, "o--m", REV,
+                            ["a.bin", "b.bin"], str(rev_dir), wanted,
+                            lambda p, d, seen=landed_at: seen.append(p))
+        assert not ok and problem in err, (script, err)
+        left = sorted(p.name for p in rev_dir.iterdir())
+        assert left == ([".specfleet"] if problem == "before a.bin" else [".specfleet", "a.bin"])
+        assert landed_at == ([] if problem == "before a.bin" else ["a.bin"])
+    (rev_dir / ".b.bin.sf-part").write_bytes(b"stale")
+    fanout_agent.remove_parts(str(rev_dir))  # what a killed pull left, at the next one's start
+    assert not (rev_dir / ".b.bin.sf-part").exists()
 
 
 def test_progress_news_and_the_wait_for_it(tmp_path):
