@@ -2,16 +2,16 @@
 
 A fan-out plan (``specfleet.fleet.fanout``) names, per model, one **seed** host that downloads from
 upstream (the Hub or ``HF_ENDPOINT``) with ``weights.model``, and **peers** that copy from hosts
-that already hold verified files (rsync over ssh), pipelined behind the seed's download and in a
+that already hold verified files (over ssh), pipelined behind the seed's download and in a
 tree. The ops here:
 
 - ``agent``: the fan-out agent (``specfleet/hostside/fanout_agent.py``) next to the weights agent;
 - ``serve``: an ephemeral sshd on a serving peer (its own port, host key and authorized keys,
   a transient ``systemd-run`` unit with a lifetime limit, ``rollout.fanout_serve_hours``); the
-  rollout's public key may only run ``fanout_agent.py serve`` (a read-only rsync of the revision
-  folders being fanned out, each its own rrsync root, no symlink followed out of it; and a
-  status), and only from the receivers' addresses (``from=``); ``present=False`` stops it and
-  removes every file;
+  rollout's public key may only run ``fanout_agent.py serve`` (a send of named files under
+  the revision folders being fanned out, regular files only, no symlink followed, no path
+  out of the folder; and a status), and only from the receivers' addresses (``from=``);
+  ``present=False`` stops it and removes every file;
 - ``model``: a seed runs ``weights.model`` (``wait=False``: it only starts the download, which
   a later run attaches to); a peer uploads its copy of the rollout's private key
   (0600, from memory), runs ``fanout_agent.py pull`` detached and shows its progress (watched
@@ -224,7 +224,7 @@ def serve(
     + models_root/state_dir/tools_path: what the forced command serves and where it runs
     + max_seconds: the unit stops by itself after this long (``RuntimeMaxSec``)
     + models: the revision folders served, ``{dir_name: commit}`` (``None``: the revision this
-      host resolves for a followed branch); each is its own rrsync root
+      host resolves for a followed branch); nothing outside them is sent
     """
     directory = serve_dir(state_dir)
     info = host.get_fact(FanoutServe, pattern=f"{SERVE_UNIT}-*",

@@ -805,8 +805,8 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
     since = len(env.hub.log_lines())
     veth = env.fleet.state["hosts"][seed]["veth"]
     ip = {h: env.fleet.hosts[h] for h in (seed, receiver)}
-    in_flight = ("pgrep -f '^rsync -rt' >/dev/null && find " + rev_dir + " -maxdepth 1 "
-                 "-name '.model-*' -size +0 -printf '%f %s\\n' 2>/dev/null | head -1")
+    in_flight = ("find " + rev_dir + " -maxdepth 1 -name '.model-*.sf-part' -size +0 "
+                 "-printf '%f %s\\n' 2>/dev/null | head -1")
     netns_run(env, seed, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
               "4mbit", "burst", "32kb", "latency", "400ms")
     run = Run(env, argv)
@@ -829,7 +829,7 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
     check(0 < int(size) < full, f"the copy in flight was not partial at the cut ({partial})")
     out = run.out
     journal = env.sh(receiver, "journalctl --no-pager -o cat -u 'specfleet-fanout-*'").stdout
-    check(re.search(rf"{seed} unreachable|rsync from {seed} failed|made no progress",
+    check(re.search(rf"{seed} unreachable|the copy from {seed} failed|made no progress",
                     journal) is not None,
           f"{receiver} never said its peer copy from {seed} failed: {journal[-1500:]}")
     if rc != 0:
@@ -855,7 +855,7 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
                     ).stdout.strip()
         check(not left, f"{h}: the fan-out left {left}")
     tmp = env.sh(receiver, f"find {rev_dir} -maxdepth 1 -name '.model-*'").stdout.split()
-    check(not tmp, f"{receiver}: rsync's partial files left in the revision folder: {tmp}")
+    check(not tmp, f"{receiver}: partial files of the copy left in the revision folder: {tmp}")
     sends = Counter()
     for ln in env.hub_lines(since):
         parts = ln.split()
@@ -867,9 +867,9 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
     check(all(sends[(ip[seed], f)] == 1 for f in shards),
           f"the seed did not fetch each shard once: {dict(sends)}")
     from_hub = sorted(f for (c, f) in sends if c == ip[receiver])
-    d.detail = (f"cut during {name.lstrip('.').rsplit('.', 1)[0]} at {int(size) // 1000} kB; "
-                f"{receiver} took {len(from_hub)} shard(s) from the hub; "
-                f"rsync temp files left by the cut: {len(leftovers)}; first run rc={rc}")
+    d.detail = (f"cut during {name.lstrip('.').removesuffix('.sf-part')} at "
+                f"{int(size) // 1000} kB; {receiver} took {len(from_hub)} shard(s) from the hub; "
+                f"partial files left by the cut: {len(leftovers)}; first run rc={rc}")
 
 
 def drill_bad_inputs(env: Env, d: Drill) -> None:

@@ -15,7 +15,7 @@ A copy is pipelined: a peer takes each file as soon as its
 source has verified it, so the fleet finishes a little after the seed, and the upstream link
 carries each byte once.
 
-The copy is rsync over ssh with keys made for this run on the control machine, kept in memory
+The copy goes over ssh with keys made for this run on the control machine, kept in memory
 only: the plan with its keys reaches the prefetch deploy as an inherited descriptor of an anonymous
 in-memory file (``SPECFLEET_FANOUT_PLAN`` = ``fd:N:ROLLOUT_ID``; ``memfd_create``), never a named
 file, so no kill of this process can leave a key on its disk:
@@ -23,9 +23,9 @@ file, so no kill of this process can leave a key on its disk:
   deleted when the pull ends; its public half is accepted by each serving peer's **ephemeral
   sshd** (its own port, its own host key made here, a ``systemd-run`` unit that stops itself
   after ``rollout.fanout_serve_hours``, 2 h by default), only from that peer's receivers
-  (``from=``) and only for a read-only rsync of the revision folders it fans out (``restrict``,
-  forced command ``fanout_agent.py serve`` -> ``rrsync -ro`` rooted at that revision folder,
-  no symlink followed out of it);
+  (``from=``) and only for reading the revision folders it fans out (``restrict``, forced
+  command ``fanout_agent.py serve``: a status, or a send of named regular files under that
+  revision folder, no symlink followed, no path out of it);
 - a host key per serving peer: receivers pin it (``StrictHostKeyChecking=yes``), no trust on
   first use.
 

@@ -6,32 +6,33 @@ Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on flee
         The forced command of the rollout's ephemeral ssh key on a serving peer; it serves the
         revision folders named (``MODELS_ROOT/DIR/REVISION``; a bare ``DIR``, for a swarm that
         follows a branch: the revision this host's own download or pull resolved) and nothing
-        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION [KNOWN WAIT]`` it
-        prints one JSON object (what the peer holds of that revision and how its own download or
-        pull is going); with KNOWN and WAIT it first waits, up to WAIT seconds, until the number
-        of files it has verified differs from KNOWN or its copy has ended (a long poll: a
-        receiver hears of each new file at once, in one round trip); a read-only rsync of
-        ``DIR/REVISION/[PATH]`` goes to ``rrsync -ro`` with that
-        revision folder as its root, and never follows a symlink out of it: the options that
-        make the sender follow links are refused, and so is a folder holding a symlink that
-        leads out of it. Anything else is refused.
+        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION [KNOWN WAIT
+        [stream]]`` it prints one JSON object (what the peer holds of that revision and how its
+        own download or pull is going); with KNOWN and WAIT it first waits, up to WAIT seconds,
+        until the number of files it has verified differs from KNOWN or its copy has ended (a
+        long poll); with ``stream`` it prints one at once and another at each change, on one
+        channel, until the copy is complete (a receiver hears of each new file at once, for
+        one connection per source). ``specfleet-send DIR REVISION PATH...`` sends the named
+        files of that revision folder, each a JSON header line and its bytes; a path with
+        ``..``, an absolute path, a symlink or anything but a regular file is not sent, and a
+        folder holding a symlink that leads out of it is not served. Anything else is refused.
     fanout_agent.py pull JOB
         On a receiving host (a transient ``systemd-run`` unit, started by ``operations.fanout``):
         ask the Hub (``HF_ENDPOINT``) for the revision's file list and hashes, then take every
-        file a source peer has *verified* (its ``verified.jsonl``) with rsync over ssh, as soon
-        as the peer has it (pipelined behind the peer's own download; ``rsync -rt``: no owner,
-        group, permission, device, special file or symlink of the peer is kept), hash it against
-        the Hub's sha256 / git blob id and record it in this host's ``verified.jsonl``, as the
-        weights agent does. The Hub's file names are checked first, as the weights agent does
-        (``hub_name_problem``, no symlink in the way): a bad one fails the pull before anything
-        is copied or deleted. A file whose hash does not match is deleted: the weights agent,
-        run next, fetches it from upstream. A source that fails, stalls or is unreachable gives
-        way to the next one in ``sources``, then to upstream. The private key file is removed at
-        the end.
+        file a source peer has *verified* (its ``verified.jsonl``) over ssh, as soon as the peer
+        has it (pipelined behind the peer's own download; only names and bytes: no owner, mode,
+        device or link of the peer is kept), hash it against the Hub's sha256 / git blob id as
+        it comes and record it in this host's ``verified.jsonl``, as the weights agent does. The
+        Hub's file names are checked first, as the weights agent does (``hub_name_problem``, no
+        symlink in the way): a bad one fails the pull before anything is copied or deleted. A
+        file whose hash does not match is deleted: the weights agent, run next, fetches it from
+        upstream. A source that fails, stalls or is unreachable gives way to the next one in
+        ``sources``, then to upstream. The private key file is removed at the end.
 
     fanout_agent.py wait PROGRESS UPDATED_AT|none SECONDS
-        Wait (at most SECONDS) until the pull's progress file was written again since
-        UPDATED_AT, or says the pull ended: the control machine's watch of a pull.
+        Wait (at most SECONDS) until the pull's progress says it ended, or was written again
+        since UPDATED_AT at least ``PROGRESS_SETTLE_SECONDS`` ago: the control machine's watch
+        of a pull.
 
 Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -199,7 +200,7 @@ def test_corrupt_peer_copy_falls_back_to_upstream(env):
 
 def test_served_key_is_read_only_from_receivers_only(env, tmp_path):
     """The ephemeral sshd, started by the real op (tests/deploys/fanout_serve_deploy.py): the key may
-    read weights with rsync and ask for a status, from a receiver's address only, and nothing
+    read weights (a send) and ask for a status, from a receiver's address only, and nothing
     else; stopping it removes every file and closes the port."""
     fleet = env["fleet"]
     private, public = make_keypair("specfleet-fanout-test")
@@ -234,11 +235,17 @@ def test_served_key_is_read_only_from_receivers_only(env, tmp_path):
         st = fleet.run("h2", f"{ssh} root@{h1} specfleet-status fo--target {rev}")
         assert st.returncode == 0, st.stderr
         assert json.loads(st.stdout)["complete"] is True
-        r = fleet.run("h2", f"rsync -a -e '{ssh}' root@{h1}:fo--target/{rev}/config.json "
-                      "/tmp/fanout-config.json && cat /tmp/fanout-config.json")
-        assert r.returncode == 0 and r.stdout == env["files"][TARGET]["config.json"].decode()
-        # Anything else is refused: a shell command, a write, a path outside the models root.
+        config = env["files"][TARGET]["config.json"].decode()
+        r = fleet.run("h2", f"{ssh} root@{h1} specfleet-send fo--target {rev} config.json")
+        assert r.returncode == 0, r.stderr
+        head, body = r.stdout.split("\n", 1)
+        assert json.loads(head) == {"path": "config.json", "size": len(config)}
+        assert body == config
+        # Anything else is refused: a shell command, a write, a path outside the models root,
+        # rsync in either direction.
         r = fleet.run("h2", f"{ssh} root@{h1} cat /etc/shadow")
+        assert r.returncode != 0 and "root:" not in r.stdout
+        r = fleet.run("h2", f"{ssh} root@{h1} specfleet-send fo--target {rev} ../../etc/shadow")
         assert r.returncode != 0 and "root:" not in r.stdout
         r = fleet.run("h2", f"echo x > /tmp/x && rsync -a -e '{ssh}' /tmp/x root@{h1}:fo--target/")
         assert r.returncode != 0
@@ -344,8 +351,8 @@ def serve_deploy(env, tmp_path: Path, spec: dict, present: bool) -> None:
 def test_fanout_serves_exactly_the_revision_folder(env, tmp_path):
     """The fan-out's sshd serves the revision folder of the model it fans out and nothing else:
     not another model's folder, another revision, the models root or its .cache, not through
-    ``..``, and no symlink placed in the served folder is followed out of it (whatever rsync
-    options the client asks for)."""
+    ``..``, an absolute path, and no symlink placed in the served folder is followed out of it;
+    rsync is refused altogether."""
     fleet = env["fleet"]
     h1 = fleet.hosts["h1"]
     reva, revb, other = "a1" * 20, "b2" * 20, "c3" * 20
@@ -368,49 +375,43 @@ def test_fanout_serves_exactly_the_revision_folder(env, tmp_path):
         ssh = (f"ssh -i {key} -p 22113 -o BatchMode=yes -o IdentitiesOnly=yes "
                f"-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes")
 
-        def fetch(remote: str, opts: str = "", files: list[str] | None = None) -> str:
-            """What h2 gets with ``rsync -rt OPTS root@h1:REMOTE`` (and a --files-from list)."""
-            ff = ""
-            if files is not None:
-                fleet.run("h2", "cat > /tmp/fo-list", input="".join(f + "\n" for f in files),
-                          check=True)
-                ff = "--files-from=/tmp/fo-list"
-            r = fleet.run("h2", f"rm -rf /tmp/fo-get && mkdir /tmp/fo-get && rsync -rt {opts} "
-                          f"{ff} -e '{ssh}' root@{h1}:{remote} /tmp/fo-get/; "
-                          "find /tmp/fo-get -type f -exec cat {} +")
-            return r.stdout
+        def send(folder: str, *paths: str) -> str:
+            """What h2 gets from ``specfleet-send FOLDER PATH...`` (FOLDER: DIR REVISION)."""
+            request = shlex.join(["specfleet-send", *folder.split(), *paths])
+            return fleet.run("h2", f"{ssh} root@{h1} {shlex.quote(request)}").stdout
 
-        # The served folder works: a file, the folder with a file list, a status.
-        assert fetch(f"fo--sec-a/{reva}/config.json") == "served\n"
-        assert sorted(fetch(f"fo--sec-a/{reva}/", files=["config.json", "sub/t.json"]
-                            ).split()) == ["served", "served-sub"]
+        # The served folder works: a file, one in a folder, a status.
+        got = send(f"fo--sec-a {reva}", "config.json", "sub/t.json")
+        assert got == ('{"path": "config.json", "size": 7}\nserved\n'
+                       '{"path": "sub/t.json", "size": 11}\nserved-sub\n'), got
         st = fleet.run("h2", f"{ssh} root@{h1} specfleet-status fo--sec-a {reva}")
         assert st.returncode == 0 and json.loads(st.stdout)["revision"] == reva, st.stderr
         # Nothing else: another model, another revision, the model's root, .cache, .., /etc.
         st = fleet.run("h2", f"{ssh} root@{h1} specfleet-status fo--sec-b {revb}")
         assert st.returncode != 0 and "verified" not in st.stdout
-        for remote in (f"fo--sec-b/{revb}/config.json", f"fo--sec-b/{revb}/", f"{o}/config.json",
-                       f"fo--sec-a/{other}/config.json", "fo--sec-a/", ".cache/token", ".cache/",
-                       f"fo--sec-a/{reva}/../{other}/config.json",
-                       f"fo--sec-a/{reva}/../../fo--sec-b/{revb}/config.json", "/etc/fo-secret",
-                       "./", ""):
-            assert "secret" not in fetch(remote), remote
-        got = fetch(f"fo--sec-a/{reva}/", files=[f"../../fo--sec-b/{revb}/config.json",
-                                                 f"../{other}/config.json", "/etc/fo-secret"])
-        assert "secret" not in got
-        # Symlinks out of the served folder (a file, a folder, an absolute one) are not followed.
+        for folder, path in ((f"fo--sec-b {revb}", "config.json"), (f"fo--sec-a {other}",
+                             "config.json"), ("fo--sec-a .", f"{other}/config.json"),
+                             (".cache x", "token"), (f"fo--sec-a {reva}", f"../{other}/config.json"),
+                             (f"fo--sec-a {reva}", f"../../fo--sec-b/{revb}/config.json"),
+                             (f"fo--sec-a {reva}", "/etc/fo-secret"),
+                             (f"fo--sec-a {reva}", f"{o}/config.json"),
+                             (f"fo--sec-a {reva}", "../../.cache/token")):
+            assert "secret" not in send(folder, path), (folder, path)
+        for remote in (f"fo--sec-b/{revb}/config.json", f"fo--sec-a/{reva}/config.json", "/etc/"):
+            r = fleet.run("h2", f"rm -rf /tmp/fo-get && mkdir /tmp/fo-get && rsync -rt -e '{ssh}' "
+                          f"root@{h1}:{remote} /tmp/fo-get/; find /tmp/fo-get -type f")
+            assert r.stdout.strip() == "", remote  # no rsync at all
+        # A symlink is never sent, and one out of the served folder (a file, a folder, an
+        # absolute one) stops the serving of that folder.
+        fleet.run("h1", f"ln -s config.json {a}/inner.json", check=True)
+        got = send(f"fo--sec-a {reva}", "inner.json", "config.json")
+        assert '"error"' in got.splitlines()[0] and got.endswith("served\n"), got
         fleet.run("h1", f"ln -s {b}/config.json {a}/leaf.json && ln -s {b} {a}/dirlink && "
                   f"ln -s /etc/fo-secret {a}/etc.json && ln -s ../../../fo--sec-b {a}/sub/up",
                   check=True)
-        for opts in ("", "-l", "-L", "--copy-unsafe-links", "--copy-links", "-k", "-K",
-                     "--copy-dirlinks"):
-            for remote in (f"fo--sec-a/{reva}/leaf.json", f"fo--sec-a/{reva}/etc.json",
-                           f"fo--sec-a/{reva}/dirlink/config.json", f"fo--sec-a/{reva}/dirlink/",
-                           f"fo--sec-a/{reva}/"):
-                assert "secret" not in fetch(remote, opts), (opts, remote)
-            got = fetch(f"fo--sec-a/{reva}/", opts, files=[
-                "leaf.json", "etc.json", "dirlink/config.json", f"sub/up/{revb}/config.json"])
-            assert "secret" not in got, opts
+        for path in ("leaf.json", "etc.json", "dirlink/config.json", f"sub/up/{revb}/config.json",
+                     "config.json"):
+            assert send(f"fo--sec-a {reva}", path) == "", path
     finally:
         serve_deploy(env, tmp_path, spec, False)
         fleet.run("h2", f"rm -rf {key} {kh} /tmp/fo-get /tmp/fo-list")

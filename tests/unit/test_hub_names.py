@@ -170,21 +170,32 @@ def pull_job(tmp_path: Path, root: Path) -> dict:
 
 def hostile_pull(tmp_path: Path, monkeypatch, name: str) -> tuple[fanout_agent.Pull, list]:
     """A pull whose Hub lists ``name`` and whose source says it verified that name: a fake
-    source (status, rsync copies nothing), the real hash check."""
+    source (its status, a copy that copies nothing), the real hash check."""
     root = models(tmp_path)
     pull = fanout_agent.Pull(pull_job(tmp_path, root))
     monkeypatch.setattr(pull.wa, "setup_env", lambda *a, **k: None)
     monkeypatch.setattr(pull.wa, "remote_files", lambda job: (NEW, listing("w.bin", name)))
     copied: list = []
-    monkeypatch.setattr(pull, "status", lambda source, d, rev: {
-        "complete": True, "verified": {p: {"size": len(DATA), "hash": SHA}
-                                       for p in ("w.bin", name)}})
+    status = {"complete": True, "verified": {p: {"size": len(DATA), "hash": SHA}
+                                             for p in ("w.bin", name)}}
 
-    def rsync(source, d, rev, paths, rev_dir):
+    class Stream:
+        def latest(self, timeout):
+            return status
+
+        def error(self):
+            return ""
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(pull, "status_stream", lambda source, d, rev: Stream())
+
+    def copy(source, d, rev, paths, rev_dir, wanted, on_landed):
         copied.append(list(paths))
         return False, "the fake source copies nothing"
 
-    monkeypatch.setattr(pull, "rsync", rsync)
+    monkeypatch.setattr(pull, "copy", copy)
     return pull, copied
 
 
