@@ -6,16 +6,16 @@ Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on flee
         The forced command of the rollout's ephemeral ssh key on a serving peer; it serves the
         revision folders named (``MODELS_ROOT/DIR/REVISION``; a bare ``DIR``, for a swarm that
         follows a branch: the revision this host's own download or pull resolved) and nothing
-        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION [KNOWN WAIT
-        [stream]]`` it prints one JSON object (what the peer holds of that revision and how its
-        own download or pull is going); with KNOWN and WAIT it first waits, up to WAIT seconds,
-        until the number of files it has verified differs from KNOWN or its copy has ended (a
-        long poll); with ``stream`` it prints one at once and another at each change, on one
-        channel, until the copy is complete (a receiver hears of each new file at once, for
-        one connection per source). ``specfleet-send DIR REVISION PATH...`` sends the named
-        files of that revision folder, each a JSON header line and its bytes; a path with
-        ``..``, an absolute path, a symlink or anything but a regular file is not sent, and a
-        folder holding a symlink that leads out of it is not served. Anything else is refused.
+        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION [KNOWN WAIT]`` it
+        prints one JSON object (what the peer holds of that revision and how its own download
+        or pull is going); with KNOWN and WAIT it first waits, up to WAIT seconds, until the
+        number of files it has verified differs from KNOWN or its copy has ended (a long poll).
+        With ``... KNOWN WAIT stream`` the channel stays open for the whole copy: a status line
+        at once and at each change (at least every WAIT seconds), and for each request read on
+        stdin, ``{"send": [PATH, ...]}``, each file of that revision folder as a JSON header line
+        ``{"file", "size"}`` and its bytes. A path with ``..``, an absolute path, a symlink or
+        anything but a regular file is not sent, nor anything of a folder holding a symlink that
+        leads out of it (``{"file", "error"}`` instead). Anything else is refused.
     fanout_agent.py pull JOB
         On a receiving host (a transient ``systemd-run`` unit, started by ``operations.fanout``):
         ask the Hub (``HF_ENDPOINT``) for the revision's file list and hashes, then take every
@@ -44,20 +44,18 @@ import json
 import os
 import queue
 import re
-import shlex
+import select
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 SCHEMA = 1
 STATUS_VERB = "specfleet-status"
 STREAM_WORD = "stream"
-SEND_VERB = "specfleet-send"
 # The most bytes one sendfile call or one read of a receiver moves.
 SEND_CHUNK = 8 << 20
 _DIR_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,200}$")
@@ -162,56 +160,71 @@ class Refused(Exception):
     """A request the serving side does not answer (the message goes to the client)."""
 
 
-def parse_send_request(command: str) -> tuple[str, str, list[str]]:
-    """``specfleet-send DIR REVISION PATH...`` (shell-quoted) -> (DIR, REVISION, PATHs)."""
-    if not command.startswith(SEND_VERB + " "):
-        raise Refused("only status and send requests are allowed")
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        raise Refused("the send request cannot be read") from None
-    if len(words) < 4:
-        raise Refused(f"not served: {SEND_VERB} DIR REVISION PATH...")
-    return words[1], words[2], words[3:]
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _header(**fields) -> bytes:
+def _line(**fields) -> bytes:
     return (json.dumps(fields) + "\n").encode()
 
 
-def send_files(folder: str, paths: list[str], out_fd: int = 1) -> int:
-    """Send each of ``paths`` (under ``folder``, checked by ``served_folder``): a JSON line
-    ``{"path", "size"}``, then exactly that many bytes (``sendfile``: no copy through Python);
-    a file that is not a regular file right there (a symlink is not followed) gets
-    ``{"path", "error"}`` instead. Returns 1 if a file shrank while it was sent (the receiver
-    sees the channel end early)."""
-    for path in paths:
-        try:
-            fd = os.open(os.path.join(folder, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e:
-            _write_all(out_fd, _header(path=path, error=e.strerror))
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                _write_all(out_fd, _header(path=path, error="not a regular file"))
-                continue
-            _write_all(out_fd, _header(path=path, size=st.st_size))
-            sent = 0
-            while sent < st.st_size:
-                n = os.sendfile(out_fd, fd, sent, min(SEND_CHUNK, st.st_size - sent))
-                if n == 0:
-                    return 1
-                sent += n
-        finally:
-            os.close(fd)
-    return 0
+class ServeChannel:
+    """The serving side of a status stream: requests come on stdin, one JSON object a line;
+    answers go to stdout (statuses, and files: a header line and the bytes)."""
+
+    def __init__(self, inp: int = 0, out: int = 1):
+        self.inp, self.out, self._buf, self._hung_up = inp, out, b"", False
+
+    def write(self, data: bytes) -> None:
+        _write_all(self.out, data)
+
+    def requests(self, timeout: float) -> list | None:
+        """The requests that came within ``timeout`` seconds (maybe none); None once the
+        receiver has hung up (its end of stdin closed) and every request was taken."""
+        if self._hung_up:
+            return None
+        ready, _, _ = select.select([self.inp], [], [], timeout)
+        if ready:
+            data = os.read(self.inp, 1 << 16)
+            self._buf += data
+            self._hung_up = not data
+        *lines, self._buf = self._buf.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append(None)
+        return out
+
+
+def send_file(folder: str, path: str, channel: ServeChannel) -> bool:
+    """Send ``path`` (under ``folder``, checked by ``served_folder``): a JSON line ``{"file",
+    "size"}``, then exactly that many bytes (``sendfile``: no copy through Python); a path that
+    is not a regular file right there (a symlink is not followed) gets ``{"file", "error"}``
+    instead. False if the file shrank while it was sent: the channel is out of step."""
+    try:
+        fd = os.open(os.path.join(folder, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        channel.write(_line(file=path, error=e.strerror))
+        return True
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            channel.write(_line(file=path, error="not a regular file"))
+            return True
+        channel.write(_line(file=path, size=st.st_size))
+        sent = 0
+        while sent < st.st_size:
+            n = os.sendfile(channel.out, fd, sent, min(SEND_CHUNK, st.st_size - sent))
+            if n == 0:
+                return False
+            sent += n
+    finally:
+        os.close(fd)
+    return True
 
 
 def served_folder(path: str, served: dict[str, str | None],
@@ -370,35 +383,67 @@ def status_key(status: dict) -> tuple:
             p.get("rollout_id"), p.get("revision"), p.get("state"))
 
 
-def stream_status(models_root: str, state_dir: str, req: StatusRequest, out=None,
-                  clock=time.monotonic, sleep=time.sleep) -> int:
-    """Answer ``req`` on one channel, a JSON line at once and then at each change a receiver
+def stream_status(models_root: str, state_dir: str, req: StatusRequest, channel: ServeChannel,
+                  send, clock=time.monotonic) -> int:
+    """Answer ``req`` on one channel, a status line at once and then at each change a receiver
     acts on (``status_key``), or after ``req.wait`` seconds without one (so a silent channel
-    means a dead one), until the copy is complete, the receiver hangs up, or
-    ``STATUS_STREAM_SECONDS`` have passed. One process per receiver and source, where a long
-    poll costs a connection and an interpreter start per new file."""
-    out = out or sys.stdout
+    means a dead one); and send the files the receiver asks for on it (``send(request)``; False:
+    the channel is out of step, it ends). It ends when the receiver hangs up or after
+    ``STATUS_STREAM_SECONDS``. One process per receiver and source for the whole copy, where a
+    request each costs a connection and an interpreter start."""
     paths = status_files(models_root, state_dir, req.dir_name, req.revision)
     end = clock() + STATUS_STREAM_SECONDS
     stamp, key, sent_key, sent_at = None, None, None, float("-inf")
     status: dict = {}
-    while clock() < end:
-        now_stamp = _stamp(paths)
-        if now_stamp != stamp:
-            stamp = now_stamp
-            status = status_of(models_root, state_dir, req.dir_name, req.revision)
-            key = status_key(status)
-        if key != sent_key or clock() - sent_at >= req.wait:
-            try:
-                out.write(json.dumps(status) + "\n")
-                out.flush()
-            except BrokenPipeError:
+    try:
+        while clock() < end:
+            now_stamp = _stamp(paths)
+            if now_stamp != stamp:
+                stamp = now_stamp
+                status = status_of(models_root, state_dir, req.dir_name, req.revision)
+                key = status_key(status)
+            if key != sent_key or clock() - sent_at >= req.wait:
+                channel.write((json.dumps(status) + "\n").encode())
+                sent_key, sent_at = key, clock()
+            requests = channel.requests(STATUS_LOOK_SECONDS)
+            if requests is None:
                 return 0
-            sent_key, sent_at = key, clock()
-            if status.get("complete"):
-                return 0
-        sleep(STATUS_LOOK_SECONDS)
+            for request in requests:
+                if not send(request):
+                    return 1
+    except BrokenPipeError:
+        return 0
     return 0
+
+
+def request_sender(folder: str, dir_name: str, revision: str, served: dict[str, str | None],
+                   resolved: dict[str, set[str]], channel: ServeChannel):
+    """``send(request)`` for ``stream_status``: ``{"send": [PATH, ...]}``, each path under the
+    revision folder (``served_folder``), none while the folder holds a symlink out of it."""
+
+    def send(request) -> bool:
+        paths = request.get("send") if isinstance(request, dict) else None
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            channel.write(_line(file=None, error='not a request: {"send": [PATH, ...]}'))
+            return True
+        plain = os.path.isdir(folder) and not os.path.islink(folder)
+        link = symlink_out(folder) if plain else None
+        for path in paths:
+            try:
+                if not plain:
+                    raise Refused(f"{dir_name}/{revision} is not here (or not a plain folder)")
+                if link is not None:
+                    raise Refused(f"{dir_name}/{revision} is not served: it holds a symlink out "
+                                  f"of it ({link[0]} -> {link[1]})")
+                served_folder(f"{dir_name}/{revision}/{path}", served, resolved)
+            except Refused as e:
+                channel.write(_line(file=path, error=str(e)))
+                continue
+            if not send_file(folder, path, channel):
+                return False
+        return True
+
+    return send
 
 
 def resolved_revisions(state_dir: str, served: dict[str, str | None]) -> dict[str, set[str]]:
@@ -421,26 +466,19 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
     resolved = resolved_revisions(state_dir, served)
     try:
         req = parse_status_request(command)
-        if req is not None:
-            served_folder(f"{req.dir_name}/{req.revision}/", served, resolved)
-            if req.stream:
-                return stream_status(models_root, state_dir, req)
-            print(json.dumps(wait_status(models_root, state_dir, req)), flush=True)
-            return 0
-        d, rev, paths = parse_send_request(command)
-        for path in paths:
-            served_folder(f"{d}/{rev}/{path}", served, resolved)
-        folder = os.path.join(models_root, d, rev)
-        if os.path.islink(folder) or not os.path.isdir(folder):
-            raise Refused(f"{d}/{rev} is not here (or not a plain folder)")
-        link = symlink_out(folder)
-        if link is not None:
-            raise Refused(f"{d}/{rev} is not served: it holds a symlink out of it "
-                          f"({link[0]} -> {link[1]})")
+        if req is None:
+            raise Refused("only status requests are allowed")
+        served_folder(f"{req.dir_name}/{req.revision}/", served, resolved)
     except Refused as e:
         sys.stderr.write(f"specfleet fan-out: {e}\n")
         return 1
-    return send_files(folder, paths)
+    if not req.stream:
+        print(json.dumps(wait_status(models_root, state_dir, req)), flush=True)
+        return 0
+    channel = ServeChannel()
+    folder = os.path.join(models_root, req.dir_name, req.revision)
+    return stream_status(models_root, state_dir, req, channel, request_sender(
+        folder, req.dir_name, req.revision, served, resolved, channel))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,56 +490,95 @@ def now() -> float:
     return round(time.time(), 3)
 
 
-class StatusStream:
-    """A receiver's end of ``stream_status``: the ssh client, and a thread that reads its
-    answers as they come."""
+class SourceChannel:
+    """A receiver's end of a source's ``stream_status``: the ssh client, and a thread that reads
+    what comes on it: statuses, and the files asked for with ``send`` (each handed to
+    ``receive(stream, header)`` as it comes, which writes it and gives ``(path, digest,
+    problem, broken)``)."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], receive):
         self._err = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self._err, text=True)
-        self._answers: queue.Queue = queue.Queue()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._err)
+        self._statuses: queue.Queue = queue.Queue()
+        self._files: queue.Queue = queue.Queue()
+        self._receive = receive
         self._ended = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                self._answers.put(json.loads(line))
-            except ValueError:
-                continue
-        self._answers.put(None)  # the channel ended
+        try:
+            while line := self.proc.stdout.readline(1 << 20):
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    break  # out of step: nothing after it can be trusted
+                if not isinstance(msg, dict):
+                    break
+                if "file" not in msg:
+                    self._statuses.put(msg)
+                    continue
+                event = self._receive(self.proc.stdout, msg)
+                self._files.put(event)
+                if event[3]:
+                    break
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._statuses.put(None)  # the channel ended
+            self._files.put(None)
+
+    def send(self, paths: list[str]) -> bool:
+        """Ask for ``paths``; False if the channel is closed."""
+        try:
+            self.proc.stdin.write((json.dumps({"send": paths}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            return False
+        return True
 
     def latest(self, timeout: float) -> dict | None:
-        """The newest answer: at once if some came since the last call, else the next one
+        """The newest status: at once if some came since the last call, else the next one
         within ``timeout`` seconds; None once the channel ended or went silent that long."""
         if self._ended:
             return None
         try:
-            got = [self._answers.get(timeout=timeout)]
+            got = [self._statuses.get(timeout=timeout)]
         except queue.Empty:
             return None
         while True:
             try:
-                got.append(self._answers.get_nowait())
+                got.append(self._statuses.get_nowait())
             except queue.Empty:
                 break
         self._ended = None in got
         answers = [a for a in got if a is not None]
         return answers[-1] if answers else None
 
+    def next_file(self, timeout: float) -> tuple | None:
+        """The next file asked for, as ``receive`` gave it; None if the channel ended first or
+        nothing came for ``timeout`` seconds."""
+        try:
+            return self._files.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
     def error(self) -> str:
         """Why the channel ended or went silent, from the ssh client."""
         if self.proc.poll() is None:
-            return f"no status for {STATUS_SILENT_SECONDS:g} s"
+            return f"no answer for {STATUS_SILENT_SECONDS:g} s"
         self._err.seek(0)
         lines = self._err.read().strip().splitlines()
         return lines[-1] if lines else f"ssh exit {self.proc.returncode}"
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        """Hang up (the source's end sees its stdin close and exits), then make sure."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
-        self.proc.wait()
+            self.proc.wait()
         self._err.close()
 
 
@@ -511,6 +588,7 @@ class Pull:
         self.wa = _weights_agent()
         self.path = job["progress_path"]
         self.started = now()
+        self._asked: dict[str, dict] = {}  # what was asked of a source: its Hub entry
         self.data = {
             "schema": SCHEMA, "rollout_id": job["rollout_id"], "repo_id": job["repo_id"],
             "requested": job["revision"], "revision": None, "state": "starting",
@@ -535,71 +613,68 @@ class Pull:
         return ssh_command(j["key_path"], j["known_hosts"], int(source.get("port", j["port"])),
                            j["control_dir"])
 
-    def status_stream(self, source: dict, dir_name: str, revision: str) -> StatusStream:
-        """The source's status, at once and at each change (``stream_status``), on one ssh
-        channel for the whole copy from it."""
+    def channel(self, source: dict, dir_name: str, revision: str, rev_dir: str
+                ) -> SourceChannel:
+        """One ssh channel to ``source`` for the whole copy from it: its status at once and at
+        each change (``stream_status``), and the files this pull asks for."""
         request = f"{STATUS_VERB} {dir_name} {revision} 0 {STATUS_WAIT:g} {STREAM_WORD}"
-        return StatusStream(self.ssh(source) + [f"root@{source['address']}", request])
+        return SourceChannel(self.ssh(source) + [f"root@{source['address']}", request],
+                             lambda stream, head: self.receive(stream, head, rev_dir))
 
-    def copy(self, source: dict, dir_name: str, revision: str, paths: list[str],
-             rev_dir: str, wanted: dict[str, dict],
-             on_landed: Callable[[str, str], object] = lambda path, digest: None
-             ) -> tuple[bool, str]:
-        """Take ``paths`` from ``source`` on one channel (the source's ``send_files``). Each
-        file is written under a temporary name and hashed as it comes (one pass), renamed into
-        place when whole, and handed to ``on_landed(path, digest)`` at once, so it is recorded
-        (and a receiver of this host can take it) while the next one comes. Nothing of the
-        peer is kept but names and bytes: no owner, mode, device or link."""
-        request = shlex.join([SEND_VERB, dir_name, revision, *paths])
-        with tempfile.TemporaryFile(mode="w+") as err:
-            proc = subprocess.Popen(self.ssh(source) + [f"root@{source['address']}", request],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=err)
-            problem = ""
-            try:
-                for path in paths:
-                    problem = self.receive(proc.stdout, path, rev_dir, wanted[path], on_landed)
-                    if problem:
-                        break
-            finally:
-                if problem and proc.poll() is None:
-                    proc.kill()
-                proc.stdout.close()
-                proc.wait()
-            err.seek(0)
-            said = (err.read().strip().splitlines() or [""])[-1]
-        if problem:
-            return False, said or problem
-        return proc.returncode == 0, said or f"ssh exit {proc.returncode}"
+    def copy(self, channel: SourceChannel, source: dict, paths: list[str], rev_dir: str,
+             wanted: dict[str, dict], timeout: float) -> tuple[int, list[str], str]:
+        """Ask ``source`` for ``paths`` and record each as it lands (hashed as it came, while
+        the next one comes): (files recorded, paths it could not give, what broke the
+        channel or "")."""
+        for p in paths:
+            self._asked[p] = wanted[p]
+        if not channel.send(paths):
+            return 0, [], channel.error()
+        got, failed = 0, []
+        for _ in paths:
+            event = channel.next_file(timeout)
+            if event is None:
+                return got, failed, channel.error()
+            path, digest, problem, broken = event
+            if problem:
+                self.note(f"{path}: from {source['host']}: {problem}")
+                failed.append(path)
+                if broken:
+                    return got, failed, problem
+                continue
+            got += self.check(source, [path], rev_dir, wanted, {path: digest})
+        return got, failed, ""
 
-    def receive(self, stream, path: str, rev_dir: str, f: dict,
-                on_landed: Callable[[str, str], object]) -> str:
-        """One file of ``copy``'s channel; "" when it came whole (or the source could not send
-        it), else what broke the channel (it is not read further)."""
-        try:
-            head = json.loads(stream.readline(64 * 1024) or b"null")
-        except ValueError:
-            head = None
-        if not isinstance(head, dict) or head.get("path") != path:
-            return f"the channel ended or went wrong before {path}"
+    def receive(self, stream, head: dict, rev_dir: str) -> tuple[str, str | None, str, bool]:
+        """One file on a channel (in its reading thread): written under a temporary name and
+        hashed as it comes (one pass), renamed into place when whole. Nothing of the peer is
+        kept but names and bytes: no owner, mode, device or link."""
+        path = head.get("file")
         if "error" in head:
-            self.note(f"{path}: the source could not send it ({head['error']})")
-            return ""
-        if head.get("size") != f["size"]:
-            return f"{path}: the source sends {head.get('size')} bytes, the Hub lists {f['size']}"
+            return path, None, f"not sent ({head['error']})", False
+        size = head.get("size")
+        if not isinstance(size, int) or size < 0:
+            return path, None, "an unreadable answer", True
+        f = self._asked.get(path)
+        if f is None or f["size"] != size:
+            listed = f["size"] if f else "nothing"
+            left = size  # read past it: the channel stays in step
+            while left and (chunk := stream.read(min(SEND_CHUNK, left))):
+                left -= len(chunk)
+            return path, None, f"{size} bytes sent, the Hub lists {listed}", bool(left)
         local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
         os.makedirs(os.path.dirname(local), exist_ok=True)
         part = os.path.join(os.path.dirname(local), f".{os.path.basename(local)}{PART_SUFFIX}")
         kind, _want = self.wa.expected_hash(f)
         digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1(  # noqa: S324 - git id
-            b"blob %d\0" % f["size"])
-        left = f["size"]
+            b"blob %d\0" % size)
+        left = size
         try:
             with open(part, "wb") as out:
                 while left:
                     chunk = stream.read(min(SEND_CHUNK, left))
                     if not chunk:
-                        return f"the channel ended in the middle of {path}"
+                        return path, None, "the channel ended in the middle of it", True
                     out.write(chunk)
                     digest.update(chunk)
                     left -= len(chunk)
@@ -607,8 +682,7 @@ class Pull:
         finally:
             if os.path.exists(part):
                 os.unlink(part)
-        on_landed(path, digest.hexdigest())
-        return ""
+        return path, digest.hexdigest(), "", False
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -691,17 +765,18 @@ class Pull:
         poll = float(j.get("poll_seconds", 1.0))
         last_progress = time.monotonic()
         failures = 0
-        stream = None
+        not_given: set[str] = set()  # files this source could not send: the next source's
+        channel = None
         try:
             while wanted:
-                if stream is None:
-                    stream = self.status_stream(source, dir_name, sha)
-                st = stream.latest(STATUS_SILENT_SECONDS)
+                if channel is None:
+                    channel = self.channel(source, dir_name, sha, rev_dir)
+                st = channel.latest(STATUS_SILENT_SECONDS)
                 if st is None:
                     failures += 1
-                    error = stream.error()
-                    stream.close()
-                    stream = None
+                    error = channel.error()
+                    channel.close()
+                    channel = None
                     if failures >= 3 or time.monotonic() - last_progress > stall_s:
                         self.note(f"{source['host']} unreachable for the peer copy "
                                   f"({error}); trying the next source")
@@ -709,18 +784,18 @@ class Pull:
                     time.sleep(poll)
                     continue
                 failures = 0
-                paths = available(st, wanted, wa.expected_hash)
+                paths = [p for p in available(st, wanted, wa.expected_hash) if p not in not_given]
                 if paths:
-                    good = [0]
-
-                    def record(path: str, digest: str, good: list[int] = good) -> None:
-                        good[0] += self.check(source, [path], rev_dir, wanted, {path: digest})
-
-                    ok, err = self.copy(source, dir_name, sha, paths, rev_dir, wanted, record)
-                    if not ok and not good[0]:
-                        self.note(f"the copy from {source['host']} failed ({err}); trying the "
-                                  "next source")
+                    got, failed, broke = self.copy(channel, source, paths, rev_dir, wanted,
+                                                   stall_s)
+                    not_given.update(failed)
+                    if not got and (broke or failed):
+                        self.note(f"the copy from {source['host']} failed "
+                                  f"({broke or 'nothing came'}); trying the next source")
                         return
+                    if broke:
+                        channel.close()
+                        channel = None
                     last_progress = time.monotonic()
                     continue
                 if source_finished(st, sha, j["rollout_id"]):
@@ -730,8 +805,8 @@ class Pull:
                               "the next source")
                     return
         finally:
-            if stream is not None:
-                stream.close()
+            if channel is not None:
+                channel.close()
 
     def check(self, source: dict, paths: list[str], rev_dir: str,
               wanted: dict[str, dict], digests: dict[str, str] | None = None) -> int:

@@ -236,17 +236,20 @@ def test_served_key_is_read_only_from_receivers_only(env, tmp_path):
         assert st.returncode == 0, st.stderr
         assert json.loads(st.stdout)["complete"] is True
         config = env["files"][TARGET]["config.json"].decode()
-        r = fleet.run("h2", f"{ssh} root@{h1} specfleet-send fo--target {rev} config.json")
+        r = fleet.run("h2", f"echo '{{\"send\": [\"config.json\"]}}' | {ssh} root@{h1} "
+                      f"specfleet-status fo--target {rev} 0 10 stream")
         assert r.returncode == 0, r.stderr
-        head, body = r.stdout.split("\n", 1)
-        assert json.loads(head) == {"path": "config.json", "size": len(config)}
+        status, head, body = r.stdout.split("\n", 2)
+        assert json.loads(status)["complete"] is True
+        assert json.loads(head) == {"file": "config.json", "size": len(config)}
         assert body == config
         # Anything else is refused: a shell command, a write, a path outside the models root,
         # rsync in either direction.
         r = fleet.run("h2", f"{ssh} root@{h1} cat /etc/shadow")
         assert r.returncode != 0 and "root:" not in r.stdout
-        r = fleet.run("h2", f"{ssh} root@{h1} specfleet-send fo--target {rev} ../../etc/shadow")
-        assert r.returncode != 0 and "root:" not in r.stdout
+        r = fleet.run("h2", f"echo '{{\"send\": [\"../../etc/shadow\"]}}' | {ssh} root@{h1} "
+                      f"specfleet-status fo--target {rev} 0 10 stream")
+        assert "root:" not in r.stdout and '"error"' in r.stdout.splitlines()[-1]
         r = fleet.run("h2", f"echo x > /tmp/x && rsync -a -e '{ssh}' /tmp/x root@{h1}:fo--target/")
         assert r.returncode != 0
         r = fleet.run("h2", f"rsync -a -e '{ssh}' root@{h1}:../../etc/shadow /tmp/shadow")
@@ -376,14 +379,17 @@ def test_fanout_serves_exactly_the_revision_folder(env, tmp_path):
                f"-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes")
 
         def send(folder: str, *paths: str) -> str:
-            """What h2 gets from ``specfleet-send FOLDER PATH...`` (FOLDER: DIR REVISION)."""
-            request = shlex.join(["specfleet-send", *folder.split(), *paths])
-            return fleet.run("h2", f"{ssh} root@{h1} {shlex.quote(request)}").stdout
+            """What h2 gets of ``paths`` on a status stream of FOLDER (DIR REVISION): the
+            file answers (the status lines left out)."""
+            request = json.dumps({"send": list(paths)})
+            r = fleet.run("h2", f"echo {shlex.quote(request)} | {ssh} root@{h1} "
+                          f"specfleet-status {folder} 0 10 stream")
+            return "".join(x + "\n" for x in r.stdout.splitlines() if '"schema"' not in x)
 
         # The served folder works: a file, one in a folder, a status.
         got = send(f"fo--sec-a {reva}", "config.json", "sub/t.json")
-        assert got == ('{"path": "config.json", "size": 7}\nserved\n'
-                       '{"path": "sub/t.json", "size": 11}\nserved-sub\n'), got
+        assert got == ('{"file": "config.json", "size": 7}\nserved\n'
+                       '{"file": "sub/t.json", "size": 11}\nserved-sub\n'), got
         st = fleet.run("h2", f"{ssh} root@{h1} specfleet-status fo--sec-a {reva}")
         assert st.returncode == 0 and json.loads(st.stdout)["revision"] == reva, st.stderr
         # Nothing else: another model, another revision, the model's root, .cache, .., /etc.
@@ -411,7 +417,8 @@ def test_fanout_serves_exactly_the_revision_folder(env, tmp_path):
                   check=True)
         for path in ("leaf.json", "etc.json", "dirlink/config.json", f"sub/up/{revb}/config.json",
                      "config.json"):
-            assert send(f"fo--sec-a {reva}", path) == "", path
+            got = send(f"fo--sec-a {reva}", path)
+            assert "secret" not in got and "symlink out" in got, (path, got)
     finally:
         serve_deploy(env, tmp_path, spec, False)
         fleet.run("h2", f"rm -rf {key} {kh} /tmp/fo-get /tmp/fo-list")

@@ -5,7 +5,6 @@ agent's serve command run for real on local files. The fleet tests are tests/fle
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -23,8 +22,8 @@ from specfleet.core.settings import settings_from_dict
 from specfleet.fleet.fanout import add_keys, make_keypair
 from specfleet.hostside.fanout_agent import (
     STATUS_WAIT_MAX,
+    SourceChannel,
     StatusRequest,
-    StatusStream,
     available,
     cmd_wait,
     parse_status_request,
@@ -311,43 +310,96 @@ def mark_complete(rev_dir: Path) -> None:
         {"revision": REV, "complete": True}))
 
 
-def test_status_stream_answers_at_each_change_and_ends_when_the_copy_is_complete(tmp_path):
-    """One channel per receiver: an answer at once, one at each new verified file, one after
-    ``wait`` seconds without a change (so silence means a dead channel), the last one when the
-    source's copy is complete."""
+class FakeChannel:
+    """``stream_status``'s channel, on a ``Clock``: what is written, and requests given at a
+    time; the receiver hangs up at ``hang_up``."""
+
+    def __init__(self, clock: Clock, hang_up: float, requests: dict[float, list] | None = None):
+        self.clock, self.hang_up, self.pending = clock, hang_up, dict(requests or {})
+        self.out = b""
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def requests(self, timeout: float) -> list | None:
+        if self.clock.t >= self.hang_up:
+            return None
+        self.clock.sleep(timeout)
+        due = [t for t in self.pending if t <= self.clock.t]
+        return [r for t in sorted(due) for r in self.pending.pop(t)]
+
+
+def test_status_stream_answers_at_each_change_and_takes_requests_until_hung_up(tmp_path):
+    """One channel per receiver and source: a status at once, one at each new verified file,
+    one after ``wait`` seconds without a change (so silence means a dead channel); requests
+    are answered on it; it ends when the receiver hangs up."""
     models, state, rev_dir = verified_folder(tmp_path)
     add_verified(rev_dir, "a.bin", b"hello")
-    out = io.StringIO()
-    clock = Clock({5: lambda: add_verified(rev_dir, "b.bin", b"world"),
-                   40: lambda: mark_complete(rev_dir)})
+    clock = Clock({5: lambda: add_verified(rev_dir, "b.bin", b"world")})
+    channel = FakeChannel(clock, hang_up=3.0, requests={1.0: [{"send": ["a.bin"]}]})
+    asked = []
     assert stream_status(str(models), str(state), StatusRequest("o--m", REV, 0, 2.0, True),
-                         out, clock, clock.sleep) == 0
-    answers = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [sorted(a["verified"]) for a in answers] == [
-        ["a.bin"], ["a.bin", "b.bin"], ["a.bin", "b.bin"], ["a.bin", "b.bin"]]
-    assert [a["complete"] for a in answers] == [False, False, False, True]
-    assert clock.sleeps == 40  # ended with the complete answer
+                         channel, lambda r: asked.append((clock.t, r)) or True, clock) == 0
+    answers = [json.loads(line) for line in channel.out.splitlines()]
+    assert [sorted(a["verified"]) for a in answers] == [["a.bin"], ["a.bin", "b.bin"],
+                                                        ["a.bin", "b.bin"]]
+    assert [r for _, r in asked] == [{"send": ["a.bin"]}] and 1.0 <= asked[0][0] < 1.2
+    assert 3.0 <= clock.t < 3.2
+    # A send that leaves the channel out of step ends it.
+    channel = FakeChannel(Clock(), hang_up=9.0, requests={0.5: [{"send": ["a.bin"]}]})
+    assert stream_status(str(models), str(state), StatusRequest("o--m", REV, 0, 2.0, True),
+                         channel, lambda r: False, channel.clock) == 1
+
+
+def channel_answers(data: bytes) -> list:
+    """What came on a status stream: statuses (dicts) and files ((header, bytes or None))."""
+    out = []
+    while data:
+        line, _, data = data.partition(b"\n")
+        msg = json.loads(line)
+        if "file" in msg:
+            size = msg.get("size")
+            out.append((msg, None if size is None else data[:size]))
+            data = data[size or 0:]
+        else:
+            out.append(msg)
+    return out
+
+
+def stream(models: Path, state: Path, *requests, allowed: tuple[str, ...] = (f"o--m={REV}",),
+           folder: str = f"o--m {REV}") -> tuple[int, list, str]:
+    """The forced command, run for real as sshd runs it: a status stream of ``folder``, the
+    ``requests`` on its stdin, then hung up."""
+    env = {**os.environ, "SSH_ORIGINAL_COMMAND": f"specfleet-status {folder} 0 10 stream"}
+    r = subprocess.run([sys.executable, str(AGENT), "serve", str(models), str(state), *allowed],
+                       env=env, capture_output=True, timeout=30, input=b"".join(
+                           (json.dumps(q) + "\n").encode() if not isinstance(q, bytes) else q
+                           for q in requests))
+    return r.returncode, channel_answers(r.stdout), r.stderr.decode()
 
 
 def test_status_stream_through_the_forced_command_and_the_receivers_end(tmp_path):
-    """The forced command, run for real, streams; the receiver's end keeps the newest answer,
-    and says so when the channel ends or goes silent."""
+    """The forced command, run for real, streams until stdin ends; the receiver's end keeps
+    the newest status, and says so when the channel ends or goes silent."""
     models, state, rev_dir = verified_folder(tmp_path)
     add_verified(rev_dir, "a.bin", b"hello")
-    mark_complete(rev_dir)
-    r = serve(models, state, f"specfleet-status o--m {REV} 0 10 stream")
-    assert r.returncode == 0, r.stderr
-    assert [json.loads(line)["complete"] for line in r.stdout.splitlines()] == [True]
+    rc, answers, err = stream(models, state, {"send": ["a.bin"]})
+    assert rc == 0, err
+    assert list(answers[0]["verified"]) == ["a.bin"]
+    assert answers[1:] == [({"file": "a.bin", "size": 5}, b"hello")]
 
     lines = "".join(f"print({json.dumps(json.dumps({'n': n}))}, flush=True);" for n in (1, 2))
-    stream = StatusStream([sys.executable, "-c", f"{lines} import time; time.sleep(0.3)"])
+    channel = SourceChannel([sys.executable, "-c", f"{lines} import time; time.sleep(0.3)"],
+                            lambda stream, head: None)
     time.sleep(0.2)
-    assert stream.latest(5) == {"n": 2}  # the newest of what came
-    assert stream.latest(5) is None and "exit 0" in stream.error()  # the channel ended
-    stream.close()
-    stream = StatusStream([sys.executable, "-c", "import time; time.sleep(30)"])
-    assert stream.latest(0.3) is None and "no status for" in stream.error()
-    stream.close()
+    assert channel.latest(5) == {"n": 2}  # the newest of what came
+    assert channel.latest(5) is None and "exit 0" in channel.error()  # the channel ended
+    assert channel.next_file(1) is None and not channel.send(["x"])
+    channel.close()
+    channel = SourceChannel([sys.executable, "-c", "import time; time.sleep(30)"],
+                            lambda stream, head: None)
+    assert channel.latest(0.3) is None and "no answer for" in channel.error()
+    channel.close()
 
 
 def test_serve_answers_a_long_poll(tmp_path):
@@ -431,12 +483,12 @@ def test_serve_status_reports_only_files_that_still_match(tmp_path):
                               "updated_at": None}
 
 
-def test_serve_refuses_anything_but_status_and_send(tmp_path):
+def test_serve_refuses_anything_but_status(tmp_path):
     for command in ("cat /etc/shadow", "rsync --server --sender . o--m", "rsync --server . x",
-                    f"specfleet-status ../.. {REV}", "sh", "specfleet-sendx o--m"):
+                    f"specfleet-status ../.. {REV}", "sh", f"specfleet-send o--m {REV} x"):
         r = serve(tmp_path, tmp_path, command)
         assert r.returncode == 1, command
-        assert "only status and send requests" in r.stderr
+        assert "only status requests" in r.stderr
         assert r.stdout == ""
 
 
@@ -449,45 +501,37 @@ def models_tree(tmp_path: Path) -> Path:
     return models
 
 
-def sent(stdout: str) -> list:
-    """``send_files``' answer: [(header, bytes)...] (the test files are text)."""
-    out, lines = [], stdout.split("\n")
-    while len(lines) > 1:
-        head = json.loads(lines.pop(0))
-        if "size" in head:
-            rest = "\n".join(lines)
-            out.append((head, rest[:head["size"]]))
-            lines = rest[head["size"]:].split("\n") if rest[head["size"]:] else []
-        else:
-            out.append((head, None))
-    return out
+def files_of(answers: list) -> list:
+    return [a for a in answers if isinstance(a, tuple)]
 
 
-def test_serve_sends_only_files_of_the_revision_folders_it_fans_out(tmp_path):
-    """A send names its revision folder and paths under it; any other folder (another model,
-    another revision, the model's root, .cache, ``..``, an absolute path) is refused before a
-    byte goes out."""
+def test_serve_sends_only_files_of_the_revision_folder_it_fans_out(tmp_path):
+    """A send names paths under the revision folder of its stream; any other folder (another
+    model, another revision, the model's root, .cache, ``..``, an absolute path) is refused,
+    and not a byte of it goes out."""
     models = models_tree(tmp_path)
     (models / "o--m" / REV / "sub").mkdir()
     (models / "o--m" / REV / "sub" / "x.bin").write_text("xyz")
-    r = serve(models, tmp_path, f"specfleet-send o--m {REV} config.json sub/x.bin 'no such'")
-    assert r.returncode == 0, r.stderr
-    assert sent(r.stdout) == [({"path": "config.json", "size": 2}, "{}"),
-                              ({"path": "sub/x.bin", "size": 3}, "xyz"),
-                              ({"path": "no such", "error": "No such file or directory"}, None)]
-    for asked in (f"o--d {'b' * 40} config.json", f"o--m {'c' * 40} config.json",
-                  f"o--m {REV}", f"o--m {REV} ../{'c' * 40}/config.json", "o--m . config.json",
-                  f"o--m {REV} sub/../../x", f"o--m {REV} /etc/shadow", ".cache x config.json",
-                  f"o--m {REV} ./config.json", f"o--m {REV} sub//x.bin", f"o--m {REV} '"):
-        r = serve(models, tmp_path, f"specfleet-send {asked}")
-        assert r.returncode != 0 and r.stdout == "", asked
-        assert "not served" in r.stderr or "cannot be read" in r.stderr, (asked, r.stderr)
-    # Status only for the folders it serves, too.
-    assert serve(models, tmp_path, f"specfleet-status o--m {REV}").returncode == 0
-    r = serve(models, tmp_path, f"specfleet-status o--d {'b' * 40}")
-    assert r.returncode == 1 and r.stdout == ""
-    r = serve(models, tmp_path, f"specfleet-status o--m {'c' * 40}")
-    assert r.returncode == 1 and r.stdout == ""
+    rc, answers, err = stream(models, tmp_path, {"send": ["config.json", "sub/x.bin"]},
+                              {"send": ["no such"]})
+    assert rc == 0, err
+    assert files_of(answers) == [({"file": "config.json", "size": 2}, b"{}"),
+                                 ({"file": "sub/x.bin", "size": 3}, b"xyz"),
+                                 ({"file": "no such", "error": "No such file or directory"},
+                                  None)]
+    hostile = [f"../{'c' * 40}/config.json", "sub/../../x", "/etc/shadow", "./config.json",
+               "sub//x.bin", "../../o--d/" + "b" * 40 + "/config.json", "../../.cache/config.json",
+               "", "."]
+    rc, answers, err = stream(models, tmp_path, {"send": hostile}, {"send": "config.json"},
+                              b"not json\n", {"other": 1})
+    assert rc == 0, err
+    got = files_of(answers)
+    assert [h["file"] for h, _ in got] == [*hostile, None, None, None]
+    assert all("error" in h and data is None for h, data in got), got
+    # Streams only of the folders it serves.
+    for folder in (f"o--d {'b' * 40}", f"o--m {'c' * 40}", "o--m .", ".cache x"):
+        rc, answers, err = stream(models, tmp_path, {"send": ["config.json"]}, folder=folder)
+        assert rc == 1 and answers == [] and ("not served" in err or "only status" in err), folder
 
 
 def test_serve_follows_no_symlink_out_of_the_folder(tmp_path):
@@ -495,16 +539,15 @@ def test_serve_follows_no_symlink_out_of_the_folder(tmp_path):
     rev = models / "o--m" / REV
     # A symlink inside that stays inside does not stop the serving; it is not sent itself.
     os.symlink("config.json", rev / "inner.json")
-    r = serve(models, tmp_path, f"specfleet-send o--m {REV} inner.json config.json")
-    assert r.returncode == 0, r.stderr
-    (inner, _), (config, data) = sent(r.stdout)
-    assert "error" in inner and config == {"path": "config.json", "size": 2} and data == "{}"
-    # One that leads out (a file or a folder, relative or absolute) stops the serving.
+    rc, answers, err = stream(models, tmp_path, {"send": ["inner.json", "config.json"]})
+    (inner, _), (config, data) = files_of(answers)
+    assert "error" in inner and config == {"file": "config.json", "size": 2} and data == b"{}"
+    # One that leads out (a file or a folder, relative or absolute) stops the sending.
     for target in (models / "o--d" / ("b" * 40), "../../o--d", "/etc/passwd", ".."):
         os.symlink(target, rev / "out")
-        r = serve(models, tmp_path, f"specfleet-send o--m {REV} config.json")
-        assert r.returncode != 0 and r.stdout == "", target
-        assert "symlink" in r.stderr and "out" in r.stderr, r.stderr
+        rc, answers, err = stream(models, tmp_path, {"send": ["config.json"]})
+        (head, data), = files_of(answers)
+        assert data is None and "symlink" in head["error"] and "out" in head["error"], target
         os.unlink(rev / "out")
 
 
@@ -513,17 +556,16 @@ def test_serve_of_a_followed_branch_takes_the_revision_this_host_resolved(tmp_pa
     this host's own download (or pull) resolved."""
     models = models_tree(tmp_path)
     other = "c" * 40
-    ask = f"specfleet-send o--m {REV} config.json"
-    assert serve(models, tmp_path, ask, allowed=("o--m",)).returncode != 0  # nothing resolved
+    ask = {"send": ["config.json"]}
+    assert stream(models, tmp_path, ask, allowed=("o--m",))[0] == 1  # nothing resolved yet
     (tmp_path / "weights").mkdir()
     (tmp_path / "weights" / "o--m.progress.json").write_text(json.dumps({"revision": REV}))
-    r = serve(models, tmp_path, ask, allowed=("o--m",))
-    assert r.returncode == 0 and sent(r.stdout)[0][1] == "{}", r.stderr
-    ask_other = f"specfleet-send o--m {other} config.json"
-    assert serve(models, tmp_path, ask_other, allowed=("o--m",)).returncode != 0
+    rc, answers, err = stream(models, tmp_path, ask, allowed=("o--m",))
+    assert rc == 0 and files_of(answers)[0][1] == b"{}", err
+    assert stream(models, tmp_path, ask, allowed=("o--m",), folder=f"o--m {other}")[0] == 1
     (tmp_path / "fanout").mkdir()
     (tmp_path / "fanout" / "o--m.pull.json").write_text(json.dumps({"revision": other}))
-    assert serve(models, tmp_path, ask_other, allowed=("o--m",)).returncode == 0
+    assert stream(models, tmp_path, ask, allowed=("o--m",), folder=f"o--m {other}")[0] == 0
 
 
 def test_serve_command_names_the_folders(tmp_path):
@@ -558,59 +600,79 @@ def through_forced_command(monkeypatch, fanout_agent, models: Path, state: Path)
     monkeypatch.setattr(fanout_agent.subprocess, "Popen", popen)
 
 
+SOURCE = {"host": "h1", "address": "10.0.0.1"}
+
+
 def test_receiver_takes_each_file_whole_hashed_as_it_comes(tmp_path, monkeypatch):
-    """Each file comes under a temporary name, hashed on the way, and is handed on (recorded
-    for this host's own receivers) as soon as it is whole, before the next one; nothing of the
-    peer's copy is kept but the bytes (a setuid mode stays behind)."""
+    """The files asked for come on the status channel, each under a temporary name, hashed on
+    the way, recorded once whole (for this host's own receivers); nothing of the peer's copy
+    is kept but the bytes (a setuid mode stays behind)."""
     from specfleet.hostside.weights_agent import git_blob_id
 
     fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
     models = tmp_path / "src"
     src = models / "o--m" / REV
-    src.mkdir(parents=True)
-    (src / "a.bin").write_bytes(b"hello")
-    (src / "b.bin").write_bytes(b"world!")
+    (src / ".specfleet").mkdir(parents=True)
+    add_verified(src, "a.bin", b"hello")
+    add_verified(src, "b.bin", b"world!")
     (src / "a.bin").chmod(0o4755)
     through_forced_command(monkeypatch, fanout_agent, models, tmp_path / "state")
     wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": git_blob_id(b"hello")},
               "b.bin": {"path": "b.bin", "size": 6, "sha256": hashlib.sha256(b"world!")
                         .hexdigest()}}
-    landed_at = []
-    ok, err = pull.copy({"host": "h1", "address": "10.0.0.1"}, "o--m", REV, ["a.bin", "b.bin"],
-                        str(rev_dir), wanted,
-                        lambda p, d: landed_at.append((p, d, (rev_dir / "b.bin").exists())))
-    assert ok, err
-    assert landed_at == [("a.bin", git_blob_id(b"hello"), False),
-                         ("b.bin", hashlib.sha256(b"world!").hexdigest(), True)]
+    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
+    try:
+        assert sorted(channel.latest(10)["verified"]) == ["a.bin", "b.bin"]
+        got, failed, broke = pull.copy(channel, SOURCE, ["a.bin", "b.bin"], str(rev_dir),
+                                       wanted, 10)
+    finally:
+        channel.close()
+    assert (got, failed, broke) == (2, [], "") and wanted == {}
+    rec = [json.loads(x) for x in (rev_dir / ".specfleet" / "verified.jsonl").read_text()
+           .splitlines()]
+    assert [(r["path"], r["hash"], r["from"]) for r in rec] == [
+        ("a.bin", git_blob_id(b"hello"), "h1"),
+        ("b.bin", hashlib.sha256(b"world!").hexdigest(), "h1")]
     assert (rev_dir / "a.bin").read_bytes() == b"hello"
     assert not (rev_dir / "a.bin").stat().st_mode & 0o7000
     assert sorted(p.name for p in rev_dir.iterdir()) == [".specfleet", "a.bin", "b.bin"]
 
 
 def test_receiver_keeps_nothing_of_a_channel_that_breaks(tmp_path, monkeypatch):
-    """A channel that ends in the middle of a file, or sends another size than the Hub's,
-    leaves no file and no partial one; what came whole before stays."""
+    """A channel that ends in the middle of a file leaves no file and no partial one (what came
+    whole before stays); a file of another size than the Hub's, or one the source could not
+    send, is left for the next source, and the channel stays in step."""
+    from specfleet.hostside.weights_agent import git_blob_id
+
     fanout_agent, rev_dir, pull = receiver_pull(tmp_path)
     real_popen = subprocess.Popen
-    wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": "x"},
-              "b.bin": {"path": "b.bin", "size": 10, "blob_id": "y"}}
-    for script, problem in (
-        ('{"path": "a.bin", "size": 5}\nhello{"path": "b.bin", "size": 10}\nhalf', "middle"),
-        ('{"path": "a.bin", "size": 5}\nhello{"path": "b.bin", "size": 11}\n', "11 bytes"),
-        ('{"path": "b.bin", "size": 10}\n', "before a.bin"),
+    status = json.dumps({"verified": {}})
+    a = '{"file": "a.bin", "size": 5}\nhello'
+    for answers, expect in (
+        (a + '{"file": "b.bin", "size": 10}\nhalf', (1, ["b.bin"], "in the middle")),
+        (a + '{"file": "b.bin", "size": 3}\nabc', (1, ["b.bin"], "")),
+        ('{"file": "a.bin", "error": "gone"}\n{"file": "b.bin", "size": 3}\nabc',
+         (0, ["a.bin", "b.bin"], "")),
     ):
-        monkeypatch.setattr(fanout_agent.subprocess, "Popen", lambda argv, s=script, **kw:
-                            real_popen(["printf", "%s", s], **kw))
+        # A stand-in source: a status, then, once asked, these answers.
+        monkeypatch.setattr(fanout_agent.subprocess, "Popen", lambda argv, s=answers, **kw:
+                            real_popen(["sh", "-c", 'printf "%s\\n" "$0"; read -r x; '
+                                        'printf "%s" "$1"; sleep 2', status, s], **kw))
         for p in rev_dir.glob("*.bin"):
             p.unlink()
-        landed_at = []
-        ok, err = pull.copy({"host": "h1", "address": "10.0.0.1"}, "o--m", REV,
-                            ["a.bin", "b.bin"], str(rev_dir), wanted,
-                            lambda p, d, seen=landed_at: seen.append(p))
-        assert not ok and problem in err, (script, err)
+        (rev_dir / ".specfleet" / "verified.jsonl").unlink(missing_ok=True)
+        wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": git_blob_id(b"hello")},
+                  "b.bin": {"path": "b.bin", "size": 10, "blob_id": "y"}}
+        channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
+        try:
+            channel.latest(5)
+            got, failed, broke = pull.copy(channel, SOURCE, ["a.bin", "b.bin"], str(rev_dir),
+                                           wanted, 5)
+        finally:
+            channel.close()
+        assert (got, failed) == expect[:2] and expect[2] in broke, (answers, got, failed, broke)
         left = sorted(p.name for p in rev_dir.iterdir())
-        assert left == ([".specfleet"] if problem == "before a.bin" else [".specfleet", "a.bin"])
-        assert landed_at == ([] if problem == "before a.bin" else ["a.bin"])
+        assert left == [".specfleet", "a.bin"][:1 + got], left
     (rev_dir / ".b.bin.sf-part").write_bytes(b"stale")
     fanout_agent.remove_parts(str(rev_dir))  # what a killed pull left, at the next one's start
     assert not (rev_dir / ".b.bin.sf-part").exists()

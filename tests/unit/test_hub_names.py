@@ -189,11 +189,11 @@ def hostile_pull(tmp_path: Path, monkeypatch, name: str) -> tuple[fanout_agent.P
         def close(self):
             pass
 
-    monkeypatch.setattr(pull, "status_stream", lambda source, d, rev: Stream())
+    monkeypatch.setattr(pull, "channel", lambda source, d, rev, rev_dir: Stream())
 
-    def copy(source, d, rev, paths, rev_dir, wanted, on_landed):
+    def copy(channel, source, paths, rev_dir, wanted, timeout):
         copied.append(list(paths))
-        return False, "the fake source copies nothing"
+        return 0, list(paths), "the fake source copies nothing"
 
     monkeypatch.setattr(pull, "copy", copy)
     return pull, copied
