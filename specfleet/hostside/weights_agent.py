@@ -34,7 +34,6 @@ import fnmatch
 import hashlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -773,22 +772,22 @@ class ForkedFetch:
         os.close(write_fd)
         self.stdout = os.fdopen(read_fd, "r")
         self.returncode: int | None = None
-        self._pidfd = os.pidfd_open(self.pid)
 
     def poll(self) -> int | None:
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                os.close(self._pidfd)
+                # os.waitstatus_to_exitcode is Python 3.9; hosts may have 3.8.
+                self.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                                   else os.WEXITSTATUS(status))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.poll() is None:
-            ready, _, _ = select.select([self._pidfd], [], [], timeout)
-            if not ready:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired("weights_agent.py fetch", timeout)
-            self.poll()
+            time.sleep(0.02)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
