@@ -812,9 +812,16 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
     run = Run(env, argv)
     partial = ""
     try:
-        ok = wait_until(lambda: bool(env.sh(receiver, in_flight, timeout=20).stdout.strip())
-                        or run.proc.poll() is not None, 300, 0.2)
-        partial = env.sh(receiver, in_flight, timeout=20).stdout.strip() if ok else ""
+        seen: list[str] = []
+
+        def copying() -> bool:
+            found = env.sh(receiver, in_flight, timeout=20).stdout.strip()
+            if found:
+                seen.append(found)
+            return bool(found) or run.proc.poll() is not None
+
+        wait_until(copying, 300, 0.2)
+        partial = seen[-1] if seen else ""
         check(bool(partial) and run.proc.poll() is None,
               f"no copy from {seed} was ever in flight on {receiver}: {run.out[-2000:]}")
         subprocess.run(["ip", "link", "set", veth, "down"], check=True)

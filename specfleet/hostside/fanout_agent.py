@@ -659,7 +659,7 @@ class Pull:
         if f is None or f["size"] != size:
             listed = f["size"] if f else "nothing"
             left = size  # read past it: the channel stays in step
-            while left and (chunk := stream.read(min(SEND_CHUNK, left))):
+            while left and (chunk := stream.read1(min(SEND_CHUNK, left))):
                 left -= len(chunk)
             return path, None, f"{size} bytes sent, the Hub lists {listed}", bool(left)
         local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
@@ -672,7 +672,7 @@ class Pull:
         try:
             with open(part, "wb") as out:
                 while left:
-                    chunk = stream.read(min(SEND_CHUNK, left))
+                    chunk = stream.read1(min(SEND_CHUNK, left))  # what came: on disk at once
                     if not chunk:
                         return path, None, "the channel ended in the middle of it", True
                     out.write(chunk)
