@@ -56,8 +56,11 @@ from typing import NamedTuple
 SCHEMA = 1
 STATUS_VERB = "specfleet-status"
 STREAM_WORD = "stream"
-# The most bytes one sendfile call or one read of a receiver moves.
+# The most bytes one sendfile call moves.
 SEND_CHUNK = 8 << 20
+# What a receiver reads, hashes and writes at a time: large enough to cost little per byte,
+# small enough that a file on its way grows on disk as it comes.
+RECEIVE_CHUNK = 1 << 20
 _DIR_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,200}$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -98,6 +101,8 @@ STATUS_WAIT_MAX = 30.0
 STATUS_LOOK_SECONDS = 0.1
 # A status stream that says nothing for this long is dead (it answers every STATUS_WAIT).
 STATUS_SILENT_SECONDS = 3 * STATUS_WAIT
+# The longest request line a status stream takes.
+REQUEST_MAX_BYTES = 4 << 20
 # The longest one status stream runs (the receiver opens another one after it).
 STATUS_STREAM_SECONDS = 1800.0
 # The least time between two answers of ``wait`` about a pull's progress (not its end).
@@ -109,7 +114,7 @@ class StatusRequest(NamedTuple):
     revision: str
     known: int = -1  # the verified files the receiver knows of; -1: answer at once
     wait: float = 0.0  # seconds to wait for news, at most
-    stream: bool = False  # answer at each change, on one channel, until the copy is complete
+    stream: bool = False  # answer at each change, and send files, until the receiver hangs up
 
 
 def parse_status_request(command: str) -> StatusRequest | None:
@@ -189,7 +194,8 @@ class ServeChannel:
         if ready:
             data = os.read(self.inp, 1 << 16)
             self._buf += data
-            self._hung_up = not data
+            # A line longer than any request (a list of a repository's file names) ends it too.
+            self._hung_up = not data or len(self._buf) > REQUEST_MAX_BYTES
         *lines, self._buf = self._buf.split(b"\n")
         out = []
         for line in lines:
@@ -659,7 +665,7 @@ class Pull:
         if f is None or f["size"] != size:
             listed = f["size"] if f else "nothing"
             left = size  # read past it: the channel stays in step
-            while left and (chunk := stream.read1(min(SEND_CHUNK, left))):
+            while left and (chunk := stream.read(min(RECEIVE_CHUNK, left))):
                 left -= len(chunk)
             return path, None, f"{size} bytes sent, the Hub lists {listed}", bool(left)
         local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
@@ -672,7 +678,7 @@ class Pull:
         try:
             with open(part, "wb") as out:
                 while left:
-                    chunk = stream.read1(min(SEND_CHUNK, left))  # what came: on disk at once
+                    chunk = stream.read(min(RECEIVE_CHUNK, left))
                     if not chunk:
                         return path, None, "the channel ended in the middle of it", True
                     out.write(chunk)
