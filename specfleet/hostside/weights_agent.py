@@ -630,8 +630,9 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
         futs: dict = {}
         last_size = 0
         for path in p["missing"]:
-            if 0 < len(futs) < workers:
-                stagger(moved, len(futs), last_size / workers, futs)
+            in_flight = sum(not f.done() for f in futs)
+            if 0 < in_flight < workers:
+                stagger(moved, in_flight, last_size / workers, futs)
             futs[pool.submit(one, path)] = path
             last_size = files[path]["size"]
         for fut in as_completed(futs):
@@ -660,14 +661,16 @@ STAGGER_MAX_SECONDS = 10.0
 def stagger(moved, in_flight: int, lead: float, futs: dict, clock=time.monotonic,
             sleep=time.sleep) -> None:
     """Hold the next of the first downloads until the one started last has about ``lead``
-    bytes (a ``1/workers`` share of its file): ``moved()`` counts every byte downloaded so far,
-    and the ``in_flight`` downloads share the link about evenly. Started all at once, equal
-    shards finish all at once, and so do the next ones, a wave at a time; spread out, they land
-    one by one, and each can be passed on (a fan-out's peers copy a file once it is verified)
-    while the next one downloads. One download can fill the link meanwhile."""
+    bytes (a ``1/workers`` share of its file), or one of them ends: ``moved()`` counts every
+    byte downloaded so far, and the ``in_flight`` downloads share the link about evenly.
+    Started all at once, equal shards finish all at once, and so do the next ones, a wave at a
+    time; spread out, they land one by one, and each can be passed on (a fan-out's peers copy a
+    file once it is verified) while the next one downloads. One download can fill the link
+    meanwhile."""
     start, base = clock(), moved()
+    ended = sum(f.done() for f in futs)
     while (moved() - base < in_flight * lead and clock() - start < STAGGER_MAX_SECONDS
-           and not any(f.done() for f in futs)):
+           and sum(f.done() for f in futs) == ended):
         sleep(0.05)
 
 

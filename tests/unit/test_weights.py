@@ -376,7 +376,16 @@ def test_the_first_downloads_start_spread_out_so_files_land_one_by_one():
     stagger(moved, 2, 4_000_000, {_Done(): "a"}, clock, sleep)
     assert looks[0] == 8
     t[0] = 0.0
-    stagger(lambda: 0, 1, 4_000_000, {_Done(True): "a"}, clock, sleep)
-    assert t[0] == 0.0  # a download ended: its slot is free at once
+    done_before, running = _Done(True), _Done()
+    futs = {done_before: "config.json", running: "a"}
+
+    def sleep_then_end(seconds: float) -> None:
+        sleep(seconds)
+        running._done = looks[0] >= 3
+
+    looks[0] = 0
+    stagger(lambda: 0, 1, 4_000_000, futs, clock, sleep_then_end)
+    assert looks[0] == 3  # one ended while it waited (not one that had ended before): go
+    t[0] = 0.0
     stagger(lambda: 0, 1, 4_000_000, {_Done(): "a"}, clock, sleep)
     assert STAGGER_MAX_SECONDS <= t[0] < STAGGER_MAX_SECONDS + 0.1  # nothing moves: not forever
