@@ -611,8 +611,6 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
             emit({"event": "download", "path": path, "attempt": attempt})
             hf_hub_download(job["repo_id"], path, revision=sha, local_dir=rev_dir,
                             force_download=True)
-            with vlock:
-                landed[0] += f["size"]
             bad = check(f)
             if bad is None:
                 record(f, kind, want)
@@ -620,21 +618,8 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
             emit({"event": "mismatch", "path": path, "attempt": attempt, "detail": bad})
         raise ChecksumError(f"{path}: {bad}")
 
-    workers = int(job.get("max_workers") or 4)
-    landed = [0]  # bytes of the files this fetch has downloaded whole
-
-    def moved() -> int:
-        return incomplete_bytes(rev_dir) + landed[0]
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futs: dict = {}
-        last_size = 0
-        for path in p["missing"]:
-            in_flight = sum(not f.done() for f in futs)
-            if 0 < in_flight < workers:
-                stagger(moved, in_flight, last_size / workers, futs)
-            futs[pool.submit(one, path)] = path
-            last_size = files[path]["size"]
+    with ThreadPoolExecutor(max_workers=int(job.get("max_workers") or 4)) as pool:
+        futs = {pool.submit(one, path): path for path in p["missing"]}
         for fut in as_completed(futs):
             exc = fut.exception()
             if exc is None:
@@ -652,26 +637,6 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
         return EXIT_FAILED
     emit({"event": "fetched", "revision": sha})
     return EXIT_OK
-
-
-# The longest the first downloads wait for each other to spread out (``stagger``).
-STAGGER_MAX_SECONDS = 10.0
-
-
-def stagger(moved, in_flight: int, lead: float, futs: dict, clock=time.monotonic,
-            sleep=time.sleep) -> None:
-    """Hold the next of the first downloads until the one started last has about ``lead``
-    bytes (a ``1/workers`` share of its file), or one of them ends: ``moved()`` counts every
-    byte downloaded so far, and the ``in_flight`` downloads share the link about evenly.
-    Started all at once, equal shards finish all at once, and so do the next ones, a wave at a
-    time; spread out, they land one by one, and each can be passed on (a fan-out's peers copy a
-    file once it is verified) while the next one downloads. One download can fill the link
-    meanwhile."""
-    start, base = clock(), moved()
-    ended = sum(f.done() for f in futs)
-    while (moved() - base < in_flight * lead and clock() - start < STAGGER_MAX_SECONDS
-           and sum(f.done() for f in futs) == ended):
-        sleep(0.05)
 
 
 class ChecksumError(Exception):
