@@ -1,0 +1,389 @@
+"""SGLang's own rules, run on a plan: each release's rule modules loaded standalone from its wheel.
+
+``import sglang`` pulls in torch, triton, orjson and transformers, none of which is here. So this
+harness reads the one module that holds a rule in that release (0.5.11-0.5.14:
+``sglang/srt/server_args.py``; 0.5.23: ``sglang/srt/server_args.py`` for the command line and
+``sglang/srt/arg_groups/memory_hook.py`` for the memory rule) straight out of the real PyPI wheel
+and executes it as it is, with these stand-ins and nothing else:
+
+- every name the module imports from another ``sglang`` module gets a ``Missing`` object that
+  raises ``StubCalled`` the moment it is called or read from. A rule that reaches a name nobody
+  stubbed fails the test loudly rather than taking a quiet False;
+- the per-machine hardware predicates (``is_cuda``, ``is_hip``, ``is_sm90_supported`` ...,
+  ``get_device_memory_capacity``, ``get_device_sm``) answer for the machine profile;
+- ``sglang/srt/environ.py`` (``envs``) is the wheel's own, loaded the same way;
+- the model config (``get_model_config``) is built from the Kimi K2.6 config fields listed in
+  ``KIMI_K26_MODEL``, each with its source.
+
+Each plan's argv is parsed with that release's own ``ServerArgs.add_cli_args``; the
+``ServerArgs`` object is filled field by field as ``from_cli_args`` does, but ``__post_init__`` is
+never run whole: its dozens of steps under stubs would mostly exercise the stubs. Only the rule
+methods are called, in ``__post_init__``'s order: the piecewise CUDA graph decision, the GPU
+memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), and the
+speculative-decoding checks (DFLASH: dp attention, pp size, draft window, ``max_running_requests``,
+overlap schedule).
+
+"Not enough memory" is raised by SGLang at model load (``pool_configurator.py``), not by
+``ServerArgs``: ``Verdict.kv_room_gib`` models it from the fraction SGLang's code computed here,
+the GPU memory and the weights per GPU. That step is modelled, not executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import sys
+import types
+import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from tests.harness.sources import sglang_wheel
+
+GIB = 1024**3
+MIB = 1024**2
+
+# The releases of the version table the harness runs, and the module that holds the memory rule.
+MEMORY_RULE_MODULE = {
+    "0.5.11": "sglang/srt/server_args.py",
+    "0.5.12": "sglang/srt/server_args.py",
+    "0.5.13": "sglang/srt/server_args.py",
+    "0.5.14": "sglang/srt/server_args.py",
+    "0.5.23": "sglang/srt/arg_groups/memory_hook.py",
+}
+RELEASES = tuple(MEMORY_RULE_MODULE)
+
+
+class StubCalled(RuntimeError):
+    """A rule reached an imported name the harness did not stand in for."""
+
+
+class Missing:
+    """An imported name nobody stood in for: any use raises StubCalled."""
+
+    def __init__(self, qualname: str):
+        object.__setattr__(self, "_qualname", qualname)
+
+    def __call__(self, *args, **kwargs):
+        raise StubCalled(f"{self._qualname}() called: not stood in for by the harness")
+
+    def __getattr__(self, name):
+        raise StubCalled(f"{self._qualname}.{name} read: not stood in for by the harness")
+
+    def __repr__(self):
+        return f"<Missing {self._qualname}>"
+
+
+class _FakeModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Missing(f"{self.__name__}.{name}")
+
+
+class AttentionArch(enum.Enum):
+    """Stands in for sglang.srt.configs.model_config.AttentionArch (the two members read)."""
+
+    MLA = enum.auto()
+    MHA = enum.auto()
+
+
+# Kimi K2.6's config fields the rules read, and where each comes from.
+KIMI_K26_MODEL = {
+    # config.json "architectures" (the model card; sglang.md section 2: KimiK25ForConditionalGeneration
+    # wraps DeepseekV3ForCausalLM(text_config) plus the MoonViT vision tower).
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    # sglang/srt/configs/model_config.py: the arch is in its multimodal list, and DeepseekV3's MLA
+    # (kv_lora_rank set) makes attention_arch MLA.
+    "is_multimodal": True,
+    "attention_arch": AttentionArch.MLA,
+    # sglang/srt/configs/kimi_k25.py KimiK25VisionConfig defaults (MoonViT: 27 layers, 1152 wide),
+    # which adjust_mem_fraction_for_vlm reads as num_hidden_layers / hidden_size.
+    "vision_num_hidden_layers": 27,
+    "vision_hidden_size": 1152,
+    # config.json text_config max_position_embeddings (262144 for K2.x).
+    "context_len": 262144,
+}
+
+
+def model_config(fields: Mapping[str, Any] = KIMI_K26_MODEL) -> types.SimpleNamespace:
+    vision = None
+    if fields.get("vision_num_hidden_layers") is not None:
+        vision = types.SimpleNamespace(
+            num_hidden_layers=fields["vision_num_hidden_layers"],
+            hidden_size=fields["vision_hidden_size"],
+        )
+    hf = types.SimpleNamespace(architectures=list(fields["architectures"]), vision_config=vision)
+    return types.SimpleNamespace(
+        hf_config=hf,
+        is_multimodal=fields["is_multimodal"],
+        attention_arch=fields["attention_arch"],
+        is_piecewise_cuda_graph_disabled_model=False,
+        context_len=fields["context_len"],
+    )
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The hardware predicates of one machine profile."""
+
+    memory_mib: int
+    sm: tuple[int, int]
+    device_count: int
+
+    def predicates(self) -> dict[str, Any]:
+        major = self.sm[0]
+        return {
+            "get_device_memory_capacity": lambda device=None: self.memory_mib,
+            "get_device_sm": lambda: major * 10 + self.sm[1],
+            "get_device_name": lambda device_id=0: "stand-in GPU",
+            "get_device": lambda device_id=None: "cuda",
+            "is_cuda": lambda: True,
+            "is_cuda_alike": lambda: True,
+            "is_hip": lambda: False,
+            "is_npu": lambda: False,
+            "is_cpu": lambda: False,
+            "is_mps": lambda: False,
+            "is_xpu": lambda: False,
+            "is_hpu": lambda: False,
+            "is_musa": lambda: False,
+            "is_sm90_supported": lambda device=None: major == 9,
+            "is_sm100_supported": lambda device=None: major == 10,
+            "is_sm120_supported": lambda device=None: major == 12,
+            "is_blackwell_supported": lambda device=None: major in (10, 11, 12),
+            "is_blackwell": lambda: major in (10, 11, 12),
+        }
+
+
+def wheel_text(version: str, path: str) -> str:
+    return _wheel_files(version)[path]
+
+
+@cache
+def _wheel_files(version: str) -> dict[str, str]:
+    out = {}
+    with zipfile.ZipFile(sglang_wheel(version)) as z:
+        for name in z.namelist():
+            if name.startswith("sglang/") and name.endswith(".py"):
+                out[name] = z.read(name).decode("utf-8")
+    return out
+
+
+# (module, file in the wheel, class, registry attribute) whose keys are the CLI's parser choices.
+PARSER_REGISTRIES = (
+    ("sglang.srt.parser.reasoning_parser", "sglang/srt/parser/reasoning_parser.py",
+     "ReasoningParser", "DetectorMap"),
+    ("sglang.srt.function_call.function_call_parser",
+     "sglang/srt/function_call/function_call_parser.py", "FunctionCallParser", "ToolCallParserEnum"),
+)  # fmt: skip
+
+
+def _class_dict_keys(source: str, cls: str, attr: str) -> list[str]:
+    """The string keys of the dict literal ``attr`` in class ``cls`` of ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for stmt in node.body:
+                target = getattr(stmt, "target", None) or (getattr(stmt, "targets", None) or [None])[0]
+                if isinstance(target, ast.Name) and target.id == attr and isinstance(stmt.value, ast.Dict):
+                    return [k.value for k in stmt.value.keys if isinstance(k, ast.Constant)]
+    raise StubCalled(f"{cls}.{attr} not found as a dict literal")
+
+
+def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
+    """Module-level ``NAME = <literal>`` of a wheel module (nothing when it is not a file)."""
+    source = _wheel_files(version).get(dotted.replace(".", "/") + ".py")
+    out: dict[str, Any] = {}
+    if source is None:
+        return out
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                try:
+                    out[target.id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    pass
+    return out
+
+
+def _imports(source: str) -> list[tuple[str, list[str]]]:
+    """(module, names) of every ``from sglang... import`` and ``import sglang...``, anywhere."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang"):
+            found.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, []) for a in node.names if a.name.startswith("sglang"))
+    return found
+
+
+class Release:
+    """One release's rule modules, loaded standalone from its wheel for one machine."""
+
+    def __init__(self, version: str, machine: Machine):
+        self.version = version
+        self.machine = machine
+        self.modules: dict[str, types.ModuleType] = {}
+        self._fake("sglang.srt.platforms").current_platform = types.SimpleNamespace(
+            apply_server_args_defaults=lambda server_args: None,
+            is_out_of_tree=lambda: False,
+        )
+        self._fake("sglang.srt.configs.model_config").AttentionArch = AttentionArch
+        # check_gguf_file reads the model folder: the plan's target is never a GGUF file.
+        self._fake("sglang.srt.utils.hf_transformers_utils").check_gguf_file = lambda p: False
+        self._fake("sglang.srt.debug_utils.cuda_coredump")
+        self.envs = self._load("sglang.srt.environ", "sglang/srt/environ.py").envs
+        self._fake("sglang.srt.environ").envs = self.envs
+        common = self._fake("sglang.srt.utils.common")
+        for name, fn in machine.predicates().items():
+            setattr(common, name, fn)
+        self._fake("sglang.srt.utils").common = common
+        # The parser registries: only their names are read (the CLI's choices), taken from the
+        # wheel's own class bodies rather than importing the parsers.
+        for module, path, cls, attr in PARSER_REGISTRIES:
+            keys = _class_dict_keys(wheel_text(version, path), cls, attr)
+            setattr(self._fake(module), cls, type(cls, (), {attr: dict.fromkeys(keys)}))
+        self.server_args = self._load("sglang.srt.server_args", "sglang/srt/server_args.py")
+
+    def _fake(self, dotted: str) -> types.ModuleType:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name not in self.modules:
+                mod = _FakeModule(name)
+                mod.__path__ = []
+                self.modules[name] = mod
+                if i > 1:
+                    setattr(self.modules[".".join(parts[: i - 1])], parts[i - 1], mod)
+        return self.modules[dotted]
+
+    def _load(self, dotted: str, path: str) -> types.ModuleType:
+        source = wheel_text(self.version, path)
+        for module, names in _imports(source):
+            fake = self._fake(module)
+            # Constants (a literal list, string, number) come from the imported module's own text.
+            constants = _literal_constants(self.version, module)
+            for name in names:
+                if name in constants and name not in fake.__dict__:
+                    setattr(fake, name, constants[name])
+        # The module itself runs from the wheel's text, under its own name.
+        mod = types.ModuleType(dotted)
+        mod.__file__ = f"<{self.version} wheel>/{path}"
+        with self.installed():
+            sys.modules[dotted] = mod
+            exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+        self.modules[dotted] = mod
+        return mod
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """This release's modules in sys.modules while a rule runs (its imports inside functions)."""
+        saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+        for k in saved:
+            del sys.modules[k]
+        sys.modules.update(self.modules)
+        try:
+            yield
+        finally:
+            for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+                del sys.modules[k]
+            sys.modules.update(saved)
+
+    # ---------------------------------------------------------------------------------------------
+
+    def parse(self, argv: list[str]) -> argparse.Namespace:
+        """The argv after ``python -m sglang.launch_server``, parsed by this release's own parser."""
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        with self.installed():
+            self.server_args.ServerArgs.add_cli_args(parser)
+            return parser.parse_args(argv)
+
+    def server_args_from(self, args: argparse.Namespace, model: Mapping[str, Any]):
+        """The release's own ``from_cli_args`` on ``args``, minus ``__post_init__``.
+
+        ``from_cli_args`` builds ``cls(**fields)``; it is handed a subclass whose only change is
+        an empty ``__post_init__``, so its own field mapping (``tp_size`` from
+        ``tensor_parallel_size`` ...) runs and the rule methods stay the release's own.
+        """
+        cls = self.server_args.ServerArgs
+        unchecked = type("ServerArgsWithoutPostInit", (cls,), {"__post_init__": lambda self: None})
+        with self.installed():
+            sa = cls.from_cli_args.__func__(unchecked, args)
+        object.__setattr__(sa, "model_config", model_config(model))
+        return sa
+
+
+@dataclass
+class Verdict:
+    """What one release's own code made of one plan on one machine."""
+
+    version: str
+    refused: str | None
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    disable_overlap_schedule: bool | None = None
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+    changed: dict[str, Any] = field(default_factory=dict)
+
+    def kv_room_gib(self, gpu_memory_mib: int, weights_per_gpu_bytes: int) -> float:
+        """Modelled, not executed: GiB per GPU left for the KV cache after the weights."""
+        return (self.mem_fraction_static * gpu_memory_mib * MIB - weights_per_gpu_bytes) / GIB
+
+
+# The ServerArgs fields a plan decides, compared before and after the rules ran.
+WATCHED = (
+    "mem_fraction_static", "max_running_requests", "disable_overlap_schedule", "page_size",
+    "attention_backend", "speculative_draft_attention_backend", "speculative_num_draft_tokens",
+    "speculative_num_steps", "speculative_eagle_topk", "chunked_prefill_size", "tp_size",
+)  # fmt: skip
+
+
+def judge(
+    version: str, machine: Machine, argv: list[str], model: Mapping[str, Any] = KIMI_K26_MODEL
+) -> Verdict:
+    """Run ``version``'s own rules on ``argv`` (the flags after ``-m sglang.launch_server``)."""
+    release = _release(version, machine)
+    try:
+        args = release.parse(argv)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        return Verdict(version, refused=f"argparse: {exc}")
+    sa = release.server_args_from(args, model)
+    before = {k: getattr(sa, k, None) for k in WATCHED}
+    try:
+        with release.installed():
+            _run_rules(release, sa)
+    except (ValueError, AssertionError) as exc:
+        return Verdict(version, refused=str(exc))
+    after = {k: getattr(sa, k, None) for k in WATCHED}
+    decode_max_bs = getattr(sa, "cuda_graph_max_bs", None)
+    if decode_max_bs is None and getattr(sa, "cuda_graph_config", None) is not None:
+        decode_max_bs = sa.cuda_graph_config.decode.max_bs
+    return Verdict(
+        version,
+        refused=None,
+        mem_fraction_static=sa.mem_fraction_static,
+        max_running_requests=sa.max_running_requests,
+        disable_overlap_schedule=sa.disable_overlap_schedule,
+        chunked_prefill_size=sa.chunked_prefill_size,
+        cuda_graph_max_bs=decode_max_bs,
+        changed={k: (before[k], after[k]) for k in WATCHED if before[k] != after[k]},
+    )
+
+
+def _run_rules(release: Release, sa) -> None:
+    """The rule methods, in ``__post_init__``'s order."""
+    gpu_mem = release.machine.memory_mib
+    sa._handle_piecewise_cuda_graph()
+    sa._handle_gpu_memory_settings(gpu_mem)
+    sa._handle_speculative_decoding()
+
+
+@cache
+def _release(version: str, machine: Machine) -> Release:
+    return Release(version, machine)
