@@ -73,6 +73,9 @@ class Missing:
         raise StubCalled(f"{self._qualname}() called: not stood in for by the harness")
 
     def __getattr__(self, name):
+        if name.startswith("__"):
+            # Python's own probes (typing, copy, repr) are not a rule reading the name.
+            raise AttributeError(name)
         raise StubCalled(f"{self._qualname}.{name} read: not stood in for by the harness")
 
     def __repr__(self):
@@ -86,6 +89,15 @@ class _FakeModule(types.ModuleType):
         return Missing(f"{self.__name__}.{name}")
 
 
+class ArgumentRefused(Exception):
+    """The release's own parser refused the argv (argparse's message)."""
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ArgumentRefused(f"{self.prog}: error: {message}")
+
+
 class AttentionArch(enum.Enum):
     """Stands in for sglang.srt.configs.model_config.AttentionArch (the two members read)."""
 
@@ -93,38 +105,58 @@ class AttentionArch(enum.Enum):
     MHA = enum.auto()
 
 
-# Kimi K2.6's config fields the rules read, and where each comes from.
+# Kimi K2.6's config.json fields the rules read, and where each comes from.
 KIMI_K26_MODEL = {
-    # config.json "architectures" (the model card; sglang.md section 2: KimiK25ForConditionalGeneration
-    # wraps DeepseekV3ForCausalLM(text_config) plus the MoonViT vision tower).
+    # "architectures" (sglang.md section 2: KimiK25ForConditionalGeneration wraps
+    # DeepseekV3ForCausalLM(text_config) plus the MoonViT vision tower).
     "architectures": ["KimiK25ForConditionalGeneration"],
-    # sglang/srt/configs/model_config.py: the arch is in its multimodal list, and DeepseekV3's MLA
-    # (kv_lora_rank set) makes attention_arch MLA.
-    "is_multimodal": True,
-    "attention_arch": AttentionArch.MLA,
-    # sglang/srt/configs/kimi_k25.py KimiK25VisionConfig defaults (MoonViT: 27 layers, 1152 wide),
-    # which adjust_mem_fraction_for_vlm reads as num_hidden_layers / hidden_size.
-    "vision_num_hidden_layers": 27,
-    "vision_hidden_size": 1152,
-    # config.json text_config max_position_embeddings (262144 for K2.x).
+    # text_config.kv_lora_rank is set (DeepseekV3 MLA): ModelConfig's attention_arch is MLA.
+    "mla": True,
+    # vision_config: sglang/srt/configs/kimi_k25.py KimiK25VisionConfig defaults (MoonViT, 27
+    # layers, 1152 wide), read by adjust_mem_fraction_for_vlm as num_hidden_layers / hidden_size.
+    "vision_config": {"num_hidden_layers": 27, "hidden_size": 1152},
+    # text_config.max_position_embeddings of K2.x.
     "context_len": 262144,
+}
+# The same target as a text-only checkpoint: the config the real-GPU run of issue 30 used (Kimi
+# K2's text dimensions, DeepseekV3ForCausalLM).
+KIMI_K2_TEXT_MODEL = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "mla": True,
+    "vision_config": None,
+    "context_len": 262144,
+}
+# z-lab/Kimi-K2.6-DFlash config.json fields the rules read (sglang.md section 3).
+KIMI_K26_DFLASH = {"architectures": ["DFlashDraftModel"], "block_size": 8}
+
+# ModelConfig's flags, each an "arch in <list>" test over a list literal of the wheel's own
+# sglang/srt/configs/model_config.py (is_multimodal also holds with a vision_config).
+ARCH_LISTS = {
+    "is_multimodal": "multimodal_model_archs",
+    "is_piecewise_cuda_graph_disabled_model": "piecewise_cuda_graph_disabled_model_archs",
+    "is_multimodal_piecewise_cuda_graph_supported": (
+        "multimodal_piecewise_cuda_graph_supported_model_archs"
+    ),
 }
 
 
-def model_config(fields: Mapping[str, Any] = KIMI_K26_MODEL) -> types.SimpleNamespace:
-    vision = None
-    if fields.get("vision_num_hidden_layers") is not None:
-        vision = types.SimpleNamespace(
-            num_hidden_layers=fields["vision_num_hidden_layers"],
-            hidden_size=fields["vision_hidden_size"],
-        )
-    hf = types.SimpleNamespace(architectures=list(fields["architectures"]), vision_config=vision)
+def model_config(version: str, fields: Mapping[str, Any]) -> types.SimpleNamespace:
+    """A stand-in for ModelConfig: the fields given, the flags from the wheel's own arch lists."""
+    lists = _literal_constants(version, "sglang.srt.configs.model_config")
+    archs = list(fields["architectures"])
+    vision = fields.get("vision_config")
+    hf = types.SimpleNamespace(architectures=archs)
+    if vision is not None:
+        hf.vision_config = types.SimpleNamespace(**vision)
+    flags = {
+        flag: any(a in lists.get(name, ()) for a in archs) for flag, name in ARCH_LISTS.items()
+    }
+    flags["is_multimodal"] = flags["is_multimodal"] or vision is not None
     return types.SimpleNamespace(
         hf_config=hf,
-        is_multimodal=fields["is_multimodal"],
-        attention_arch=fields["attention_arch"],
-        is_piecewise_cuda_graph_disabled_model=False,
+        attention_arch=AttentionArch.MLA if fields["mla"] else AttentionArch.MHA,
         context_len=fields["context_len"],
+        **flags,
     )
 
 
@@ -174,6 +206,18 @@ def _wheel_files(version: str) -> dict[str, str]:
     return out
 
 
+# The wheel's modules executed as they are (in this order, where the release has them): the
+# rule modules and the stdlib-only ones they import at the top or inside the rule methods.
+WHEEL_MODULES = (
+    "sglang.srt.environ",
+    "sglang.jit_kernel.kv_canary.consts",
+    "sglang.srt.arg_groups.argparse_actions",
+    "sglang.srt.arg_groups.arg_utils",
+    "sglang.srt.model_executor.cuda_graph_config",
+    "sglang.srt.arg_groups.speculative_hook",
+    "sglang.srt.server_args",
+)
+
 # (module, file in the wheel, class, registry attribute) whose keys are the CLI's parser choices.
 PARSER_REGISTRIES = (
     ("sglang.srt.parser.reasoning_parser", "sglang/srt/parser/reasoning_parser.py",
@@ -194,6 +238,18 @@ def _class_dict_keys(source: str, cls: str, attr: str) -> list[str]:
     raise StubCalled(f"{cls}.{attr} not found as a dict literal")
 
 
+def _exec_class(source: str, cls: str, names: Mapping[str, Any]) -> type:
+    """Execute only class ``cls`` of a wheel module (whose other imports cannot load here)."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            code = "from __future__ import annotations\n" + ast.get_source_segment(source, node)
+            namespace = {"Enum": enum.Enum, "IntEnum": enum.IntEnum, "auto": enum.auto, **names}
+            exec(compile(code, f"<{cls}>", "exec"), namespace)
+            return namespace[cls]
+    raise StubCalled(f"class {cls} not found")
+
+
 def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
     """Module-level ``NAME = <literal>`` of a wheel module (nothing when it is not a file)."""
     source = _wheel_files(version).get(dotted.replace(".", "/") + ".py")
@@ -211,10 +267,12 @@ def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
     return out
 
 
-def _imports(source: str) -> list[tuple[str, list[str]]]:
-    """(module, names) of every ``from sglang... import`` and ``import sglang...``, anywhere."""
+def _imports(source: str, top_level: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names) of every ``from sglang... import`` and ``import sglang...``: anywhere, or
+    only at module level."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in tree.body if top_level else ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang"):
             found.append((node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
@@ -237,18 +295,42 @@ class Release:
         # check_gguf_file reads the model folder: the plan's target is never a GGUF file.
         self._fake("sglang.srt.utils.hf_transformers_utils").check_gguf_file = lambda p: False
         self._fake("sglang.srt.debug_utils.cuda_coredump")
-        self.envs = self._load("sglang.srt.environ", "sglang/srt/environ.py").envs
-        self._fake("sglang.srt.environ").envs = self.envs
         common = self._fake("sglang.srt.utils.common")
         for name, fn in machine.predicates().items():
             setattr(common, name, fn)
-        self._fake("sglang.srt.utils").common = common
+        # get_config reads a model folder's config.json: answered from the fields given to judge().
+        self.configs: dict[str, Mapping[str, Any]] = {}
+        self._fake("sglang.srt.utils.hf_transformers_utils").get_config = self._get_config
         # The parser registries: only their names are read (the CLI's choices), taken from the
         # wheel's own class bodies rather than importing the parsers.
         for module, path, cls, attr in PARSER_REGISTRIES:
             keys = _class_dict_keys(wheel_text(version, path), cls, attr)
             setattr(self._fake(module), cls, type(cls, (), {attr: dict.fromkeys(keys)}))
-        self.server_args = self._load("sglang.srt.server_args", "sglang/srt/server_args.py")
+        # spec_info.py imports torch (0.5.14): its SpeculativeAlgorithm class alone is executed
+        # from the wheel's text; no custom algorithm is registered (get_spec finds none).
+        if self._has("sglang.srt.speculative.spec_info"):
+            registry = self._fake("sglang.srt.speculative.spec_registry")
+            registry.CustomSpecAlgo = type("CustomSpecAlgo", (), {})
+            registry.get_spec = lambda name: None
+            spec_info = self._fake("sglang.srt.speculative.spec_info")
+            spec_info.SpeculativeAlgorithm = _exec_class(
+                wheel_text(version, "sglang/srt/speculative/spec_info.py"),
+                "SpeculativeAlgorithm",
+                {"_get_registered_spec": registry.get_spec, "CustomSpecAlgo": registry.CustomSpecAlgo},
+            )
+        for dotted in WHEEL_MODULES:
+            if self._has(dotted):
+                self._load(dotted)
+        self.server_args = self.modules["sglang.srt.server_args"]
+
+    def _has(self, dotted: str) -> bool:
+        return dotted.replace(".", "/") + ".py" in _wheel_files(self.version)
+
+    def _get_config(self, path, **kwargs):
+        fields = self.configs.get(path)
+        if fields is None:
+            raise StubCalled(f"get_config({path!r}): no config fields given for that folder")
+        return types.SimpleNamespace(**fields)
 
     def _fake(self, dotted: str) -> types.ModuleType:
         parts = dotted.split(".")
@@ -262,21 +344,35 @@ class Release:
                     setattr(self.modules[".".join(parts[: i - 1])], parts[i - 1], mod)
         return self.modules[dotted]
 
-    def _load(self, dotted: str, path: str) -> types.ModuleType:
+    def _load(self, dotted: str) -> types.ModuleType:
+        """Execute the wheel's own module ``dotted``; what it imports from sglang is stood in for,
+        except the stdlib-only modules of WHEEL_MODULES, which are loaded the same way first."""
+        if dotted in self.modules and not isinstance(self.modules[dotted], _FakeModule):
+            return self.modules[dotted]
+        path = dotted.replace(".", "/") + ".py"
         source = wheel_text(self.version, path)
+        top_level = {m for m, _ in _imports(source, top_level=True)}
         for module, names in _imports(source):
+            if module in WHEEL_MODULES and self._has(module):
+                # Imports inside functions (speculative_hook <-> server_args) find the module
+                # loaded by the time the function runs.
+                if module in top_level:
+                    self._load(module)
+                continue
             fake = self._fake(module)
             # Constants (a literal list, string, number) come from the imported module's own text.
             constants = _literal_constants(self.version, module)
             for name in names:
                 if name in constants and name not in fake.__dict__:
                     setattr(fake, name, constants[name])
-        # The module itself runs from the wheel's text, under its own name.
+        parent, _, leaf = dotted.rpartition(".")
+        self._fake(parent)
         mod = types.ModuleType(dotted)
         mod.__file__ = f"<{self.version} wheel>/{path}"
         with self.installed():
             sys.modules[dotted] = mod
             exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+        setattr(self.modules[parent], leaf, mod)
         self.modules[dotted] = mod
         return mod
 
@@ -298,7 +394,7 @@ class Release:
 
     def parse(self, argv: list[str]) -> argparse.Namespace:
         """The argv after ``python -m sglang.launch_server``, parsed by this release's own parser."""
-        parser = argparse.ArgumentParser(exit_on_error=False)
+        parser = _RefusingParser()
         with self.installed():
             self.server_args.ServerArgs.add_cli_args(parser)
             return parser.parse_args(argv)
@@ -314,7 +410,7 @@ class Release:
         unchecked = type("ServerArgsWithoutPostInit", (cls,), {"__post_init__": lambda self: None})
         with self.installed():
             sa = cls.from_cli_args.__func__(unchecked, args)
-        object.__setattr__(sa, "model_config", model_config(model))
+        object.__setattr__(sa, "model_config", model_config(self.version, model))
         return sa
 
 
@@ -345,14 +441,22 @@ WATCHED = (
 
 
 def judge(
-    version: str, machine: Machine, argv: list[str], model: Mapping[str, Any] = KIMI_K26_MODEL
+    version: str,
+    machine: Machine,
+    argv: list[str],
+    model: Mapping[str, Any] = KIMI_K26_MODEL,
+    drafter: Mapping[str, Any] = KIMI_K26_DFLASH,
 ) -> Verdict:
     """Run ``version``'s own rules on ``argv`` (the flags after ``-m sglang.launch_server``)."""
     release = _release(version, machine)
     try:
         args = release.parse(argv)
-    except (argparse.ArgumentError, SystemExit) as exc:
-        return Verdict(version, refused=f"argparse: {exc}")
+    except ArgumentRefused as exc:
+        return Verdict(version, refused=str(exc))
+    release.configs = {
+        args.model_path: {"architectures": list(model["architectures"])},
+        args.speculative_draft_model_path: dict(drafter),
+    }
     sa = release.server_args_from(args, model)
     before = {k: getattr(sa, k, None) for k in WATCHED}
     try:
@@ -377,11 +481,18 @@ def judge(
 
 
 def _run_rules(release: Release, sa) -> None:
-    """The rule methods, in ``__post_init__``'s order."""
+    """The rule methods, in ``__post_init__``'s order, wherever this release keeps them."""
     gpu_mem = release.machine.memory_mib
-    sa._handle_piecewise_cuda_graph()
+    if hasattr(sa, "_handle_cuda_graph_config"):
+        sa._handle_cuda_graph_config()  # 0.5.14: --cuda-graph-config into decode/prefill parts
+    if hasattr(sa, "_handle_piecewise_cuda_graph"):
+        sa._handle_piecewise_cuda_graph()
     sa._handle_gpu_memory_settings(gpu_mem)
-    sa._handle_speculative_decoding()
+    if hasattr(sa, "_handle_speculative_decoding"):
+        sa._handle_speculative_decoding()  # 0.5.11, 0.5.12
+    else:
+        # 0.5.13 on: arg_groups/speculative_hook.py
+        release.modules["sglang.srt.arg_groups.speculative_hook"].handle_speculative_decoding(sa)
 
 
 @cache
