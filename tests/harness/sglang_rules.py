@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import enum
 import sys
 import types
