@@ -45,6 +45,7 @@ DEPLOY = "deploys/kimi_k26.py"
 STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 # The stand-in server's performance model, imported from beside it (/v1/completions, speeds).
 STANDIN_PERF = "/opt/specfleet-standin/standin_perf.py"
+STANDIN_RULES = "/opt/specfleet-standin/sglang_rules.py"
 TARGET = "demo/Kimi-K2.6-mini"
 DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
 # The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
@@ -159,6 +160,8 @@ def prepare_hosts(fleet: Fleet) -> None:
         fleet.run(name, "mkdir -p /opt/specfleet-standin", check=True)
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_perf.py", STANDIN_PERF)
+        # SGLang's own rules on the installed tree (the stand-in refuses what SGLang refuses).
+        fleet.put(name, REPO_ROOT / "tests" / "harness" / "sglang_rules.py", STANDIN_RULES)
     if "ct200" in fleet.hosts:
         fleet.run(
             "ct200",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import enum
+import os
 import sys
 import types
 import zipfile
@@ -41,8 +42,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
-
-from tests.harness.sources import sglang_wheel
 
 GIB = 1024**3
 MIB = 1024**2
@@ -191,14 +190,27 @@ class Machine:
         }
 
 
-def wheel_text(version: str, path: str) -> str:
-    return _wheel_files(version)[path]
+def wheel_text(source: str, path: str) -> str:
+    return _wheel_files(source)[path]
 
 
 @cache
-def _wheel_files(version: str) -> dict[str, str]:
+def _wheel_files(source: str) -> dict[str, str]:
+    """{``sglang/...py``: text} of a release's PyPI wheel (``source`` a version), or of an
+    installed tree (``source`` the absolute path of its ``sglang`` package folder)."""
     out = {}
-    with zipfile.ZipFile(sglang_wheel(version)) as z:
+    if os.path.isabs(source):
+        root = os.path.dirname(source)
+        for folder, _dirs, files in os.walk(source):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        out[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+        return out
+    from tests.harness.sources import sglang_wheel  # the wheel cache; absent on a fleet host
+
+    with zipfile.ZipFile(sglang_wheel(source)) as z:
         for name in z.namelist():
             if name.startswith("sglang/") and name.endswith(".py"):
                 out[name] = z.read(name).decode("utf-8")
@@ -446,7 +458,8 @@ def judge(
     model: Mapping[str, Any] = KIMI_K26_MODEL,
     drafter: Mapping[str, Any] = KIMI_K26_DFLASH,
 ) -> Verdict:
-    """Run ``version``'s own rules on ``argv`` (the flags after ``-m sglang.launch_server``)."""
+    """Run ``version``'s own rules on ``argv`` (the flags after ``-m sglang.launch_server``);
+    ``version`` a release (its wheel) or an installed tree (its ``sglang`` folder's path)."""
     release = _release(version, machine)
     try:
         args = release.parse(argv)
@@ -497,3 +510,92 @@ def _run_rules(release: Release, sa) -> None:
 @cache
 def _release(version: str, machine: Machine) -> Release:
     return Release(version, machine)
+
+
+# --------------------------------------------------------------------------------------------------
+# On a host: the stand-in server's verdict from the installed tree (standin_sglang_server.py)
+# --------------------------------------------------------------------------------------------------
+
+# Architectures whose text model is DeepseekV3's MLA (sglang.md section 2).
+MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")
+# KimiK25Config builds KimiK25VisionConfig() when config.json has no vision_config
+# (sglang/srt/configs/kimi_k25.py): its defaults.
+KIMI_K25_VISION_DEFAULTS = {"num_hidden_layers": 27, "hidden_size": 1152}
+# pool_configurator.py's message when no KV cache fits (0.5.11-0.5.23).
+NOT_ENOUGH_MEMORY = "Not enough memory. Please try to increase --mem-fraction-static."
+
+
+def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the rules read, from a model folder's config.json."""
+    archs = list(config.get("architectures") or [])
+    vision = config.get("vision_config")
+    if vision is None and "KimiK25ForConditionalGeneration" in archs:
+        vision = KIMI_K25_VISION_DEFAULTS
+    if vision is not None:
+        vision = {
+            "num_hidden_layers": vision.get("num_hidden_layers", 24),
+            "hidden_size": vision.get("hidden_size", 1024),
+        }
+    text = config.get("text_config") or config
+    return {
+        "architectures": archs,
+        "mla": "kv_lora_rank" in text or any(a in MLA_ARCHITECTURES for a in archs),
+        "vision_config": vision,
+        "context_len": text.get("max_position_embeddings", 262144),
+    }
+
+
+def folder_bytes(folder: str) -> int:
+    """Bytes of a model folder's *.safetensors (what the model load puts on the GPUs)."""
+    total = 0
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors"):
+            total += os.path.getsize(os.path.join(folder, name))
+    return total
+
+
+def machine_from_nvidia_smi() -> Machine | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total,compute_cap", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30,
+        ).stdout  # fmt: skip
+        rows = [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
+        sm = tuple(int(x) for x in rows[0][1].split("."))
+        return Machine(min(int(r[0]) for r in rows), sm, len(rows))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def tree_refusal(tree: str, argv: list[str], machine: Machine) -> str | None:
+    """What the SGLang at ``tree`` (its ``sglang`` folder) would stop with on ``argv``: its own
+    parser's or rule methods' message, or (modelled from the fraction its code computed and the
+    weights in the model folders) pool_configurator.py's "Not enough memory"; None when it would
+    start. Anything the harness cannot run on this tree is not a verdict: None."""
+    import json
+
+    try:
+        args = _release(tree, machine).parse(argv)
+        with open(os.path.join(args.model_path, "config.json")) as f:
+            model = model_fields(json.load(f))
+        drafter = {"architectures": []}
+        if args.speculative_draft_model_path:
+            with open(os.path.join(args.speculative_draft_model_path, "config.json")) as f:
+                drafter = json.load(f)
+        verdict = judge(tree, machine, argv, model=model, drafter=drafter)
+    except ArgumentRefused as exc:
+        return str(exc)
+    except (OSError, ValueError, KeyError, StubCalled, SyntaxError):
+        return None
+    if verdict.refused is not None:
+        return verdict.refused
+    weights = folder_bytes(args.model_path)
+    if args.speculative_draft_model_path:
+        weights += folder_bytes(args.speculative_draft_model_path)
+    tp = max(int(args.tp_size or 1), 1) if hasattr(args, "tp_size") else 1
+    tp = int(getattr(args, "tensor_parallel_size", tp) or tp)
+    if verdict.kv_room_gib(machine.memory_mib, weights // tp) <= 0:
+        return f"{NOT_ENOUGH_MEMORY} Current value: mem_fraction_static={verdict.mem_fraction_static}"
+    return None
