@@ -19,7 +19,8 @@ Each plan's argv is parsed with that release's own ``ServerArgs.add_cli_args``; 
 ``ServerArgs`` object is filled field by field as ``from_cli_args`` does, but ``__post_init__`` is
 never run whole: its dozens of steps under stubs would mostly exercise the stubs. Only the rule
 methods are called, in ``__post_init__``'s order: the piecewise CUDA graph decision, the GPU
-memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), and the
+memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), the
+attention-backend compatibility rule (``page_size`` for trtllm_mla ...), and the
 speculative-decoding checks (DFLASH: dp attention, pp size, draft window, ``max_running_requests``,
 overlap schedule).
 
@@ -150,12 +151,23 @@ def model_config(version: str, fields: Mapping[str, Any]) -> types.SimpleNamespa
         flag: any(a in lists.get(name, ()) for a in archs) for flag, name in ARCH_LISTS.items()
     }
     flags["is_multimodal"] = flags["is_multimodal"] or vision is not None
-    return types.SimpleNamespace(
+    return _ModelConfig(
         hf_config=hf,
         attention_arch=AttentionArch.MLA if fields["mla"] else AttentionArch.MHA,
         context_len=fields["context_len"],
+        # Kimi K2.6 is a decoder only (config.json has no is_encoder_decoder).
+        is_encoder_decoder=False,
         **flags,
     )
+
+
+class _ModelConfig(types.SimpleNamespace):
+    """The model config stand-in: a field it was not given fails loudly."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise StubCalled(f"ModelConfig.{name} read: not given to the harness")
 
 
 @dataclass(frozen=True)
@@ -500,6 +512,7 @@ def _run_rules(release: Release, sa) -> None:
     if hasattr(sa, "_handle_piecewise_cuda_graph"):
         sa._handle_piecewise_cuda_graph()
     sa._handle_gpu_memory_settings(gpu_mem)
+    sa._handle_attention_backend_compatibility()
     if hasattr(sa, "_handle_speculative_decoding"):
         sa._handle_speculative_decoding()  # 0.5.11, 0.5.12
     else:

@@ -141,12 +141,15 @@ def test_planner_agrees_with_sglang(profile, gpus, topo, nhosts, release):
     # Overlap: where SGLang turns it off, the plan's worker reason says v1 (no overlap).
     if verdict.disable_overlap_schedule and "disable_overlap_schedule" in verdict.changed:
         assert plan.reason("dflash-worker").choice == "v1", plan.reason("dflash-worker")
+    # Page size: where SGLang sets it, the plan says so.
+    if "page_size" in verdict.changed:
+        assert plan.reason("page-size").choice == str(verdict.changed["page_size"][1])
     # Draft steps/top-k: SGLang forces 1 because the plan never sets them.
     for flag in ("--speculative-num-steps", "--speculative-eagle-topk"):
         assert flag not in argv
     assert set(verdict.changed) <= {
         "mem_fraction_static", "max_running_requests", "disable_overlap_schedule",
-        "speculative_num_steps", "speculative_eagle_topk", "chunked_prefill_size",
+        "speculative_num_steps", "speculative_eagle_topk", "chunked_prefill_size", "page_size",
     }, verdict.changed  # fmt: skip
 
 
