@@ -21,14 +21,16 @@ import pytest
 from specfleet.core.plan import KIMI_K26_WEIGHTS_BYTES, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
 from specfleet.core.settings import settings_from_dict
-from specfleet.core.tables.sglang_versions import version_row
+from specfleet.core.tables.sglang_versions import MEMORY_0_5_23, version_row
 from tests.harness.sglang_rules import (
     GIB,
     KIMI_K2_TEXT_MODEL,
     MIB,
     RELEASES,
     Machine,
+    _literal_constants,
     judge,
+    wheel_text,
 )
 from tests.unit.test_plan import DRAFTER_CONFIG, gpus_fact, host_facts
 
@@ -203,6 +205,23 @@ def test_harness_refuses_what_sglang_refuses():
     assert judge("0.5.11", m, [*argv, "--enable-dp-attention", "--dp-size", "2"]).refused == (
         "Currently DFLASH speculative decoding does not support dp attention."
     )
+
+
+def test_0_5_23_memory_rule_as_its_wheel_reads():
+    """0.5.23 is not run by the harness: its MemoryRule is checked against the wheel's text."""
+    hook = wheel_text("0.5.23", "sglang/srt/arg_groups/memory_hook.py")
+    assert "speculative_algorithm" not in hook and MEMORY_0_5_23.draft_reserve_mib == 0
+    for line in ("reserved_mem += activation_tokens * 1.5",
+                 "reserved_mem += cfg.tp_size * cfg.pp_size / 8 * 1024",
+                 "reserved_mem = max(reserved_mem, 10 * 1024)",
+                 "reserved_mem += decode_cuda_graph_config.max_bs * 2",
+                 "reserved_mem += 1.5 * 1024",
+                 "base_mem_fraction_reduction_ratio = 0.95"):  # fmt: skip
+        assert line in hook, line
+    lists = _literal_constants("0.5.23", "sglang.srt.configs.model_config")
+    kept = set(lists["multimodal_breakable_cuda_graph_supported_model_archs"])
+    assert MEMORY_0_5_23.multimodal_prefill_graph_archs <= kept
+    assert version_row("0.5.23").memory is MEMORY_0_5_23
 
 
 def plan_argvs() -> list[dict]:
