@@ -45,7 +45,7 @@ def plan_gpu_memory(c: PlanContext) -> None:
             "gpu-memory",
             f"{total / GIB:.0f} GiB",
             f"{size / GIB:.0f} GiB of weights fit, {(total - size) / GIB / max(tp, 1):.0f} GiB "
-            "per GPU left for KV cache and activations",
+            "per GPU left for KV cache and activations (SGLang reserves part: kv-cache-room)",
         )
     c.total_bytes, c.size = total, size
 
