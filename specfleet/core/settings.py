@@ -149,6 +149,9 @@ class PlanOverrides:
     attention_backend: str | None = None
     draft_attention_backend: str | None = None
     mem_fraction_static: float | None = None
+    # The KV cache room per GPU (GiB) below which no plan is made: SGLang would start, or stop at
+    # model load with "Not enough memory", with too few tokens of KV cache to serve.
+    min_kv_gib: float = 4.0
     draft_window_size: int = 4096
     # SM120 may choose flashinfer for the target instead of triton.
     sm120_target_backend: Literal["triton", "flashinfer"] = "triton"
@@ -843,6 +846,10 @@ def _check_plan(plan: PlanOverrides, p: _Problems, has_api_key: bool) -> None:
     mfs = plan.mem_fraction_static
     if mfs is not None and not 0.0 < mfs < 1.0:
         p.bad("plan.mem_fraction_static", str(mfs), "a number in (0, 1)", "use e.g. 0.85")
+    kv = plan.min_kv_gib
+    if isinstance(kv, bool) or not isinstance(kv, (int, float)) or not 0 <= kv < math.inf:
+        p.bad("plan.min_kv_gib", str(plan.min_kv_gib), "a number of GiB >= 0",
+              "use e.g. 4 (the default): the KV cache room per GPU a plan must leave")
     if plan.draft_window_size < 1:
         p.bad("plan.draft_window_size", str(plan.draft_window_size), ">= 1",
               "use e.g. 4096 (the default), at least the drafter's block size")
