@@ -53,8 +53,9 @@ REDACTED = "<redacted>"
 _BREAK = r"(?:\n(?:[^\n]{0,200}?\]: )?)"
 # A quoted string: Python's repr or JSON (backslash escapes), or a shell's single quotes.
 _QUOTED = r"""'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"|'[^']*'"""
-# A JSON string inside a JSON string: its quotes are escaped (\" or \\\"), the same on both ends.
-_ESCAPED_QUOTED = r"""(?P<esc>\\+)"(?:.*?)(?<!\\)(?P=esc)\""""
+# A string inside a string (JSON in JSON, a repr in a repr): its quotes are escaped (\" or \\\"),
+# the same on both ends.
+_ESCAPED_QUOTED = r"""(?P<esc>\\+)(?P<q>['"])(?:.*?)(?<!\\)(?P=esc)(?P=q)"""
 # A bare value: a word up to whitespace; ``None`` or ``null`` alone (then a delimiter) is no key.
 _BARE = r"""(?!(?:None|null)(?:[\s,;)\]}'"]|$))[^\s]+"""
 # A value: one already redacted (by the exact pass), a JSON string in JSON, quoted segments run
@@ -92,24 +93,39 @@ def _hide(match: re.Match) -> str:
     if value == REDACTED:  # the exact pass found it
         return match.group(0)
     quote = ""
-    for q in ('\\"', "'", '"'):
-        if value.startswith(q) and len(value) > len(q):
-            quote = value[: len(value) - len(value.lstrip("\\"))] + '"' if q == '\\"' else q
-            break
+    escapes = value[: len(value) - len(value.lstrip("\\"))]
+    if value[len(escapes):][:1] in ("'", '"') and len(value) > len(escapes) + 1:
+        quote = value[: len(escapes) + 1]
     return f"{name}{separator}{quote}{_mask(value)}{quote}"
 
 
+# How deep a secret may be quoted: a repr or JSON string inside another, inside a third (a JSON
+# log record holding a JSON message that holds a repr).
+_DEPTH = 3
+_MARK = "\x00"  # escaped by both repr and JSON, and no quote: it leaves repr's choice of quote
+
+
+def _nested(secret: str, encoders: tuple) -> str:
+    """``secret`` as it shows when quoted by ``encoders`` in turn (each quoting the whole output
+    of the one before, quotes included): the part between the escaped marks around it."""
+    full, token = _MARK + secret + _MARK, _MARK
+    for encode in encoders:
+        full, token = encode(full), encode(token)[1:-1]
+    return full.split(token)[1]
+
+
 def secret_forms(secret: str) -> list[str]:
-    """``secret`` as it is and in the escaped forms a log shows it in: Python's repr, JSON, each
-    of them twice or after the other (a JSON string in a JSON string, a repr of a repr), and a
-    shell's quoting (longest first)."""
-    once = {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1]}
-    twice = {f(form) for form in once for f in (lambda s: repr(s)[1:-1],
-                                                lambda s: json.dumps(s)[1:-1])}
+    """``secret`` as it is and in the escaped forms a log shows it in: Python's repr and JSON,
+    each inside the other or itself up to three deep (the quoting of an inner one changes the
+    escaping of the outer), and a shell's quoting (longest first)."""
+    forms, chains = {secret}, [()]
+    for _ in range(_DEPTH):
+        chains = [chain + (encode,) for chain in chains for encode in (repr, json.dumps)]
+        forms |= {_nested(secret, chain) for chain in chains}
     # A shell's quoting, where it is more than the secret in single quotes (the secret alone
     # covers that, and leaves the quotes around <redacted>).
     shell = shlex.quote(secret)
-    forms = once | twice | ({shell} if shell not in (secret, f"'{secret}'") else set())
+    forms |= {shell} if shell not in (secret, f"'{secret}'") else set()
     return sorted((f for f in forms if f), key=len, reverse=True)
 
 
