@@ -935,11 +935,9 @@ for form in forms:
 sys.stdout.flush()
 for form in forms:
     half = len(form) // 2
-    sys.stderr.write('RAW ' + form[:half] + '
-')
+    sys.stderr.write('RAW ' + form[:half] + '\n')
     sys.stderr.flush()
-    sys.stderr.write(form[half:] + '
-')
+    sys.stderr.write(form[half:] + '\n')
     sys.stderr.flush()
 """
 

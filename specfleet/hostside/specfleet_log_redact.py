@@ -136,7 +136,13 @@ def _exact(secrets: tuple[str, ...]):
     forms = sorted({f for s in secrets if s for f in secret_forms(s)}, key=len, reverse=True)
     if not forms:
         return None
-    return re.compile("|".join(f"{_BREAK}?".join(map(re.escape, f)) for f in forms))
+    return re.compile("|".join(f"{_BREAK}?".join(map(_char, f)) for f in forms))
+
+
+def _char(c: str) -> str:
+    # journald drops a line's trailing whitespace: a space of the secret right before a line
+    # break may be gone.
+    return f"(?:{re.escape(c)}|(?=\n))" if c.isspace() else re.escape(c)
 
 
 def redact(text: str, secrets=()) -> str:

@@ -147,3 +147,7 @@ def test_a_key_with_spaces_and_quotes_is_refused_and_still_redacted_where_known(
     for line in forms(key):
         out = R.redact(line, [key])
         assert "XK1" not in out and "XK2" not in out, (line, out)
+        # Split over two journal lines anywhere; journald drops the first's trailing whitespace.
+        for at in range(1, len(line)):
+            out = "\n".join(R.redact_lines([line[:at].rstrip(), line[at:]], [key]))
+            assert "XK1" not in out and "XK2" not in out, (line, at, out)
