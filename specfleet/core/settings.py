@@ -621,6 +621,13 @@ def validate(
     return settings
 
 
+def api_key_chars_ok(key: str) -> bool:
+    """Whether an API key is printable ASCII without whitespace: the one rule for ``api_key`` and
+    ``api_key_file``. A key with a space could leak in part: a log's redaction finds an unknown
+    key's value up to whitespace."""
+    return all(32 < ord(c) < 127 for c in key)
+
+
 def _has_key(settings: Settings) -> bool:
     return settings.api_key is not None or settings.api_key_file is not None
 
@@ -656,10 +663,12 @@ def _check_top(s: Settings, p: _Problems, test_ok: bool) -> None:
         if s.api_key == "":
             p.bad("api_key", "an empty string", "a non-empty key",
                   "omit api_key for a server without a key (an empty key is no key)")  # fmt: skip
-        elif any(ord(c) < 32 or ord(c) > 126 for c in s.api_key):
-            p.bad("api_key", f"a {len(s.api_key)}-character string with a control or non-ASCII "
-                  "character (not shown: it is a secret)", "printable ASCII",
-                  "use a key of letters, digits and punctuation")  # fmt: skip
+        elif not api_key_chars_ok(s.api_key):
+            p.bad("api_key", f"a {len(s.api_key)}-character string with a whitespace, control or "
+                  "non-ASCII character (not shown: it is a secret)",
+                  "printable ASCII without spaces (a log's redaction could not tell a key's "
+                  "words from the text around them)",
+                  "use a key of letters, digits and punctuation, without spaces")  # fmt: skip
         if s.api_key_file is not None:
             p.problem("settings keys 'api_key' and 'api_key_file' are both set",
                       "keep api_key_file (the key stays out of the inventory) and remove api_key")
