@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from facts.sglang import PatchState
-from operations.sglang_commands import apply_script, load_port, restore_script
+from operations.sglang_commands import apply_script, restore_script
 from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.pr20547 import decide_pr20547
+from tests.harness.port_build import port_patch
 from tests.harness.sources import pr20547_diff, sglang_wheel
 
 # Files 0.5.11 ships that the PR's diff says it creates.
@@ -86,7 +87,7 @@ def whole_pr():
 
 @pytest.fixture(scope="module")
 def the_port():
-    return load_port("0.5.11").patch(pr20547_diff().decode())
+    return port_patch()
 
 
 def sh(script: str, check: bool = True, syntax_only: bool = False) -> subprocess.CompletedProcess:

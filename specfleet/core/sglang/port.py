@@ -2,12 +2,12 @@
 
 A port is a folder under ``specfleet/patchdata/pr20547/sglang-<version>/``:
 
-- ``port.json``: the key (the PR diff's sha256, the SGLang version, the sha256 of every file the
-  port modifies and of the files it relies on unchanged, the files it creates) and the recipe (the
-  indexes of the PR diff's hunks to take, then ``adaptation.diff``);
-- ``adaptation.diff``: upstream-derived glue, applied after the chosen PR hunks;
-- ``provenance.json``: where each hunk of ``adaptation.diff`` comes from;
-- ``NOTICE``: the Apache-2.0 notice of the upstream code.
+- ``port.json``: the key (the PR revision's sha256, the SGLang version, the sha256 of every file
+  the port modifies and of the files it relies on unchanged, the files it creates);
+- ``recipe.json``: which upstream text makes each file, from sources pinned by sha256, and the
+  lines this project wrote (``specfleet.core.sglang.recipe``); no upstream text is stored;
+- ``provenance.json``: why each file of the recipe is what it is;
+- ``NOTICE``: the Apache-2.0 notice of the upstream code the deploy fetches.
 
 Everything here is pure text handling except :func:`load_ports`, the one function that reads (the
 data folder, found with ``importlib.resources``).
@@ -190,16 +190,11 @@ def select_pr_hunks(pr_diff: str, indexes: Iterable[int]) -> str:
 def check_port(port: Mapping) -> list[str]:
     """What is wrong with a loaded ``port.json`` (empty when nothing)."""
     problems = []
-    for field in ("pr_diff_sha256", "sglang_version", "targets", "pr_hunks", "adaptation"):
+    for field in ("pr_diff_sha256", "sglang_version", "targets", "recipe"):
         if field not in port:
             problems.append(f"missing {field}")
     if port.get("hash") != HASH_FORMAT:
         problems.append(f"hash is {port.get('hash')!r}, not {HASH_FORMAT!r}")
-    hunks = port.get("pr_hunks")
-    if not isinstance(hunks, list) or not all(isinstance(i, int) for i in hunks):
-        problems.append(f"pr_hunks is not a list of hunk indexes: {hunks!r}")
-    elif hunks != sorted(set(hunks)):
-        problems.append(f"pr_hunks is not strictly increasing: {hunks}")
     for field in ("targets", "requires"):
         for path, digest in (port.get(field) or {}).items():
             if not isinstance(digest, str) or not _SHA256_RE.match(digest):
@@ -374,11 +369,3 @@ def load_ports(package: str = PATCHDATA_PACKAGE) -> dict[str, dict]:
 def read_port_file(name: str, file: str, package: str = PATCHDATA_PACKAGE) -> str:
     """The text of ``file`` (``adaptation.diff``, ``NOTICE``...) in the port ``name``."""
     return (resources.files(package).joinpath(*name.split("/"), file)).read_text(encoding="utf-8")
-
-
-def port_patches(pr_diff: str, port: Mapping, adaptation: str) -> tuple[str, str]:
-    """The two patches of a port, to apply in this order with ``patch -p1 --forward --batch`` in
-    site-packages: the chosen PR hunks, then the adaptation. The adaptation edits files the first
-    patch creates or changes, so it can be checked (``--dry-run``) only once the first is applied:
-    check both on a copy of the files they touch."""
-    return select_pr_hunks(pr_diff, port["pr_hunks"]), adaptation

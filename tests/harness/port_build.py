@@ -1,0 +1,127 @@
+"""Build the PR#20547 port's files for SGLang 0.5.11 from the recipe, outside any deploy: for the
+tests, the maintainer's tool, and a GPU run of the real server.
+
+    python -m tests.harness.port_build --site SITE --out OUT [--unfixed] [--mirror M ...]
+
+``SITE`` holds the unpacked 0.5.11 wheel (``SITE/sglang/srt/...``: a venv's site-packages or an
+unzipped wheel); ``OUT`` gets the files the port modifies or creates (``OUT/sglang/srt/...``),
+ready to copy over ``SITE``. The upstream text comes through the recipe's reader from the mirrors
+(default: ``../shared/fixtures/sglang-pr20547/`` and the wheelhouse), each file checked against
+its sha256. ``--unfixed`` builds the port as it was before issue #29 (commit ``UNFIXED_COMMIT``:
+its ``adaptation.diff`` over the PR diff's hunks, GNU patch), to compare the two on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from operations.sglang_sources import UpstreamSources
+from specfleet.core.sglang.recipe import RECIPE_FILE, build
+from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256, PR20547_DIR
+from tests.harness.wheelhouse import WHEELHOUSE_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "specfleet" / "patchdata" / "pr20547" / "sglang-0.5.11"
+# The last commit with the port as it was before issue #29 (stale verify mask under triton,
+# penalties dropped, --disable-overlap-schedule overridden, upstream text in adaptation.diff).
+UNFIXED_COMMIT = "48fd89f07389c400e2608a2d53a92c551702492a"
+UNFIXED_DATA = "specfleet/patchdata/pr20547/sglang-0.5.11"
+
+
+def default_mirrors() -> list[str]:
+    return [str(PR20547_DIR), str(WHEELHOUSE_DIR)]
+
+
+def load_recipe() -> dict:
+    return json.loads((DATA / RECIPE_FILE).read_text())
+
+
+def recipe_reader(recipe: dict, mirrors: list[str] | None = None) -> UpstreamSources:
+    """The recipe's sources from local mirrors only (never the cache or the network)."""
+    return UpstreamSources(recipe["sources"], mirrors or default_mirrors(), use_cache=False)
+
+
+def port_settings() -> dict:
+    """The ``patch`` settings of a test host or the demo: opted in, the upstream text from the
+    shared fixtures and the wheelhouse (through the recipe, as a deploy reads it)."""
+    return {"sha256": PR20547_DIFF_SHA256, "source": default_mirrors()}
+
+
+def port_patch():
+    """The one diff the deploy applies for the 0.5.11 port (a FilteredPatch)."""
+    from operations.sglang_commands import load_port
+
+    port = load_port("0.5.11")
+    return port.patch(recipe_reader(port.recipe))
+
+
+def build_fixed(mirrors: list[str] | None = None) -> dict[str, str]:
+    recipe = load_recipe()
+    return build(recipe, recipe_reader(recipe, mirrors)).files
+
+
+def build_unfixed(site: Path) -> dict[str, str]:
+    """The pre-#29 port applied to a copy of ``site``'s touched files: {path: text}."""
+    def old(name: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), "show", f"{UNFIXED_COMMIT}:{UNFIXED_DATA}/{name}"],
+                              check=True, capture_output=True, text=True).stdout  # fmt: skip
+    port = json.loads(old("port.json"))
+    from specfleet.core.sglang.patch import filter_patch
+    from specfleet.core.sglang.port import select_pr_hunks
+    text = select_pr_hunks(PR20547_DIFF.read_text(), port["pr_hunks"]) + old("adaptation.diff")
+    patch = filter_patch(text, site_paths=True).text
+    paths = sorted(set(port["targets"]) | set(port.get("requires") or {}) | set(port["creates"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in paths:
+            if (site / p).is_file():
+                (Path(tmp) / p).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(site / p, Path(tmp) / p)
+        subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
+                        "--reject-file=-", "-s", "-d", tmp], input=patch, text=True, check=True)  # fmt: skip
+        return {p: (Path(tmp) / p).read_text() for p in paths
+                if (Path(tmp) / p).is_file() and not (
+                    (site / p).is_file() and (site / p).read_text() == (Path(tmp) / p).read_text())}
+
+
+def check_site(site: Path, recipe: dict) -> list[str]:
+    """The base files under ``site`` that do not hash as the 0.5.11 wheel's (empty: all do)."""
+    pins = recipe["sources"][recipe["base"]]["files"]
+    bad = []
+    for path, want in pins.items():
+        f = site / path
+        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
+            bad.append(path)
+    return bad
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--site", required=True, type=Path, help="holds the 0.5.11 sglang/ package")
+    ap.add_argument("--out", required=True, type=Path, help="gets the port's files")
+    ap.add_argument("--unfixed", action="store_true", help="the port as it was before #29")
+    ap.add_argument("--mirror", action="append", help="a folder or URL base with the sources "
+                    "(repeatable; default: shared fixtures and the wheelhouse)")
+    args = ap.parse_args(argv)
+    bad = check_site(args.site, load_recipe())
+    if bad:
+        print(f"{args.site} is not the SGLang 0.5.11 wheel's tree: {', '.join(bad)} differ",
+              file=sys.stderr)
+        return 2
+    files = build_unfixed(args.site) if args.unfixed else build_fixed(args.mirror)
+    for path, text in sorted(files.items()):
+        dest = args.out / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
