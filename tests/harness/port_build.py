@@ -33,6 +33,8 @@ DATA = REPO / "specfleet" / "patchdata" / "pr20547" / "sglang-0.5.11"
 # penalties dropped, --disable-overlap-schedule overridden, upstream text in adaptation.diff).
 UNFIXED_COMMIT = "48fd89f07389c400e2608a2d53a92c551702492a"
 UNFIXED_DATA = "specfleet/patchdata/pr20547/sglang-0.5.11"
+# The file whose verify-mask policy the fix changes (0.5.14's TritonAttnBackend entry).
+MASK_FILE = "sglang/srt/speculative/dflash_utils.py"
 
 
 def default_mirrors() -> list[str]:
@@ -106,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--site", required=True, type=Path, help="holds the 0.5.11 sglang/ package")
     ap.add_argument("--out", required=True, type=Path, help="gets the port's files")
     ap.add_argument("--unfixed", action="store_true", help="the port as it was before #29")
+    ap.add_argument("--stale-mask", action="store_true", help="the fixed port less its verify-mask "
+                    "fix (0.5.11's dflash_utils.py kept): isolates the mask on a GPU")
     ap.add_argument("--mirror", action="append", help="a folder or URL base with the sources "
                     "(repeatable; default: shared fixtures and the wheelhouse)")
     args = ap.parse_args(argv)
@@ -115,6 +119,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     files = build_unfixed(args.site) if args.unfixed else build_fixed(args.mirror)
+    if args.stale_mask:
+        files.pop(MASK_FILE, None)
     for path, text in sorted(files.items()):
         dest = args.out / path
         dest.parent.mkdir(parents=True, exist_ok=True)
