@@ -20,11 +20,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
+from functools import cache
 from pathlib import Path
 
 from operations.sglang_sources import UpstreamSources
 from specfleet.core.sglang.recipe import RECIPE_FILE, build
-from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256, PR20547_DIR
+from tests.harness.sources import (
+    PR20547_DIFF,
+    PR20547_DIFF_SHA256,
+    PR20547_DIR,
+    pr20547_files,
+    sglang_wheel,
+)
 from tests.harness.wheelhouse import WHEELHOUSE_DIR
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +98,65 @@ def build_unfixed(site: Path) -> dict[str, str]:
         return {p: (Path(tmp) / p).read_text() for p in paths
                 if (Path(tmp) / p).is_file() and not (
                     (site / p).is_file() and (site / p).read_text() == (Path(tmp) / p).read_text())}
+
+
+# --------------------------------------------------------------------------------------------------
+# Upstream text in our files: runs of lines shared with SGLang's own sources
+# --------------------------------------------------------------------------------------------------
+
+# The upstream packages scanned: every file the recipe reads, and the 0.5.11 wheel's parts a port
+# would draw from (the speculative workers, scheduling, sampling, attention, the model runner).
+UPSTREAM_PARTS = ("sglang/srt/speculative/", "sglang/srt/managers/", "sglang/srt/sampling/",
+                  "sglang/srt/layers/attention/", "sglang/srt/model_executor/",
+                  "sglang/srt/server_args.py", "sglang/srt/environ.py")  # fmt: skip
+RUN = 3  # this many consecutive substantial lines in common is copied code, not coincidence
+
+
+def _substantial(line: str) -> str | None:
+    text = line.strip().lstrip("+-")  # a diff's lines too
+    # Short lines (")", "else:", "return None") are everywhere, and so are import lines.
+    if len(text.strip()) < 12 or text.startswith(("import ", "from ")):
+        return None
+    return text.strip()
+
+
+def _windows(text: str) -> set[tuple[str, ...]]:
+    lines = [x for x in (_substantial(ln) for ln in text.splitlines()) if x is not None]
+    return {tuple(lines[i : i + RUN]) for i in range(len(lines) - RUN + 1)}
+
+
+@cache
+def upstream_windows() -> frozenset[tuple[str, ...]]:
+    """Every run of RUN substantial lines (indentation aside) of the upstream text the port
+    draws on: the PR head's files and the 0.5.11 and 0.5.14 wheels' parts above."""
+    recipe = load_recipe()
+    read = recipe_reader(recipe)
+    out: set[tuple[str, ...]] = set()
+    for name, src in recipe["sources"].items():
+        paths = set(src["files"])
+        if src["kind"] == "wheel":
+            with zipfile.ZipFile(sglang_wheel(src["version"])) as zf:
+                paths |= {n for n in zf.namelist() if n.endswith(".py") and n.startswith(UPSTREAM_PARTS)}
+        else:
+            paths |= {p for p in pr20547_files() if p.endswith(".py") and p.startswith(UPSTREAM_PARTS)}
+        for path in paths:
+            text = read(name, path) if path in src["files"] else _raw(name, src, path)
+            if text:
+                out |= _windows(text)
+    return frozenset(out)
+
+
+def _raw(name: str, src: dict, path: str) -> str | None:
+    if src["kind"] == "wheel":
+        with zipfile.ZipFile(sglang_wheel(src["version"])) as zf:
+            return zf.read(path).decode("utf-8", "replace")
+    data = pr20547_files().get(path)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def upstream_runs(text: str) -> list[tuple[str, ...]]:
+    """The runs of ``text`` found in upstream SGLang (empty: none)."""
+    return sorted(_windows(text) & upstream_windows())
 
 
 def check_site(site: Path, recipe: dict) -> list[str]:

@@ -66,7 +66,7 @@ def _best_run(final: list[str], i: int, src: list[str], index: dict) -> tuple[in
     return best
 
 
-def pieces_for(path: str, final_text: str, cands, old_whys: dict) -> list[dict]:
+def pieces_for(path: str, final_text: str, cands, old_whys: dict, fallbacks=()) -> list[dict]:
     final = final_text.splitlines(keepends=True)
     indexes = []
     for _, _, src in cands:
@@ -86,10 +86,16 @@ def pieces_for(path: str, final_text: str, cands, old_whys: dict) -> list[dict]:
     i = 0
     while i < len(final):
         best = None
-        for c, (name, p, src) in enumerate(cands):
-            k, j, delta = _best_run(final, i, src, indexes[c])
-            if best is None or k > best[0]:
-                best = (k, j, delta, name, p)
+        # A fallback source (a later release) gives only lines no primary source has.
+        for fallback in (False, True):
+            for c, (name, p, src) in enumerate(cands):
+                if (name in fallbacks) != fallback:
+                    continue
+                k, j, delta = _best_run(final, i, src, indexes[c])
+                if best is None or k > best[0]:
+                    best = (k, j, delta, name, p)
+            if best is not None and best[0] > 0:
+                break
         k, j, delta, name, p = best
         line = final[i]
         if k == 0 or (k == 1 and len(line.strip()) < MIN_TRIVIAL and line.strip()):
@@ -109,6 +115,17 @@ def pieces_for(path: str, final_text: str, cands, old_whys: dict) -> list[dict]:
     return pieces
 
 
+def dump(recipe: dict) -> str:
+    """recipe.json as people read it: one piece a line."""
+    head = {k: v for k, v in recipe.items() if k != "files"}
+    text = json.dumps(head, indent=1)[:-2] + ',\n "files": {\n'
+    files = []
+    for path, pieces in recipe["files"].items():
+        body = ",\n".join("  " + json.dumps(piece) for piece in pieces)
+        files.append(f"  {json.dumps(path)}: [\n{body}\n  ]")
+    return text + ",\n".join(files) + "\n }\n}\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", required=True, type=Path, help="the patched tree (holds sglang/)")
@@ -124,7 +141,8 @@ def main(argv=None) -> int:
     files = {}
     for path in recipe["files"]:
         text = (args.tree / path).read_text()
-        files[path] = pieces_for(path, text, _candidates(path, recipe, read), old_whys)
+        files[path] = pieces_for(path, text, _candidates(path, recipe, read), old_whys,
+                                 recipe.get("match_fallback", ()))
     used: dict[str, set[str]] = {}
     for path, pieces in files.items():
         if read(recipe["base"], path) is not None:
@@ -142,7 +160,7 @@ def main(argv=None) -> int:
         print(f"{path}: {len(pieces)} pieces, {own} own lines", file=sys.stderr)
     print(f"problems: {problems}; own runs without a reason: {todo}", file=sys.stderr)
     if args.write:
-        (DATA / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
+        (DATA / RECIPE_FILE).write_text(dump(recipe))
     return 0
 
 
