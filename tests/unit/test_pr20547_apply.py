@@ -2,7 +2,7 @@
 
 The real PR diff (../shared/fixtures/sglang-pr20547/) meets the real SGLang 0.5.11 wheel, unpacked:
 the whole diff (which conflicts there, and names as "new" six files 0.5.11 already ships) and this
-project's port (its PR hunks and adaptation, specfleet/patchdata/pr20547/sglang-0.5.11/). The apply script is killed (SIGKILL) after each of its lines;
+project's port (built from its recipe, specfleet/patchdata/pr20547/sglang-0.5.11/). The apply script is killed (SIGKILL) after each of its lines;
 the next run reads the patch state with the real fact command, restores, and every file of the
 wheel is checked against the wheel's own RECORD hashes. Restores are killed the same way.
 """

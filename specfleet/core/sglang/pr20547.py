@@ -31,7 +31,7 @@ class PortVerdict:
     available: bool
     # The port's identity (the sha256 of the patch it applies), written as the marker.
     port_id: str | None = None
-    # "the port for SGLang 0.5.11 (21 PR hunks + 9 adaptation hunks)", or why there is none.
+    # "the PR#20547 port for SGLang 0.5.11 (11 files from its recipe: ...)", or why there is none.
     text: str = ""
     # For "no port": what the user can do.
     fix: str = ""
