@@ -29,7 +29,9 @@ PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 DEPLOY = str(REPO / "tests" / "deploys" / "deploy_op_sglang.py")
 SITE = "lib/python3.11/site-packages"
 PR = port_settings()  # opted in; upstream text from the shared fixtures and the wheelhouse
-V1_FILES = ("dflash_worker.py", "dflash_info.py", "dflash_utils.py")
+# 0.5.11's DFlash v1 files the port leaves as released (dflash_utils.py takes 0.5.14's verify-mask
+# policy, which v1 reads too, as in 0.5.14).
+V1_FILES = ("dflash_worker.py", "dflash_info.py")
 
 
 def port_id() -> str:
