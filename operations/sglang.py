@@ -499,9 +499,12 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker
         hashes.update(predicted_hashes(port))  # the restore puts the release's files back
     for leftover in marker.get("leftovers") or ():
         hashes[leftover] = None  # the forget step removes what we added
+    # Judged first: a tree the port does not fit fetches nothing.
+    verdict = port_verdict(port, version, sha256, hashes, "")
+    if not verdict.available:
+        return verdict, None
     patch = _port_patch(port, source)
-    verdict = port_verdict(port, version, sha256, hashes, patch.text)
-    return verdict, patch if verdict.available else None
+    return port_verdict(port, version, sha256, hashes, patch.text), patch
 
 
 def _port_patch(port: Port, source: str | list[str] | None):
