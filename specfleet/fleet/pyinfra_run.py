@@ -111,17 +111,20 @@ class PyinfraOptions:
         return out
 
     def argv(self) -> list[str]:
-        """The same options as flags of ``pyinfra`` (for a message telling the user a command)."""
+        """The same options as flags of ``pyinfra`` (to run it, or for a message telling the
+        user a command); the argparse mains of this floor take the same flags."""
         out: list[str] = []
         for flag, value in (("--user", self.ssh_user), ("--key", self.key),
                             ("--port", self.port), ("--sudo-user", self.sudo_user),
-                            ("--config", self.config)):
+                            ("--config", self.config), ("--parallel", self.parallel)):
             if value:
                 out += [flag, str(value)]
         if self.sudo:
             out.append("--sudo")
         for item in self.data:
             out += ["--data", item]
+        for item in self.limit:
+            out += ["--limit", item]
         if self.verbosity:
             out.append("-" + "v" * self.verbosity)
         return out
@@ -214,10 +217,25 @@ def _name(item: Any) -> str:
     return item[0] if isinstance(item, tuple) else item
 
 
+def inventory_names(text: str) -> list[str] | None:
+    """An inventory given as pyinfra takes one on its command line instead of a file: ``@local``,
+    a host name (``@ssh/host`` too), or a comma list of them; None when ``text`` looks like a
+    file path (a missing file is then said as such, not tried as a host name)."""
+    if not text or text.endswith(".py"):
+        return None
+    names = [part.strip() for part in text.split(",")]
+    if not all(names) or any(c.isspace() for n in names for c in n):
+        return None
+    if any("/" in n and not n.startswith("@") for n in names):  # a path, not a host
+        return None
+    return names
+
+
 def load_inventory(path: str, override_data: dict[str, Any] | None = None,
                    only: Sequence[str] | None = None) -> Any:
-    """A ``pyinfra.api.Inventory`` from an inventory file, as pyinfra's CLI reads one: module-level
-    lists (or ``(hosts, data)`` tuples) are groups, ``all`` is made if missing, the file's stem is
+    """A ``pyinfra.api.Inventory`` as pyinfra's CLI reads one: ``@local``, host names or a comma
+    list of them (``inventory_names``), or a file, where module-level lists (or ``(hosts,
+    data)`` tuples) are groups, ``all`` is made if missing, the file's stem is
     a group too, and ``group_data/<group>.py`` next to the inventory and in the current directory
     add group data (names bound by imports are not data). With ``only``, the inventory holds
     just those hosts (the hosts in play): a deploy that reads every host's settings then never
@@ -226,7 +244,14 @@ def load_inventory(path: str, override_data: dict[str, Any] | None = None,
 
     file = Path(path)
     if not file.is_file():
-        raise SpecfleetError(f"no inventory file {path}", fix="give a pyinfra inventory file")
+        names = inventory_names(path)
+        if names is None:
+            raise SpecfleetError(
+                f"no inventory file {path}",
+                fix="give a pyinfra inventory: a file, @local, a host name or a comma list of "
+                "host names (as pyinfra takes them)")
+        keep_names = [n for n in names if only is None or n in only]
+        return Inventory((keep_names, {}), override_data=override_data or {})
     attrs = _exec_python(file)
     groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
     all_data: dict[str, Any] = {}
