@@ -70,13 +70,23 @@ def say(text: str) -> None:
 
 
 def parse_data_value(value: str) -> Any:
-    """``--data k=v``'s value as pyinfra's CLI reads it: a Python/JSON literal, else the text."""
+    """``--data k=v``'s value as pyinfra's CLI reads it (``pyinfra_cli.util.parse_cli_arg``:
+    true/false, an integer, JSON, else the text), and a Python literal too (``True``, ``None``,
+    tuples: what ``bench.run_with_data`` writes)."""
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
     try:
         return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        lowered = value.lower()
-        if lowered in ("true", "false"):
-            return lowered == "true"
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
         return value
 
 

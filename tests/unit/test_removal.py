@@ -4,7 +4,6 @@ tests/fleet/test_deploy_fleet.py (test_removal_then_deploy_converges_again)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
