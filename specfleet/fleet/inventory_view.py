@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specfleet.core.settings import Settings, settings_for_host, settings_to_dict
+from specfleet.fleet.pyinfra_run import session
 
 # The one secret a Settings may hold by value; the others are references already.
 HIDDEN = "(set inline in the inventory; not shown)"
@@ -114,7 +115,5 @@ def unreachable_table(document: Mapping[str, Any]) -> str:
 def reachable_hosts(inventory: str, options: Any, hosts: Sequence[str]) -> dict[str, str]:
     """Connect each host once (pyinfra's connection, its options) and return ``{host: error}``
     of those that cannot be reached, so that the status run is given only the others."""
-    from specfleet.fleet.pyinfra_run import session
-
     with session(inventory, options) as s:
         return s.connect(list(hosts))

@@ -141,8 +141,7 @@ def fetch_logs(inventory: str, name: str, options: Any, lines: int, since: str |
     import gevent
     from pyinfra.api import Config
 
-    from specfleet.fleet.pyinfra_run import load_inventory as read
-
+    read = load_inventory
     names = [h.name for h in read(inventory, options.override_data())]
     if name not in names:
         raise SpecfleetError(f"there is no host {name!r} in {inventory}",
