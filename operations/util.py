@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host
+from pyinfra.operations.util import any_changed
 
-from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
+from specfleet.core.errors import (
+    CHECK_ATTR,
+    CONDITION_ATTR,
+    ERROR_ATTR,
+    PLANNED_ERROR_ATTR,
+    SpecfleetError,
+)
 from specfleet.core.settings import Settings, SettingsError, settings_for_host
 
 
@@ -28,6 +36,23 @@ def settings_in_play(h: Any = None) -> Settings | None:
         # any operation ("No hosts remaining!").
         h.state.fail_hosts({h})
         return None
+
+
+def changed_if(what: str, *metas: Any) -> Callable[[], bool] | None:
+    """An ``_if`` for an operation that runs only when one of ``metas`` changes (pyinfra's
+    ``any_changed``), said in words (``CONDITION_ATTR``: "if the software or weights change")
+    so that a ``--dry`` report gives the condition, not just "conditional".
+
+    None where planning (``--dry``, or pyinfra's change detection before it asks) already knows
+    that none of them will change: the facts decide it, and the caller adds no operation, so a
+    converged host shows no change instead of a conditional one. A real run computes the same
+    plan from the same facts, so it skips the same operation.
+    """
+    if host.state.should_check_for_changes() and not any(m.will_change for m in metas):
+        return None
+    condition = any_changed(*metas)
+    setattr(condition, CONDITION_ATTR, f"if {what} change")
+    return condition
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:

@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
+from specfleet.core.errors import (
+    CHECK_ATTR,
+    CONDITION_ATTR,
+    ERROR_ATTR,
+    PLANNED_ERROR_ATTR,
+    SpecfleetError,
+)
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
@@ -318,6 +324,8 @@ class HostStep:
 
     status: str  # "ok", "changed", "failed", "unreachable", "not started"
     changed_ops: list[str] = field(default_factory=list)
+    # Dry: operations that change only if their condition holds at run time ("NAME (if ...)").
+    conditional_ops: list[str] = field(default_factory=list)
     error_ops: list[str] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
 
@@ -337,6 +345,23 @@ class StepRun:
 
 def _op_name(state: Any, op_hash: str) -> str:
     return ", ".join(sorted(state.op_meta[op_hash].names)) or "an operation"
+
+
+def _conditional_name(state: Any, op_hash: str, condition: Any) -> str:
+    """A conditional operation with its condition in words where it has them (``CONDITION_ATTR``,
+    ``operations.util.changed_if``)."""
+    conditions = condition if isinstance(condition, list) else [condition]
+    words = [getattr(c, CONDITION_ATTR, None) for c in conditions]
+    said = " and ".join(w for w in words if w) or "if its condition holds at run time"
+    return f"{_op_name(state, op_hash)} ({said})"
+
+
+def _on_changes_only(condition: Any) -> bool:
+    """Whether an ``_if`` holds only when other operations change: pyinfra's ``any_changed`` /
+    ``all_changed`` or specfleet's ``changed_if`` (a lambda of another kind may read anything)."""
+    conditions = condition if isinstance(condition, list) else [condition]
+    return all(getattr(c, CONDITION_ATTR, None) or getattr(c, "__qualname__", "").startswith(
+        ("any_changed.", "all_changed.")) for c in conditions)
 
 
 def failure_text(meta: Any) -> list[str]:
@@ -626,6 +651,7 @@ class Session:
     def _host_result(self, h: Any) -> HostStep:
         st = self.state
         step = HostStep(OK)
+        on_changes: list[str] = []  # conditional on other operations' changes alone
         planned = getattr(h, PLANNED_ERROR_ATTR, None) if self.dry else None
         if planned:  # a planning run that expects the host to fail says where and why
             setattr(h, PLANNED_ERROR_ATTR, None)
@@ -638,7 +664,14 @@ class Session:
             meta = data.operation_meta
             if self.dry:
                 if meta.will_change:
-                    step.changed_ops.append(_op_name(st, op_hash))
+                    condition = data.global_arguments.get("_if")
+                    if condition:
+                        named = _conditional_name(st, op_hash, condition)
+                        step.conditional_ops.append(named)
+                        if _on_changes_only(condition):
+                            on_changes.append(named)
+                    else:
+                        step.changed_ops.append(_op_name(st, op_hash))
                 continue
             if not meta.is_complete():
                 continue
@@ -659,6 +692,10 @@ class Session:
                 step.why = ["failed (pyinfra gave no reason)"]
         elif step.changed_ops:
             step.status = CHANGED
+        elif self.dry:
+            # Nothing on this host changes unconditionally, so no condition on a change upstream
+            # can hold at run time: those conditional operations are decided, unchanged.
+            step.conditional_ops = [c for c in step.conditional_ops if c not in on_changes]
         return step
 
     def close(self) -> None:
