@@ -15,6 +15,7 @@ from facts.cache import cached_fact
 from facts.python import Packages, PipInstallPlan
 from facts.sglang import FileHashes, GitRemoteRefs, PatchState, SGLangInstall, Venv
 from operations.sglang_commands import (
+    PatchSourceMissing,
     apply_script,
     forget_script,
     load_patch,
@@ -52,7 +53,7 @@ from specfleet.core.sglang.patch import (
     parse_patch_failures,
 )
 from specfleet.core.sglang.portdata import no_port_verdict, port_verdict, predicted_hashes
-from specfleet.core.sglang.pr20547 import KEEP_V1, decide_pr20547
+from specfleet.core.sglang.pr20547 import KEEP_V1, PortVerdict, decide_pr20547
 from specfleet.core.tables.sglang_versions import predicted_install
 
 ON_CONFLICT = ("keep-v1", "fail")
@@ -472,6 +473,22 @@ def _pr_text(source: str, sha256: str) -> str:
     return load_patch(source, sha256, host=host.name)
 
 
+def _diff_or_missing(source: str, sha256: str) -> tuple[str | None, Any]:
+    """The PR diff's text, or, while planning (``--dry``) when it cannot be read on this machine,
+    ``(None, verdict)``: the plan goes on without the port and says what that changes (a real run
+    stops at it, with the fix)."""
+    try:
+        return _pr_text(source, sha256), None
+    except PatchSourceMissing as exc:
+        if host.state.is_executing:
+            raise
+        logger.warning(f"{host.print_prefix}{exc.problem}: this plan keeps DFLASH v1; a real "
+                       f"run stops here (fix: {exc.fix})")
+        return None, PortVerdict(
+            False, text=f"the PR#20547 diff {source} is not on this machine, so this plan keeps "
+            "DFLASH v1", fix=exc.fix or "")
+
+
 def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None):
     """The port verdict for the installed tree, and the patch it would apply (or None). Files an
     earlier apply of ours left (``marker``) are judged as the restore or forget step before the
@@ -493,8 +510,11 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker
         hashes.update(predicted_hashes(port))  # the restore puts the release's files back
     for leftover in marker.get("leftovers") or ():
         hashes[leftover] = None  # the forget step removes what we added
+    text, missing = _diff_or_missing(source, sha256)
+    if missing is not None:
+        return missing, None
     try:
-        patch = port.patch(_pr_text(source, sha256))
+        patch = port.patch(text)
     except PatchFormatError as exc:
         raise SpecfleetError(
             f"the PR#20547 diff from {source} cannot be used for the port: {exc}",
@@ -518,8 +538,11 @@ def _predict_patch(
     install = {"version": f"{version} (to be installed)", "features": predicted["features"]}
     verdict = None
     patch = None
-    if port is not None:
-        patch = port.patch(_pr_text(source or "", sha256 or ""))
+    text, missing = _diff_or_missing(source or "", sha256 or "") if port else (None, None)
+    if missing is not None:
+        verdict = missing
+    elif port is not None:
+        patch = port.patch(text)
         # The wheel about to be installed is the one the port was made from: its files match.
         verdict = port_verdict(port, version, sha256 or "", predicted_hashes(port), patch.text)
     elif opted_in:

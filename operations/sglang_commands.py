@@ -25,6 +25,11 @@ from specfleet.core.sglang.portdata import PORTED_RELEASES, Port
 _PATCH_CACHE: dict[tuple[str, str], str] = {}
 
 
+class PatchSourceMissing(SpecfleetError):
+    """``patch.source`` cannot be read on the control machine (no such file, no answer): an
+    optional input that a ``--dry`` plan goes on without, saying what that changes."""
+
+
 def load_patch(source: str, sha256: str | None, host: str | None = None) -> str:
     """The patch text from a local file or an http(s) URL, checked against ``sha256``."""
     if not sha256:
@@ -51,7 +56,7 @@ def load_patch(source: str, sha256: str | None, host: str | None = None) -> str:
                 fix="give a local path on the control machine or an http(s) URL",
             )
     except OSError as exc:
-        raise SpecfleetError(
+        raise PatchSourceMissing(
             f"cannot read the PR#20547 patch from {source}: {exc}",
             host=host,
             fix="check patch.source (a path on the control machine or a reachable URL)",
