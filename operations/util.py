@@ -31,9 +31,12 @@ def settings_in_play(h: Any = None) -> Settings | None:
     try:
         return settings_for_host(h)
     except SettingsError as exc:
+        if not set(h.state.active_hosts) - {h}:
+            # The last host in play: pyinfra would stop with "No hosts remaining!" after this
+            # message; raised, its message (host, keys, fix) is the last word and the exit is 1.
+            raise exc.for_host(h.name) from None
         logger.error(exc.for_host(h.name).render())
-        # As pyinfra fails a host it cannot connect to; with none left it stops here, before
-        # any operation ("No hosts remaining!").
+        # As pyinfra fails a host it cannot connect to; the others go on.
         h.state.fail_hosts({h})
         return None
 

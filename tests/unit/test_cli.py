@@ -218,3 +218,64 @@ def test_guarded_turns_a_specfleet_error_into_exit_3(capsys):
         body()
     assert done.value.exit_code == 3
     assert "specfleet: [h1] it is wrong\n  fix: do this" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# --dry tells the truth: conditional operations with their condition, decided where it can be
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_dry_host_with_only_conditional_changes_is_conditional_not_would_change():
+    from specfleet.fleet.pyinfra_run import HostStep
+    from specfleet.fleet.rollout import HostReport, dry_status, summary_table
+
+    restart = "Kimi K2.6 | Restart (if the software or weights change)"
+    assert dry_status(HostStep("ok")) == "ok"
+    assert dry_status(HostStep("ok", conditional_ops=[restart])) == "conditional"
+    assert dry_status(HostStep("changed", changed_ops=["Kimi K2.6 | Weights"],
+                               conditional_ops=[restart])) == "would change"
+    assert dry_status(HostStep("failed", why=["no GPUs"])) == "failed"
+    row = HostReport("h1", 0, status="would change", changed_ops=["Kimi K2.6 | Weights"],
+                     conditional_ops=[restart])
+    assert f"Kimi K2.6 | Weights; conditional: {restart}" in summary_table([row])
+
+
+def test_conditions_in_words_and_which_depend_only_on_changes():
+    from pyinfra.operations.util import all_changed, any_changed
+
+    from specfleet.core.errors import CONDITION_ATTR
+    from specfleet.fleet.pyinfra_run import _conditional_name, _on_changes_only
+
+    class Meta:
+        names = {"Kimi K2.6 | Restart for new software or weights"}
+
+    state = type("S", (), {"op_meta": {"op": Meta()}})()
+    said = any_changed()
+    setattr(said, CONDITION_ATTR, "if the software or weights change")
+    assert _conditional_name(state, "op", said) == (
+        "Kimi K2.6 | Restart for new software or weights (if the software or weights change)")
+    assert _conditional_name(state, "op", lambda: True).endswith(
+        "(if its condition holds at run time)")
+    assert _on_changes_only(said) and _on_changes_only(any_changed())
+    assert _on_changes_only([any_changed(), all_changed()])
+    # Any other condition may read anything (another host's failure, the data): never decided.
+    assert not _on_changes_only(lambda: True)
+    assert not _on_changes_only([any_changed(), lambda: True])
+
+
+def test_plain_pyinfra_s_last_bad_host_ends_with_its_settings_not_no_hosts_remaining():
+    from pyinfra.api import Config, Inventory, State
+
+    from operations.util import settings_in_play
+    from specfleet.core.settings import SettingsError
+
+    inv = Inventory(([("a", {"specfleet": {"bogus": 1}}), ("b", {"specfleet": {"port": "x"}})],
+                     {}))
+    state = State(inv, Config())
+    state.active_hosts = set(inv)  # as after connecting
+    a, b = inv.get_host("a"), inv.get_host("b")
+    assert settings_in_play(a) is None  # failed alone: b goes on
+    assert state.active_hosts == {b}
+    with pytest.raises(SettingsError) as raised:
+        settings_in_play(b)
+    assert raised.value.render().startswith("[b] ") and "'port'" in raised.value.render()
