@@ -23,7 +23,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from operations import preflight, removal, serving, sglang, watchdog, weights
-from operations.util import changed_if
+from operations.util import changed_if, fail_planned_host
 from operations.venvs import effective_settings
 from specfleet.core.settings import Settings
 
@@ -74,3 +74,4 @@ def kimi_k26(settings: Settings, present: bool | None = None,
     watchdog.deploy_record(name="Deploy record for the metrics", settings=settings)
 
     preflight.lock(name="Release the run lock", settings=settings, present=False)
+    fail_planned_host()  # --dry: a plan that would fail exits 1, after the whole report

@@ -27,7 +27,7 @@ from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
-from operations.util import check_command, record_failure
+from operations.util import check_command, record_failure, say_planned_failure
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
@@ -643,12 +643,29 @@ def group_peers(settings: Settings) -> dict[str, Peer] | None:
 def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
     facts = gather(host, host_specs(settings, files_))
     if facts.get(SERVICE) is None:
+        if not state.is_executing:  # the plan needs no systemd: show it, then why it fails
+            _show_plan(settings, facts)
         raise SpecfleetError(
             "systemctl is not on this host: the SGLang server runs as a systemd unit",
             host=host.name,
             fix="run specfleet on a host booted with systemd",
         )
     return facts
+
+
+def _show_plan(settings: Settings, facts: dict[str, Any]) -> None:
+    """Planning on a host that cannot run the unit: the launch plan all the same (kept for a
+    controller's dry report, and printed), so ``--dry`` always shows it."""
+    try:
+        current = plan_from_facts(settings, facts, host.name, group_peers(settings),
+                                  host_address(host))
+    except SpecfleetError as exc:  # the plan itself fails: said as the planned failure
+        say_planned_failure(exc, "would fail")
+        return
+    where = ctx_host.get() or host
+    if getattr(where, PLAN_ATTR, None) != current.rendered:  # once, for several operations
+        setattr(where, PLAN_ATTR, current.rendered)
+        host.log(current.rendered, logger.info)
 
 
 def _settings(settings: Settings | None) -> Settings:
@@ -728,7 +745,7 @@ def _per_host(body: Iterator[Any]) -> Iterator[Any]:
     except SpecfleetError as exc:
         error = exc.for_host(host.name)
         if not state.is_executing:
-            host.log_styled(f"will fail: {error.problem}", fg="red", log_func=logger.warning)
+            say_planned_failure(error, "will fail")
         yield FunctionCommand(_report_error, (error.render(),), {})
         return
     yield from commands

@@ -98,6 +98,38 @@ def check_command(function: Any, args: tuple, kwargs: dict | None = None) -> Fun
     return command
 
 
+# The planned failures already said for a host, so that each is said once (several operations
+# that need systemd would otherwise each say it lacks).
+_SAID_ATTR = "specfleet_planned_said"
+
+
+def say_planned_failure(error: SpecfleetError, verb: str = "would fail") -> None:
+    """While planning (``--dry``): say once per host why a step would fail, and keep the first
+    such reason on the Host (``PLANNED_ERROR_ATTR``: where the run would stop) for a controller's
+    dry report and for ``fail_planned_host``."""
+    said = SpecfleetError(error.problem, fix=error.fix).render()
+    where = ctx_host.get() or host
+    if not getattr(where, PLANNED_ERROR_ATTR, None):
+        setattr(where, PLANNED_ERROR_ATTR, said)
+    seen = getattr(where, _SAID_ATTR, None)
+    if seen is None:
+        seen = set()
+        setattr(where, _SAID_ATTR, seen)
+    if said in seen:
+        return
+    seen.add(said)
+    host.log_styled(f"{verb}: {said}", fg="red", log_func=logger.warning)
+
+
+def fail_planned_host() -> None:
+    """At the end of a deploy, while planning: a host whose plan would fail (said above, with the
+    whole plan shown) is a failed host, so that ``pyinfra --dry`` exits 1 after its report
+    instead of 0. Executing, the failing step itself fails the host."""
+    h = ctx_host.get() or host
+    if not h.state.is_executing and getattr(h, PLANNED_ERROR_ATTR, None):
+        h.state.failed_hosts.add(h)
+
+
 def fails_host(func=None, *, raise_while_planning: bool = False):
     """Turn a ``SpecfleetError`` raised by an operation body into ``fail_step``.
 
@@ -117,16 +149,7 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
             if not host.state.is_executing:
                 if raise_while_planning:
                     raise
-                said = SpecfleetError(exc.problem, fix=exc.fix).render()
-                # Kept on the Host for a controller's --dry (the first one: where it would stop).
-                where = ctx_host.get() or host
-                if not getattr(where, PLANNED_ERROR_ATTR, None):
-                    setattr(where, PLANNED_ERROR_ATTR, said)
-                host.log_styled(
-                    f"would fail: {said}",
-                    fg="red",
-                    log_func=logger.warning,
-                )
+                say_planned_failure(exc, "would fail")
             yield fail_step(exc)
 
     return body

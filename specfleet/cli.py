@@ -80,6 +80,9 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         except KeyboardInterrupt:
             click.echo("specfleet: interrupted", err=True)
             rc = 130
+        except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            rc = 141
         except SystemExit as exc:  # an argparse main's own usage error or --help
             rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except Exception as exc:  # noqa: BLE001 - the CLI's promise: an error line, no traceback
@@ -148,7 +151,7 @@ def _checkout(ctx: click.Context) -> Any:
 def _in_checkout(argv: list[str], checkout: Any, **kwargs: Any) -> int:
     """Run ``argv`` (a Python module of the checkout) with the checkout as working directory and
     file paths made absolute."""
-    args = [os.path.abspath(a) if os.path.exists(a) else a for a in argv]
+    args = [_absolute(a) for a in argv]
     return subprocess.run([sys.executable, *args], cwd=checkout, check=False,
                           **kwargs).returncode
 
@@ -327,15 +330,52 @@ def _pyinfra_cli(ctx: click.Context, inventory: str, deploy: str, options: Any,
 
 @cli.command(context_settings=CONTEXT)
 @INVENTORY
+@click.argument("fact_args", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--json", "as_json", is_flag=True,
+              help="pyinfra's fact document ({fact: {host: value}}) on stdout.")
 @connection_options
 @click.pass_context
 @guarded
-def probe(ctx: click.Context, inventory: str, **kw: Any) -> int:
-    """Every host's facts, one SSH command per host (JSON on stdout)."""
+def probe(ctx: click.Context, inventory: str, fact_args: tuple[str, ...], as_json: bool,
+          **kw: Any) -> int:
+    """Every host's facts, one SSH command per host (the fact's arguments as KEY=VALUE, e.g.
+    python=/root/venv/bin/python models_path=/srv/models); unreachable hosts listed with their
+    error."""
+    import dataclasses
+
+    from specfleet.fleet import inventory_view as view
+
     options = pop_connection(kw)
     where = _checkout(ctx)
-    check_inventory(inventory, options)
-    return _in_checkout(["-m", "facts.probe", inventory, *options.argv()], where)
+    hosts = [h.name for h in check_inventory(inventory, options)]
+    unreachable = view.reachable_hosts(inventory, options, hosts)
+    reachable = [h for h in hosts if h not in unreachable]
+    rc = EXIT_HOSTS if unreachable else EXIT_OK
+    if reachable:
+        run = dataclasses.replace(options, limit=reachable)
+        done = subprocess.run(
+            [sys.executable, "-m", "pyinfra", *run.argv(), _absolute(inventory), "fact",
+             "facts.probe.Probe", *fact_args, "--json"],
+            cwd=where, capture_output=True, text=True, check=False)
+        start = done.stdout.find("{")
+        if done.returncode != 0 or start < 0:
+            sys.stderr.write(done.stderr)
+            return done.returncode or EXIT_HOSTS
+        document = done.stdout[start:]
+        if as_json:
+            click.echo(document.rstrip())
+        else:
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
+                tmp.write(document)
+                tmp.flush()
+                rc = _in_checkout(["-m", "facts.probe", "--json-file", tmp.name], where) or rc
+    for h, why in unreachable.items():
+        click.echo(f"{h}: unreachable: {why}", err=as_json)
+    return rc
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path) if os.path.exists(path) else path
 
 
 @cli.command(context_settings=CONTEXT)

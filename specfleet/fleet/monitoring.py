@@ -159,7 +159,7 @@ def fetch_logs(inventory: str, name: str, options: Any, lines: int, since: str |
     command = guarded_logs_command(s, lines, since)
     try:
         with gevent.Timeout(timeout, TimeoutError):
-            host.connect(reason="logs", raise_exceptions=True)
+            host.connect(reason="logs", show_errors=False, raise_exceptions=True)
             ok, output = host.run_shell_command(
                 command, _sudo=sudo, _sudo_user=config.SUDO_USER or host.data.get("_sudo_user"),
                 _timeout=timeout, print_output=False, print_input=False)
