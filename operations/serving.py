@@ -662,10 +662,18 @@ def _show_plan(settings: Settings, facts: dict[str, Any]) -> None:
     except SpecfleetError as exc:  # the plan itself fails: said as the planned failure
         say_planned_failure(exc, "would fail")
         return
+    _say_plan(current)
+
+
+def _say_plan(current: CurrentPlan) -> None:
+    """While planning: the host's launch plan, printed once (several operations read it) and
+    kept on the Host (``PLAN_ATTR``) for a controller's dry report."""
     where = ctx_host.get() or host
-    if getattr(where, PLAN_ATTR, None) != current.rendered:  # once, for several operations
-        setattr(where, PLAN_ATTR, current.rendered)
-        host.log(current.rendered, logger.info)
+    if getattr(where, PLAN_ATTR, None) == current.rendered:
+        return
+    setattr(where, PLAN_ATTR, current.rendered)
+    note = f"\n  (predicted: {current.predicted_because})" if current.predicted_because else ""
+    host.log(f"{current.rendered}{note}", logger.info)
 
 
 def _settings(settings: Settings | None) -> Settings:
@@ -812,17 +820,15 @@ def _unit(settings: Settings | None, present: bool):
     facts = _gather(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name, group_peers(s), host_address(host))
-    if not state.is_executing:  # planning (--dry): the controllers show each host's plan
-        setattr(ctx_host.get() or host, PLAN_ATTR, current.rendered)
-    if current.predicted_because:
-        if state.is_executing:
-            raise SpecfleetError(
-                f"cannot write the unit from a predicted plan: {current.predicted_because}",
-                host=host.name,
-                fix="run the SGLang install and the weights steps before server.unit "
-                "(deploys/kimi_k26.py does it in that order)",
-            )
-        host.log(f"{current.rendered}\n  (predicted: {current.predicted_because})", logger.info)
+    if not state.is_executing:  # planning (--dry): every host's plan, shown and kept
+        _say_plan(current)
+    elif current.predicted_because:
+        raise SpecfleetError(
+            f"cannot write the unit from a predicted plan: {current.predicted_because}",
+            host=host.name,
+            fix="run the SGLang install and the weights steps before server.unit "
+            "(deploys/kimi_k26.py does it in that order)",
+        )
 
     try:
         ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)

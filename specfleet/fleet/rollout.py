@@ -417,9 +417,8 @@ class Rollout:
             if not res.passed:
                 r.why = [f"would fail: {w}" for w in res.why]
             plan = getattr(self.session.host(h), PLAN_ATTR, None) if self.session else None
-            if plan:
+            if plan:  # printed by the deploy as it planned (operations.serving)
                 r.launch_plan = str(plan)
-                print(f"rollout: {h}: launch plan\n{plan}", file=sys.stderr, flush=True)
         return 0 if all(step.results[h].passed for h in everyone) else 1
 
     def _prefetch(self, ordered: list[str]) -> StepRun | None:
