@@ -128,9 +128,17 @@ def guarded_logs_command(s: Settings, lines: int, since: str | None) -> str:
     """``logs_command``, refused on the host (exit ``UNREADABLE_SECRETS_RC``, naming the file)
     when a secret file exists that this user cannot read."""
     checks = " ".join(shlex.quote(p) for p in secret_paths(s))
-    guard = (f"for f in {checks}; do if [ -e \"$f\" ] && [ ! -r \"$f\" ]; then "
-             f"echo \"$f\"; exit {UNREADABLE_SECRETS_RC}; fi; done")
-    return f"{guard}; {logs_command(s, lines, since)}"
+    return f"{_UNREADABLE} for f in {checks}; do if unreadable \"$f\"; then echo \"$f\"; " \
+        f"exit {UNREADABLE_SECRETS_RC}; fi; done; {logs_command(s, lines, since)}"
+
+
+# A secret file this user cannot read, or cannot tell is absent: readable, or absent under a
+# folder it can search, is fine; there but unreadable, or under a folder it cannot search (a
+# non-root user and /root), is not.
+_UNREADABLE = (
+    'unreadable() { [ -r "$1" ] && return 1; [ -e "$1" ] && return 0; d=$(dirname "$1"); '
+    'while [ ! -e "$d" ]; do d=$(dirname "$d"); done; [ ! -x "$d" ]; };'
+)
 
 
 def fetch_logs(inventory: str, name: str, options: Any, lines: int, since: str | None,
