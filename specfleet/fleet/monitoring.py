@@ -114,6 +114,8 @@ def logs_command(s: Settings, lines: int, since: str | None) -> str:
 # The redactor cannot read a secret file it must redact: refuse rather than show a journal
 # redacted by pattern only.
 UNREADABLE_SECRETS_RC = 77
+# The line that names the file (pyinfra's command output carries no exit status).
+UNREADABLE_MARK = "specfleet-logs: cannot read "
 
 
 def secret_paths(s: Settings) -> list[str]:
@@ -128,8 +130,9 @@ def guarded_logs_command(s: Settings, lines: int, since: str | None) -> str:
     """``logs_command``, refused on the host (exit ``UNREADABLE_SECRETS_RC``, naming the file)
     when a secret file exists that this user cannot read."""
     checks = " ".join(shlex.quote(p) for p in secret_paths(s))
-    return f"{_UNREADABLE} for f in {checks}; do if unreadable \"$f\"; then echo \"$f\"; " \
-        f"exit {UNREADABLE_SECRETS_RC}; fi; done; {logs_command(s, lines, since)}"
+    return f"{_UNREADABLE} for f in {checks}; do if unreadable \"$f\"; then " \
+        f"echo \"{UNREADABLE_MARK}$f\"; exit {UNREADABLE_SECRETS_RC}; fi; done; " \
+        f"{logs_command(s, lines, since)}"
 
 
 # A secret file this user cannot read, or cannot tell is absent: readable, or absent under a
@@ -182,15 +185,16 @@ def fetch_logs(inventory: str, name: str, options: Any, lines: int, since: str |
             host.disconnect()
         except Exception:  # noqa: BLE001 - a connection that never opened has nothing to close
             pass
-    if not ok and output.retcode == UNREADABLE_SECRETS_RC:
-        path = "".join(output.stdout_lines[-1:]).strip()
+    said = output.stdout_lines[-1:] if not ok else []
+    if said and said[0].startswith(UNREADABLE_MARK):
+        path = said[0][len(UNREADABLE_MARK):].strip()
         return _logs_failed(name, f"this user cannot read {path}, so its secrets would not be "
                             "redacted", "run with --sudo (or connect as root: --ssh-user root)")
     for line in output.stdout_lines:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()
     if not ok:
-        why = "; ".join(output.stderr_lines[-3:]) or f"exit {output.retcode}"
+        why = "; ".join(output.stderr_lines[-3:]) or "it printed no reason"
         return _logs_failed(name, f"journalctl failed: {why}",
                             "check that the host runs systemd and the unit exists")
     return 0
