@@ -129,11 +129,10 @@ def add_keys(plan: dict[str, Any], port: int, rollout_id: str) -> dict[str, Any]
 
 
 def load_inventory(inventory: str, only: Sequence[str] | None = None,
-                   override_data: dict[str, Any] | None = None,
                    ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     """The inventory's hosts (in order), the address each is reached at, and the Settings of
     each host in ``only`` (default: all; a host not in play is never validated)."""
-    inv = read_inventory(inventory, override_data)
+    inv = read_inventory(inventory)
     hosts, addresses, settings = [], {}, {}
     for host in inv:
         hosts.append(host.name)
@@ -378,9 +377,10 @@ def run_fanout(inventory: str, options: PyinfraOptions, order: str | None = None
     """``specfleet fanout``: the prefetch on the inventory's hosts in play (``--limit``), over
     pyinfra's connection options; prints each host's result, exit 0/1 (3: bad input)."""
     try:
-        hosts, _, _ = load_inventory(inventory, override_data=options.override_data())
-        groups = inventory_groups(read_inventory(inventory, options.override_data()))
-        hosts = select_hosts(hosts, groups, options.limit)
+        hosts, _, _ = load_inventory(inventory)
+        if options.limit:  # host names, globs or groups, as pyinfra's --limit
+            groups = inventory_groups(read_inventory(inventory, options.override_data()))
+            hosts = select_hosts(hosts, groups, options.limit)
         order_list = [h.strip() for h in order.split(",") if h.strip()] if order else None
         plan: dict[str, Any] = {}
         # Its pyinfra runs (the prefetch, a cleanup) are one owner of the hosts' run locks.
