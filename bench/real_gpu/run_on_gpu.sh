@@ -11,7 +11,7 @@ W=/tmp/real_gpu; mkdir -p "$W"; export RG_WORK=$W
 exec > >(tee "$W/run.log") 2>&1
 pack() { tar -C /tmp -czf "$OUT/.p.tgz" real_gpu 2>/dev/null && mv "$OUT/.p.tgz" "$OUT/real_gpu.tar.gz"; cp "$W/run.log" "$OUT/run.log" 2>/dev/null; }
 ( while sleep 20; do pack; done ) & PACKER=$!
-echo "date $(date -u +%FT%TZ) commit $(git rev-parse HEAD 2>/dev/null || cat $C/COMMIT)"
+echo "date $(date -u +%FT%TZ) commit $(cat $C/COMMIT 2>/dev/null || git rev-parse HEAD)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 T=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
 echo "torch $(python3 -c 'import torch;print(torch.__version__)') in $T"
@@ -22,8 +22,9 @@ unz() { PYTHONPATH=/tmp/zs python3 bench/real_gpu/unzstd.py "$@"; }
 V=/opt/specfleet; mkdir -p $V
 python3 -m venv --without-pip $V/sglang
 SP=$V/sglang/lib/python3.12/site-packages
-unz /root/parts/kernel.tar.zst.* | tar -C $SP -x || echo "FAILED: kernel unpack"
+( unz /root/parts/kernel.tar.zst.* | tar -C $SP -x || echo "FAILED: kernel unpack" ) & KJOB=$!
 unz /root/parts/site312.tar.zst.* | tar -C $SP -x || echo "FAILED: site unpack"
+python3 -m zipfile -e $C/gguf-*.whl $SP   # 0.5.11's quantization/gguf.py imports it at the top
 echo "import site; site.addsitedir('$T')" > $SP/zz-image-torch.pth
 for kind in unfixed fixed; do
   python3 -m venv --without-pip $V/sglang-port-$kind
@@ -33,7 +34,8 @@ for kind in unfixed fixed; do
 done
 python3 -m venv --without-pip $V/sglang-0523
 S23=$V/sglang-0523/lib/python3.12/site-packages
-unz /root/parts/site523.tar.zst.* | tar -C $S23 -x || echo "FAILED: 0.5.23 unpack"
+( unz /root/parts/site523.tar.zst.* | tar -C $S23 -x || echo "FAILED: 0.5.23 unpack" ) & SJOB=$!
+wait $KJOB $SJOB
 printf "import site; site.addsitedir('%s')\nimport site; site.addsitedir('%s')\n" "$SP" "$T" > $S23/zz-base.pth
 # The plan's model paths, linked to the tiny configs (dummy weights).
 mkdir -p /srv/models/moonshotai--Kimi-K2.6 /srv/models/z-lab--Kimi-K2.6-DFlash

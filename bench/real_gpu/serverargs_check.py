@@ -19,7 +19,6 @@ Usage (on the GPU machine, with the release importable):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import json
 import logging
@@ -93,9 +92,9 @@ def child(plan: dict, args: argparse.Namespace, w: int) -> None:
         parsed = dict(vars(ns))
         sa = ServerArgs.from_cli_args(ns)
         changed = {}
-        for f in dataclasses.fields(sa):
-            if f.name in parsed and jsonable(parsed[f.name]) != jsonable(getattr(sa, f.name)):
-                changed[f.name] = [jsonable(parsed[f.name]), jsonable(getattr(sa, f.name))]
+        for name, value in parsed.items():
+            if hasattr(sa, name) and jsonable(value) != jsonable(getattr(sa, name)):
+                changed[name] = [jsonable(value), jsonable(getattr(sa, name))]
         result.update(result="accepted", changed=changed,
                       values={k: jsonable(getattr(sa, k, None)) for k in PLAN_FIELDS
                               if hasattr(sa, k)})
