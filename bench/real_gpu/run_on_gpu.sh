@@ -24,7 +24,11 @@ python3 -m venv --without-pip $V/sglang
 SP=$V/sglang/lib/python3.12/site-packages
 ( unz /root/parts/kernel.tar.zst.* | tar -C $SP -x || echo "FAILED: kernel unpack" ) & KJOB=$!
 unz /root/parts/site312.tar.zst.* | tar -C $SP -x || echo "FAILED: site unpack"
-python3 -m zipfile -e $C/gguf-*.whl $SP   # 0.5.11's quantization/gguf.py imports it at the top
+# 0.5.11 imports gguf (quantization/gguf.py) and flashinfer (layers/attention/vision.py, through
+# http_server's transcription adapters) at the top of modules the server loads.
+for whl in $C/gguf-*.whl $C/flashinfer_python-*.whl $C/apache_tvm_ffi-*.whl $C/nvidia_cudnn_frontend-*.whl $C/cuda_tile-*.whl; do
+  [ -f "$whl" ] && python3 -m zipfile -e "$whl" $SP
+done
 echo "import site; site.addsitedir('$T')" > $SP/zz-image-torch.pth
 for kind in unfixed fixed; do
   python3 -m venv --without-pip $V/sglang-port-$kind
@@ -32,10 +36,12 @@ for kind in unfixed fixed; do
   cp -a $SP/sglang $PSP/ && tar -C $PSP -xzf $C/port-$kind.tar.gz
   printf "import site; site.addsitedir('%s')\nimport site; site.addsitedir('%s')\n" "$SP" "$T" > $PSP/zz-base.pth
 done
+[ -n "${RG_ONLY_A:-}" ] || {
 python3 -m venv --without-pip $V/sglang-0523
 S23=$V/sglang-0523/lib/python3.12/site-packages
 ( unz /root/parts/site523.tar.zst.* | tar -C $S23 -x || echo "FAILED: 0.5.23 unpack" ) & SJOB=$!
-wait $KJOB $SJOB
+}
+wait $KJOB ${SJOB:-}
 printf "import site; site.addsitedir('%s')\nimport site; site.addsitedir('%s')\n" "$SP" "$T" > $S23/zz-base.pth
 # The plan's model paths, linked to the tiny configs (dummy weights).
 mkdir -p /srv/models/moonshotai--Kimi-K2.6 /srv/models/z-lab--Kimi-K2.6-DFlash
@@ -48,7 +54,7 @@ echo "setup done at $SECONDS s"; pack
 
 # --- C (issue 30): every plan through the real ServerArgs, in the background (CPU only) ---
 K2="--target-dir $PWD/bench/real_gpu/models/k2-target --drafter-dir $PWD/bench/real_gpu/models/k2-drafter --weights-bytes 602133487616"
-(
+[ -n "${RG_ONLY_A:-}" ] || (
   cd bench/real_gpu
   $V/sglang/bin/python serverargs_check.py --plans plans.json --builds 0.5.11 --release 0.5.11 $K2 > $W/verdicts-0.5.11.jsonl 2> $W/verdicts-0.5.11.err
   $V/sglang-port-fixed/bin/python serverargs_check.py --plans plans.json --builds pr20547 --release "0.5.11+pr20547-port-fixed" $K2 > $W/verdicts-pr20547.jsonl 2> $W/verdicts-pr20547.err
@@ -62,6 +68,6 @@ export VENV_STOCK=$V/sglang VENV_UNFIXED=$V/sglang-port-unfixed VENV_FIXED=$V/sg
 export PROBE_GATE=$PWD/$C/readiness_gate_probe.py
 export REAL_GPU_BUDGET_S=$(( ${RG_BUDGET:-585} - SECONDS ))
 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 $V/sglang/bin/python bench/real_gpu/drive.py
-wait $CJOB
+[ -n "${RG_ONLY_A:-}" ] || wait $CJOB
 kill $PACKER 2>/dev/null; pack
 echo "all done at $SECONDS s"
