@@ -4,7 +4,7 @@
 # see bench/real_gpu/README.md) and .carry/ (zstandard wheel, port tarballs, the gate branch's gate).
 # Writes $OUT/real_gpu.tar.gz (everything: record.json, server logs, plans, verdicts), refreshed
 # every 20 s so that a run cut short still returns what it did, and $OUT/run.log.
-set -u
+set -u; S23=/nonexistent
 C=${CARRY:-.carry3}
 mkdir -p /root/parts && mv $C/*.tar.zst.* /root/parts/ 2>/dev/null
 W=/tmp/real_gpu; mkdir -p "$W"; export RG_WORK=$W
