@@ -173,8 +173,9 @@ def judge(answers: list, spec: dict, speculative: bool,
     lines = [f"probe: {right}/{len(answers)} answers right (need {need})"]
     problems = []
     if right < need:
+        more = f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""
         problems.append(f"{right}/{len(answers)} answers right (need {need}); wrong: "
-                        + "; ".join(wrong))
+                        + "; ".join(wrong[:3]) + more)
     elif wrong:
         lines.append("probe: wrong, within the allowance: " + "; ".join(wrong))
     if not speculative:
