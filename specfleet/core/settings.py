@@ -175,6 +175,10 @@ class RolloutOptions:
     # if the control machine never stops it: the fan-out's expected time plus a margin (595 GB at
     # 1 Gbit/s upstream is ~80 min). A receiver whose source stopped gets the rest upstream.
     fanout_serve_hours: float = 2.0
+    # The speed gate (off: None): each batch is benchmarked before the change and after its
+    # readiness gate; a host whose output tokens/s or acceptance length fell below this fraction
+    # of its own earlier figures fails (rolled back, counted against the batch's budget).
+    speed_gate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -936,6 +940,9 @@ def _check_rollout(r: RolloutOptions, p: _Problems) -> None:
              fix="set rollout.max_fail_percent to the share of hosts that may fail, e.g. 0")
     p.number("rollout.fanout_serve_hours", r.fanout_serve_hours, 0, None, low_open=True,
              fix="set rollout.fanout_serve_hours to the hours a fan-out may take, e.g. 2")
+    p.number("rollout.speed_gate", r.speed_gate, 0, 1, low_open=True,
+             fix="set rollout.speed_gate to the fraction of its earlier speed a host must keep, "
+             "e.g. 0.85, or unset it (no speed gate)")
     if r.batch_size is not None and r.batch_percent is not None:
         p.problem("settings keys 'rollout.batch_size' and 'rollout.batch_percent' are both set",
                   "set one of them")  # fmt: skip

@@ -487,12 +487,13 @@ def handle_answer_post(handler, path: str, argv: list, perf, served: str) -> boo
     except ValueError:
         handler._send(400, {"object": "error", "message": "invalid JSON body", "code": 400})
         return True
-    if path.endswith("completions") and body.get("stream"):
-        handler.rfile = io.BytesIO(raw)  # perf's streaming reads the body again
-        return False
     if not hasattr(handler.server, "stale_reason"):
         handler.server.stale_reason = stale_verify_mask(argv, os.environ, installed_sglang_tree())
     stale = handler.server.stale_reason is not None
+    chat = path.endswith("completions")
+    if chat and (body.get("stream") or not (stale or _question(body) in STANDIN_ANSWERS)):
+        handler.rfile = io.BytesIO(raw)  # perf's completions read the body again
+        return False
     try:
         block = int(_argv_value(argv, "--speculative-num-draft-tokens") or 8)
     except ValueError:
