@@ -36,6 +36,8 @@ import json
 import math
 import os
 import sys
+import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from typing import Any
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
+from specfleet.fleet import bench
 from specfleet.fleet.fanout import Interrupted, run_prefetch
 from specfleet.fleet.progress import progress_view
 from specfleet.fleet.pyinfra_run import (
@@ -554,7 +557,6 @@ class Rollout:
 
     def _bench_folder(self, label: str, when: str) -> Path:
         if self.bench_dir is None:
-            import tempfile
 
             self.bench_dir = Path(tempfile.mkdtemp(prefix="specfleet-speed-gate-"))
         return self.bench_dir / label.replace(" ", "-").replace("/", "of") / when
@@ -562,8 +564,6 @@ class Rollout:
     def _benchmark(self, hosts: list[str], label: str, when: str) -> dict[str, Any]:
         """The smoke benchmark of a batch's serving hosts (a serving group's rank 0 serves for
         the group) before the change; a host that serves nothing yet has nothing to compare."""
-        from specfleet.fleet import bench
-
         serving = [h for h in hosts if self.groups.get(h, [h])[0] == h]
         say(f"{label}: benchmarking {', '.join(serving)} {when} the change (speed gate)")
         return bench.benchmark(self.inventory, serving, self._bench_folder(label, when),
@@ -572,10 +572,6 @@ class Rollout:
     def _speed_gate(self, passed: list[str], before: Mapping[str, Any], label: str) -> list[str]:
         """Benchmark the hosts that passed the readiness gate again; those below the fraction
         of their figures before the change fail (returned: the rollout rolls them back)."""
-        import time
-
-        from specfleet.fleet import bench
-
         serving = [h for h in passed if self.groups.get(h, [h])[0] == h]
         start = time.monotonic()
         verdicts = bench.speed_gate_step(
