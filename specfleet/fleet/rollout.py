@@ -557,7 +557,6 @@ class Rollout:
 
     def _bench_folder(self, label: str, when: str) -> Path:
         if self.bench_dir is None:
-
             self.bench_dir = Path(tempfile.mkdtemp(prefix="specfleet-speed-gate-"))
         return self.bench_dir / label.replace(" ", "-").replace("/", "of") / when
 
