@@ -88,6 +88,17 @@ def drafter_files() -> dict[str, bytes]:
             "model.safetensors": random_bytes(1 << 20, "d1")}
 
 
+# The CT200-like host's own venv (it is reused in place, as on CT200).
+CT200_VENV = "/root/venv_sglang211"
+
+
+def standin_python(host: str) -> str:
+    """The interpreter of the host's SGLang venv, as the real server's ``VENV/bin/python -m
+    sglang.launch_server``: the stand-in then sees the SGLang tree the deploy installed (and
+    decides from it, e.g. a stale verify mask). Other hosts: the deploy's default venv."""
+    return f"{CT200_VENV if host == 'ct200' else '/opt/specfleet/sglang'}/bin/python"
+
+
 @dataclass
 class Demo:
     fleet: Fleet
@@ -108,12 +119,12 @@ class Demo:
             "weights": {"hf_endpoint": self.hub.url, "poll_seconds": 0.5,
                         "allow_http_hosts": [urllib.parse.urlsplit(self.hub.url).hostname]},
             "readiness_timeout_s": 120.0,
-            "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json"],
+            "launcher": [standin_python(host), STANDIN, "--standin-record", "/run/standin.json"],
         }
         if host in GROUP["members"]:
             data["group"] = dict(GROUP)
         if host == "ct200":
-            data.update(venv="/root/venv_sglang211", models_root="/srv/models")
+            data.update(venv=CT200_VENV, models_root="/srv/models")
             if PR20547_DIFF.is_file():
                 # As inventories/ct200.py: the PR diff, pinned, opts in to the port onto 0.5.11.
                 data["patch"] = {"source": str(PR20547_DIFF), "sha256": PR20547_DIFF_SHA256}

@@ -38,6 +38,14 @@ stand-in's own (one line per rank), not torch's.
                           #22511)
 
 With SGLang's --enable-metrics it serves /metrics with SGLang's metric names (DayTwo below).
+
+The readiness gate's correctness probe gets SGLang's native /generate (meta_info with the
+per-request acceptance length) and non-streaming /v1/chat/completions answers from this stand-in's
+own table (STANDIN_ANSWERS, never the gate's expected answers). On a tree where the target's
+verify would read a stale custom mask (stale_verify_mask: decided from the installed SGLang files
+this interpreter would import, the process's flags and environment, as 0.5.11 with the unfixed
+PR#20547 port, triton and CUDA graphs) every draft is "accepted" and the answers are wrong.
+  --standin-slowdown F    decode F times slower (standin_perf.py; a host made slow)
 """
 
 from __future__ import annotations
