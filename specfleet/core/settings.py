@@ -1034,35 +1034,39 @@ def _check_metrics(m: MetricsOptions, server_port: int, p: _Problems) -> None:
 
 def _check_probe(probe: ProbeOptions, p: _Problems, where: str = "probe") -> None:
     """The probe's own values; ``where`` names them in errors (``probe``, or a probe file)."""
+
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where == "probe" else f"{where}: {name}"
+
     if not probe.questions:
-        p.bad(f"{where}.questions", "empty", "at least one question with its answer",
+        p.bad(key("questions"), "empty", "at least one question with its answer",
               "list questions as {'prompt': ..., 'answer': REGEX}, or leave the defaults")
     for i, q in enumerate(probe.questions):
         if not q.prompt.strip():
-            p.bad(f"{where}.questions[{i}].prompt", repr(q.prompt), "a question",
+            p.bad(key(f"questions[{i}].prompt"), repr(q.prompt), "a question",
                   "write the question the server must answer")
         try:
             re.compile(q.answer)
             empty = re.fullmatch(q.answer, "") is not None
         except re.error as exc:
-            p.bad(f"{where}.questions[{i}].answer", repr(q.answer),
+            p.bad(key(f"questions[{i}].answer"), repr(q.answer),
                   f"a regular expression (Python re: {exc})", "fix the regex of that answer")
             continue
         if empty:
-            p.bad(f"{where}.questions[{i}].answer", repr(q.answer),
+            p.bad(key(f"questions[{i}].answer"), repr(q.answer),
                   "a regex that an empty answer does not match", "match the answer's text")
-    p.number(f"{where}.min_correct", probe.min_correct, 1, max(1, len(probe.questions)),
+    p.number(key("min_correct"), probe.min_correct, 1, max(1, len(probe.questions)),
              fix="set min_correct to the right answers needed, at most the number of questions")
-    p.number(f"{where}.max_tokens", probe.max_tokens, 1, None,
+    p.number(key("max_tokens"), probe.max_tokens, 1, None,
              fix="set max_tokens to the output tokens per request, e.g. 64")
-    p.number(f"{where}.concurrency", probe.concurrency, 1, None,
+    p.number(key("concurrency"), probe.concurrency, 1, None,
              fix="set concurrency to the requests in flight at once, e.g. 8")
-    p.number(f"{where}.min_accept_length", probe.min_accept_length, 1, None,
+    p.number(key("min_accept_length"), probe.min_accept_length, 1, None,
              fix="set min_accept_length to at least 1.0 (a verify step emits one token at least)")
-    p.number(f"{where}.timeout_s", probe.timeout_s, 0, None, low_open=True,
+    p.number(key("timeout_s"), probe.timeout_s, 0, None, low_open=True,
              fix="set timeout_s to the seconds one request may take, e.g. 120")
     if probe.file is not None:
-        p.check(f"{where}.file", probe.file, control_path_problem(probe.file),
+        p.check(key("file"), probe.file, control_path_problem(probe.file),
                 "set probe.file to a JSON file on the control machine, e.g. '~/probe.json'")
 
 
@@ -1097,6 +1101,9 @@ def probe_from_file(probe: ProbeOptions, text: str, path: str, host: str = "") -
         raise SettingsError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}", host=host,
                             fix=f"use only {', '.join(PROBE_FILE_KEYS)}")
     merged = {**dataclasses.asdict(probe), **data, "file": probe.file}
+    if isinstance(data.get("questions"), list) and "min_correct" not in data:
+        # Questions of its own without a count: the default share (7 of 8) of them.
+        merged["min_correct"] = max(1, math.ceil(len(data["questions"]) * 7 / 8))
     try:
         built = _build(ProbeOptions, merged, host, prefix=f"{where}: ")
     except SettingsError as exc:

@@ -208,3 +208,11 @@ def test_the_standin_answers_from_its_own_table_and_wrong_when_stale():
     assert standin.answer_tokens(body, 64, stale=False) == ["Paris"]
     assert "Paris" not in standin.answer_tokens(body, 64, stale=True)
     assert len(standin.answer_tokens(body, 64, stale=True)) == 64
+
+
+def test_a_probe_files_own_questions_without_a_count_need_seven_eighths_of_them():
+    probe = settings_from_dict({}).probe
+    text = json.dumps({"questions": [{"prompt": f"q{i}", "answer": "a"} for i in range(3)]})
+    assert probe_from_file(probe, text, "/p.json").min_correct == 3
+    text = json.dumps({"questions": [{"prompt": f"q{i}", "answer": "a"} for i in range(16)]})
+    assert probe_from_file(probe, text, "/p.json").min_correct == 14
