@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(f"/var/tmp/specfleet-drill-broken-verify-{os.getpid()}")
     work.mkdir(parents=True)
     demo = up(f"drillbv-{os.getpid() % 100000}", [HostSpec(HOST, gpu="rtx6000x8", disk="593G")],
-              work)
+              work, standin_in_venv=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_TOKEN"] = DEMO_TOKEN
     try:
