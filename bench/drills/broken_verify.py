@@ -62,16 +62,22 @@ print("record:", "ok" if not bad else " ".join(bad))
 """
 
 
+def ask(demo) -> bool | None:
+    """Whether the server on the host answers the question right (None: no answer)."""
+    out = demo.fleet.run(HOST, ASK, timeout=30).stdout
+    try:
+        content = json.loads(out)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return content.strip().split()[:1] == ["42"]
+
+
 def watch(demo, stop: threading.Event, seen: dict[str, int]) -> None:
     """Ask the server on the host, all along: count right and wrong answers it gives."""
     while not stop.is_set():
-        out = demo.fleet.run(HOST, ASK, timeout=30).stdout
-        try:
-            content = json.loads(out)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            content = None
-        if content is not None:
-            seen["right" if content.strip().split()[:1] == ["42"] else "wrong"] += 1
+        right = ask(demo)
+        if right is not None:
+            seen["right" if right else "wrong"] += 1
         stop.wait(0.3)
 
 
@@ -111,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         record = demo.fleet.run(HOST, ["python3", "-c", RECORD_CHECK, SITE]).stdout.strip()
         again = demo.pyinfra("-y", "--limit", HOST)
         (work / "deploy-again.txt").write_text(again.stdout + again.stderr)
-        answer = demo.fleet.run(HOST, ASK).stdout
-        on_v1 = again.returncode == 0 and '"content": "42"' in answer.replace('":"', '": "')
+        on_v1 = again.returncode == 0 and ask(demo) is True
         rolled_back = gone and record == "record: ok" and host.get("status") == "rolled back" \
             and on_v1
         survived = seen["wrong"] > 0 and caught and rolled_back and counted \

@@ -477,7 +477,8 @@ def decode_answer(perf, words: list, max_tokens: int, block: int, stale: bool,
         carry -= step
         time.sleep(step / max(rate, 1.0))
         done, steps = done + step, steps + 1
-    filler = words + ["tok"] * max(0, total - len(words))
+    # The end-of-sequence token is counted, never written; past the answer (ignore_eos), filler.
+    filler = words + ["tok"] * max(0, total - len(words)) if ignore_eos else words
     return " ".join(filler[:total]), total, steps, total - steps
 
 
