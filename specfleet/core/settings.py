@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import re
@@ -181,6 +182,10 @@ class RolloutOptions:
     # if the control machine never stops it: the fan-out's expected time plus a margin (595 GB at
     # 1 Gbit/s upstream is ~80 min). A receiver whose source stopped gets the rest upstream.
     fanout_serve_hours: float = 2.0
+    # The speed gate (off: None): each batch is benchmarked before the change and after its
+    # readiness gate; a host whose output tokens/s or acceptance length fell below this fraction
+    # of its own earlier figures fails (rolled back, counted against the batch's budget).
+    speed_gate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,52 @@ class MetricsOptions:
 
 
 @dataclass(frozen=True)
+class ProbeQuestion:
+    """One question of the readiness gate's correctness probe and the answer it must get."""
+
+    prompt: str
+    # A regular expression (Python ``re``, case-insensitive) the answer's text must contain.
+    answer: str
+
+
+# Short arithmetic and facts a 1T model answers right greedily, each checked by a regex that
+# accepts the usual ways to write the answer. The stand-in server knows them from its own table.
+DEFAULT_PROBE_QUESTIONS = (
+    ("What is 17 + 25? Answer with the number only.", r"(?<!\d)42(?!\d)"),
+    ("What is 12 * 12? Answer with the number only.", r"(?<!\d)144(?!\d)"),
+    ("What is 100 - 37? Answer with the number only.", r"(?<!\d)63(?!\d)"),
+    ("What is 9 * 8? Answer with the number only.", r"(?<!\d)72(?!\d)"),
+    ("What is the capital of France? Answer with one word.", r"\bParis\b"),
+    ("What is the chemical symbol for gold? Answer with the symbol only.", r"\bAu\b"),
+    ("How many days are in a week? Answer with the number only.", r"(?<!\d)7(?!\d)|\bseven\b"),
+    ("What is the largest planet in the solar system? Answer with one word.", r"\bJupiter\b"),
+)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """The readiness gate's correctness probe: after /health_generate, these questions at
+    temperature 0 must get their answers, with a plausible speculative acceptance length."""
+
+    enable: bool = True
+    questions: list[ProbeQuestion] = field(default_factory=lambda: [
+        ProbeQuestion(q, a) for q, a in DEFAULT_PROBE_QUESTIONS])
+    # Right answers needed (at most the number of questions).
+    min_correct: int = 7
+    # Output tokens per request (>= 64 makes speculative verify run for many steps).
+    max_tokens: int = 64
+    # Requests in flight at once (batched verify runs too).
+    concurrency: int = 8
+    # The mean acceptance length /generate reports must be at least this (upstream's DFlash
+    # test asks 2.8; a broken verify collapses it toward 1.0) and at most the block size.
+    min_accept_length: float = 2.0
+    timeout_s: float = 120.0
+    # A JSON file on the control machine with any of the keys above (questions, min_correct,
+    # ...): read at deploy time, its values replace these (a probe for another model).
+    file: str | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a Kimi K2.6 + DFlash deploy can be told. Defaults are that deploy's."""
 
@@ -278,6 +329,7 @@ class Settings:
     group: ServingGroup | None = None
     watchdog: WatchdogOptions = field(default_factory=WatchdogOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    probe: ProbeOptions = field(default_factory=ProbeOptions)
 
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
@@ -621,6 +673,7 @@ def validate(
         _check_group(settings, p)
     _check_watchdog(settings.watchdog, p)
     _check_metrics(settings.metrics, settings.port, p)
+    _check_probe(settings.probe, p)
     p.raise_any()
     return settings
 
@@ -910,6 +963,9 @@ def _check_rollout(r: RolloutOptions, p: _Problems) -> None:
              fix="set rollout.max_fail_percent to the share of hosts that may fail, e.g. 0")
     p.number("rollout.fanout_serve_hours", r.fanout_serve_hours, 0, None, low_open=True,
              fix="set rollout.fanout_serve_hours to the hours a fan-out may take, e.g. 2")
+    p.number("rollout.speed_gate", r.speed_gate, 0, 1, low_open=True,
+             fix="set rollout.speed_gate to the fraction of its earlier speed a host must keep, "
+             "e.g. 0.85, or unset it (no speed gate)")
     if r.batch_size is not None and r.batch_percent is not None:
         p.problem("settings keys 'rollout.batch_size' and 'rollout.batch_percent' are both set",
                   "set one of them")  # fmt: skip
@@ -999,9 +1055,85 @@ def _check_metrics(m: MetricsOptions, server_port: int, p: _Problems) -> None:
             "'/var/lib/prometheus/node-exporter'")  # fmt: skip
 
 
+def _check_probe(probe: ProbeOptions, p: _Problems, where: str = "probe") -> None:
+    """The probe's own values; ``where`` names them in errors (``probe``, or a probe file)."""
+
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where == "probe" else f"{where}: {name}"
+
+    if not probe.questions:
+        p.bad(key("questions"), "empty", "at least one question with its answer",
+              "list questions as {'prompt': ..., 'answer': REGEX}, or leave the defaults")
+    for i, q in enumerate(probe.questions):
+        if not q.prompt.strip():
+            p.bad(key(f"questions[{i}].prompt"), repr(q.prompt), "a question",
+                  "write the question the server must answer")
+        try:
+            re.compile(q.answer)
+            empty = re.fullmatch(q.answer, "") is not None
+        except re.error as exc:
+            p.bad(key(f"questions[{i}].answer"), repr(q.answer),
+                  f"a regular expression (Python re: {exc})", "fix the regex of that answer")
+            continue
+        if empty:
+            p.bad(key(f"questions[{i}].answer"), repr(q.answer),
+                  "a regex that an empty answer does not match", "match the answer's text")
+    p.number(key("min_correct"), probe.min_correct, 1, max(1, len(probe.questions)),
+             fix="set min_correct to the right answers needed, at most the number of questions")
+    p.number(key("max_tokens"), probe.max_tokens, 1, None,
+             fix="set max_tokens to the output tokens per request, e.g. 64")
+    p.number(key("concurrency"), probe.concurrency, 1, None,
+             fix="set concurrency to the requests in flight at once, e.g. 8")
+    p.number(key("min_accept_length"), probe.min_accept_length, 1, None,
+             fix="set min_accept_length to at least 1.0 (a verify step emits one token at least)")
+    p.number(key("timeout_s"), probe.timeout_s, 0, None, low_open=True,
+             fix="set timeout_s to the seconds one request may take, e.g. 120")
+    if probe.file is not None:
+        p.check(key("file"), probe.file, control_path_problem(probe.file),
+                "set probe.file to a JSON file on the control machine, e.g. '~/probe.json'")
+
+
 def _is_commit(rev: str) -> bool:
     return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev.lower())
 
 
 def settings_to_dict(settings: Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
+
+
+# The keys a probe file may set (``probe.file``): the probe itself, not where it comes from.
+PROBE_FILE_KEYS = ("questions", "min_correct", "max_tokens", "concurrency", "min_accept_length",
+                   "timeout_s")
+
+
+def probe_from_file(probe: ProbeOptions, text: str, path: str, host: str = "") -> ProbeOptions:
+    """``probe`` with the values of a probe file (``probe.file``'s JSON text) in place: a
+    malformed file is a SettingsError naming the file, the key and the fix."""
+    where = f"probe file {path}"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{where} is not JSON ({exc})", host=host,
+                            fix='write {"questions": [{"prompt": "...", "answer": "REGEX"}], '
+                            '"min_correct": N, ...}') from None
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{where} holds {type(data).__name__}, expected a JSON object",
+                            host=host, fix='write {"questions": [...], ...}')
+    unknown = sorted(set(data) - set(PROBE_FILE_KEYS))
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}", host=host,
+                            fix=f"use only {', '.join(PROBE_FILE_KEYS)}")
+    merged = {**dataclasses.asdict(probe), **data, "file": probe.file}
+    if isinstance(data.get("questions"), list) and "min_correct" not in data:
+        # Questions of its own without a count: the default share (7 of 8) of them.
+        merged["min_correct"] = max(1, math.ceil(len(data["questions"]) * 7 / 8))
+    try:
+        built = _build(ProbeOptions, merged, host, prefix=f"{where}: ")
+    except SettingsError as exc:
+        raise SettingsError(exc.problem, host=host,
+                            fix=f"fix that key in {path}: questions are objects "
+                            '{"prompt": "...", "answer": "REGEX"}') from None
+    p = _Problems(host)
+    _check_probe(built, p, where=where)
+    p.raise_any()
+    return built

@@ -134,6 +134,9 @@ class Perf:
             seed = int(os.environ.get(SEED_ENV, "0") or 0)
         self.seed = seed
         self.point = point_from_argv(argv)
+        # --standin-slowdown F: this server decodes F times slower (a host made slow, for the
+        # rollout's speed gate).
+        self.slowdown = float(flag_value(argv, "--standin-slowdown") or 1.0)
         self.metrics_enabled = "--enable-metrics" in argv
         self.model = served_model
         self.lock = threading.Lock()
@@ -195,6 +198,7 @@ class Perf:
                 with self.lock:
                     busy = max(1, self.active)
                 rate = single_tps(self.point, self.seed) / (1 + CONTENTION * (busy - 1))
+                rate /= self.slowdown
                 time.sleep(step / rate)
                 with self.lock:
                     self.accepted += step
