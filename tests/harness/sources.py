@@ -3,6 +3,8 @@
 - ``sglang_wheel(V)``: the PyPI wheel of sglang V, from the one wheel cache
   (``tests.harness.wheelhouse``: filled from PyPI by the test command, ``python -m tests.fleet
   prepare``, or here on first use);
+- ``lay_ddtree_fork(site)`` / ``ddtree_fork_site()``: the DDTree fork's tree from
+  ``../shared/fixtures/sglang-ddtree-fork/``, laid into a site-packages as its README says;
 - ``pr20547_tree()``: the PR#20547 head's Python package (``modal-labs/sglang`` e67a0d488), read
   from ``../shared/fixtures/sglang-pr20547/`` (no network; ``SPECFLEET_SHARED`` overrides).
 
@@ -84,3 +86,49 @@ def pr20547_diff() -> bytes:
     if hashlib.sha256(data).hexdigest() != PR20547_DIFF_SHA256:
         raise ValueError(f"{PR20547_DIFF} does not have the recorded sha256 {PR20547_DIFF_SHA256}")
     return data
+
+
+# --------------------------------------------------------------------------------------------------
+# The DDTree fork's tree (DB-Guo/sglang-ddtree-dev 514ea1f3e), as its fixture README lays it in
+# --------------------------------------------------------------------------------------------------
+
+DDTREE_FORK_DIR = SHARED / "fixtures" / "sglang-ddtree-fork"
+DDTREE_FORK_COMMIT = "514ea1f3e"
+DDTREE_FORK_TARBALL = DDTREE_FORK_DIR / f"sglang-ddtree-fork-{DDTREE_FORK_COMMIT}-python.tar.gz"
+DDTREE_FORK_SHA256 = "926db23068f3fc5764bfddae6f7ed02cd3ba1f67943689f097c38fdcb12f48f4"
+# setuptools-scm's fallback: the version a source build of this tree reports.
+DDTREE_FORK_VERSION = "0.0.0.dev0"
+
+
+def lay_ddtree_fork(site: Path) -> Path:
+    """Lay the fork's ``python/sglang`` into the folder ``site`` (a site-packages) as a source
+    install looks, with a ``sglang-0.0.0.dev0.dist-info`` (its pyproject needs a Rust extension
+    and git, so pip cannot build it here; see the fixture README). Returns the ``sglang`` folder."""
+    data = _need(DDTREE_FORK_TARBALL).read_bytes()
+    if hashlib.sha256(data).hexdigest() != DDTREE_FORK_SHA256:
+        raise ValueError(f"{DDTREE_FORK_TARBALL} does not have the recorded sha256")
+    site.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(DDTREE_FORK_TARBALL) as tar:
+        # Regular files and folders: a few links point into the repository outside python/.
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith("python/sglang/") and (m.isfile() or m.isdir())]
+        for m in members:
+            m.name = m.name[len("python/"):]
+        tar.extractall(site, members=members, filter="data")
+    info = site / f"sglang-{DDTREE_FORK_VERSION}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: sglang\nVersion: {DDTREE_FORK_VERSION}\n"
+    )
+    (info / "INSTALLER").write_text("specfleet-tests (the DDTree fork's tree, laid in)\n")
+    return site / "sglang"
+
+
+@cache
+def ddtree_fork_site() -> Path:
+    """One laid-in copy of the fork per test process, under the wheel cache's parent."""
+    import tempfile
+
+    site = Path(tempfile.mkdtemp(prefix="specfleet-ddtree-fork-"))
+    lay_ddtree_fork(site)
+    return site
