@@ -153,6 +153,13 @@ class PlanOverrides:
     # model load with "Not enough memory", with too few tokens of KV cache to serve.
     min_kv_gib: float = 4.0
     draft_window_size: int = 4096
+    # DDTree where the installed SGLang has a design specfleet.core.tables.ddtree_designs knows:
+    # the tree budget (None: plain DFlash). A host without it serves DFlash and says so.
+    ddtree_budget: int | None = None
+    # The knobs of PR#29907's design (environment variables; None leaves SGLang's default).
+    ddtree_max_topk: int | None = None
+    ddtree_depth_bonus: float | None = None
+    ddtree_rank_probe: int | None = None
     # SM120 may choose flashinfer for the target instead of triton.
     sm120_target_backend: Literal["triton", "flashinfer"] = "triton"
     # Flags to add or replace: {"--context-length": "131072", "--enable-foo": True, "--bar": None}.
@@ -853,6 +860,22 @@ def _check_plan(plan: PlanOverrides, p: _Problems, has_api_key: bool) -> None:
     if plan.draft_window_size < 1:
         p.bad("plan.draft_window_size", str(plan.draft_window_size), ">= 1",
               "use e.g. 4096 (the default), at least the drafter's block size")
+    budget = plan.ddtree_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget < 2):
+        p.bad("plan.ddtree_budget", repr(budget), "a whole number >= 2 (tree nodes per step)",
+              "use e.g. 32, or leave it unset for plain DFlash")
+    for key in ("ddtree_max_topk", "ddtree_rank_probe"):
+        value = getattr(plan, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            p.bad(f"plan.{key}", repr(value), "a whole number >= 0",
+                  f"leave plan.{key} unset for SGLang's default")
+    bonus = plan.ddtree_depth_bonus
+    if bonus is not None and (isinstance(bonus, bool) or not isinstance(bonus, (int, float))
+                              or not math.isfinite(bonus)):
+        p.bad("plan.ddtree_depth_bonus", repr(bonus), "a finite number",
+              "leave plan.ddtree_depth_bonus unset for SGLang's default")
     for flag, value in plan.extra_args.items():
         key = f"plan.extra_args.{flag}"
         if not LONG_FLAG.fullmatch(flag):
