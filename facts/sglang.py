@@ -446,6 +446,37 @@ class PatchState(FactBase[dict | None]):
         return out
 
 
+class SourceTree(FactBase[dict]):
+    """An SGLang source tree on the host (``sglang.source_path``): its pyproject.toml (None where
+    absent) and whether ``cargo`` is on the PATH (a Rust extension needs it to build).
+
+    .. code:: python
+
+        {"pyproject": "[build-system]\nrequires = [...]\n...", "cargo": False}
+    """
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path.rstrip("/") + "/pyproject.toml")
+        return (
+            f"if [ -f {p} ]; then echo '##pyproject'; cat {p}; echo; fi; "
+            "if command -v cargo >/dev/null 2>&1; then echo '##cargo=1'; fi; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        out: dict[str, Any] = {"pyproject": None, "cargo": False}
+        lines: list[str] | None = None
+        for line in output:
+            if line == "##pyproject":
+                lines = []
+            elif line == "##cargo=1":
+                out["cargo"] = True
+            elif lines is not None:
+                lines.append(line)
+        if lines is not None:
+            out["pyproject"] = "\n".join(lines)
+        return out
+
+
 class PatchCheck(FactBase[dict]):
     """A dry run of the diff given on stdin (``_stdin=``) in ``directory``: nothing is written.
 

@@ -87,7 +87,10 @@ class SGLangSource:
 
     version: str = "0.5.23"
     # "index": pip from index_url / find_links.  "git": pip from git_url at git_ref.
-    kind: Literal["index", "git"] = "index"
+    # "source": pip from a source tree on the host (source_path: an SGLang checkout's python/
+    # folder, e.g. a DDTree fork), keyed by that folder; a Rust extension needs cargo there.
+    kind: Literal["index", "git", "source"] = "index"
+    source_path: str | None = None
     index_url: str | None = None
     find_links: str | None = None
     trusted_hosts: list[str] = field(default_factory=list)
@@ -742,6 +745,14 @@ def _check_sglang(sg: SGLangSource, p: _Problems, test_ok: bool) -> None:
     if sg.git_ref is not None:
         p.check("sglang.git_ref", sg.git_ref, git_ref_problem(sg.git_ref),
                 "set sglang.git_ref to a branch, tag or commit")  # fmt: skip
+    if sg.source_path is not None:
+        p.check("sglang.source_path", sg.source_path, abs_path_problem(sg.source_path),
+                "give the absolute path of an SGLang checkout's python/ folder on the host")
+    if sg.kind == "source" and not sg.source_path:
+        p.problem(
+            "settings key 'sglang.kind' is 'source' but 'sglang.source_path' is unset",
+            "set sglang.source_path to the python/ folder of an SGLang checkout on the host",
+        )
     if sg.kind == "git" and not (sg.git_url and sg.git_ref):
         p.problem(
             "settings key 'sglang.kind' is 'git' but 'sglang.git_url' or 'sglang.git_ref' is unset",
