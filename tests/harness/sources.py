@@ -132,3 +132,31 @@ def ddtree_fork_site() -> Path:
     site = Path(tempfile.mkdtemp(prefix="specfleet-ddtree-fork-"))
     lay_ddtree_fork(site)
     return site
+
+
+# Where the fleet tests and the demo lay the fork's tree on a host: its python/ folder as a
+# checkout's, and a venv holding it as a source install of that folder looks (pip's
+# direct_url.json names the folder: specfleet's sglang.kind "source" key).
+DDTREE_FORK_HOST_SRC = "/opt/src/sglang-ddtree-fork/python"
+
+
+def ddtree_fork_host_script(tarball: str, venv: str, src: str = DDTREE_FORK_HOST_SRC) -> str:
+    """The shell that lays the fork's tree (the tarball, already copied to ``tarball`` on the
+    host) into ``src`` and into a new ``venv`` as its fixture README says; idempotent."""
+    parent = src.rsplit("/", 1)[0]
+    return "\n".join([
+        "set -e",
+        f"mkdir -p {parent}",
+        f"[ -d {src}/sglang ] || tar xzf {tarball} -C {parent} python/",
+        f"[ -x {venv}/bin/python ] || python3 -m venv {venv}",
+        f"site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
+        # Regular files only: a few links in the tree point outside python/.
+        f'[ -d "$site/sglang" ] || (cp -a {src}/sglang "$site/" && '
+        'find "$site/sglang" -type l -delete)',
+        f'info="$site/sglang-{DDTREE_FORK_VERSION}.dist-info"',
+        'mkdir -p "$info"',
+        f'printf "Metadata-Version: 2.1\\nName: sglang\\nVersion: {DDTREE_FORK_VERSION}\\n" '
+        '> "$info/METADATA"',
+        'printf "specfleet-tests (the DDTree fork\'s tree, laid in)\\n" > "$info/INSTALLER"',
+        f'printf \'{{"url": "file://{src}", "dir_info": {{}}}}\\n\' > "$info/direct_url.json"',
+    ])
