@@ -265,6 +265,7 @@ def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
     res = specfleet("sweep", str(inv), "--host", "h1", "--allow-serving", *grid,
                     "--write-group-data", str(gd / "h200x2.py"))
     text = res.stdout + res.stderr
+    print(res.stdout)  # the sweep's table (pytest -s shows it)
     assert res.returncode == 0, text[-4000:]
     state = json.loads((out / "state.json").read_text())
     best = core.point_key({"ddtree_budget": perf.best_budget(SEED), "draft_window": 4096})
