@@ -237,6 +237,19 @@ def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
     demo.fleet.put("h1", DDTREE_FORK_TARBALL, "/tmp/sglang-ddtree-fork.tar.gz")
     demo.fleet.run("h1", ddtree_fork_host_script("/tmp/sglang-ddtree-fork.tar.gz", DDTREE_VENV),
                    check=True, timeout=300)  # fmt: skip
+    # Building that tree on the host (a fresh venv): its Rust extension needs cargo, which the
+    # host lacks, and its rust/ sources, which the tarball lacks: refused before anything changes.
+    build = {**ddtree_settings({"ddtree_budget": FIRST_BUDGET}), "venv": DDTREE_VENV + "-build"}
+    inv = demo.write_inventory(demo.workdir / "ddtree_build_inventory.py", h1=build)
+    before = unit_sha(demo, "h1")
+    res = demo.pyinfra("-y", "--limit", "h1", inventory=inv)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0, text[-4000:]
+    assert "sglang.srt.grpc._core" in text and "no Rust toolchain (cargo not found)" in text, (
+        text[-4000:])
+    assert demo.fleet.run("h1", f"test -e {DDTREE_VENV}-build").returncode != 0
+    assert unit_sha(demo, "h1") == before
+
     inv = demo.write_inventory(demo.workdir / "ddtree_inventory.py",
                                h1=ddtree_settings({"ddtree_budget": FIRST_BUDGET}))
 
