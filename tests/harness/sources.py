@@ -126,10 +126,13 @@ def lay_ddtree_fork(site: Path) -> Path:
 
 @cache
 def ddtree_fork_site() -> Path:
-    """One laid-in copy of the fork per test process, under the wheel cache's parent."""
+    """One laid-in copy of the fork per test process, in a temporary folder removed at exit."""
+    import atexit
+    import shutil
     import tempfile
 
     site = Path(tempfile.mkdtemp(prefix="specfleet-ddtree-fork-"))
+    atexit.register(shutil.rmtree, site, ignore_errors=True)
     lay_ddtree_fork(site)
     return site
 
