@@ -88,7 +88,10 @@ class SGLangSource:
 
     version: str = "0.5.23"
     # "index": pip from index_url / find_links.  "git": pip from git_url at git_ref.
-    kind: Literal["index", "git"] = "index"
+    # "source": pip from a source tree on the host (source_path: an SGLang checkout's python/
+    # folder, e.g. a DDTree fork), keyed by that folder; a Rust extension needs cargo there.
+    kind: Literal["index", "git", "source"] = "index"
+    source_path: str | None = None
     index_url: str | None = None
     find_links: str | None = None
     trusted_hosts: list[str] = field(default_factory=list)
@@ -158,6 +161,13 @@ class PlanOverrides:
     # model load with "Not enough memory", with too few tokens of KV cache to serve.
     min_kv_gib: float = 4.0
     draft_window_size: int = 4096
+    # DDTree where the installed SGLang has a design specfleet.core.tables.ddtree_designs knows:
+    # the tree budget (None: plain DFlash). A host without it serves DFlash and says so.
+    ddtree_budget: int | None = None
+    # The knobs of PR#29907's design (environment variables; None leaves SGLang's default).
+    ddtree_max_topk: int | None = None
+    ddtree_depth_bonus: float | None = None
+    ddtree_rank_probe: int | None = None
     # SM120 may choose flashinfer for the target instead of triton.
     sm120_target_backend: Literal["triton", "flashinfer"] = "triton"
     # Flags to add or replace: {"--context-length": "131072", "--enable-foo": True, "--bar": None}.
@@ -801,6 +811,14 @@ def _check_sglang(sg: SGLangSource, p: _Problems, test_ok: bool) -> None:
     if sg.git_ref is not None:
         p.check("sglang.git_ref", sg.git_ref, git_ref_problem(sg.git_ref),
                 "set sglang.git_ref to a branch, tag or commit")  # fmt: skip
+    if sg.source_path is not None:
+        p.check("sglang.source_path", sg.source_path, abs_path_problem(sg.source_path),
+                "give the absolute path of an SGLang checkout's python/ folder on the host")
+    if sg.kind == "source" and not sg.source_path:
+        p.problem(
+            "settings key 'sglang.kind' is 'source' but 'sglang.source_path' is unset",
+            "set sglang.source_path to the python/ folder of an SGLang checkout on the host",
+        )
     if sg.kind == "git" and not (sg.git_url and sg.git_ref):
         p.problem(
             "settings key 'sglang.kind' is 'git' but 'sglang.git_url' or 'sglang.git_ref' is unset",
@@ -922,6 +940,22 @@ def _check_plan(plan: PlanOverrides, p: _Problems, has_api_key: bool) -> None:
     if plan.draft_window_size < 1:
         p.bad("plan.draft_window_size", str(plan.draft_window_size), ">= 1",
               "use e.g. 4096 (the default), at least the drafter's block size")
+    budget = plan.ddtree_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget < 2):
+        p.bad("plan.ddtree_budget", repr(budget), "a whole number >= 2 (tree nodes per step)",
+              "use e.g. 32, or leave it unset for plain DFlash")
+    for key in ("ddtree_max_topk", "ddtree_rank_probe"):
+        value = getattr(plan, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            p.bad(f"plan.{key}", repr(value), "a whole number >= 0",
+                  f"leave plan.{key} unset for SGLang's default")
+    bonus = plan.ddtree_depth_bonus
+    if bonus is not None and (isinstance(bonus, bool) or not isinstance(bonus, (int, float))
+                              or not math.isfinite(bonus)):
+        p.bad("plan.ddtree_depth_bonus", repr(bonus), "a finite number",
+              "leave plan.ddtree_depth_bonus unset for SGLang's default")
     for flag, value in plan.extra_args.items():
         key = f"plan.extra_args.{flag}"
         if not LONG_FLAG.fullmatch(flag):
