@@ -60,9 +60,8 @@ def test_a_second_altered_copy_is_refused_and_what_is_recorded_is_what_was_hashe
         assert channel.latest(10) is None
     finally:
         channel.close()
-    assert (got, failed, wanted) == (1, [], {})
-    assert "not asked for" in channel.hostile
     assert (rev_dir / "modeling_x.py").read_bytes() == GOOD
+    assert (got, failed, wanted) == (1, [], {})
     assert [p.name for p in rev_dir.iterdir() if p.name.endswith(fanout_agent.PART_SUFFIX)] == []
     (entry,) = verified_lines(rev_dir)
     st = (rev_dir / "modeling_x.py").stat()
@@ -75,6 +74,7 @@ def test_a_second_altered_copy_is_refused_and_what_is_recorded_is_what_was_hashe
     os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(other, rev_dir / "modeling_x.py")
     assert not weights_agent.still_matches(str(rev_dir), entry)
+    assert "not asked for" in channel.hostile
 
 
 def test_the_second_copy_gives_the_file_to_the_next_source(tmp_path, monkeypatch):
