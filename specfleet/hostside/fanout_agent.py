@@ -747,7 +747,13 @@ class Pull:
                 left -= len(chunk)
             return Received(path, None, f"{size} bytes sent, the Hub lists {f['size']}",
                             bool(left))
-        local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
+        try:
+            local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
+        except self.wa.UnsafeName as e:  # never after run()'s check; nothing is written
+            left = size  # read past it: the channel stays in step
+            while left and (chunk := stream.read(min(RECEIVE_CHUNK, left))):
+                left -= len(chunk)
+            return Received(path, None, f"{e}; not taken", bool(left))
         os.makedirs(os.path.dirname(local), exist_ok=True)
         kind, want = self.wa.expected_hash(f)
         digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1(  # noqa: S324 - git id
