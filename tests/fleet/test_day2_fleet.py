@@ -243,13 +243,13 @@ def test_a_flooded_relay_does_not_stop_the_watchdog(wd):
             wd, f"ss -Htn state established '( dport = :{RELAY_PORT} )' | wc -l")) >= 16)
         time.sleep(5)  # the relay has taken what it takes of the flood
         wpid = sh(wd, f"systemctl show -p MainPID --value {watchdog_unit}").strip()
-        threads = int(sh(wd, f"ls /proc/{wpid}/task | wc -l"))
-        assert threads <= 20, threads  # its own, and the relay's cap of connections
         sh(wd, f"echo {pid} > {HANG}")
         wait_for("a restart by the watchdog under the flood",
                  lambda: main_pid(wd) not in (pid, "0"), timeout=60)
         assert len(restarts_in_journal(wd)) == before + 1
         assert sh(wd, f"systemctl show -p MainPID --value {watchdog_unit}").strip() == wpid
+        threads = int(sh(wd, f"ls /proc/{wpid}/task | wc -l"))
+        assert threads <= 20, threads  # its own, and the relay's cap of connections
     finally:
         wd.run("h1", "systemctl stop sf-relay-flood; rm -f /run/standin/flooder.py")
         wd.run("h1", f"systemctl set-property --runtime {watchdog_unit} TasksMax=infinity")
