@@ -91,7 +91,7 @@ WATCH = {"interval_s": 1, "probe_timeout_s": 4, "failures": 3, "backoff_s": 1, "
 def drill_relay_flood(env: Env, d: Drill) -> None:
     """d3 serves (the stand-in server) with its health watchdog and /metrics relay; a local
     process keeps 1500 half-open connections to the relay while the watchdog is held to 64 tasks
-    and 256 open files; then the server hangs. The watchdog must restart it, and live through it."""
+    and 64 open files; then the server hangs. The watchdog must restart it, and live through it."""
     host = "d3"
     repo_id = env.repo("relayflood", shards=1, size=MB)
     settings = env.settings(repo_id, watchdog=WATCH, launcher=[
@@ -109,7 +109,7 @@ def drill_relay_flood(env: Env, d: Drill) -> None:
     time.sleep(3)  # the watchdog has seen it ready
     pid, wpid = main_pid(unit), main_pid(wunit)
     env.sh(host, f"systemctl set-property --runtime {wunit} TasksMax=64 && "
-                 f"prlimit --pid {wpid} --nofile=256:256")
+                 f"prlimit --pid {wpid} --nofile=64:64")
     put = env.fleet.run(host, "cat > /run/standin/flooder.py", input=FLOODER)
     check(put.returncode == 0, put.stderr)
     env.sh(host, "systemd-run --quiet --collect --unit=sf-drill-flood -p LimitNOFILE=8192 "
@@ -136,7 +136,7 @@ HOSTILE_DRILLS = [
           "what it hashed; its fast weights check ends with the hub's bytes",
           drill_malicious_source, "48fd89f (before #32): the second copy renamed over the "
           "first after its hash was checked, recorded as verified"),
-    Drill("relay-flood", "1500 half-open connections to the metrics relay, watchdog at 256 files",
+    Drill("relay-flood", "1500 half-open connections to the metrics relay, watchdog at 64 files",
           "d3 watchdog", "the watchdog lives and restarts a hung server; the relay holds at most "
           "its cap", drill_relay_flood, "48fd89f (before #32): a thread per connection, the "
           "watchdog died when its tick could not fork"),

@@ -227,16 +227,16 @@ FLOOD_CONNECTIONS = 1500
 
 def test_a_flooded_relay_does_not_stop_the_watchdog(wd):
     """1500 half-open connections to the relay, kept up, with the watchdog at a task limit of 64
-    and 256 open files: the relay holds at most its cap of them, the watchdog goes on probing
+    and 64 open files: the relay holds at most its cap of them, the watchdog goes on probing
     and restarts a hung server (before: a thread and a file per connection for good, and the
     watchdog died when its tick could not open a pipe or fork)."""
     wait_ready(wd)
     before, pid = len(restarts_in_journal(wd)), main_pid(wd)
     watchdog_unit = f"{NAME}-watchdog.service"
     # The unit's budget, small: a task limit (where the container's cgroup enforces one) and
-    # 256 open files (each connection held is one; the tick's systemctl needs a few).
+    # 64 open files (each connection held is one; the tick's systemctl needs a few).
     sh(wd, f"systemctl set-property --runtime {watchdog_unit} TasksMax=64 && prlimit --pid "
-           f"$(systemctl show -p MainPID --value {watchdog_unit}) --nofile=256:256")
+           f"$(systemctl show -p MainPID --value {watchdog_unit}) --nofile=64:64")
     res = wd.run("h1", "cat > /run/standin/flooder.py", input=FLOODER)
     assert res.returncode == 0, res.stderr
     sh(wd, "systemd-run --quiet --collect --unit=sf-relay-flood -p LimitNOFILE=8192 "
