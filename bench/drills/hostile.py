@@ -134,10 +134,10 @@ HOSTILE_DRILLS = [
     Drill("fanout-evil-source", "fan-out seed sends a second, altered copy of each file",
           "d2 (seed) -> d3", "the receiver refuses the second copy and the seed, records only "
           "what it hashed; its fast weights check ends with the hub's bytes",
-          drill_malicious_source, "48fd89f (before #32): the second copy renamed over the "
-          "first after its hash was checked, recorded as verified"),
+          drill_malicious_source, "48fd89f (before #32): the second copy renamed over the first "
+          "after its hash was checked, recorded as verified (shown by the fleet test)"),
     Drill("relay-flood", "1500 half-open connections to the metrics relay, watchdog at 64 files",
           "d3 watchdog", "the watchdog lives and restarts a hung server; the relay holds at most "
           "its cap", drill_relay_flood, "48fd89f (before #32): a thread per connection, the "
-          "watchdog died when its tick could not fork"),
+          "watchdog died when its tick could not open a pipe (shown by the fleet test)"),
 ]
