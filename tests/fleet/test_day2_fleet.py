@@ -256,6 +256,9 @@ def test_a_flooded_relay_does_not_stop_the_watchdog(wd):
     finally:
         wd.run("h1", "systemctl stop sf-relay-flood; rm -f /run/standin/flooder.py")
         wd.run("h1", f"systemctl set-property --runtime {watchdog_unit} TasksMax=infinity")
+        # A fresh watchdog: its limits back, and its restart window (max_restarts) empty again
+        # for the tests after this one.
+        wd.run("h1", f"systemctl restart {watchdog_unit}")
     wait_ready(wd)
 
 
