@@ -260,7 +260,9 @@ class MetricsOptions:
     # The watchdog relays the server's /metrics (that path only) here, since the server listens
     # on the loopback; None: no relay.
     relay_port: int | None = 30091
-    relay_listen: str = "0.0.0.0"
+    # The relay has no auth: on the loopback unless opened to a scraper (the host's fleet
+    # address, or '0.0.0.0'); `specfleet monitoring` refuses a loopback relay as a remote target.
+    relay_listen: str = "127.0.0.1"
     # node-exporter's textfile collector folder (Debian's prometheus-node-exporter default).
     textfile_dir: str = "/var/lib/prometheus/node-exporter"
     # Where node-exporter listens on the host, for the generated scrape config.
