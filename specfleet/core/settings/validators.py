@@ -1,9 +1,9 @@
 """Pure checks of single setting values: paths, names, repo ids, URLs, versions, flags.
 
 Each ``*_problem`` function returns ``None`` for a good value, or what was expected instead (a
-phrase that completes "expected ..."). ``specfleet.core.settings.validate`` turns that into a
-``SettingsError`` naming the host, the key, the value found and a fix. Nothing here reads a file
-or the environment.
+phrase that completes "expected ..."). The schema (``schema.py``) runs them as field validators
+and ``report.py`` turns each answer into a ``SettingsError`` naming the host, the key, the value
+found and a fix. Nothing here reads a file or the environment.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ COMMAND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A network interface's name (the kernel allows up to 15 characters, no '/' or whitespace).
 IFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,14}")
+_SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -140,8 +141,11 @@ def git_ref_problem(value: str) -> str | None:
 
 
 def version_problem(value: str) -> str | None:
+    if value != value.strip() or has_control_chars(value):
+        # Stripped for the check, the raw value would still name venvs and pins.
+        return "a version without spaces or newlines, such as '0.5.23'"
     try:
-        Version(value.strip())
+        Version(value)
     except InvalidVersion:
         return "a version that packaging parses (PEP 440), such as '0.5.23'"
     return None
@@ -175,7 +179,9 @@ def host_problem(value: str, allow_port: bool = False) -> str | None:
     if is_ip(host):
         return None
     labels = host.rstrip(".").split(".")
-    if host and len(host) <= 253 and all(_HOST_LABEL.fullmatch(lb) for lb in labels):
+    # An all-digit last label is no name: clients read "127.1" or "0x7f.1" as an IP address.
+    if (host and len(host) <= 253 and all(_HOST_LABEL.fullmatch(lb) for lb in labels)
+            and not labels[-1].isdigit() and not re.fullmatch(r"0x[0-9a-f]+", labels[-1], re.I)):
         return None
     what = "a host name or IP address"
     return what + (" (optionally host:port)" if allow_port else "")
@@ -199,41 +205,65 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def url_problem(
-    value: str,
-    *,
-    schemes: Collection[str] = ("https", "http"),
-    http_hosts: Collection[str] | None = (),
-    http_setting: str = "",
-) -> str | None:
-    """A URL with one of ``schemes``. Plain ``http`` (also ``git+http``) only to a loopback
-    address or to one of ``http_hosts`` (named by the setting ``http_setting``); to any host
-    where ``http_hosts`` is None (what is fetched is pinned by a hash)."""
+def url_problem(value: str, schemes: Collection[str] = ("https", "http")) -> str | None:
+    """A URL with one of ``schemes`` that every HTTP client reads as the same host: no userinfo
+    (a plain user name only for ssh), no backslash, no percent-encoding in the authority, and a
+    host that is a host name or an IP address (not ``-oProxyCommand=...``)."""
     if has_control_chars(value) or any(c.isspace() for c in value):
         return "a URL without spaces or control characters"
+    if "\\" in value:
+        # urllib3 and browsers read "http://evil\@127.0.0.1/" as host evil, urlsplit as 127.0.0.1.
+        return "a URL without backslashes"
     try:
         parts = urllib.parse.urlsplit(value)
-        host = parts.hostname
-        port = parts.port
+        host, port = parts.hostname, parts.port
     except ValueError:
         return "a well-formed URL"
     scheme = parts.scheme.lower()
     if scheme not in schemes:
         return "a URL with scheme " + " or ".join(f"{s}://" for s in schemes)
     if scheme.endswith("file"):
-        if abs_path_problem(parts.path) is not None:
-            return "a file:// URL of an absolute path"
+        if parts.netloc or abs_path_problem(parts.path) is not None:
+            return "a file:// URL of an absolute path (file:///PATH)"
         return None
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at and not (scheme.endswith("ssh") and _SSH_USER.fullmatch(userinfo)):
+        return ("a URL without user or password before '@' (credentials go in the client's own "
+                "config, e.g. pip's netrc or keyring, never in the inventory)")
+    if "%" in parts.netloc:
+        return "a URL without percent-encoding in its host part"
     if not host:
         return f"a URL with a host, such as {scheme}://HOST/"
+    if host_problem(host) is not None:
+        return "a URL whose host is a host name or IP address"
     if port is not None and not 1 <= port <= 65535:
         return "a URL whose port is in 1..65535"
-    if scheme.removeprefix("git+") == "http" and http_hosts is not None:
-        allowed = {h.lower().strip("[]") for h in http_hosts}
-        if not (is_loopback(host) or host.lower() in allowed):
-            where = f" or to a host listed in {http_setting}" if http_setting else ""
-            return f"an https:// URL (plain http:// only to a loopback address{where})"
     return None
+
+
+def hide_userinfo(value: object) -> str | None:
+    """A URL quoted with its user and password hidden (they may be a secret); None if it has
+    none."""
+    if not isinstance(value, str) or "@" not in value or "://" not in value:
+        return None
+    scheme, _, rest = value.partition("://")
+    netloc, sep, path = rest.partition("/")
+    if "@" not in netloc:
+        return None
+    return repr(f"{scheme}://***@{netloc.rpartition('@')[2]}{sep}{path}")
+
+
+def http_host_problem(value: str, http_hosts: Collection[str], http_setting: str) -> str | None:
+    """Plain ``http`` (also ``git+http``) only to a loopback address or to one of ``http_hosts``
+    (named by the setting ``http_setting``); ``value`` passed ``url_problem``."""
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme.lower().removeprefix("git+") != "http":
+        return None
+    host = (parts.hostname or "").lower()
+    if is_loopback(host) or host in {h.lower().strip("[]") for h in http_hosts}:
+        return None
+    return (f"an https:// URL (plain http:// only to a loopback address or to a host listed in "
+            f"{http_setting})")
 
 
 def secret_flag(flag: str) -> bool:
@@ -246,3 +276,18 @@ def secret_env_name(name: str) -> bool:
     """Whether an environment variable's name says it holds a secret (HF_TOKEN, API_KEY ...)."""
     words = name.lower().split("_")
     return any(w in SECRET_WORDS for w in words)
+
+
+# Variables that change what code the server runs or how it logs, and so turn off what specfleet
+# set up (the redacting logging config, the pinned venv): the dynamic loader's, Python's module
+# search and start-up hooks, SGLang's logging config.
+UNSAFE_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
+                        "PYTHONINSPECT", "PYTHONBREAKPOINT", "PYTHONEXECUTABLE", "PYTHONSAFEPATH",
+                        "PYTHONNOUSERSITE", "PYTHONPLATLIBDIR", "BASH_ENV", "ENV", "GCONV_PATH",
+                        "SGLANG_LOGGING_CONFIG_PATH", "VIRTUAL_ENV"})
+
+
+def unsafe_env_name(name: str) -> bool:
+    """Whether setting ``name`` in the server's environment would undo specfleet's safety."""
+    upper = name.upper()
+    return upper in UNSAFE_ENV or upper.startswith("LD_")

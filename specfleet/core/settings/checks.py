@@ -1,0 +1,394 @@
+"""Every problem of one host's settings at once: pydantic's error list read as problems (the key,
+what was found, what is expected, the fix), then the checks across keys, each run only over keys
+that validated, so that one bad key does not hide another's problem."""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from specfleet.core.settings.schema import (
+    DATA_KEY,
+    SECRET_FIX,
+    SECRET_KEYS,
+    SETTING_ERROR,
+    TEST_SETTINGS_ENV,
+    Settings,
+)
+from specfleet.core.settings.validators import http_host_problem, secret_flag
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    text: str
+    fix: str
+
+
+def bad(key: str, found: str, expected: str, fix: str) -> Problem:
+    return Problem(key, f"settings key '{key}' is {found}, expected {expected}", fix)
+
+
+def find_problems(data: Mapping[str, Any], host: str, test_ok: bool
+                  ) -> tuple[Settings | None, list[Problem]]:  # fmt: skip
+    """The Settings of ``data`` (None if any key is bad) and every problem of it."""
+    try:
+        settings: Settings | None = Settings.model_validate(data)
+        found: list[Problem] = []
+    except ValidationError as exc:
+        settings, found = None, schema_problems(exc.errors(include_url=False))
+    bad_keys = [p.key for p in found]
+    context = {"@host": host, "@test_ok": test_ok}
+    for paths, check in CHECKS:
+        if any(_overlap(path, key) for path in paths for key in bad_keys):
+            continue
+        found.extend(check(*(context[p] if p in context else _read(settings or data, p)
+                             for p in paths)))  # fmt: skip
+    return (settings if not found else None), found
+
+
+def _overlap(path: str, key: str) -> bool:
+    return path == key or key.startswith((path + ".", path + "[")) or path.startswith(key + ".")
+
+
+def _read(node: Any, path: str) -> Any:
+    """The value at ``path`` of a Settings or of raw data (a key not given: its default)."""
+    cls: Any = Settings
+    for part in path.split("."):
+        if node is None:
+            return None
+        field = cls.model_fields[part]
+        if isinstance(node, BaseModel):
+            node = getattr(node, part)
+        else:
+            node = node[part] if part in node else field.get_default(call_default_factory=True)
+        cls = _unwrap(field.annotation)
+    return node
+
+
+# --------------------------------------------------------------------------------------------------
+# pydantic's errors, read as problems
+# --------------------------------------------------------------------------------------------------
+
+
+def schema_problems(errors: list[dict[str, Any]]) -> list[Problem]:
+    """One problem per key: a domain check's own words where one failed (a value refused by every
+    member of a union also fails their types), else the type that key takes."""
+    chosen: dict[str, dict[str, Any]] = {}
+    where: dict[str, tuple[Any, list[str]]] = {}
+    for err in errors:
+        key, tp, siblings = _locate(err["loc"])
+        if key not in chosen or (err["type"] == SETTING_ERROR
+                                 and chosen[key]["type"] != SETTING_ERROR):  # fmt: skip
+            chosen[key], where[key] = err, (tp, siblings)
+    return [_problem(key, err, *where[key]) for key, err in chosen.items()]
+
+
+def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Problem:
+    value = err["input"]
+    if err["type"] == "extra_forbidden":
+        leaf = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        if close:
+            return Problem(key, f"unknown settings key '{key}' (did you mean '{close[0]}'?)",
+                           f"rename it to '{close[0]}', or remove it")  # fmt: skip
+        return Problem(key, f"unknown settings key '{key}'",
+                       f"remove it, or use one of: {', '.join(sorted(siblings))}")
+    if err["type"] == SETTING_ERROR:
+        ctx = err["ctx"]
+        return bad(key, ctx.get("found") or repr(value), ctx["expected"],
+                   ctx["fix"].replace("{key}", key))
+    if err["type"] == "missing":
+        return Problem(key, f"settings key '{key}' is required",
+                       f"set {DATA_KEY}['{key}'] in the host or group data")
+    expected = type_name(tp)
+    found = (f"a {type(value).__name__} (not shown: it is a secret)" if key in SECRET_KEYS
+             else f"{value!r} ({type(value).__name__})")  # fmt: skip
+    return bad(key, found, expected,
+               f"set {DATA_KEY}['{key}'] in the host or group data to {expected}")
+
+
+def _unwrap(tp: Any) -> Any:
+    """The type under Annotated and Optional."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _locate(loc: tuple[Any, ...]) -> tuple[str, Any, list[str]]:
+    """(the key's path, the type it takes, the keys beside it) of a pydantic error location; the
+    members of a union in the location (pydantic names each one it tried) are left out."""
+    tp: Any = Settings
+    path, siblings = "", []
+    items = list(loc)
+    while items:
+        item = items.pop(0)
+        tp = _unwrap(tp)
+        origin = typing.get_origin(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            siblings = list(tp.model_fields)
+            path = f"{path}.{item}" if path else str(item)
+            field = tp.model_fields.get(item)
+            tp = field.annotation if field else None
+        elif origin is list:
+            path, tp = f"{path}[{item}]", typing.get_args(tp)[0]
+        elif origin is dict:
+            key_type, value_type = typing.get_args(tp)
+            path = f"{path}.{item}"
+            tp = key_type if items[:1] == ["[key]"] else value_type
+            items = items[1:] if items[:1] == ["[key]"] else items
+        else:
+            break
+    return path, tp, siblings
+
+
+def type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in args)
+    if origin is list:
+        return f"a list of {type_name(args[0])}"
+    if origin is dict:
+        return f"a mapping of {type_name(args[0])} to {type_name(args[1])}"
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return f"a mapping (section {tp.__name__})"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks across keys: each reads the keys it names (and "@host", "@test_ok"), yields problems
+# --------------------------------------------------------------------------------------------------
+
+Check = Callable[..., Iterator[Problem]]
+CHECKS: list[tuple[tuple[str, ...], Check]] = []
+
+
+def across(*paths: str) -> Callable[[Check], Check]:
+    def register(check: Check) -> Check:
+        CHECKS.append((paths, check))
+        return check
+
+    return register
+
+
+_TEST_FIX = (
+    f"remove it: it is for specfleet's own tests (they set {TEST_SETTINGS_ENV}=1 in the "
+    "environment of the run)"
+)
+
+
+@across("launcher", "sglang.no_deps", "@test_ok")
+def _test_only(launcher, no_deps, test_ok):
+    if launcher is not None and not test_ok:
+        yield bad("launcher", repr(launcher), f"no value: 'launcher' is a test-only setting "
+                  f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip
+    if no_deps and not test_ok:
+        yield bad("sglang.no_deps", "True", f"false: 'sglang.no_deps' is a test-only setting "
+                  f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip
+
+
+@across("models_root", "state_dir")
+def _models_apart_from_state(models_root, state_dir):
+    # The fan-out's cleanup empties folders of state_dir, and the token copy lives there.
+    a, b = models_root.rstrip("/") + "/", state_dir.rstrip("/") + "/"
+    if a.startswith(b) or b.startswith(a):
+        yield bad("models_root", repr(models_root), f"a folder apart from state_dir "
+                  f"{state_dir!r} (neither inside the other)",
+                  "give models_root and state_dir folders of their own, e.g. '/srv/models' and "
+                  "'/var/lib/specfleet'")  # fmt: skip
+
+
+@across("api_key", "api_key_file")
+def _one_api_key(api_key, api_key_file):
+    if api_key is not None and api_key_file is not None:
+        yield Problem("api_key_file", "settings keys 'api_key' and 'api_key_file' are both set",
+                      "keep api_key_file (the key stays out of the inventory) and remove api_key")
+
+
+def _pinned(name: str) -> Check:
+    @across(f"{name}.revision", f"{name}.follow_branch")
+    def check(revision, follow_branch):
+        is_commit = len(revision or "") == 40 and all(c in "0123456789abcdef"
+                                                      for c in revision.lower())  # fmt: skip
+        if revision is not None and not follow_branch and not is_commit:
+            yield Problem(f"{name}.revision", f"settings key '{name}.revision' is {revision!r}, "
+                          "which is not a commit sha",
+                          f"pin {DATA_KEY}['{name}']['revision'] to a 40-hex commit, or set "
+                          f"{DATA_KEY}['{name}']['follow_branch'] = True to follow it on purpose")
+
+    return check
+
+
+_pinned("target")
+_pinned("drafter")
+
+
+@across("target.repo_id", "target.local_dir", "drafter.repo_id", "drafter.local_dir",
+        "models_root")
+def _model_folders_apart(target_id, target_dir, drafter_id, drafter_dir, models_root):
+    folder = target_dir or target_id.replace("/", "--")
+    if folder == (drafter_dir or drafter_id.replace("/", "--")):
+        yield Problem("target", f"settings keys 'target' and 'drafter' resolve to one model "
+                      f"folder {models_root.rstrip('/') + '/' + folder!r}",
+                      "give the drafter another repo_id or local_dir (target.local_dir / "
+                      "drafter.local_dir)")  # fmt: skip
+
+
+def _hosts(hosts: list[str]) -> list[str]:
+    """Host names from ``host`` or ``host:port`` entries."""
+    out = []
+    for h in hosts:
+        name, sep, port = h.rpartition(":")
+        out.append(name if sep and port.isdigit() and ":" not in name else h)
+    return out
+
+
+def _plain_http(key: str, hosts_key: str, fix: str) -> Check:
+    @across(key, hosts_key)
+    def check(url, hosts):
+        if url is not None and "://" in url:
+            expected = http_host_problem(url, _hosts(hosts), hosts_key)
+            if expected:
+                yield bad(key, repr(url), expected, fix)
+
+    return check
+
+
+_HTTP_FIX = ("use https, or list the host in sglang.trusted_hosts (pip's own list of hosts it may "
+             "reach over plain http)")  # fmt: skip
+for _key in ("sglang.index_url", "sglang.find_links", "sglang.git_url"):
+    _plain_http(_key, "sglang.trusted_hosts", _HTTP_FIX)
+_plain_http("weights.hf_endpoint", "weights.allow_http_hosts",
+            "use the endpoint's https:// URL (the token is sent there), or list a trusted "
+            "mirror's host in weights.allow_http_hosts")
+
+
+@across("sglang.kind", "sglang.git_url", "sglang.git_ref")
+def _git_source(kind, git_url, git_ref):
+    if kind == "git" and not (git_url and git_ref):
+        yield Problem("sglang.kind", "settings key 'sglang.kind' is 'git' but 'sglang.git_url' "
+                      "or 'sglang.git_ref' is unset",
+                      "set both sglang.git_url and sglang.git_ref, or use kind 'index'")
+
+
+@across("patch.source", "patch.sha256")
+def _patch_pinned(source, sha256):
+    if source is not None and not sha256:
+        yield Problem("patch.source", "settings key 'patch.source' is set without 'patch.sha256'",
+                      "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)")
+
+
+@across("weights.token_file", "weights.token_env")
+def _one_token_source(token_file, token_env):
+    if token_file is not None and token_env is not None:
+        yield Problem("weights.token_env", "settings keys 'weights.token_file' and "
+                      "'weights.token_env' are both set", "keep one of them")
+
+
+@across("plan.extra_args", "api_key", "api_key_file")
+def _no_secret_flags(extra_args, api_key, api_key_file):
+    for flag, value in extra_args.items():
+        if value is None or value is False:
+            continue
+        if secret_flag(flag):
+            yield bad(f"plan.extra_args.{flag}", f"the flag {flag}", "no secrets in "
+                      "plan.extra_args (flags named key, token, secret or password end up in the "
+                      "unit's argv)", SECRET_FIX)  # fmt: skip
+        elif flag == "--config" and (api_key is not None or api_key_file is not None):
+            yield bad(f"plan.extra_args.{flag}", repr(value), "no --config while an API key is "
+                      "set (specfleet passes the key through its own --config file)",
+                      "remove --config from plan.extra_args, or put its options in "
+                      "plan.extra_args")  # fmt: skip
+
+
+@across("rollout.batch_size", "rollout.batch_percent")
+def _one_batch_rule(batch_size, batch_percent):
+    if batch_size is not None and batch_percent is not None:
+        yield Problem("rollout.batch_size", "settings keys 'rollout.batch_size' and "
+                      "'rollout.batch_percent' are both set", "set one of them")
+
+
+def _each_once(key: str, expected: str, fix: str) -> Check:
+    @across(key)
+    def check(names):
+        seen: set[str] = set()
+        for i, name in enumerate(names or ()):
+            if not name.strip() or name in seen or any(ord(c) < 32 for c in name):
+                yield bad(f"{key}[{i}]", repr(name), expected, fix)
+            seen.add(name)
+
+    return check
+
+
+_each_once("rollout.order", "a host name not listed before", "list each host once in "
+           "rollout.order")  # fmt: skip
+_each_once("group.members", "an inventory host name not listed before",
+           "list each member host once, rank 0 first")
+
+
+@across("group.name", "group.members", "group.addresses", "@host")
+def _group_members(name, members, addresses, host):
+    if members is None:
+        return
+    if len(members) < 2:
+        yield bad("group.members", repr(members), "two or more hosts", "list every host of the "
+                  "group (rank 0 first), or remove 'group' from a host that serves alone")
+    elif host and host not in members:
+        yield Problem("group.members", f"host {host} has serving group {name!r} but is not one of "
+                      f"its members {members}", f"add {host} to group.members, or give it no "
+                      "group")  # fmt: skip
+    for member, address in addresses.items():
+        if member not in members:
+            yield bad(f"group.addresses.{member}", repr(address), "an address of a member",
+                      f"remove it, or add {member} to group.members")
+
+
+@across("group.rendezvous_port", "port", "plan.tp_size")
+def _group_ports(rendezvous_port, port, tp_size):
+    if rendezvous_port is None:
+        return
+    if rendezvous_port == port:
+        yield bad("group.rendezvous_port", str(rendezvous_port), f"a TCP port other than the "
+                  f"server's port {port}", "use e.g. 20000 (SGLang also takes the next ports "
+                  "above it)")  # fmt: skip
+    if tp_size is not None:
+        yield Problem("plan.tp_size", "settings keys 'plan.tp_size' and 'group' are both set",
+                      "remove plan.tp_size: a serving group shards over every GPU of its members")
+
+
+@across("watchdog.backoff_s", "watchdog.backoff_max_s")
+def _backoff_order(backoff_s, backoff_max_s):
+    if backoff_max_s < backoff_s:
+        yield Problem("watchdog.backoff_max_s", "settings key 'watchdog.backoff_max_s' is below "
+                      "'watchdog.backoff_s'", "set watchdog.backoff_max_s to at least "
+                      "watchdog.backoff_s")  # fmt: skip
+
+
+@across("metrics.relay_port", "port")
+def _relay_port_apart(relay_port, port):
+    if relay_port is not None and relay_port == port:
+        yield Problem("metrics.relay_port", f"settings key 'metrics.relay_port' is the server's "
+                      f"port {port}", "give the metrics relay a port of its own, e.g. 30091")

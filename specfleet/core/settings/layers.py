@@ -1,0 +1,155 @@
+"""Settings from pyinfra's data layers: merged key by key, checked once per distinct data.
+
+Settings are read from pyinfra host and group data under one key, ``specfleet``, and merged over
+the defaults. Host data wins over group data, which wins over ``all``; nested sections
+(``target``, ``drafter``, ``rollout``, ...) merge key by key, so a group can set
+``target.revision`` and a host ``port`` without repeating the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from specfleet.core.errors import SettingsError
+from specfleet.core.settings.checks import Problem, find_problems
+from specfleet.core.settings.schema import DATA_KEY, TEST_SETTINGS_ENV, Settings
+
+# The lowest layer: the model sections whose defaults are not their class's (the target's and
+# the drafter's repo ids), so that data naming only ``target.revision`` merges over them.
+_DEFAULT_LAYER = {name: Settings.model_fields[name].default.model_dump(exclude_defaults=True)
+                  for name in ("target", "drafter")}  # fmt: skip
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``; mappings merge key by key, everything else is replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether test-only settings (``launcher``, ``sglang.no_deps``) are accepted: only with
+    ``SPECFLEET_ALLOW_TEST_SETTINGS=1`` in the environment of the run (the test fleet sets it)."""
+    env = os.environ if environ is None else environ
+    return env.get(TEST_SETTINGS_ENV) == "1"
+
+
+def settings_from_layers(
+    layers: Iterable[Any], host: str = "", environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from data layers ordered lowest priority first (all, group..., host).
+
+    Each layer is the value of the ``specfleet`` key in that layer, or None where it has none.
+    Every key is checked; one SettingsError lists every problem. ``environ`` (default
+    ``os.environ``) only says whether test-only settings are allowed.
+    """
+    merged: dict[str, Any] = _DEFAULT_LAYER
+    for layer in layers:
+        if layer is None:
+            continue
+        if not isinstance(layer, Mapping):
+            raise SettingsError(
+                f"'{DATA_KEY}' data is {type(layer).__name__}, expected a mapping",
+                host=host,
+                fix=f"make {DATA_KEY} a dict, e.g. {DATA_KEY} = {{'port': 30000}}",
+            )
+        merged = deep_merge(merged, layer)
+    # Settings are a pure function of the merged data, the host's name (in errors) and whether
+    # test-only settings are allowed: a fleet of hosts sharing their settings, or a deploy's
+    # steps asking again for one host, builds and checks them once (a converged run's CPU).
+    key = (repr(merged), host, allow_test_settings(environ))
+    built = _BUILT.get(key)
+    if built is None:
+        settings, problems = find_problems(merged, host, key[2])
+        built = settings if settings is not None else host_error(host, problems)
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.clear()
+        _BUILT[key] = built
+    if isinstance(built, SettingsError):
+        raise SettingsError(built.problem, host=built.host, fix=built.fix)
+    return built
+
+
+# ``settings_from_layers``'s memo: Settings are frozen, so one value serves every caller; bad
+# data keeps its error, raised again for every caller.
+_BUILT: dict[tuple[str, str, bool], Settings | SettingsError] = {}
+_BUILT_MAX = 4096
+
+
+def host_error(host: str, problems: list[Problem]) -> SettingsError:
+    """One error naming every problem of ``host``."""
+    errors = [SettingsError(p.text, host=host, fix=p.fix) for p in problems]
+    if len(errors) == 1:
+        return errors[0]
+    return SettingsError(
+        f"{len(errors)} settings are bad:\n" + "\n".join(e.render() for e in errors),
+        host=host,
+        fix="fix each key above in the host or group data",
+    )
+
+
+def settings_from_dict(
+    data: Mapping[str, Any] | None, host: str = "", environ: Mapping[str, str] | None = None
+) -> Settings:
+    return settings_from_layers([data], host, environ)
+
+
+def settings_for_host(host: Any) -> Settings:
+    """The Settings of a pyinfra ``Host``: its data layers deep-merged, lowest priority first.
+
+    pyinfra's own lookup replaces a whole ``specfleet`` dict with the highest layer's, and merges
+    several groups with ``dict.update``; here every layer merges key by key instead.
+    """
+    inventory = getattr(host, "inventory", None)
+    if inventory is None:
+        return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
+    layers = [
+        inventory.get_data(),
+        *(inventory.get_group_data(group) for group in getattr(host, "groups", ())),
+        inventory.get_host_data(host.name),
+        inventory.get_override_data(),
+    ]
+    return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
+
+
+def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
+    """Every host's Settings, or one SettingsError listing every bad key of every host.
+
+    For the inventory's load (the CLI) and a deploy file, before any host's operations are added:
+    pyinfra stops at the first error a deploy file raises, so all of them are shown in one run.
+    """
+    try:
+        return dict(_ALL_HOSTS[inventory])
+    except (KeyError, TypeError):
+        pass
+    good: dict[str, Settings] = {}
+    bad: list[SettingsError] = []
+    for host in inventory:
+        try:
+            good[host.name] = settings_for_host(host)
+        except SettingsError as exc:
+            bad.append(exc)
+    if len(bad) == 1:
+        raise bad[0]
+    if bad:
+        raise SettingsError(
+            f"{len(bad)} hosts have bad settings:\n" + "\n".join(e.render() for e in bad),
+            fix="fix each key above in the inventory or group data",
+        )
+    try:
+        _ALL_HOSTS[inventory] = good
+    except TypeError:
+        pass  # an inventory that cannot be weakly referenced is simply read again
+    return dict(good)
+
+
+# pyinfra runs a deploy file once per host, and each run asks for every host's settings: the
+# inventory's data does not change during a run, so they are read once per inventory.
+_ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
