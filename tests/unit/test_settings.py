@@ -181,8 +181,8 @@ BAD_VALUES = [
     ("PYTHONSTARTUP in extra_env", {"plan": {"extra_env": {"PYTHONSTARTUP": "/tmp/x.py"}}}, "plan.extra_env.PYTHONSTARTUP", "changes what code"),
     ("hf_endpoint backslash", {"weights": {"hf_endpoint": "http://evil.example\\@127.0.0.1/"}}, "weights.hf_endpoint", "without backslashes"),
     ("hf_endpoint userinfo", {"weights": {"hf_endpoint": "https://evil.example@hf.co/"}}, "weights.hf_endpoint", "without user or password"),
-    ("hf_endpoint percent host", {"weights": {"hf_endpoint": "http://127.0.0.1%2f.evil.example/"}}, "weights.hf_endpoint", "without percent-encoding"),
-    ("hf_endpoint numeric name", {"weights": {"hf_endpoint": "http://127.1:8080/"}}, "weights.hf_endpoint", "host is a host name or IP address"),
+    ("hf_endpoint percent host", {"weights": {"hf_endpoint": "https://127.0.0.1%2f.evil.example/"}}, "weights.hf_endpoint", "without percent-encoding"),
+    ("hf_endpoint numeric name", {"weights": {"hf_endpoint": "https://127.1:8080/"}}, "weights.hf_endpoint", "host is a host name or IP address"),
     ("index_url with password", {"sglang": {"index_url": "https://user:pw@pypi.internal/simple"}}, "sglang.index_url", "without user or password"),
     ("find_links with user", {"sglang": {"find_links": "https://u@10.0.0.5/w"}}, "sglang.find_links", "without user or password"),
     ("patch URL backslash", {"patch": {"source": "https://a.example\\@b.example/p.diff", "sha256": SHA}}, "patch.source", "without backslashes"),
@@ -425,3 +425,13 @@ def test_fleet_example_agrees_on_one_rollout():
     hosts = _inventory_settings("inventories/fleet_example.py")
     options = resolve_options({h: s.rollout for h, s in hosts.items()}, {})
     assert options.canary == "b200-01" and options.batch_percent == 25.0
+
+
+def test_the_readme_settings_reference_is_the_models_json_schema():
+    from tests.unit.settings_reference import BEGIN, END, reference
+
+    readme = Path("README.md").read_text()
+    block = readme[readme.index(BEGIN):readme.index(END) + len(END)]
+    assert block == reference(), "run: python -m tests.unit.settings_reference README.md"
+    for key in ("`port`", "`target.revision`", "`group.members`", "`watchdog.interval_s`"):
+        assert key in block

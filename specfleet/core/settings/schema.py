@@ -3,7 +3,7 @@ unknown keys and frozen. Each value's own checks are field validators built on
 ``validators.py``; checks across keys run after, in ``checks.py``, over the keys that validated.
 
 Later features add fields here; they do not invent their own plumbing. A field's docstring is its
-line in the README's settings reference (``reference.py`` writes it from the JSON schema).
+line in the README's settings reference (``tests/unit/settings_reference.py`` writes it).
 """
 
 from __future__ import annotations

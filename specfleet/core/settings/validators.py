@@ -39,6 +39,7 @@ COMMAND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A network interface's name (the kernel allows up to 15 characters, no '/' or whitespace).
 IFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,14}")
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?")
 _SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -236,6 +237,8 @@ def url_problem(value: str, schemes: Collection[str] = ("https", "http")) -> str
         return f"a URL with a host, such as {scheme}://HOST/"
     if host_problem(host) is not None:
         return "a URL whose host is a host name or IP address"
+    if not _HOST_PORT.fullmatch(parts.netloc.rpartition("@")[2]):
+        return "a URL whose authority is HOST or HOST:PORT"
     if port is not None and not 1 <= port <= 65535:
         return "a URL whose port is in 1..65535"
     return None
