@@ -221,13 +221,6 @@ def _models_apart_from_state(models_root, state_dir):
                   "'/var/lib/specfleet'")  # fmt: skip
 
 
-@across("api_key", "api_key_file")
-def _one_api_key(api_key, api_key_file):
-    if api_key is not None and api_key_file is not None:
-        yield Problem("api_key_file", "settings keys 'api_key' and 'api_key_file' are both set",
-                      "keep api_key_file (the key stays out of the inventory) and remove api_key")
-
-
 def _pinned(name: str) -> Check:
     @across(f"{name}.revision", f"{name}.follow_branch")
     def check(revision, follow_branch):
@@ -286,28 +279,6 @@ _plain_http("weights.hf_endpoint", "weights.allow_http_hosts",
             "mirror's host in weights.allow_http_hosts")
 
 
-@across("sglang.kind", "sglang.git_url", "sglang.git_ref")
-def _git_source(kind, git_url, git_ref):
-    if kind == "git" and not (git_url and git_ref):
-        yield Problem("sglang.kind", "settings key 'sglang.kind' is 'git' but 'sglang.git_url' "
-                      "or 'sglang.git_ref' is unset",
-                      "set both sglang.git_url and sglang.git_ref, or use kind 'index'")
-
-
-@across("patch.source", "patch.sha256")
-def _patch_pinned(source, sha256):
-    if source is not None and not sha256:
-        yield Problem("patch.source", "settings key 'patch.source' is set without 'patch.sha256'",
-                      "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)")
-
-
-@across("weights.token_file", "weights.token_env")
-def _one_token_source(token_file, token_env):
-    if token_file is not None and token_env is not None:
-        yield Problem("weights.token_env", "settings keys 'weights.token_file' and "
-                      "'weights.token_env' are both set", "keep one of them")
-
-
 @across("plan.extra_args", "api_key", "api_key_file")
 def _no_secret_flags(extra_args, api_key, api_key_file):
     for flag, value in extra_args.items():
@@ -322,13 +293,6 @@ def _no_secret_flags(extra_args, api_key, api_key_file):
                       "set (specfleet passes the key through its own --config file)",
                       "remove --config from plan.extra_args, or put its options in "
                       "plan.extra_args")  # fmt: skip
-
-
-@across("rollout.batch_size", "rollout.batch_percent")
-def _one_batch_rule(batch_size, batch_percent):
-    if batch_size is not None and batch_percent is not None:
-        yield Problem("rollout.batch_size", "settings keys 'rollout.batch_size' and "
-                      "'rollout.batch_percent' are both set", "set one of them")
 
 
 def _each_once(key: str, expected: str, fix: str) -> Check:
@@ -366,29 +330,49 @@ def _group_members(name, members, addresses, host):
                       f"remove it, or add {member} to group.members")
 
 
-@across("group.rendezvous_port", "port", "plan.tp_size")
-def _group_ports(rendezvous_port, port, tp_size):
-    if rendezvous_port is None:
-        return
-    if rendezvous_port == port:
-        yield bad("group.rendezvous_port", str(rendezvous_port), f"a TCP port other than the "
-                  f"server's port {port}", "use e.g. 20000 (SGLang also takes the next ports "
-                  "above it)")  # fmt: skip
-    if tp_size is not None:
-        yield Problem("plan.tp_size", "settings keys 'plan.tp_size' and 'group' are both set",
-                      "remove plan.tp_size: a serving group shards over every GPU of its members")
+# (the keys read, when they conflict, the key named, the problem, the fix): the problem is
+# formatted with the keys' values in order.
+CONFLICTS = [
+    (("api_key", "api_key_file"), lambda a, b: a is not None and b is not None, "api_key_file",
+     "settings keys 'api_key' and 'api_key_file' are both set",
+     "keep api_key_file (the key stays out of the inventory) and remove api_key"),
+    (("sglang.kind", "sglang.git_url", "sglang.git_ref"),
+     lambda kind, url, ref: kind == "git" and not (url and ref), "sglang.kind",
+     "settings key 'sglang.kind' is 'git' but 'sglang.git_url' or 'sglang.git_ref' is unset",
+     "set both sglang.git_url and sglang.git_ref, or use kind 'index'"),
+    (("patch.source", "patch.sha256"), lambda source, sha: source is not None and not sha,
+     "patch.source", "settings key 'patch.source' is set without 'patch.sha256'",
+     "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)"),
+    (("weights.token_file", "weights.token_env"), lambda a, b: a is not None and b is not None,
+     "weights.token_env", "settings keys 'weights.token_file' and 'weights.token_env' are both "
+     "set", "keep one of them"),
+    (("rollout.batch_size", "rollout.batch_percent"),
+     lambda a, b: a is not None and b is not None, "rollout.batch_size",
+     "settings keys 'rollout.batch_size' and 'rollout.batch_percent' are both set",
+     "set one of them"),
+    (("group.rendezvous_port", "port"), lambda rdv, port: rdv == port, "group.rendezvous_port",
+     "settings key 'group.rendezvous_port' is {0}, expected a TCP port other than the server's "
+     "port {1}",
+     "use e.g. 20000 (SGLang also takes the next ports above it)"),
+    (("group.name", "plan.tp_size"), lambda group, tp: group is not None and tp is not None,
+     "plan.tp_size", "settings keys 'plan.tp_size' and 'group' are both set",
+     "remove plan.tp_size: a serving group shards over every GPU of its members"),
+    (("watchdog.backoff_s", "watchdog.backoff_max_s"), lambda low, high: high < low,
+     "watchdog.backoff_max_s", "settings key 'watchdog.backoff_max_s' is below "
+     "'watchdog.backoff_s'", "set watchdog.backoff_max_s to at least watchdog.backoff_s"),
+    (("metrics.relay_port", "port"), lambda relay, port: relay == port, "metrics.relay_port",
+     "settings key 'metrics.relay_port' is the server's port {1}",
+     "give the metrics relay a port of its own, e.g. 30091"),
+]
 
 
-@across("watchdog.backoff_s", "watchdog.backoff_max_s")
-def _backoff_order(backoff_s, backoff_max_s):
-    if backoff_max_s < backoff_s:
-        yield Problem("watchdog.backoff_max_s", "settings key 'watchdog.backoff_max_s' is below "
-                      "'watchdog.backoff_s'", "set watchdog.backoff_max_s to at least "
-                      "watchdog.backoff_s")  # fmt: skip
+def _conflict(paths, when, key, text, fix) -> None:
+    def check(*values):
+        if when(*values):
+            yield Problem(key, text.format(*values), fix)
+
+    across(*paths)(check)
 
 
-@across("metrics.relay_port", "port")
-def _relay_port_apart(relay_port, port):
-    if relay_port is not None and relay_port == port:
-        yield Problem("metrics.relay_port", f"settings key 'metrics.relay_port' is the server's "
-                      f"port {port}", "give the metrics relay a port of its own, e.g. 30091")
+for _row in CONFLICTS:
+    _conflict(*_row)

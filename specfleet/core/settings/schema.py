@@ -92,20 +92,17 @@ def number(low: float | None, high: float | None = None, *, fix: str, low_open: 
     return AfterValidator(check)
 
 
-def _text(value: str) -> str | None:
-    return "a value without newlines or control characters" if has_control_chars(value) else None
-
-
-def _name(value: str) -> str | None:
-    return "a non-empty name" if not value.strip() or has_control_chars(value) else None
+def is_(pattern: Any, expected: str) -> Callable[[str], str | None]:
+    """A ``*_problem`` function of a regex: ``expected`` unless the whole value matches."""
+    return lambda value: None if pattern.fullmatch(value) else expected
 
 
 def _flag(flag: str) -> str:
-    if LONG_FLAG.fullmatch(flag):
-        return flag
-    raise refuse("long flags as keys, such as '--context-length' (no '=value': the value is the "
-                 "mapping's value)", f"write it as '--{flag.lstrip('-').split('=')[0]}'",
-                 found=f"a mapping with the key {flag!r}")  # fmt: skip
+    if not LONG_FLAG.fullmatch(flag):
+        raise refuse("long flags as keys, such as '--context-length' (no '=value': the value is "
+                     "the mapping's value)", f"write it as '--{flag.lstrip('-').split('=')[0]}'",
+                     found=f"a mapping with the key {flag!r}")  # fmt: skip
+    return flag
 
 
 SECRET_FIX = (
@@ -125,9 +122,9 @@ def _env_name(name: str) -> str:
     if unsafe_env_name(name):
         raise refuse("no variable that changes what code the server runs or how it logs "
                      "(LD_*, PYTHONPATH and kin, SGLANG_LOGGING_CONFIG_PATH: they would undo "
-                     "the pinned venv and the redacting log config)",
-                     "remove it: install what the server needs into the venv, and leave its "
-                     "logging to specfleet", found=f"the variable {name}")  # fmt: skip
+                     "the pinned venv and the redacting log config)", "remove it: install what "
+                     "the server needs into the venv, and leave its logging to specfleet",
+                     found=f"the variable {name}")  # fmt: skip
     return name
 
 
@@ -146,29 +143,17 @@ def _api_key(key: str) -> str:
 def _token_env(name: str) -> str:
     if name.startswith("hf_") and len(name) >= 23 and name[3:].isalnum():
         raise refuse("the name of the environment variable that holds the token",
-                      "remove the token from the inventory (revoke it if the inventory was "
-                      "shared) and set weights.token_env to a name such as 'HF_TOKEN'",
-                      found="what looks like a Hugging Face token (not shown)")  # fmt: skip
+                     "remove the token from the inventory (revoke it if the inventory was "
+                     "shared) and set weights.token_env to a name such as 'HF_TOKEN'",
+                     found="what looks like a Hugging Face token (not shown)")  # fmt: skip
     if not ENV_NAME.fullmatch(name):
         raise refuse("an environment variable's name", "set weights.token_env to the name of the "
                      "variable holding the token, e.g. 'HF_TOKEN' (the name, not the token)")
     return name
 
 
-def _local_or_url(schemes: tuple[str, ...], local: Callable[[str], str | None], what: str):
-    def problem(value: str) -> str | None:
-        if "://" in value:
-            return url_problem(value, schemes)
-        return local(value) and what
-
-    return problem
-
-
-def _launcher(cmd: list[str]) -> list[str]:
-    if not cmd or not cmd[0] or any(map(has_control_chars, cmd)):
-        raise refuse("a command: a program, then its arguments",
-                     "give the stand-in's command, e.g. ['/usr/bin/python3', '/srv/standin.py']")
-    return cmd
+def _local_or_url(local: Callable[[str], str | None], what: str) -> Callable[[str], str | None]:
+    return lambda v: url_problem(v, ("https", "http", "file")) if "://" in v else local(v) and what
 
 
 def _path(example: str) -> AfterValidator:
@@ -179,11 +164,27 @@ def _seconds(example: float) -> AfterValidator:
     return number(0, fix=f"set {{key}} to seconds, e.g. {_num(example)}", low_open=True)
 
 
+def _at_least_1(fix: str) -> AfterValidator:
+    return number(1, integer=True, fix=fix)
+
+
+_GIT_SCHEMES = ("https", "git+https", "ssh", "git+ssh", "file", "git+file", "http", "git+http")
+_BACKEND = rule(is_(BACKEND_NAME, "an attention backend's name such as 'fa3'"),
+                "unset {key} to let the rules choose, or name one backend")
+_NAME = rule(lambda v: (not v.strip() or has_control_chars(v)) and "a non-empty name",
+             "set {key} to a name, or unset it")
 Port = Annotated[int, number(1, 65535, integer=True, fix="set {key} to a free TCP port")]
 Pattern = Annotated[str, rule(lambda v: (not v or has_control_chars(v)) and "a non-empty glob "
                               "such as '*.json'", "fix or remove that entry of the list")]
 HostName = Annotated[str, rule(host_problem, "give host names or IP addresses")]
-Text = Annotated[str, rule(_text, "remove newlines and control characters from the value")]
+Text = Annotated[str, rule(lambda v: has_control_chars(v) and "a value without newlines or "
+                           "control characters", "remove newlines and control characters")]
+Finite = Annotated[float, rule(lambda v: not math.isfinite(v) and "a finite number",
+                               "give a finite number")]
+Launcher = Annotated[list[str], rule(
+    lambda c: (not c or not c[0] or any(map(has_control_chars, c)))
+    and "a command: a program, then its arguments",
+    "give the stand-in's command, e.g. ['/usr/bin/python3', '/srv/standin.py']")]
 
 
 class Section(BaseModel):
@@ -228,29 +229,24 @@ class ModelSource(Section):
         return f"{self.root(models_root)}/{pinned or 'current'}"
 
 
-_GIT_SCHEMES = ("https", "git+https", "ssh", "git+ssh", "file", "git+file", "http", "git+http")
-_HTTP_FIX = ("give the index's URL: https (plain http to a host in sglang.trusted_hosts), no "
-             "user or password in it (pip's netrc or keyring on the host holds those)")
-
-
 class SGLangSource(Section):
     """Where the pinned SGLang comes from."""
 
-    version: Annotated[str, rule(version_problem, "set {key} to a release such as '0.5.23'")] = (
-        "0.5.23")
+    version: Annotated[str, rule(version_problem, "set {key} to a release such as '0.5.23'")
+                       ] = "0.5.23"  # fmt: skip
     """The SGLang release (PEP 440)."""
     kind: Literal["index", "git"] = "index"
     """'index': pip from index_url / find_links; 'git': pip from git_url at git_ref."""
-    index_url: Annotated[str, rule(url_problem, _HTTP_FIX)] | None = None
+    index_url: Annotated[str, rule(url_problem, "give the index's URL: https (plain http to a host "
+                         "in sglang.trusted_hosts), no user or password in it (pip's netrc or "
+                         "keyring on the host holds those)")] | None = None  # fmt: skip
     """pip's index (http only to loopback or trusted_hosts)."""
-    find_links: Annotated[str, rule(_local_or_url(
-        ("https", "http", "file"), abs_path_problem,
-        "a URL or an absolute path to a wheelhouse on the host"),
-        "give the wheelhouse's URL, or its absolute path on the host")] | None = None
+    find_links: Annotated[str, rule(_local_or_url(abs_path_problem, "a URL or an absolute path "
+                          "to a wheelhouse on the host"), "give the wheelhouse's URL, or its "
+                          "absolute path on the host")] | None = None  # fmt: skip
     """A wheelhouse: URL or absolute path on the host."""
-    trusted_hosts: list[Annotated[str, rule(
-        lambda v: host_problem(v, allow_port=True),
-        "list host names or IP addresses (host or host:port) in sglang.trusted_hosts")]] = []
+    trusted_hosts: list[Annotated[str, rule(lambda v: host_problem(v, allow_port=True), "list "
+                        "host names or IP addresses (host or host:port)")]] = []  # fmt: skip
     """Hosts pip may reach over plain http (host or host:port)."""
     git_url: Annotated[str, rule(lambda v: url_problem(v, _GIT_SCHEMES), "use e.g. "
                        "'git+https://github.com/sgl-project/sglang.git#subdirectory=python'")
@@ -275,10 +271,9 @@ class SGLangSource(Section):
 class PatchSource(Section):
     """PR#20547 (the DFlash spec-v2 worker), applied only where the installed SGLang lacks it."""
 
-    source: Annotated[str, rule(_local_or_url(("https", "http", "file"), control_path_problem,
-                                              "an absolute path or one under ~/"),
-                                "set {key} to a path on the control machine (absolute or under "
-                                "~/) or an http(s) URL")] | None = None  # fmt: skip
+    source: Annotated[str, rule(_local_or_url(control_path_problem, "an absolute path or one "
+                      "under ~/"), "set {key} to a path on the control machine (absolute or "
+                      "under ~/) or an http(s) URL")] | None = None  # fmt: skip
     """The diff: a path on the control machine or a URL (pinned by sha256)."""
     sha256: Annotated[str, rule(sha256_problem, "set {key} to the output of sha256sum on the "
                                 "diff")] | None = None  # fmt: skip
@@ -322,41 +317,34 @@ class WeightsOptions(Section):
 class PlanOverrides(Section):
     """Overrides of the planner's rules. Each one shows in the plan as overriding a rule."""
 
-    tp_size: Annotated[int, number(1, integer=True, fix="leave it unset to use every GPU, or "
-                       "give the number of GPUs to shard over")] | None = None  # fmt: skip
+    tp_size: Annotated[int, _at_least_1("leave it unset to use every GPU, or give the number of "
+                                        "GPUs to shard over")] | None = None  # fmt: skip
     """GPUs to shard over (default: all)."""
-    attention_backend: Annotated[str, rule(
-        lambda v: not BACKEND_NAME.fullmatch(v) and "an attention backend's name such as 'fa3'",
-        "unset {key} to let the rules choose, or name one backend")] | None = None
+    attention_backend: Annotated[str, _BACKEND] | None = None
     """The target's attention backend."""
-    draft_attention_backend: Annotated[str, rule(
-        lambda v: not BACKEND_NAME.fullmatch(v) and "an attention backend's name such as 'fa3'",
-        "unset {key} to let the rules choose, or name one backend")] | None = None
+    draft_attention_backend: Annotated[str, _BACKEND] | None = None
     """The drafter's attention backend."""
     mem_fraction_static: Annotated[float, number(0, 1, low_open=True, high_open=True,
                                                  fix="use e.g. 0.85")] | None = None
     """SGLang's --mem-fraction-static."""
-    draft_window_size: Annotated[int, number(1, integer=True, fix="use e.g. 4096 (the default), "
-                                 "at least the drafter's block size")] = 4096  # fmt: skip
+    draft_window_size: Annotated[int, _at_least_1("use e.g. 4096 (the default), at least the "
+                                                  "drafter's block size")] = 4096  # fmt: skip
     """The drafter's window."""
     sm120_target_backend: Literal["triton", "flashinfer"] = "triton"
     """The target's backend on SM120."""
-    extra_args: dict[Annotated[str, AfterValidator(_flag)],
-                     Text | Annotated[float, rule(lambda v: not math.isfinite(v) and "a finite "
-                                                  "number", "give a finite number")]
-                     | int | bool | None] = {}  # fmt: skip
+    extra_args: dict[Annotated[str, AfterValidator(_flag)], Text | Finite | int | bool | None] = {}
     """Flags to add or replace; True: a bare flag, None: remove one the plan set."""
     extra_env: dict[Annotated[str, AfterValidator(_env_name)], Text] = {}
     """Variables added to the server's environment."""
 
 
 class RolloutOptions(Section):
-    canary: Annotated[str, rule(_name, "set {key} to a name, or unset it")] | None = None
+    canary: Annotated[str, _NAME] | None = None
     """The host that goes first, alone (default: the first)."""
     order: list[str] | None = None
     """Hosts to go first, in this order."""
-    batch_size: Annotated[int, number(1, integer=True, fix="set {key} to the hosts per batch "
-                          "(1 or more), or unset it")] | None = None  # fmt: skip
+    batch_size: Annotated[int, _at_least_1("set {key} to the hosts per batch (1 or more), or "
+                                           "unset it")] | None = None  # fmt: skip
     """Hosts per batch."""
     batch_percent: Annotated[float, number(0, 100, low_open=True, fix="set {key} to a percentage "
                              "of the fleet, e.g. 25")] | None = None  # fmt: skip
@@ -368,7 +356,7 @@ class RolloutOptions(Section):
     """Download every host's weights before the first restart."""
     fanout: bool = True
     """Hosts copy the weights from each other, one upstream download per site."""
-    fanout_site: Annotated[str, rule(_name, "set {key} to a name, or unset it")] | None = None
+    fanout_site: Annotated[str, _NAME] | None = None
     """Hosts of one site share one upstream download per model."""
     fanout_serve_hours: Annotated[float, number(0, 24, low_open=True, fix="set {key} to the "
                                   "hours a fan-out may take (at most a day), e.g. 2")] = 2.0
@@ -376,8 +364,7 @@ class RolloutOptions(Section):
 
 
 class RemovalOptions(Section):
-    """What a removal (``present: False``, ``specfleet remove``) also takes away; by default it
-    keeps the weights (hours to download again) and a venv specfleet did not create."""
+    """What a removal (``present: False``, ``specfleet remove``) also takes away."""
 
     weights: bool = False
     """Also the target's and drafter's folders and the compile caches."""
@@ -389,8 +376,8 @@ class ServingGroup(Section):
     """Hosts that together run one SGLang server: tensor parallel over all their GPUs (NCCL
     between hosts). Declared once in group data; every member carries the same section."""
 
-    name: Annotated[str, rule(lambda v: not GROUP_NAME.fullmatch(v) and "a plain name (letters, "
-                    "digits, '.', '_', '-')", "name the serving group, e.g. 'kimi-h100-pair'")]
+    name: Annotated[str, rule(is_(GROUP_NAME, "a plain name (letters, digits, '.', '_', '-')"),
+                              "name the serving group, e.g. 'kimi-h100-pair'")]
     """The group's name."""
     members: list[str]
     """Member hosts in rank order: members[0] is rank 0 and serves the API."""
@@ -399,15 +386,15 @@ class ServingGroup(Section):
     addresses: dict[str, Annotated[str, rule(host_problem, "give the IP address or name the other "
                                              "members reach this member on")]] = {}
     """Each member's address for its peers (default: its inventory address)."""
-    interface: Annotated[str, rule(lambda v: not IFACE_NAME.fullmatch(v) and "a network "
-                         "interface's name such as 'eth0'", "unset it to use the interface that "
-                         "holds each member's address")] | None = None  # fmt: skip
+    interface: Annotated[str, rule(is_(IFACE_NAME, "a network interface's name such as 'eth0'"),
+                                   "unset it to use the interface that holds each member's "
+                                   "address")] | None = None  # fmt: skip
     """The NIC NCCL and Gloo use (default: the one holding the address)."""
     min_kv_gib_per_gpu: Annotated[float, number(0, fix="set {key} to the GiB per GPU to keep for "
                                   "KV cache, e.g. 8")] = 8.0  # fmt: skip
     """A layout leaving less per GPU for KV cache is refused."""
-    dist_timeout_s: Annotated[int, number(1, integer=True, fix="use e.g. 600 (seconds the ranks "
-                              "wait for each other)")] = 600  # fmt: skip
+    dist_timeout_s: Annotated[int, _at_least_1("use e.g. 600 (seconds the ranks wait for each "
+                                               "other)")] = 600  # fmt: skip
     """SGLang's --dist-timeout, in seconds."""
 
 
@@ -422,15 +409,14 @@ class WatchdogOptions(Section):
     """Seconds between generation probes."""
     probe_timeout_s: Annotated[float, _seconds(40)] = 40.0
     """One probe's budget."""
-    failures: Annotated[int, number(1, integer=True, fix="set {key} to e.g. 3, or "
-                        "watchdog.enable to False")] = 3  # fmt: skip
+    failures: Annotated[int, _at_least_1("set {key} to e.g. 3, or watchdog.enable to False")] = 3
     """Failed probes in a row (tokens flat) before a restart."""
     backoff_s: Annotated[float, _seconds(300)] = 300.0
     """The wait after a restart, doubling per restart in window_s."""
     backoff_max_s: Annotated[float, _seconds(3600)] = 3600.0
     """The longest wait between restarts."""
-    max_restarts: Annotated[int, number(1, integer=True, fix="set {key} to e.g. 3, or "
-                            "watchdog.enable to False")] = 3  # fmt: skip
+    max_restarts: Annotated[int, _at_least_1("set {key} to e.g. 3, or watchdog.enable to "
+                                             "False")] = 3  # fmt: skip
     """Restarts in window_s before it waits for a person."""
     window_s: Annotated[float, _seconds(21600)] = 21600.0
     """The window of max_restarts."""
@@ -447,8 +433,8 @@ class MetricsOptions(Section):
     """The watchdog relays the server's /metrics here (None: no relay)."""
     relay_listen: HostName = "0.0.0.0"
     """Where the relay listens."""
-    textfile_dir: Annotated[str, _path("/var/lib/prometheus/node-exporter")] = (
-        "/var/lib/prometheus/node-exporter")
+    textfile_dir: Annotated[str, _path("/var/lib/prometheus/node-exporter")
+                            ] = "/var/lib/prometheus/node-exporter"  # fmt: skip
     """node-exporter's textfile collector folder."""
     node_exporter_port: Port = 9100
     """Where node-exporter listens, for the generated scrape config."""
@@ -507,7 +493,7 @@ class Settings(Section):
     readiness_timeout_s: Annotated[float, number(0, low_open=True, fix="set {key} to the seconds "
                                    "a start may take, e.g. 3600")] = 3600.0  # fmt: skip
     """How long a start may take to answer."""
-    launcher: Annotated[list[str], AfterValidator(_launcher)] | None = None
+    launcher: Launcher | None = None
     """Tests only: the command standing in for `python -m sglang.launch_server`."""
     state_dir: Annotated[str, _path("/var/lib/specfleet")] = "/var/lib/specfleet"
     """specfleet's own state on the host."""
