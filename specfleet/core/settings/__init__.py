@@ -1,9 +1,5 @@
-"""One typed settings object for every option a specfleet deploy takes.
-
-``schema`` holds the pydantic models (strict, closed, frozen) and each value's own checks;
-``checks`` turns pydantic's error list into problems and checks across keys; ``layers`` merges
-pyinfra's data layers and checks every host of an inventory at once.
-"""
+"""One typed settings object for every option a specfleet deploy takes: ``schema`` (the models
+and each value's checks), ``checks`` (the error text, checks across keys), ``layers`` (merge)."""
 
 from specfleet.core.errors import SettingsError
 from specfleet.core.settings.layers import (

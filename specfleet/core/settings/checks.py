@@ -5,6 +5,7 @@ that validated, so that one bad key does not hide another's problem."""
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -46,10 +47,9 @@ def find_problems(data: Mapping[str, Any], host: str, test_ok: bool
     bad_keys = [p.key for p in found]
     context = {"@host": host, "@test_ok": test_ok}
     for paths, check in CHECKS:
-        if any(_overlap(path, key) for path in paths for key in bad_keys):
-            continue
-        found.extend(check(*(context[p] if p in context else _read(settings or data, p)
-                             for p in paths)))  # fmt: skip
+        if not any(_overlap(path, key) for path in paths for key in bad_keys):
+            found.extend(check(*(context[p] if p in context else _read(settings or data, p)
+                                 for p in paths)))  # fmt: skip
     return (settings if not found else None), found
 
 
@@ -70,11 +70,6 @@ def _read(node: Any, path: str) -> Any:
             node = node[part] if part in node else field.get_default(call_default_factory=True)
         cls = _unwrap(field.annotation)
     return node
-
-
-# --------------------------------------------------------------------------------------------------
-# pydantic's errors, read as problems
-# --------------------------------------------------------------------------------------------------
 
 
 def schema_problems(errors: list[dict[str, Any]]) -> list[Problem]:
@@ -178,10 +173,7 @@ def type_name(tp: Any) -> str:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Checks across keys: each reads the keys it names (and "@host", "@test_ok"), yields problems
-# --------------------------------------------------------------------------------------------------
-
+# Checks across keys: each reads the keys it names (and "@host", "@test_ok"), yields problems.
 Check = Callable[..., Iterator[Problem]]
 CHECKS: list[tuple[tuple[str, ...], Check]] = []
 
@@ -224,9 +216,8 @@ def _models_apart_from_state(models_root, state_dir):
 def _pinned(name: str) -> Check:
     @across(f"{name}.revision", f"{name}.follow_branch")
     def check(revision, follow_branch):
-        is_commit = len(revision or "") == 40 and all(c in "0123456789abcdef"
-                                                      for c in revision.lower())  # fmt: skip
-        if revision is not None and not follow_branch and not is_commit:
+        if revision is not None and not follow_branch and not re.fullmatch("[0-9a-f]{40}",
+                                                                          revision.lower()):
             yield Problem(f"{name}.revision", f"settings key '{name}.revision' is {revision!r}, "
                           "which is not a commit sha",
                           f"pin {DATA_KEY}['{name}']['revision'] to a 40-hex commit, or set "
@@ -252,11 +243,7 @@ def _model_folders_apart(target_id, target_dir, drafter_id, drafter_dir, models_
 
 def _hosts(hosts: list[str]) -> list[str]:
     """Host names from ``host`` or ``host:port`` entries."""
-    out = []
-    for h in hosts:
-        name, sep, port = h.rpartition(":")
-        out.append(name if sep and port.isdigit() and ":" not in name else h)
-    return out
+    return [re.sub(r":[0-9]+$", "", h) if h.count(":") == 1 else h for h in hosts]
 
 
 def _plain_http(key: str, hosts_key: str, fix: str) -> Check:

@@ -1,10 +1,6 @@
-"""Settings from pyinfra's data layers: merged key by key, checked once per distinct data.
-
-Settings are read from pyinfra host and group data under one key, ``specfleet``, and merged over
-the defaults. Host data wins over group data, which wins over ``all``; nested sections
-(``target``, ``drafter``, ``rollout``, ...) merge key by key, so a group can set
-``target.revision`` and a host ``port`` without repeating the rest.
-"""
+"""Settings from pyinfra host and group data under one key, ``specfleet``, merged over the
+defaults and checked once per distinct data. Host data wins over group data, which wins over
+``all``; sections merge key by key, so a group can set ``target.revision`` and a host ``port``."""
 
 from __future__ import annotations
 
@@ -41,9 +37,8 @@ def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(TEST_SETTINGS_ENV) == "1"
 
 
-def settings_from_layers(
-    layers: Iterable[Any], host: str = "", environ: Mapping[str, str] | None = None
-) -> Settings:
+def settings_from_layers(layers: Iterable[Any], host: str = "",
+                         environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
     """Settings from data layers ordered lowest priority first (all, group..., host).
 
     Each layer is the value of the ``specfleet`` key in that layer, or None where it has none.
@@ -55,11 +50,9 @@ def settings_from_layers(
         if layer is None:
             continue
         if not isinstance(layer, Mapping):
-            raise SettingsError(
-                f"'{DATA_KEY}' data is {type(layer).__name__}, expected a mapping",
-                host=host,
-                fix=f"make {DATA_KEY} a dict, e.g. {DATA_KEY} = {{'port': 30000}}",
-            )
+            raise SettingsError(f"'{DATA_KEY}' data is {type(layer).__name__}, expected a mapping",
+                                host=host, fix=f"make {DATA_KEY} a dict, e.g. {DATA_KEY} = "
+                                "{'port': 30000}")  # fmt: skip
         merged = deep_merge(merged, layer)
     # Settings are a pure function of the merged data, the host's name (in errors) and whether
     # test-only settings are allowed: a fleet of hosts sharing their settings, or a deploy's
@@ -88,16 +81,12 @@ def host_error(host: str, problems: list[Problem]) -> SettingsError:
     errors = [SettingsError(p.text, host=host, fix=p.fix) for p in problems]
     if len(errors) == 1:
         return errors[0]
-    return SettingsError(
-        f"{len(errors)} settings are bad:\n" + "\n".join(e.render() for e in errors),
-        host=host,
-        fix="fix each key above in the host or group data",
-    )
+    return SettingsError(f"{len(errors)} settings are bad:\n" + "\n".join(e.render() for e in
+                         errors), host=host, fix="fix each key above in the host or group data")
 
 
-def settings_from_dict(
-    data: Mapping[str, Any] | None, host: str = "", environ: Mapping[str, str] | None = None
-) -> Settings:
+def settings_from_dict(data: Mapping[str, Any] | None, host: str = "",
+                       environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
     return settings_from_layers([data], host, environ)
 
 
@@ -139,10 +128,8 @@ def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
     if len(bad) == 1:
         raise bad[0]
     if bad:
-        raise SettingsError(
-            f"{len(bad)} hosts have bad settings:\n" + "\n".join(e.render() for e in bad),
-            fix="fix each key above in the inventory or group data",
-        )
+        raise SettingsError(f"{len(bad)} hosts have bad settings:\n" + "\n".join(
+            e.render() for e in bad), fix="fix each key above in the inventory or group data")
     try:
         _ALL_HOSTS[inventory] = good
     except TypeError:

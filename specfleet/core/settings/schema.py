@@ -15,29 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from specfleet.core.settings.validators import (
-    BACKEND_NAME,
-    COMMAND_NAME,
-    ENV_NAME,
-    GROUP_NAME,
-    IFACE_NAME,
-    LONG_FLAG,
-    abs_path_problem,
-    control_path_problem,
-    dir_name_problem,
-    git_ref_problem,
-    has_control_chars,
-    hide_userinfo,
-    host_problem,
-    repo_id_problem,
-    secret_env_name,
-    sha256_problem,
-    specifier_problem,
-    unit_name_problem,
-    unsafe_env_name,
-    url_problem,
-    version_problem,
-)
+from specfleet.core.settings import validators as valid
 
 DATA_KEY = "specfleet"
 # Test-only settings (launcher, sglang.no_deps) are refused unless this is "1" in the environment.
@@ -58,7 +36,7 @@ def rule(problem: Callable[[Any], str | None], fix: str) -> AfterValidator:
     def check(value: Any) -> Any:
         expected = problem(value)
         if expected:
-            raise refuse(expected, fix, found=hide_userinfo(value))
+            raise refuse(expected, fix, found=valid.hide_userinfo(value))
         return value
 
     return AfterValidator(check)
@@ -68,24 +46,20 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def number(low: float | None, high: float | None = None, *, fix: str, low_open: bool = False,
+def number(low: float, high: float | None = None, *, fix: str, low_open: bool = False,
            high_open: bool = False, integer: bool = False) -> AfterValidator:  # fmt: skip
     """A finite number within [low, high]; an open end excludes its bound."""
     if integer:
         expected = f">= {_num(low)}" if high is None else f"{_num(low)}..{_num(high)}"
-    elif low is not None and high is not None:
+    elif high is not None:
         expected = (f"a number in {'(' if low_open else '['}{_num(low)}, {_num(high)}"
                     f"{')' if high_open else ']'}")  # fmt: skip
     else:
         expected = f"a number {'>' if low_open else '>='} {_num(low)}"
 
     def check(value: float) -> float:
-        ok = math.isfinite(value)
-        if ok and low is not None:
-            ok = value > low if low_open else value >= low
-        if ok and high is not None:
-            ok = value < high if high_open else value <= high
-        if not ok:
+        ok = math.isfinite(value) and (value > low if low_open else value >= low)
+        if not ok or (high is not None and (value >= high if high_open else value > high)):
             raise refuse(expected, fix)
         return value
 
@@ -98,7 +72,7 @@ def is_(pattern: Any, expected: str) -> Callable[[str], str | None]:
 
 
 def _flag(flag: str) -> str:
-    if not LONG_FLAG.fullmatch(flag):
+    if not valid.LONG_FLAG.fullmatch(flag):
         raise refuse("long flags as keys, such as '--context-length' (no '=value': the value is "
                      "the mapping's value)", f"write it as '--{flag.lstrip('-').split('=')[0]}'",
                      found=f"a mapping with the key {flag!r}")  # fmt: skip
@@ -113,13 +87,13 @@ SECRET_FIX = (
 
 
 def _env_name(name: str) -> str:
-    if not ENV_NAME.fullmatch(name):
+    if not valid.ENV_NAME.fullmatch(name):
         raise refuse("an environment variable's name (letters, digits and _, not starting with "
                      "a digit)", "rename or remove that entry of plan.extra_env")  # fmt: skip
-    if secret_env_name(name):
+    if valid.secret_env_name(name):
         raise refuse("no secrets in plan.extra_env (variables named TOKEN, KEY, SECRET or "
                      "PASSWORD)", SECRET_FIX, found=f"the variable {name}")  # fmt: skip
-    if unsafe_env_name(name):
+    if valid.unsafe_env_name(name):
         raise refuse("no variable that changes what code the server runs or how it logs "
                      "(LD_*, PYTHONPATH and kin, SGLANG_LOGGING_CONFIG_PATH: they would undo "
                      "the pinned venv and the redacting log config)", "remove it: install what "
@@ -146,18 +120,19 @@ def _token_env(name: str) -> str:
                      "remove the token from the inventory (revoke it if the inventory was "
                      "shared) and set weights.token_env to a name such as 'HF_TOKEN'",
                      found="what looks like a Hugging Face token (not shown)")  # fmt: skip
-    if not ENV_NAME.fullmatch(name):
+    if not valid.ENV_NAME.fullmatch(name):
         raise refuse("an environment variable's name", "set weights.token_env to the name of the "
                      "variable holding the token, e.g. 'HF_TOKEN' (the name, not the token)")
     return name
 
 
 def _local_or_url(local: Callable[[str], str | None], what: str) -> Callable[[str], str | None]:
-    return lambda v: url_problem(v, ("https", "http", "file")) if "://" in v else local(v) and what
+    schemes = ("https", "http", "file")
+    return lambda v: valid.url_problem(v, schemes) if "://" in v else local(v) and what
 
 
 def _path(example: str) -> AfterValidator:
-    return rule(abs_path_problem, f"set {{key}} to an absolute path such as {example!r}")
+    return rule(valid.abs_path_problem, f"set {{key}} to an absolute path such as {example!r}")
 
 
 def _seconds(example: float) -> AfterValidator:
@@ -169,20 +144,20 @@ def _at_least_1(fix: str) -> AfterValidator:
 
 
 _GIT_SCHEMES = ("https", "git+https", "ssh", "git+ssh", "file", "git+file", "http", "git+http")
-_BACKEND = rule(is_(BACKEND_NAME, "an attention backend's name such as 'fa3'"),
+_BACKEND = rule(is_(valid.BACKEND_NAME, "an attention backend's name such as 'fa3'"),
                 "unset {key} to let the rules choose, or name one backend")
-_NAME = rule(lambda v: (not v.strip() or has_control_chars(v)) and "a non-empty name",
+_NAME = rule(lambda v: (not v.strip() or valid.has_control_chars(v)) and "a non-empty name",
              "set {key} to a name, or unset it")
 Port = Annotated[int, number(1, 65535, integer=True, fix="set {key} to a free TCP port")]
-Pattern = Annotated[str, rule(lambda v: (not v or has_control_chars(v)) and "a non-empty glob "
-                              "such as '*.json'", "fix or remove that entry of the list")]
-HostName = Annotated[str, rule(host_problem, "give host names or IP addresses")]
-Text = Annotated[str, rule(lambda v: has_control_chars(v) and "a value without newlines or "
+Pattern = Annotated[str, rule(lambda v: (not v or valid.has_control_chars(v)) and "a non-empty "
+                              "glob such as '*.json'", "fix or remove that entry of the list")]
+HostName = Annotated[str, rule(valid.host_problem, "give host names or IP addresses")]
+Text = Annotated[str, rule(lambda v: valid.has_control_chars(v) and "a value without newlines or "
                            "control characters", "remove newlines and control characters")]
 Finite = Annotated[float, rule(lambda v: not math.isfinite(v) and "a finite number",
                                "give a finite number")]
 Launcher = Annotated[list[str], rule(
-    lambda c: (not c or not c[0] or any(map(has_control_chars, c)))
+    lambda c: (not c or not c[0] or any(map(valid.has_control_chars, c)))
     and "a command: a program, then its arguments",
     "give the stand-in's command, e.g. ['/usr/bin/python3', '/srv/standin.py']")]
 
@@ -193,17 +168,15 @@ class Section(BaseModel):
 
 
 class ModelSource(Section):
-    """A Hugging Face repository fetched onto the host."""
-
-    repo_id: Annotated[str, rule(repo_id_problem, "set {key} to the repo as the Hub names it, "
-                                 "e.g. 'moonshotai/Kimi-K2.6'")]  # fmt: skip
+    repo_id: Annotated[str, rule(valid.repo_id_problem, "set {key} to the repo as the Hub names "
+                                 "it, e.g. 'moonshotai/Kimi-K2.6'")]  # fmt: skip
     """The repo as the Hub names it, 'namespace/name'."""
-    revision: Annotated[str, rule(git_ref_problem, "set {key} to a 40-hex commit or a branch "
+    revision: Annotated[str, rule(valid.git_ref_problem, "set {key} to a 40-hex commit or a branch "
                                   "such as 'main'")] | None = None  # fmt: skip
     """A full commit sha; a branch or tag only with follow_branch."""
     follow_branch: bool = False
     """Follow a branch on purpose: a move shows as a planned change."""
-    local_dir: Annotated[str, rule(dir_name_problem, "set {key} to a folder name such as "
+    local_dir: Annotated[str, rule(valid.dir_name_problem, "set {key} to a folder name such as "
                                    "'kimi-k26', or unset it")] | None = None  # fmt: skip
     """The folder under models_root; default: the repo id with '/' as '--'."""
     allow_patterns: list[Pattern] | None = None
@@ -230,34 +203,32 @@ class ModelSource(Section):
 
 
 class SGLangSource(Section):
-    """Where the pinned SGLang comes from."""
-
-    version: Annotated[str, rule(version_problem, "set {key} to a release such as '0.5.23'")
+    version: Annotated[str, rule(valid.version_problem, "set {key} to a release such as '0.5.23'")
                        ] = "0.5.23"  # fmt: skip
     """The SGLang release (PEP 440)."""
     kind: Literal["index", "git"] = "index"
     """'index': pip from index_url / find_links; 'git': pip from git_url at git_ref."""
-    index_url: Annotated[str, rule(url_problem, "give the index's URL: https (plain http to a host "
-                         "in sglang.trusted_hosts), no user or password in it (pip's netrc or "
-                         "keyring on the host holds those)")] | None = None  # fmt: skip
+    index_url: Annotated[str, rule(valid.url_problem, "give the index's URL: https (plain http to "
+                         "a host in sglang.trusted_hosts), no user or password in it (pip's netrc "
+                         "or keyring on the host holds those)")] | None = None  # fmt: skip
     """pip's index (http only to loopback or trusted_hosts)."""
-    find_links: Annotated[str, rule(_local_or_url(abs_path_problem, "a URL or an absolute path "
-                          "to a wheelhouse on the host"), "give the wheelhouse's URL, or its "
+    find_links: Annotated[str, rule(_local_or_url(valid.abs_path_problem, "a URL or an absolute "
+                          "path to a wheelhouse on the host"), "give the wheelhouse's URL, or its "
                           "absolute path on the host")] | None = None  # fmt: skip
     """A wheelhouse: URL or absolute path on the host."""
-    trusted_hosts: list[Annotated[str, rule(lambda v: host_problem(v, allow_port=True), "list "
-                        "host names or IP addresses (host or host:port)")]] = []  # fmt: skip
+    trusted_hosts: list[Annotated[str, rule(lambda v: valid.host_problem(v, allow_port=True),
+                        "list host names or IP addresses (host or host:port)")]] = []
     """Hosts pip may reach over plain http (host or host:port)."""
-    git_url: Annotated[str, rule(lambda v: url_problem(v, _GIT_SCHEMES), "use e.g. "
+    git_url: Annotated[str, rule(lambda v: valid.url_problem(v, _GIT_SCHEMES), "use e.g. "
                        "'git+https://github.com/sgl-project/sglang.git#subdirectory=python'")
                        ] | None = None  # fmt: skip
     """The git source (kind 'git')."""
-    git_ref: Annotated[str, rule(git_ref_problem, "set {key} to a branch, tag or commit")
+    git_ref: Annotated[str, rule(valid.git_ref_problem, "set {key} to a branch, tag or commit")
                        ] | None = None  # fmt: skip
     """The branch, tag or commit of git_url."""
     no_deps: bool = False
     """Tests only: install without dependencies."""
-    compressed_tensors: Annotated[str, rule(specifier_problem, "set {key} to a specifier, or "
+    compressed_tensors: Annotated[str, rule(valid.specifier_problem, "set {key} to a specifier, or "
                                   "unset it to use the version table's")] | None = None
     """A specifier for compressed-tensors, over the version table's."""
     side_by_side: bool = False
@@ -270,12 +241,11 @@ class SGLangSource(Section):
 
 class PatchSource(Section):
     """PR#20547 (the DFlash spec-v2 worker), applied only where the installed SGLang lacks it."""
-
-    source: Annotated[str, rule(_local_or_url(control_path_problem, "an absolute path or one "
+    source: Annotated[str, rule(_local_or_url(valid.control_path_problem, "an absolute path or one "
                       "under ~/"), "set {key} to a path on the control machine (absolute or "
                       "under ~/) or an http(s) URL")] | None = None  # fmt: skip
     """The diff: a path on the control machine or a URL (pinned by sha256)."""
-    sha256: Annotated[str, rule(sha256_problem, "set {key} to the output of sha256sum on the "
+    sha256: Annotated[str, rule(valid.sha256_problem, "set {key} to the output of sha256sum on the "
                                 "diff")] | None = None  # fmt: skip
     """The diff's sha256."""
     on_conflict: Literal["keep-v1", "fail"] = "keep-v1"
@@ -283,19 +253,19 @@ class PatchSource(Section):
 
 
 class WeightsOptions(Section):
-    hf_endpoint: Annotated[str, rule(url_problem, "use the endpoint's https:// URL (the token is "
-                           "sent there), or list a trusted mirror's host in "
+    hf_endpoint: Annotated[str, rule(valid.url_problem, "use the endpoint's https:// URL (the "
+                           "token is sent there), or list a trusted mirror's host in "
                            "weights.allow_http_hosts")] | None = None  # fmt: skip
     """The Hub or a mirror (the token goes there): https, or http to loopback/allow_http_hosts."""
     allow_http_hosts: list[HostName] = []
     """Hosts hf_endpoint may name over plain http (a mirror on a trusted LAN)."""
-    token_file: Annotated[str, rule(control_path_problem, "set {key} to a file on the control "
-                          "machine, e.g. '~/.cache/huggingface/token'")] | None = None
+    token_file: Annotated[str, rule(valid.control_path_problem, "set {key} to a file on the "
+                          "control machine, e.g. '~/.cache/huggingface/token'")] | None = None
     """The HF token's file on the control machine, read at deploy time."""
     token_env: Annotated[str, AfterValidator(_token_env)] | None = None
     """The variable holding the HF token (default HF_TOKEN)."""
-    host_token_path: Annotated[str, rule(abs_path_problem, "set {key} to the token's absolute "
-                               "path on the host")] | None = None  # fmt: skip
+    host_token_path: Annotated[str, rule(valid.abs_path_problem, "set {key} to the token's "
+                               "absolute path on the host")] | None = None  # fmt: skip
     """A host's own token, if not at huggingface_hub's default path."""
     margin_percent: Annotated[float, number(0, 100, high_open=True, fix="set {key} to the "
                               "free-space margin in percent, e.g. 2")] = 2.0  # fmt: skip
@@ -315,8 +285,7 @@ class WeightsOptions(Section):
 
 
 class PlanOverrides(Section):
-    """Overrides of the planner's rules. Each one shows in the plan as overriding a rule."""
-
+    """Each override shows in the plan as overriding a rule."""
     tp_size: Annotated[int, _at_least_1("leave it unset to use every GPU, or give the number of "
                                         "GPUs to shard over")] | None = None  # fmt: skip
     """GPUs to shard over (default: all)."""
@@ -364,8 +333,6 @@ class RolloutOptions(Section):
 
 
 class RemovalOptions(Section):
-    """What a removal (``present: False``, ``specfleet remove``) also takes away."""
-
     weights: bool = False
     """Also the target's and drafter's folders and the compile caches."""
     venv: bool = False
@@ -375,18 +342,17 @@ class RemovalOptions(Section):
 class ServingGroup(Section):
     """Hosts that together run one SGLang server: tensor parallel over all their GPUs (NCCL
     between hosts). Declared once in group data; every member carries the same section."""
-
-    name: Annotated[str, rule(is_(GROUP_NAME, "a plain name (letters, digits, '.', '_', '-')"),
+    name: Annotated[str, rule(is_(valid.GROUP_NAME, "a plain name (letters, digits, . _ -)"),
                               "name the serving group, e.g. 'kimi-h100-pair'")]
     """The group's name."""
     members: list[str]
     """Member hosts in rank order: members[0] is rank 0 and serves the API."""
     rendezvous_port: Port = 20000
     """Rank 0's torch.distributed port (SGLang also takes the next ones)."""
-    addresses: dict[str, Annotated[str, rule(host_problem, "give the IP address or name the other "
-                                             "members reach this member on")]] = {}
+    addresses: dict[str, Annotated[str, rule(valid.host_problem, "give the IP address or name the "
+                                             "other members reach this member on")]] = {}
     """Each member's address for its peers (default: its inventory address)."""
-    interface: Annotated[str, rule(is_(IFACE_NAME, "a network interface's name such as 'eth0'"),
+    interface: Annotated[str, rule(is_(valid.IFACE_NAME, "a network interface's name, e.g. eth0"),
                                    "unset it to use the interface that holds each member's "
                                    "address")] | None = None  # fmt: skip
     """The NIC NCCL and Gloo use (default: the one holding the address)."""
@@ -400,7 +366,6 @@ class ServingGroup(Section):
 
 class WatchdogOptions(Section):
     """The host-side health watchdog (``specfleet/hostside/watchdog.py``, its own systemd unit)."""
-
     enable: bool = True
     """Run the watchdog."""
     interval_s: Annotated[float, number(0, 3600, low_open=True, fix="set {key} to the seconds "
@@ -425,8 +390,6 @@ class WatchdogOptions(Section):
 
 
 class MetricsOptions(Section):
-    """Prometheus: SGLang's own metrics, specfleet's per-host state, and how both leave the host."""
-
     enable: bool = True
     """SGLang's --enable-metrics."""
     relay_port: Port | None = 30091
@@ -442,7 +405,6 @@ class MetricsOptions(Section):
 
 class Settings(Section):
     """Everything a Kimi K2.6 + DFlash deploy can be told. Defaults are that deploy's."""
-
     target: ModelSource = ModelSource(repo_id="moonshotai/Kimi-K2.6")
     """The served model."""
     drafter: ModelSource = ModelSource(repo_id="z-lab/Kimi-K2.6-DFlash", gated=True)
@@ -452,7 +414,7 @@ class Settings(Section):
     venv: Annotated[str, _path("/opt/specfleet/sglang")] = "/opt/specfleet/sglang"
     """SGLang's venv; an existing one is reused, not replaced."""
     python: Annotated[str, rule(
-        lambda v: not (COMMAND_NAME.fullmatch(v) or abs_path_problem(v) is None)
+        lambda v: not (valid.COMMAND_NAME.fullmatch(v) or valid.abs_path_problem(v) is None)
         and "an interpreter's name on PATH or its absolute path",
         "set python to e.g. 'python3' or '/usr/bin/python3.11'")] = "python3"
     """The interpreter that makes the venv."""
@@ -476,19 +438,19 @@ class Settings(Section):
     """The health watchdog."""
     metrics: MetricsOptions = MetricsOptions()
     """Prometheus metrics."""
-    service_name: Annotated[str, rule(unit_name_problem, "set service_name to a plain name such "
-                            "as 'specfleet-sglang'")] = "specfleet-sglang"  # fmt: skip
+    service_name: Annotated[str, rule(valid.unit_name_problem, "set service_name to a plain name "
+                            "such as 'specfleet-sglang'")] = "specfleet-sglang"  # fmt: skip
     """The systemd unit's name."""
-    listen_host: Annotated[str, rule(host_problem, "set listen_host to an address of the host, "
-                           "e.g. '127.0.0.1' or '0.0.0.0'")] = "127.0.0.1"  # fmt: skip
+    listen_host: Annotated[str, rule(valid.host_problem, "set listen_host to an address of the "
+                           "host, e.g. '127.0.0.1' or '0.0.0.0'")] = "127.0.0.1"  # fmt: skip
     """The address the server listens on."""
     port: Annotated[int, number(1, 65535, integer=True, fix="set port to a free TCP port such as "
                     "30000")] = 30000  # fmt: skip
     """The server's port."""
     api_key: Annotated[str, AfterValidator(_api_key)] | None = Field(default=None, repr=False)
     """The server's API key (prefer api_key_file); kept out of argv, diffs and logs."""
-    api_key_file: Annotated[str, rule(control_path_problem, "set api_key_file to a file on the "
-                            "control machine, e.g. '~/.specfleet/api-key'")] | None = None
+    api_key_file: Annotated[str, rule(valid.control_path_problem, "set api_key_file to a file on "
+                            "the control machine, e.g. '~/.specfleet/api-key'")] | None = None
     """A file on the control machine holding the API key, read at deploy time."""
     readiness_timeout_s: Annotated[float, number(0, low_open=True, fix="set {key} to the seconds "
                                    "a start may take, e.g. 3600")] = 3600.0  # fmt: skip

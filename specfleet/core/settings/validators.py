@@ -1,9 +1,8 @@
 """Pure checks of single setting values: paths, names, repo ids, URLs, versions, flags.
 
 Each ``*_problem`` function returns ``None`` for a good value, or what was expected instead (a
-phrase that completes "expected ..."). The schema (``schema.py``) runs them as field validators
-and ``report.py`` turns each answer into a ``SettingsError`` naming the host, the key, the value
-found and a fix. Nothing here reads a file or the environment.
+phrase that completes "expected ..."); ``schema.py`` runs them as field validators. Nothing here
+reads a file or the environment.
 """
 
 from __future__ import annotations
@@ -46,9 +45,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Words that make a flag or an environment variable a secret's (split on "-" and "_"). Whole
 # words only: --speculative-num-draft-tokens and TOKENIZERS_PARALLELISM are no secrets.
-SECRET_WORDS = frozenset(
-    {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials"}
-)
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credential",
+                          "credentials"})  # fmt: skip
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -80,9 +78,8 @@ def control_path_problem(value: str) -> str | None:
         problem = abs_path_problem(value[1:])
         if problem is None:
             return None
-        return problem.replace("an absolute path", "a path under ~/", 1).replace(
-            "a normalized absolute path", "a normalized path under ~/", 1
-        )
+        return problem.replace("an absolute path", "a path under ~/").replace("absolute path",
+                                                                            "path under ~/")
     problem = abs_path_problem(value)
     if problem == "an absolute path (starting with /)":
         return "an absolute path or one under ~/"
@@ -91,10 +88,8 @@ def control_path_problem(value: str) -> str | None:
 
 def unit_name_problem(value: str) -> str | None:
     if not UNIT_NAME.fullmatch(value):
-        return (
-            "a systemd unit name: 1-64 letters, digits and _ . @ -, starting with a letter or "
-            "digit (no '/', spaces or shell characters)"
-        )
+        return ("a systemd unit name: 1-64 letters, digits and _ . @ -, starting with a letter or "
+                "digit (no '/', spaces or shell characters)")  # fmt: skip
     if value.endswith(".service"):
         return "the name without the '.service' suffix (specfleet adds it)"
     if value.endswith(("@", ".")):
@@ -103,41 +98,27 @@ def unit_name_problem(value: str) -> str | None:
 
 
 def repo_id_problem(value: str) -> str | None:
-    expected = (
-        "a Hugging Face repo id 'namespace/name': two parts of letters, digits, '.', '_' and "
-        "'-', each starting with a letter or digit, ending with a letter, digit or '_', at most "
-        f"{REPO_PART_MAX} characters, with no '--' or '..'"
-    )
     parts = value.split("/")
-    if len(parts) != 2:
-        return expected
-    if any(len(p) > REPO_PART_MAX or not REPO_PART.fullmatch(p) for p in parts):
-        return expected
-    if "--" in value or ".." in value or value.endswith(".git"):
-        return expected
+    if (len(parts) != 2 or "--" in value or ".." in value or value.endswith(".git")
+            or any(len(p) > REPO_PART_MAX or not REPO_PART.fullmatch(p) for p in parts)):
+        return ("a Hugging Face repo id 'namespace/name': two parts of letters, digits, '.', '_' "
+                "and '-', each starting with a letter or digit, ending with a letter, digit or "
+                f"'_', at most {REPO_PART_MAX} characters, with no '--' or '..'")
     return None
 
 
 def dir_name_problem(value: str) -> str | None:
     if not DIR_NAME.fullmatch(value) or ".." in value or value.endswith("."):
-        return (
-            "a folder name under models_root: letters, digits, '.', '_' and '-', starting with a "
-            "letter or digit, no '/' or '..'"
-        )
+        return ("a folder name under models_root: letters, digits, '.', '_' and '-', starting "
+                "with a letter or digit, no '/' or '..'")  # fmt: skip
     return None
 
 
 def git_ref_problem(value: str) -> str | None:
-    if (
-        not GIT_REF.fullmatch(value)
-        or ".." in value
-        or "//" in value
-        or value.endswith(("/", ".", ".lock"))
-    ):
-        return (
-            "a branch, tag or commit: letters, digits, '.', '_', '-' and '/', no '..', no spaces, "
-            "not starting with '-'"
-        )
+    bad = not GIT_REF.fullmatch(value) or ".." in value or "//" in value
+    if bad or value.endswith(("/", ".", ".lock")):
+        return ("a branch, tag or commit: letters, digits, '.', '_', '-' and '/', no '..', no "
+                "spaces, not starting with '-'")  # fmt: skip
     return None
 
 
@@ -190,10 +171,9 @@ def host_problem(value: str, allow_port: bool = False) -> str | None:
 
 def is_ip(text: str) -> bool:
     try:
-        ipaddress.ip_address(text)
+        return bool(ipaddress.ip_address(text))
     except ValueError:
         return False
-    return True
 
 
 def is_loopback(host: str) -> bool:
