@@ -357,13 +357,13 @@ def test_all_problems_of_a_host_are_reported_together():
 
 
 def test_every_inventory_loads():
-    from specfleet.core.settings import settings_for_all_hosts
+    from specfleet.core.settings import check_inventory_settings
 
     inventories = sorted(Path("inventories").glob("*.py"))
     assert inventories
     for path in inventories:
         ctx_state.set(State())
-        hosts = settings_for_all_hosts(make_inventory(str(path)))
+        hosts = check_inventory_settings(make_inventory(str(path)))
         assert hosts, path
 
 

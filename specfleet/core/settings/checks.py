@@ -2,8 +2,6 @@
 what was found, what is expected, the fix), then the checks across keys, each run only over keys
 that validated, so that one bad key does not hide another's problem."""
 
-from __future__ import annotations
-
 import difflib
 import re
 import types
@@ -14,14 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from specfleet.core.settings.schema import (
-    DATA_KEY,
-    SECRET_FIX,
-    SECRET_KEYS,
-    SETTING_ERROR,
-    TEST_SETTINGS_ENV,
-    Settings,
-)
+from specfleet.core.settings import schema
+from specfleet.core.settings.schema import Settings
 from specfleet.core.settings.validators import http_host_problem, secret_flag
 
 
@@ -79,8 +71,8 @@ def schema_problems(errors: list[dict[str, Any]]) -> list[Problem]:
     where: dict[str, tuple[Any, list[str]]] = {}
     for err in errors:
         key, tp, siblings = _locate(err["loc"])
-        if key not in chosen or (err["type"] == SETTING_ERROR
-                                 and chosen[key]["type"] != SETTING_ERROR):  # fmt: skip
+        if key not in chosen or (err["type"] == schema.SETTING_ERROR
+                                 and chosen[key]["type"] != schema.SETTING_ERROR):  # fmt: skip
             chosen[key], where[key] = err, (tp, siblings)
     return [_problem(key, err, *where[key]) for key, err in chosen.items()]
 
@@ -95,18 +87,18 @@ def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Pro
                            f"rename it to '{close[0]}', or remove it")  # fmt: skip
         return Problem(key, f"unknown settings key '{key}'",
                        f"remove it, or use one of: {', '.join(sorted(siblings))}")
-    if err["type"] == SETTING_ERROR:
+    if err["type"] == schema.SETTING_ERROR:
         ctx = err["ctx"]
         return bad(key, ctx.get("found") or repr(value), ctx["expected"],
                    ctx["fix"].replace("{key}", key))
     if err["type"] == "missing":
         return Problem(key, f"settings key '{key}' is required",
-                       f"set {DATA_KEY}['{key}'] in the host or group data")
+                       f"set {schema.DATA_KEY}['{key}'] in the host or group data")
     expected = type_name(tp)
-    found = (f"a {type(value).__name__} (not shown: it is a secret)" if key in SECRET_KEYS
+    found = (f"a {type(value).__name__} (not shown: it is a secret)" if key in schema.SECRET_KEYS
              else f"{value!r} ({type(value).__name__})")  # fmt: skip
     return bad(key, found, expected,
-               f"set {DATA_KEY}['{key}'] in the host or group data to {expected}")
+               f"set {schema.DATA_KEY}['{key}'] in the host or group data to {expected}")
 
 
 def _unwrap(tp: Any) -> Any:
@@ -168,9 +160,8 @@ def type_name(tp: Any) -> str:
         return "null"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return f"a mapping (section {tp.__name__})"
-    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 # Checks across keys: each reads the keys it names (and "@host", "@test_ok"), yields problems.
@@ -187,30 +178,9 @@ def across(*paths: str) -> Callable[[Check], Check]:
 
 
 _TEST_FIX = (
-    f"remove it: it is for specfleet's own tests (they set {TEST_SETTINGS_ENV}=1 in the "
+    f"remove it: it is for specfleet's own tests (they set {schema.TEST_SETTINGS_ENV}=1 in the "
     "environment of the run)"
 )
-
-
-@across("launcher", "sglang.no_deps", "@test_ok")
-def _test_only(launcher, no_deps, test_ok):
-    if launcher is not None and not test_ok:
-        yield bad("launcher", repr(launcher), f"no value: 'launcher' is a test-only setting "
-                  f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip
-    if no_deps and not test_ok:
-        yield bad("sglang.no_deps", "True", f"false: 'sglang.no_deps' is a test-only setting "
-                  f"(refused unless {TEST_SETTINGS_ENV}=1)", _TEST_FIX)  # fmt: skip
-
-
-@across("models_root", "state_dir")
-def _models_apart_from_state(models_root, state_dir):
-    # The fan-out's cleanup empties folders of state_dir, and the token copy lives there.
-    a, b = models_root.rstrip("/") + "/", state_dir.rstrip("/") + "/"
-    if a.startswith(b) or b.startswith(a):
-        yield bad("models_root", repr(models_root), f"a folder apart from state_dir "
-                  f"{state_dir!r} (neither inside the other)",
-                  "give models_root and state_dir folders of their own, e.g. '/srv/models' and "
-                  "'/var/lib/specfleet'")  # fmt: skip
 
 
 def _pinned(name: str) -> Check:
@@ -220,8 +190,9 @@ def _pinned(name: str) -> Check:
                                                                           revision.lower()):
             yield Problem(f"{name}.revision", f"settings key '{name}.revision' is {revision!r}, "
                           "which is not a commit sha",
-                          f"pin {DATA_KEY}['{name}']['revision'] to a 40-hex commit, or set "
-                          f"{DATA_KEY}['{name}']['follow_branch'] = True to follow it on purpose")
+                          f"pin {schema.DATA_KEY}['{name}']['revision'] to a 40-hex commit, or "
+                          f"set {schema.DATA_KEY}['{name}']['follow_branch'] = True to follow it "
+                          "on purpose")  # fmt: skip
 
     return check
 
@@ -274,7 +245,7 @@ def _no_secret_flags(extra_args, api_key, api_key_file):
         if secret_flag(flag):
             yield bad(f"plan.extra_args.{flag}", f"the flag {flag}", "no secrets in "
                       "plan.extra_args (flags named key, token, secret or password end up in the "
-                      "unit's argv)", SECRET_FIX)  # fmt: skip
+                      "unit's argv)", schema.SECRET_FIX)  # fmt: skip
         elif flag == "--config" and (api_key is not None or api_key_file is not None):
             yield bad(f"plan.extra_args.{flag}", repr(value), "no --config while an API key is "
                       "set (specfleet passes the key through its own --config file)",
@@ -320,6 +291,17 @@ def _group_members(name, members, addresses, host):
 # (the keys read, when they conflict, the key named, the problem, the fix): the problem is
 # formatted with the keys' values in order.
 CONFLICTS = [
+    (("launcher", "@test_ok"), lambda launcher, ok: launcher is not None and not ok, "launcher",
+     "settings key 'launcher' is {0!r}, expected no value: 'launcher' is a test-only setting "
+     f"(refused unless {schema.TEST_SETTINGS_ENV}=1)", _TEST_FIX),
+    (("sglang.no_deps", "@test_ok"), lambda no_deps, ok: no_deps and not ok, "sglang.no_deps",
+     "settings key 'sglang.no_deps' is True, expected false: 'sglang.no_deps' is a test-only "
+     f"setting (refused unless {schema.TEST_SETTINGS_ENV}=1)", _TEST_FIX),
+    # The fan-out's cleanup empties folders of state_dir, and the token copy lives there.
+    (("models_root", "state_dir"), lambda a, b: _inside(a, b) or _inside(b, a), "models_root",
+     "settings key 'models_root' is {0!r}, expected a folder apart from state_dir {1!r} "
+     "(neither inside the other)", "give models_root and state_dir folders of their own, e.g. "
+     "'/srv/models' and '/var/lib/specfleet'"),
     (("api_key", "api_key_file"), lambda a, b: a is not None and b is not None, "api_key_file",
      "settings keys 'api_key' and 'api_key_file' are both set",
      "keep api_key_file (the key stays out of the inventory) and remove api_key"),
@@ -351,6 +333,10 @@ CONFLICTS = [
      "settings key 'metrics.relay_port' is the server's port {1}",
      "give the metrics relay a port of its own, e.g. 30091"),
 ]
+
+
+def _inside(path: str, folder: str) -> bool:
+    return (path.rstrip("/") + "/").startswith(folder.rstrip("/") + "/")
 
 
 def _conflict(paths, when, key, text, fix) -> None:

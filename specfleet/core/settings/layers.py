@@ -2,8 +2,6 @@
 defaults and checked once per distinct data. Host data wins over group data, which wins over
 ``all``; sections merge key by key, so a group can set ``target.revision`` and a host ``port``."""
 
-from __future__ import annotations
-
 import os
 import weakref
 from collections.abc import Iterable, Mapping
@@ -23,10 +21,8 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     """``over`` on top of ``base``; mappings merge key by key, everything else is replaced."""
     merged = dict(base)
     for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
+        both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
+        merged[key] = deep_merge(merged[key], value) if both else value
     return merged
 
 
@@ -39,12 +35,9 @@ def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
 
 def settings_from_layers(layers: Iterable[Any], host: str = "",
                          environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
-    """Settings from data layers ordered lowest priority first (all, group..., host).
-
-    Each layer is the value of the ``specfleet`` key in that layer, or None where it has none.
-    Every key is checked; one SettingsError lists every problem. ``environ`` (default
-    ``os.environ``) only says whether test-only settings are allowed.
-    """
+    """Settings from the ``specfleet`` values (or None) of data layers, lowest priority first
+    (all, group..., host); one SettingsError lists every problem. ``environ`` (default
+    ``os.environ``) only says whether test-only settings are allowed."""
     merged: dict[str, Any] = _DEFAULT_LAYER
     for layer in layers:
         if layer is None:
@@ -99,21 +92,14 @@ def settings_for_host(host: Any) -> Settings:
     inventory = getattr(host, "inventory", None)
     if inventory is None:
         return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
-    layers = [
-        inventory.get_data(),
-        *(inventory.get_group_data(group) for group in getattr(host, "groups", ())),
-        inventory.get_host_data(host.name),
-        inventory.get_override_data(),
-    ]
+    layers = [inventory.get_data(), *map(inventory.get_group_data, getattr(host, "groups", ())),
+              inventory.get_host_data(host.name), inventory.get_override_data()]
     return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
 
 
 def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
-    """Every host's Settings, or one SettingsError listing every bad key of every host.
-
-    For the inventory's load (the CLI) and a deploy file, before any host's operations are added:
-    pyinfra stops at the first error a deploy file raises, so all of them are shown in one run.
-    """
+    """Every host's Settings, or one SettingsError listing every bad key of every host: for the
+    CLI at inventory load and a deploy file before any operation (pyinfra stops at the first)."""
     try:
         return dict(_ALL_HOSTS[inventory])
     except (KeyError, TypeError):

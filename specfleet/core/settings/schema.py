@@ -6,8 +6,6 @@ Later features add fields here; they do not invent their own plumbing. A field's
 line in the README's settings reference (``tests/unit/settings_reference.py`` writes it).
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal

@@ -5,8 +5,6 @@ phrase that completes "expected ..."); ``schema.py`` runs them as field validato
 reads a file or the environment.
 """
 
-from __future__ import annotations
-
 import ipaddress
 import posixpath
 import re
@@ -225,15 +223,9 @@ def url_problem(value: str, schemes: Collection[str] = ("https", "http")) -> str
 
 
 def hide_userinfo(value: object) -> str | None:
-    """A URL quoted with its user and password hidden (they may be a secret); None if it has
-    none."""
-    if not isinstance(value, str) or "@" not in value or "://" not in value:
-        return None
-    scheme, _, rest = value.partition("://")
-    netloc, sep, path = rest.partition("/")
-    if "@" not in netloc:
-        return None
-    return repr(f"{scheme}://***@{netloc.rpartition('@')[2]}{sep}{path}")
+    """A URL quoted with its user and password hidden (a secret); None if it has none."""
+    userinfo = re.match(r"[^:/]+://([^/?#]*)@", value) if isinstance(value, str) else None
+    return repr(value[:userinfo.start(1)] + "***" + value[userinfo.end(1):]) if userinfo else None
 
 
 def http_host_problem(value: str, http_hosts: Collection[str], http_setting: str) -> str | None:
@@ -251,23 +243,20 @@ def http_host_problem(value: str, http_hosts: Collection[str], http_setting: str
 
 def secret_flag(flag: str) -> bool:
     """Whether a command-line flag's name says it carries a secret (--api-key, --hf-token ...)."""
-    words = re.split(r"[-_]+", flag.lstrip("-").lower())
-    return any(w in SECRET_WORDS for w in words)
+    return any(w in SECRET_WORDS for w in re.split(r"[-_]+", flag.lstrip("-").lower()))
 
 
 def secret_env_name(name: str) -> bool:
     """Whether an environment variable's name says it holds a secret (HF_TOKEN, API_KEY ...)."""
-    words = name.lower().split("_")
-    return any(w in SECRET_WORDS for w in words)
+    return any(w in SECRET_WORDS for w in name.lower().split("_"))
 
 
 # Variables that change what code the server runs or how it logs, and so turn off what specfleet
 # set up (the redacting logging config, the pinned venv): the dynamic loader's, Python's module
 # search and start-up hooks, SGLang's logging config.
 UNSAFE_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
-                        "PYTHONINSPECT", "PYTHONBREAKPOINT", "PYTHONEXECUTABLE", "PYTHONSAFEPATH",
-                        "PYTHONNOUSERSITE", "PYTHONPLATLIBDIR", "BASH_ENV", "ENV", "GCONV_PATH",
-                        "SGLANG_LOGGING_CONFIG_PATH", "VIRTUAL_ENV"})
+                        "PYTHONINSPECT", "PYTHONBREAKPOINT", "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR",
+                        "BASH_ENV", "ENV", "GCONV_PATH", "SGLANG_LOGGING_CONFIG_PATH"})
 
 
 def unsafe_env_name(name: str) -> bool:
