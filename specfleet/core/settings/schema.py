@@ -161,8 +161,7 @@ Launcher = Annotated[list[str], rule(
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True,
-                              use_attribute_docstrings=True)  # fmt: skip
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class ModelSource(Section):
