@@ -100,7 +100,9 @@ def smoke(
     yield from files.directory._inner(path=folder, mode="0700")
     yield from files.put._inner(src=str(hostside_path(CLIENT)), dest=posixpath.join(folder, CLIENT),
                                 mode="0644")
-    meta = {"arch": host_arch(), "service": s.service_name}
+    # ``launcher`` is the test-only way to start the stand-in server: its numbers say so.
+    meta = {"arch": host_arch(), "service": s.service_name,
+            "server": "stand-in" if s.launcher else "sglang"}
     argv = client_argv(s, out, [int(c) for c in concurrency], requests, max_tokens, meta,
                        keep_previous=result == "latest")
     yield StringCommand(" ".join(shlex.quote(a) for a in argv))

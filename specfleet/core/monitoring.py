@@ -151,7 +151,11 @@ def prometheus_config(targets_dir: str, rules_file: str, interval_s: int = 15) -
 
 # (name, expression, for, summary): each names the host and what to do.
 ALERTS: tuple[tuple[str, str, str, str], ...] = (
-    ("SpecfleetServerDown", f'up{{job="{SGLANG_JOB}"}} == 0', "2m",
+    # A (re)start loads for minutes and a deploy holds the run lock while it restarts: the
+    # textfile's gauges say so, matched by the labels both jobs carry (host and service).
+    ("SpecfleetServerDown", f'up{{job="{SGLANG_JOB}"}} == 0 '
+     "unless on(host, service) specfleet_server_loading == 1 "
+     "unless on(host, service) specfleet_run_lock_held == 1", "2m",
      "{{ $labels.host }}: the SGLang server's /metrics does not answer (server or relay down); "
      "see `specfleet logs INVENTORY {{ $labels.host }}`"),
     ("SpecfleetServerNotReady",
@@ -184,40 +188,56 @@ def alert_rules(for_override: str | None = None) -> dict[str, Any]:
     return {"groups": [{"name": "specfleet", "rules": rules}]}
 
 
-# (title, expression, unit): one panel each.
-PANELS: tuple[tuple[str, str, str], ...] = (
+# Every panel's query is limited to the hosts chosen in the dashboard's ``host`` variable.
+HOSTS = 'host=~"$host"'
+
+# (title, expression, Grafana unit id, axis label): one panel each.
+PANELS: tuple[tuple[str, str, str, str], ...] = (
     ("Generation throughput per host", f'sum by (host) (rate(sglang:generation_tokens_total'
-     f'{{job="{SGLANG_JOB}"}}[5m]))', "tokens/s"),
-    ("Queue per host", 'sum by (host) (sglang:num_queue_reqs)', "requests"),
-    ("Running requests per host", 'sum by (host) (sglang:num_running_reqs)', "requests"),
-    ("Speculative accept length", 'avg by (host) (sglang:spec_accept_length)', "tokens"),
-    ("Watchdog restarts (1 h)", "sum by (host) (increase(specfleet_watchdog_restarts_total[1h]))",
-     "restarts"),
-    ("Ready", "max by (host) (specfleet_server_ready)", "1 = ready"),
+     f'{{job="{SGLANG_JOB}",{HOSTS}}}[5m]))', "tokens/s", "tokens/s"),  # fmt: skip
+    ("Queue per host", f"sum by (host) (sglang:num_queue_reqs{{{HOSTS}}})", "short", "requests"),
+    ("Running requests per host", f"sum by (host) (sglang:num_running_reqs{{{HOSTS}}})",
+     "short", "requests"),
+    ("Speculative accept length", f"avg by (host) (sglang:spec_accept_length{{{HOSTS}}})",
+     "short", "accepted tokens per verify step"),
+    ("Watchdog restarts (1 h)",
+     f"sum by (host) (increase(specfleet_watchdog_restarts_total{{{HOSTS}}}[1h]))",
+     "short", "restarts"),
+    ("Ready", f"max by (host) (specfleet_server_ready{{{HOSTS}}})", "bool_yes_no", "ready"),
+    ("Free disk, smallest filesystem", f'min by (host) (node_filesystem_avail_bytes{{{HOSTS},'
+     'fstype!~"tmpfs|overlay"}})', "bytes", "bytes free"),
     ("Revision", "max by (host, sglang_version, pr20547, target_revision, drafter_revision, "
-     "plan_hash) (specfleet_build_info)", "info"),
+     f"plan_hash) (specfleet_build_info{{{HOSTS}}})", "string", "info"),
 )
 
 
 def dashboard() -> dict[str, Any]:
     """A Grafana dashboard (JSON model, schema 39) with one panel per ``PANELS`` row."""
     panels = []
-    for i, (title, expr, unit) in enumerate(PANELS):
+    for i, (title, expr, unit, label) in enumerate(PANELS):
         table = expr.startswith("max by (host, sglang_version")
         panels.append({
             "id": i + 1, "title": title, "type": "table" if table else "timeseries",
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "gridPos": {"h": 8, "w": 24 if table else 12, "x": 0 if table else (i % 2) * 12,
                         "y": (i // 2) * 8},
-            "fieldConfig": {"defaults": {"unit": "short", "displayName": unit}, "overrides": []},
+            "fieldConfig": {"defaults": {"unit": unit, "custom": {"axisLabel": label}},
+                            "overrides": []},
             "targets": [{"refId": "A", "expr": expr, "format": "table" if table else "time_series",
                          "instant": table, "legendFormat": "{{host}}"}],
         })  # fmt: skip
     return {
         "title": "specfleet: SGLang fleet", "uid": "specfleet-fleet", "schemaVersion": 39,
         "version": 1, "editable": True, "time": {"from": "now-6h", "to": "now"},
-        "templating": {"list": [{"name": "datasource", "type": "datasource",
-                                 "query": "prometheus", "label": "Prometheus"}]},
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus",
+             "label": "Prometheus"},
+            {"name": "host", "type": "query", "label": "Host", "multi": True, "includeAll": True,
+             "allValue": ".*", "current": {"text": "All", "value": "$__all"}, "refresh": 2,
+             "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": {"query": "label_values(specfleet_build_info, host)", "refId": "hosts"},
+             "definition": "label_values(specfleet_build_info, host)", "sort": 1},
+        ]},
         "panels": panels,
     }  # fmt: skip
 

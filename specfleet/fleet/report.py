@@ -1,7 +1,8 @@
 """The sweep's report: PNG plots (matplotlib) and one HTML page that holds them with the table.
 
-- ``tokens_per_s.png``: output tokens/s against concurrency, one line per grid point;
-- ``accept_length.png``: the acceptance length the server reported, one bar per point;
+- ``tokens_per_s.png``: output tokens/s against concurrency (one category per level measured),
+  one line per grid point, each its own colour and marker, the legend beside the data;
+- ``accept_length.png``: the acceptance length the server reported, one horizontal bar per point;
 - ``heatmap.png``: output tokens/s at the top concurrency over the grid's first two axes (the
   best over any further axes), the best cell outlined.
 
@@ -20,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+from matplotlib.figure import Figure  # noqa: E402
 
 from specfleet.core import bench as core  # noqa: E402
 
@@ -31,43 +33,70 @@ def _label(point: Mapping[str, Any]) -> str:
     return " ".join(f"{SHORT.get(k, k)}={v}" for k, v in point.items())
 
 
+def standin_note(state: Mapping[str, Any]) -> str | None:
+    """A warning for every figure whose numbers came from the stand-in server (the bench client
+    records ``meta.server``), else ``None``."""
+    if any((r.get("meta") or {}).get("server") == "stand-in" for _, _, r in _done(state)):
+        return "stand-in server: modelled numbers, not a real SGLang measurement"
+    return None
+
+
+def _title(ax, state: Mapping[str, Any], text: str) -> None:
+    note = standin_note(state)
+    ax.set_title(f"{state['host']}: {text}" + (f"\n[{note}]" if note else ""), fontsize=10)
+
+
+def _styles(n: int) -> list[dict[str, Any]]:
+    """``n`` distinct line styles: 20 colours, then markers and dashes that tell repeats apart."""
+    colours = plt.get_cmap("tab20").colors
+    markers, dashes = "osD^vP*Xh<>", ["-", "--", ":", "-."]
+    return [{"color": colours[i % len(colours)], "marker": markers[i % len(markers)],
+             "linestyle": dashes[(i // len(colours)) % len(dashes)]} for i in range(n)]
+
+
 def _done(state: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     return [(k, r["point"], r["result"]) for k, r in state["points"].items()
             if r.get("status") == "done" and r.get("result")]
 
 
-def plot_tokens(state: Mapping[str, Any], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, point, result in _done(state):
-        levels = sorted((lv["concurrency"], lv["output_tokens_per_s"])
-                        for lv in result["levels"] if lv.get("completed"))
-        style = dict(linewidth=3) if key == state.get("best") else dict(linewidth=1, alpha=0.8)
-        ax.plot([c for c, _ in levels], [t for _, t in levels], marker="o", label=_label(point),
-                **style)
-    ax.set_xlabel("concurrency")
+def plot_tokens(state: Mapping[str, Any]) -> Figure:
+    done = _done(state)
+    # Concurrency levels are categories (1, 4, 16 ...), evenly spaced: never ticks at 1.5.
+    levels = sorted({lv["concurrency"] for _, _, r in done for lv in r["levels"]
+                     if lv.get("completed")})
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for (key, point, result), style in zip(done, _styles(len(done)), strict=True):
+        seen = sorted((lv["concurrency"], lv["output_tokens_per_s"])
+                      for lv in result["levels"] if lv.get("completed"))
+        best = key == state.get("best")
+        ax.plot([levels.index(c) for c, _ in seen], [t for _, t in seen],
+                label=("BEST " if best else "") + _label(point),
+                linewidth=3.5 if best else 1.3, zorder=3 if best else 2, **style)
+    ax.set_xticks(range(len(levels)), [str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title(f"{state['host']}: output tokens/s vs concurrency (thick: best)")
+    _title(ax, state, "output tokens/s vs concurrency (thick: best)")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def plot_accept(state: Mapping[str, Any], path: Path) -> None:
+def plot_accept(state: Mapping[str, Any]) -> Figure:
     done = _done(state)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # One horizontal bar per point: long point labels read level on the y axis.
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.35 * max(len(done), 1)))
     values = [r.get("accept_length") or 0.0 for _, _, r in done]
     colors = ["tab:orange" if k == state.get("best") else "tab:blue" for k, _, _ in done]
-    ax.bar(range(len(done)), values, color=colors)
-    ax.set_xticks(range(len(done)), [_label(p) for _, p, _ in done], rotation=35, ha="right",
-                  fontsize=7)
-    ax.set_ylabel("acceptance length (tokens per step)")
-    ax.set_title(f"{state['host']}: acceptance length per point (orange: best)")
+    ax.barh(range(len(done)), values, color=colors)
+    ax.set_yticks(range(len(done)), [_label(p) for _, p, _ in done], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("acceptance length (accepted tokens per verify step)")
+    ax.set_ylabel("grid point")
+    _title(ax, state, "acceptance length per point (orange: best)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def heat_grid(state: Mapping[str, Any]) -> tuple[str, str, list, list, list[list[float | None]]]:
@@ -85,7 +114,13 @@ def heat_grid(state: Mapping[str, Any]) -> tuple[str, str, list, list, list[list
     return str(ax_y), str(ax_x), ys, xs, cells
 
 
-def plot_heatmap(state: Mapping[str, Any], path: Path) -> None:
+def _cell(point, ax_y, ax_x, ys, xs) -> tuple[int, int] | None:
+    if point is None:
+        return None
+    return ys.index(point.get(ax_y)), xs.index(point.get(ax_x))
+
+
+def plot_heatmap(state: Mapping[str, Any]) -> Figure:
     ax_y, ax_x, ys, xs, cells = heat_grid(state)
     fig, ax = plt.subplots(figsize=(6, 4.5))
     data = [[float("nan") if v is None else v for v in row] for row in cells]
@@ -96,19 +131,23 @@ def plot_heatmap(state: Mapping[str, Any], path: Path) -> None:
     ax.set_ylabel(SHORT.get(ax_y, ax_y))
     best = state.get("best")
     best_point = state["points"][best]["point"] if best else None
+    finite = [v for row in cells for v in row if v is not None]
+    middle = (min(finite) + max(finite)) / 2 if finite else 0.0
     for i, row in enumerate(cells):
         for j, v in enumerate(row):
+            # viridis is bright at the top: dark text on bright cells, light text on dark ones.
             ax.text(j, i, "-" if v is None else f"{v:.0f}", ha="center", va="center",
-                    color="white", fontsize=9)
+                    color="black" if v is not None and v > middle else "white", fontsize=9,
+                    fontweight="bold" if (i, j) == _cell(best_point, ax_y, ax_x, ys, xs)
+                    else "normal")
     if best_point is not None:
-        i, j = ys.index(best_point.get(ax_y)), xs.index(best_point.get(ax_x))
+        i, j = _cell(best_point, ax_y, ax_x, ys, xs)
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red",
                                    linewidth=3))
     fig.colorbar(im, ax=ax, label="output tokens/s (top concurrency)")
-    ax.set_title(f"{state['host']}: the grid (red: best)")
+    _title(ax, state, "the grid (red: best)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def write_report(state: Mapping[str, Any], folder: Path) -> Path:
@@ -117,7 +156,9 @@ def write_report(state: Mapping[str, Any], folder: Path) -> Path:
     pngs = {"tokens_per_s.png": plot_tokens, "accept_length.png": plot_accept,
             "heatmap.png": plot_heatmap}
     for name, plot in pngs.items():
-        plot(state, folder / name)
+        fig = plot(state)
+        fig.savefig(folder / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
     best = state.get("best")
     rows = []
     for key, rec in state["points"].items():
@@ -129,6 +170,7 @@ def write_report(state: Mapping[str, Any], folder: Path) -> Path:
                  "-" if result.get("accept_length") is None else f"{result['accept_length']:.2f}",
                  "BEST" if key == best else rec.get("why", "")]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    note = standin_note(state)
     plan = core.point_overrides(state["points"][best]["point"]) if best else None
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>specfleet sweep: {html.escape(state['host'])}</title>
@@ -136,6 +178,7 @@ def write_report(state: Mapping[str, Any], folder: Path) -> Path:
 td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}
 img{{max-width:48%;margin:4px}}</style></head><body>
 <h1>specfleet sweep: {html.escape(state['host'])}</h1>
+{f'<p style="color:#a00"><b>{html.escape(note)}</b></p>' if note else ''}
 <p>Host now on: <b>{html.escape(str(state.get('current')))}</b>.
 Winning <code>plan</code> overrides: <code>{html.escape(str(plan))}</code></p>
 {''.join(f'<img src="{n}" alt="{n}">' for n in pngs)}

@@ -247,6 +247,63 @@ def test_report_writes_three_pngs_and_an_html_page(tmp_path):
     assert "BEST" in page.read_text()
 
 
+def _sweep_state(n_draft, windows, server="stand-in"):
+    grid = core.parse_grid({"num_draft_tokens": n_draft, "draft_window": windows})
+    points = {}
+    for i, p in enumerate(grid):
+        res = result({1: 50 + i, 4: 100 + 10 * i, 16: 150 + 12 * i}, 2 + i / 10)
+        res["meta"] = {"server": server}
+        points[core.point_key(p)] = {"point": p, "status": "done", "result": res}
+    best = core.point_key(grid[-1])
+    return {"host": "h1", "grid": grid, "points": points, "best": best, "current": best}
+
+
+def test_report_plots_read_as_a_user_needs(tmp_path):
+    import matplotlib.pyplot as plt
+
+    state = _sweep_state([2, 4, 8, 16], [1024, 2048, 4096, 8192])  # 16 lines
+    fig = report.plot_tokens(state)
+    ax = fig.axes[0]
+    # The concurrency axis is categorical: one tick per level measured, labelled with the level.
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "16"]
+    assert list(ax.get_xticks()) == [0, 1, 2]
+    assert ax.get_xlabel().startswith("concurrency") and ax.get_ylabel() == "output tokens/s"
+    # 16 lines, 16 different (colour, marker, dash) styles, the legend outside the data.
+    styles = {(line.get_color(), line.get_marker(), line.get_linestyle()) for line in ax.lines}
+    assert len(ax.lines) == 16 and len(styles) == 16
+    assert len({line.get_color() for line in ax.lines}) == 16
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1
+    assert "stand-in server" in ax.get_title()
+    plt.close(fig)
+
+    fig = report.plot_accept(state)
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("acceptance length") and ax.get_ylabel() == "grid point"
+    assert all(t.get_rotation() == 0 for t in ax.get_yticklabels())
+    assert "stand-in server" in ax.get_title()
+    plt.close(fig)
+
+    fig = report.plot_heatmap(state)
+    ax = fig.axes[0]
+    texts = {t.get_text(): t for t in ax.texts}
+    best = max(texts, key=lambda k: float(k) if k != "-" else -1)
+    # The best cell (the brightest viridis yellow) is labelled in black, bold.
+    assert texts[best].get_color() == "black" and texts[best].get_fontweight() == "bold"
+    assert ax.get_xlabel() and ax.get_ylabel() and "stand-in server" in ax.get_title()
+    plt.close(fig)
+
+    page = report.write_report(state, tmp_path).read_text()
+    assert "stand-in server" in page
+
+
+def test_report_of_a_real_server_does_not_say_stand_in(tmp_path):
+    state = _sweep_state([4, 8], [2048], server="sglang")
+    assert report.standin_note(state) is None
+    assert "stand-in" not in report.write_report(state, tmp_path).read_text()
+
+
 # -- the rollout's hook -----------------------------------------------------------------------------
 
 

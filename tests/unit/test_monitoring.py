@@ -251,3 +251,53 @@ def test_standin_metrics_pass_promtool_check_metrics(tmp_path):
                 if line and not line.endswith("metric names should not contain ':'")]  # fmt: skip
     assert problems == [], res.stderr
     assert 'sglang:generation_tokens_total{model_name="/m"}' in text
+
+
+def test_server_down_stays_quiet_through_a_slow_restart_and_a_held_lock(tmp_path):
+    """A restart that loads for 10 minutes (the relay's target is down the whole time) or a deploy
+    that holds the run lock is no outage; once neither holds, a dead /metrics alerts."""
+    (tmp_path / "rules.yml").write_text(json.dumps(alert_rules()))
+
+    def series(host: str, up: str, loading: str, locked: str) -> list[dict[str, str]]:
+        node = f'instance="{host}:9100",job="specfleet-node",host="{host}",service="sf"'
+        return [
+            {"series": f'up{{instance="{host}:30091",job="specfleet-sglang",host="{host}",'
+                       'service="sf"}', "values": up},
+            {"series": f"specfleet_server_loading{{{node}}}", "values": loading},
+            {"series": f'specfleet_run_lock_held{{{node},holder="run-1"}}', "values": locked},
+        ]
+
+    down = {"severity": "critical", "job": "specfleet-sglang", "service": "sf"}
+    tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        # h1: loading for 10 min, then up; h2: a deploy holds the lock while it is down for
+        # 10 min, then up; h3: loading ends at 10 min but the server stays down.
+        "input_series": series("h1", "1 0x10 1x5", "0 1x9 0x6", "0x16")
+        + series("h2", "1 0x10 1x5", "0x16", "0 1x9 0x6")
+        + series("h3", "1 0x15", "0 1x9 0x6", "0x16"),
+        "alert_rule_test": [
+            {"eval_time": "9m", "alertname": "SpecfleetServerDown", "exp_alerts": []},
+            {"eval_time": "13m", "alertname": "SpecfleetServerDown", "exp_alerts": [
+                {"exp_labels": {**down, "instance": "h3:30091", "host": "h3"},
+                 "exp_annotations": {"summary": "h3: the SGLang server's /metrics does not "
+                                     "answer (server or relay down); see `specfleet logs "
+                                     "INVENTORY h3`"}}]},
+        ],
+    }]}  # fmt: skip
+    (tmp_path / "test.yml").write_text(json.dumps(tests))
+    res = promtool("test", "rules", "test.yml", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_dashboard_has_a_host_variable_and_real_units():
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["host"]["multi"] and variables["host"]["includeAll"]
+    assert "label_values(" in variables["host"]["definition"]
+    units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in board["panels"]}
+    assert units["Generation throughput per host"] == "tokens/s"
+    assert units["Free disk, smallest filesystem"] == "bytes"
+    assert units["Ready"] == "bool_yes_no"
+    assert all(p["fieldConfig"]["defaults"]["custom"]["axisLabel"] for p in board["panels"])
+    # Every query follows the host picker.
+    assert all('host=~"$host"' in expr for _, expr in panel_queries(board))

@@ -107,3 +107,19 @@ def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     assert done.returncode == 3
     assert "no specfleet checkout here" in done.stderr and "--checkout PATH" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_wheel_metadata_looks_maintained(wheel):
+    """Classifiers, keywords and a version that is the changelog's newest release."""
+    import re
+    from email.parser import Parser
+
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = Parser().parsestr(zf.read(name).decode())
+    classifiers = meta.get_all("Classifier") or []
+    assert "Operating System :: POSIX :: Linux" in classifiers
+    assert any(c.startswith("Development Status ::") for c in classifiers)
+    assert "pyinfra" in (meta["Keywords"] or "")
+    newest = re.search(r"^## (\d+\.\d+\.\d+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert newest and meta["Version"] == newest.group(1)

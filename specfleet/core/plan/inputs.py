@@ -32,9 +32,12 @@ FACTS_FIX = (
 def one_host_facts(facts: dict[str, Any], host: str | None = None) -> dict[str, Any]:
     """``facts`` as {fact: value} for one host.
 
-    Takes either that shape or the one ``pyinfra INVENTORY fact NAME... --json`` prints,
-    {fact: {host: value}}; from the latter it picks ``host``, or the only host there is.
+    Takes that shape, the one ``pyinfra INVENTORY fact NAME... --json`` prints,
+    {fact: {host: value}}, or what ``specfleet probe`` prints (``facts.probe.Probe``: {host:
+    {"facts": {fact: value}, "errors": ...}}); from the last two it picks ``host``, or the only
+    host there is.
     """
+    facts = _unwrap_probe(facts)
     per_host = {
         name: value
         for name, value in facts.items()
@@ -59,6 +62,26 @@ def one_host_facts(facts: dict[str, Any], host: str | None = None) -> dict[str, 
     for name, value in per_host.items():
         if host in value:
             out[name] = value[host]
+    return out
+
+
+PROBE_FACT = "facts.probe.Probe"
+
+
+def _unwrap_probe(facts: dict[str, Any]) -> dict[str, Any]:
+    """The probe's one fact (named ``facts.probe.Probe (python=...)`` by pyinfra) turned into
+    {fact: {host: value}}, the shape of several facts gathered at once; other input as it is."""
+    probes = [k for k in facts if k.split(" ", 1)[0] == PROBE_FACT]
+    if len(probes) != 1 or not isinstance(facts[probes[0]], dict):
+        return facts
+    out: dict[str, Any] = {k: v for k, v in facts.items() if k != probes[0]}
+    for host, gathered in facts[probes[0]].items():
+        inner = gathered.get("facts") if isinstance(gathered, dict) else None
+        if not isinstance(inner, dict):
+            raise FactsInputError(f"the probe's output for host {host!r} holds no facts",
+                                  fix=FACTS_FIX)
+        for name, value in inner.items():
+            out.setdefault(name, {})[host] = value
     return out
 
 

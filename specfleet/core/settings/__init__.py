@@ -20,4 +20,6 @@ from specfleet.core.settings.schema import (
 
 __all__ = ["DATA_KEY", "TEST_SETTINGS_ENV", "RolloutOptions", "ServingGroup", "Settings",
            "SettingsError", "WeightsOptions", "check_inventory_settings", "deep_merge",
-           "settings_for_host", "settings_from_dict", "settings_from_layers"]
+           "settings_for_all_hosts", "settings_for_host", "settings_from_dict",
+           "settings_from_layers"]
+settings_for_all_hosts = check_inventory_settings  # its name before the CLI checked at load

@@ -168,8 +168,8 @@ class ModelSource(Section):
     repo_id: Annotated[str, rule(valid.repo_id_problem, "set {key} to the repo as the Hub names "
                                  "it, e.g. 'moonshotai/Kimi-K2.6'")]  # fmt: skip
     """The repo as the Hub names it, 'namespace/name'."""
-    revision: Annotated[str, rule(valid.git_ref_problem, "set {key} to a 40-hex commit or a branch "
-                                  "such as 'main'")] | None = None  # fmt: skip
+    revision: Annotated[str, rule(valid.git_ref_problem, "pin {key} to a 40-hex commit (a branch "
+                                  "or tag only with follow_branch: True)")] | None = None
     """A full commit sha; a branch or tag only with follow_branch."""
     follow_branch: bool = False
     """Follow a branch on purpose: a move shows as a planned change."""

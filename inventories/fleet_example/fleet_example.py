@@ -1,9 +1,11 @@
 """A mixed fleet: RTX PRO 6000 (SM120), B200 (SM100) and H200 (SM90) groups.
 
-Group data lives in inventories/group_data/<group>.py and differs by arch; every host shares
-inventories/group_data/all.py. The addresses are documentation examples (RFC 5737).
+Group data lives beside this file, in group_data/<group>.py (its own folder, so nothing here
+reaches inventories/ct200.py): one file per arch group below, and group_data/fleet_example.py,
+which every host here shares (pyinfra makes the file's stem a group of all its hosts). The
+addresses are documentation examples (RFC 5737).
 
-Run: python -m specfleet.fleet.rollout inventories/fleet_example.py deploys/kimi_k26.py
+Run: specfleet rollout inventories/fleet_example/fleet_example.py deploys/kimi_k26.py
 """
 
 rtx6000 = [
@@ -24,7 +26,7 @@ h200 = [
 ]
 
 # A serving group: two 8x H100 hosts run one server, tensor parallel over their 16 GPUs
-# (inventories/group_data/h100_pair.py declares the group once, for both).
+# (group_data/h100_pair.py declares the group once, for both).
 h100_pair = [
     ("h100-01", {"ssh_hostname": "192.0.2.41"}),
     ("h100-02", {"ssh_hostname": "192.0.2.42"}),
