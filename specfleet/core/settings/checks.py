@@ -64,13 +64,13 @@ def _read(node: Any, path: str) -> Any:
     return node
 
 
-def schema_problems(errors: list[dict[str, Any]]) -> list[Problem]:
+def schema_problems(errors: list[dict[str, Any]], root: type = Settings) -> list[Problem]:
     """One problem per key: a domain check's own words where one failed (a value refused by every
     member of a union also fails their types), else the type that key takes."""
     chosen: dict[str, dict[str, Any]] = {}
     where: dict[str, tuple[Any, list[str]]] = {}
     for err in errors:
-        key, tp, siblings = _locate(err["loc"])
+        key, tp, siblings = _locate(err["loc"], root)
         if key not in chosen or (err["type"] == schema.SETTING_ERROR
                                  and chosen[key]["type"] != schema.SETTING_ERROR):  # fmt: skip
             chosen[key], where[key] = err, (tp, siblings)
@@ -116,10 +116,9 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def _locate(loc: tuple[Any, ...]) -> tuple[str, Any, list[str]]:
+def _locate(loc: tuple[Any, ...], tp: Any) -> tuple[str, Any, list[str]]:
     """(the key's path, the type it takes, the keys beside it) of a pydantic error location; the
     members of a union in the location (pydantic names each one it tried) are left out."""
-    tp: Any = Settings
     path, siblings = "", []
     items = list(loc)
     while items:
