@@ -63,11 +63,15 @@ class RollbackState(FactBase[dict[str, Any]]):
             f"if test -e {d}/patch/sha256; then echo \"saved.patch=$(cat {d}/patch/sha256)\"; fi",
             f"if test -e {d}/taken; then echo \"saved.taken=$(cat {d}/taken)\"; fi",
             f"if test -e {d}/freeze.txt; then sed 's/^/saved.freeze:/' {d}/freeze.txt; fi",
-            # pip's own answer: direct references (git, file) come out as `name @ url`.
-            f"if test -x {py}; then {py} -m pip freeze --disable-pip-version-check "
-            f"> /tmp/.specfleet-freeze.$$ 2>&1 && sed 's/^/cur.freeze:/' /tmp/.specfleet-freeze.$$ "
-            f"|| sed 's/^/cur.freeze-error:/' /tmp/.specfleet-freeze.$$; "
-            "rm -f /tmp/.specfleet-freeze.$$; fi",
+            # pip's own answer: direct references (git, file) come out as `name @ url`. Its
+            # output goes to a file in a folder of mktemp's (a random name, made with O_EXCL,
+            # mode 0700: this user's alone), never to a predictable path another user could
+            # plant a link at first.
+            f"if test -x {py}; then if t=$(mktemp -d); then "
+            f"if {py} -m pip freeze --disable-pip-version-check > \"$t/freeze\" 2>&1; "
+            "then sed 's/^/cur.freeze:/' \"$t/freeze\"; "
+            "else sed 's/^/cur.freeze-error:/' \"$t/freeze\"; fi; rm -rf \"$t\"; "
+            "else echo 'cur.freeze-error:mktemp -d failed: no temporary folder'; fi; fi",
             f"if test -d {shlex.quote(wheels)}; then ls -1 {shlex.quote(wheels)} "
             "| sed 's/^/wheel:/'; fi",
         ]

@@ -21,6 +21,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File
 
@@ -34,7 +35,7 @@ from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
 from operations.serving import group_peers, host_address, service_state_args
-from operations.util import fails_host
+from operations.util import fails_host, record_failure
 from operations.venvs import effective_settings
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
@@ -82,6 +83,15 @@ def _pid_start(pid: int) -> int | None:
         return None
 
 
+def _pid_namespace() -> int | None:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``): a pid means one
+    process only within it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def run_id() -> str:
     """This run's id: ``SPECFLEET_RUN_ID`` (a controller sets it, so its steps are one owner),
     else one made for this process."""
@@ -115,6 +125,7 @@ def _this_process(pid: int) -> dict[str, Any]:
         "control_host": socket.gethostname(),
         "machine_id": _first_line("/etc/machine-id", "/var/lib/dbus/machine-id"),
         "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": _pid_namespace(),
         "pid": pid,
         "pid_start": _pid_start(pid),
         "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)),
@@ -189,6 +200,8 @@ class _Holding:
     # Kept for the whole run (``lock(keep=True)``, a controller's): its steps re-enter it, and
     # only the end of the run (pyinfra's disconnect) releases it.
     kept: bool = False
+    # Joined: the lock of another process of this run (its token): renewed, never released.
+    joined: bool = False
 
 
 # host -> what this process holds there (weak: a host dies with its State).
@@ -232,13 +245,12 @@ def _heartbeat(h: Any, holding: _Holding) -> None:
             continue
         status, value = result
         if status == "lost":
-            held = value.get("held")
-            who = runlock.holder(held) if held else "nobody"
-            logger.error(
-                f"{h.print_prefix}the run lock {holding.path} is no longer this run's (now: "
-                f"{who}): this run went {interval:.0f} s without renewing its lease, which "
-                "expired; another run may be changing this host too"
-            )
+            message = runlock.lost_message(holding.path, value.get("held"), value.get("now"),
+                                           holding.lease_s)
+            # From now on every command to this host fails with this (``_hook_host``).
+            h._specfleet_lock_lost = SpecfleetError(message, host=h.name,
+                                                    fix=runlock.LOST_FIX).render()
+            logger.error(f"{h.print_prefix}{message}")
             _forget(h)
             return
 
@@ -253,7 +265,7 @@ def _forget(h: Any) -> _Holding | None:
 def release_held(h: Any, why: str = "") -> None:
     """Release the lock this process holds on ``h`` (if any): one command, only then."""
     holding = _forget(h)
-    if holding is None:
+    if holding is None or holding.joined:  # a joined lock is its holder's to release
         return
     result = _run_lock(h, holding, "release")
     if result is not None and result[0] == "released" and why:
@@ -277,12 +289,15 @@ class _ReleaseOnFailure(BaseStateCallback):
             release_held(h, "the host failed")
 
 
-def _release_on_exit(h: Any) -> None:
+def _hook_host(h: Any) -> None:
     """Release the lock when pyinfra disconnects from the host: the CLI does that in a
-    ``finally`` on every exit path (success, failed hosts, an error, Ctrl-C)."""
+    ``finally`` on every exit path (success, failed hosts, an error, Ctrl-C). And once the run
+    lost its lock (the heartbeat found another run's lock, or none), every command and upload
+    to the host fails with why: the run stops changing a host it no longer holds, and pyinfra
+    fails the host at the operation that tried."""
     if getattr(h, "_specfleet_lock_hooked", False):
         return
-    disconnect = h.disconnect
+    disconnect, run_shell_command, put_file = h.disconnect, h.run_shell_command, h.put_file
 
     def release_then_disconnect() -> None:
         try:
@@ -290,24 +305,42 @@ def _release_on_exit(h: Any) -> None:
         finally:
             disconnect()
 
+    def run_unless_lost(*args: Any, **kwargs: Any):
+        said = getattr(h, "_specfleet_lock_lost", None)
+        if said is None:
+            return run_shell_command(*args, **kwargs)
+        record_failure(h.state, h, said, styled=True)
+        return False, CommandOutput([OutputLine("stderr", said)])
+
+    def put_unless_lost(*args: Any, **kwargs: Any) -> bool:
+        said = getattr(h, "_specfleet_lock_lost", None)
+        if said is None:
+            return put_file(*args, **kwargs)
+        record_failure(h.state, h, said, styled=True)
+        return False
+
     h.disconnect = release_then_disconnect
+    h.run_shell_command = run_unless_lost
+    h.put_file = put_unless_lost
     h._specfleet_lock_hooked = True
     st = h.state
     if not any(isinstance(c, _ReleaseOnFailure) for c in st.callback_handlers):
         st.add_callback_handler(_ReleaseOnFailure())
 
 
-def _hold(h: Any, path: str, mine: dict, lease_s: float, args: dict[str, Any]) -> None:
-    """Remember the lock taken on host ``h`` (the Host itself, not pyinfra's context proxy: the
-    heartbeat and the exit path run outside any context), renew it while the run lives, release
-    it at exit."""
+def _hold(h: Any, path: str, mine: dict, lease_s: float, args: dict[str, Any],
+          joined: bool = False) -> None:
+    """Remember the lock taken (or ``joined``) on host ``h`` (the Host itself, not pyinfra's
+    context proxy: the heartbeat and the exit path run outside any context), renew it while the
+    run lives, release it at exit (a taken one only)."""
     old = _forget(h)
-    if old is not None and old.path != path:
+    if old is not None and old.path != path and not old.joined:
         _run_lock(h, old, "release")
-    holding = _Holding(path, mine["token"], lease_s, args, stop=gevent.event.Event())
+    holding = _Holding(path, mine["token"], lease_s, args, stop=gevent.event.Event(),
+                       joined=joined)
     _HELD[h] = holding
     holding.beat = gevent.spawn(_heartbeat, h, holding)
-    _release_on_exit(h)
+    _hook_host(h)
 
 
 @operation()
@@ -413,7 +446,7 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
             else:  # another run took it first
                 held = dict(value.get("held") or held)
                 message = runlock.busy_message(held, value.get("now"), lease_s)
-        if status != "taken":
+        if status not in ("taken", "joined"):
             raise SpecfleetError(message or runlock.busy_message(held, value.get("now"), lease_s),
                                  host=host.name, fix=runlock.busy_fix(path))
     if value.get("why") == "expired":
@@ -421,7 +454,11 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
         host.log(f"a lock left by {runlock.holder(prior)} "
                  f"{runlock.lease_words(prior, value.get('now'), lease_s)}: its run stopped "
                  "renewing it; taken over", logger.warning)
-    _hold(me_host, path, value.get("mine") or me, lease_s, args)
+    joined = status == "joined"
+    if joined:
+        host.log(f"run lock {path}: joined the lock of this run held by "
+                 f"{runlock.holder(value.get('held') or {})}; renewed here, released by it")
+    _hold(me_host, path, value.get("mine") or me, lease_s, args, joined=joined)
     if keep:
         _HELD[me_host].kept = True
     if specs:

@@ -32,8 +32,9 @@ from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
 from specfleet.core.resources import hostside_path, template_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings, api_key_chars_ok, settings_for_host
 from specfleet.core.sglang.install import patch_state_dir
+from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
 UNIT_TEMPLATE = template_path("sglang.service.j2")
 ENV_TEMPLATE = template_path("sglang.env.j2")
@@ -245,12 +246,12 @@ def read_api_key_file(path: str) -> str:
         raise SpecfleetError(f"api_key_file {path} is empty",
                              fix="write the key into it (one line), or unset api_key_file for a "
                              "server without a key")  # fmt: skip
-    if any(ord(c) < 32 or ord(c) > 126 for c in text):
+    if not api_key_chars_ok(text):
         # The key is never quoted back.
         raise SpecfleetError(
-            f"api_key_file {path} holds more than one line, or a character that is not "
+            f"api_key_file {path} holds more than one line, a space, or a character that is not "
             "printable ASCII",
-            fix="write the key alone on one line of printable ASCII",
+            fix="write the key alone on one line of printable ASCII, without spaces",
         )
     return text
 
@@ -1130,6 +1131,12 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
     )
 
 
+def gate_source() -> str:
+    """The readiness gate as the host runs it (from stdin): the redaction module's source ahead
+    of the gate's, so that its journal excerpt is redacted by the one set of rules."""
+    return ship_ahead_of(GATE_SCRIPT.read_text())
+
+
 JOURNAL_LINES = 30
 # What a dropped SSH session raises from a command (paramiko, sockets, pyinfra's reconnect).
 CONNECTION_ERRORS = (SSHException, EOFError, OSError, ConnectError)
@@ -1144,7 +1151,7 @@ def _run_gate(
     a failing one (remembered as rejected, so the next run keeps v1 instead of applying it
     again). A dropped SSH session fails the host with what happened and what the next run does,
     not a traceback; a timeout of the op stays pyinfra's to report."""
-    script = GATE_SCRIPT.read_text()
+    script = gate_source()
     try:
         return _gate(state, host, argv, unit_name, budget, patch_dir, script, group)
     except TimeoutError:

@@ -45,6 +45,7 @@ DEPLOY = "deploys/kimi_k26.py"
 STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 # The stand-in server's performance model, imported from beside it (/v1/completions, speeds).
 STANDIN_PERF = "/opt/specfleet-standin/standin_perf.py"
+STANDIN_RULES = "/opt/specfleet-standin/sglang_rules.py"
 TARGET = "demo/Kimi-K2.6-mini"
 DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
 # The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
@@ -56,7 +57,9 @@ TEST_ENV = {"SPECFLEET_ALLOW_TEST_SETTINGS": "1"}
 HOSTS = [
     HostSpec("ct200", gpu="rtx6000x8", disk="593G"),
     HostSpec("b200", gpu="b200x8", disk="64G"),
-    HostSpec("h100", gpu="h100x8", disk="64G"),
+    # No single 8x H100 host: Kimi K2.6 is 70.1 GiB of weights per GPU at TP 8 and SGLang leaves
+    # about 56-60 GiB per H100 80GB for weights and KV cache (its own memory rule; issue 30), so
+    # `specfleet plan` refuses one. Two of them serve it as a group (35 GiB of weights per GPU).
     # A serving group: two 8x H100 hosts running one server as TP 16.
     HostSpec("h100a", gpu="h100x8", disk="64G"),
     HostSpec("h100b", gpu="h100x8", disk="64G"),
@@ -157,6 +160,8 @@ def prepare_hosts(fleet: Fleet) -> None:
         fleet.run(name, "mkdir -p /opt/specfleet-standin", check=True)
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_perf.py", STANDIN_PERF)
+        # SGLang's own rules on the installed tree (the stand-in refuses what SGLang refuses).
+        fleet.put(name, REPO_ROOT / "tests" / "harness" / "sglang_rules.py", STANDIN_RULES)
     if "ct200" in fleet.hosts:
         fleet.run(
             "ct200",
@@ -190,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the fleet running afterwards")
     args = parser.parse_args(argv)
-    print("==> booting the demo fleet (5 Debian hosts: CT200-like 8x RTX PRO 6000, 8x B200, "
-          "8x H100, and two 8x H100 serving one server as the group kimi-h100-pair) and the "
+    print("==> booting the demo fleet (4 Debian hosts: CT200-like 8x RTX PRO 6000, 8x B200, "
+          "and two 8x H100 serving one server as the group kimi-h100-pair) and the "
           "stand-in hub", flush=True)
     demo = up()
     try:

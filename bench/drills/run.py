@@ -879,6 +879,134 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
                 f"partial files left by the cut: {len(leftovers)}; first run rc={rc}")
 
 
+def drill_pidns_controller(env: Env, d: Drill) -> None:
+    """A second control machine in another pid namespace of this kernel (``unshare --pid --fork
+    --mount-proc``: a container with this machine's machine id and boot id, as CI runners are)
+    deploys d3 while this one holds its run lock. The holder's pid means nothing in that
+    namespace (it looks dead there), so the lock must not be taken over as stale: the second is
+    refused as busy, naming the holder, and changes nothing."""
+    host = "d3"
+    repo_id = env.repo("pidns", shards=2)
+    env.hub_config(rate_bps=300_000)  # ~7 s of download: the lock is held while the second starts
+    inv = env.inventory({host: env.settings(repo_id)})
+    a = Run(env, env.argv(inv, [host], deploy=LOCKED_DEPLOY))
+    lock = "cat /var/lib/specfleet/run.lock 2>/dev/null"
+    check(wait_until(lambda: f'"pid": {a.proc.pid},' in env.sh(host, lock).stdout, 300),
+          f"the first run never held the lock: {a.out[-1500:]}")
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+    seen = subprocess.run([*unshare, "sh", "-c", f"test -e /proc/{a.proc.pid} || echo gone"],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+    check(seen == "gone", "the first run's pid is visible from the new pid namespace: no fault")
+    b = Run(env, [*unshare, *env.argv(inv, [host], deploy=LOCKED_DEPLOY)])
+    rb, ra = b.wait(600), a.wait(600)
+    env.hub_config()
+    check(b.started < a.ended, "the two runs did not overlap")
+    check(rb != 0 and "another specfleet run holds this host" in b.out,
+          f"the second control machine was not refused as busy (rc {rb}): {b.out[-2000:]}")
+    check(f"pid {a.proc.pid} on machine" in b.out,
+          f"the refusal does not name the holder (pid {a.proc.pid}): {b.out[-1500:]}")
+    check(not changed(b.out, host), f"the refused run changed {host}: {b.out[-2000:]}")
+    check(ra == 0 and changed(a.out, host) and "lost the run lock" not in a.out,
+          f"the holder did not finish its deploy under its lock (rc {ra}): {a.out[-2000:]}")
+    env.converged(host, repo_id)
+    d.detail = f"pid {a.proc.pid} held the lock; the run in another pid namespace was refused"
+
+
+# A key with spaces and both quotes (and a backslash): the settings refuse it, yet one may reach
+# a host's key file some other way (written by hand, an older deploy); whatever shows it, no log
+# reader may. Each piece is marked XK so that a leak of any piece shows.
+HOSTILE_KEY = "sk drill \"XK1\" 'XK2' \\XK3 XK4"
+# Run on the host under systemd (so its output is the unit's journal): every log form of the
+# key through the server's redacting formatter (tagged FORMATTED), then each form raw on stderr
+# split over two lines, as a crash would print it before any formatter (tagged RAW).
+REDACT_EMITTER = r"""
+import json, logging.config, sys
+folder, secret = sys.argv[1], sys.argv[2]
+sys.path.insert(0, folder)
+forms = json.load(open(folder + '/forms.json'))
+logging.config.dictConfig({'version': 1, 'disable_existing_loggers': False,
+    'formatters': {'f': {'()': 'specfleet_log_redact.RedactingFormatter',
+                         'fmt': 'FORMATTED %(message)s', 'secret_files': [secret]}},
+    'handlers': {'h': {'class': 'logging.StreamHandler', 'formatter': 'f',
+                       'stream': 'ext://sys.stdout'}},
+    'root': {'level': 'INFO', 'handlers': ['h']}})
+for form in forms:
+    logging.getLogger('sglang').info(form)
+sys.stdout.flush()
+for form in forms:
+    half = len(form) // 2
+    sys.stderr.write('RAW ' + form[:half] + '\n')
+    sys.stderr.flush()
+    sys.stderr.write(form[half:] + '\n')
+    sys.stderr.flush()
+"""
+
+
+def drill_key_every_form(env: Env, d: Drill) -> None:
+    """A key with spaces and quotes: refused by the settings with a clear error; and where such
+    a key is in a host's key file, every log form of it (SGLang's ServerArgs, JSON, argv, env
+    names, bearer headers, JSON inside JSON, each split over two journal lines) is found by none
+    of the readers: the server's formatter, the readiness gate's journal excerpt and
+    ``specfleet logs``. The raw lines are in the journal (the fault is real) and the readers saw
+    them (their output holds as many <redacted>)."""
+    from operations.serving import gate_source, secret_yaml
+    from specfleet.core.errors import SettingsError
+    from specfleet.core.settings import settings_from_dict
+    from specfleet.fleet.monitoring import logs_command
+    from tests.unit.test_redaction import forms
+
+    host = "d3"
+    try:
+        settings_from_dict({"api_key": HOSTILE_KEY}, host=host)
+        check(False, "the settings accepted a key with spaces")
+    except SettingsError as e:
+        said = str(e)
+        check(host in said and "api_key" in said and "fix:" in said and "XK" not in said,
+              f"the refusal does not name host, key and fix, or shows the key: {said}")
+    unit = f"drill-redact-{os.getpid() % 100000}"
+    folder, secret = f"/run/{unit}", f"/etc/specfleet/secrets/{unit}.yaml"
+    lines = forms(HOSTILE_KEY)
+    env.sh(host, f"umask 077; mkdir -p {folder} /etc/specfleet/secrets", timeout=60)
+    env.fleet.put(host, REPO / "specfleet" / "hostside" / "specfleet_log_redact.py",
+                  f"{folder}/specfleet_log_redact.py")
+    env.fleet.run(host, f"umask 077; cat > {folder}/forms.json", input=json.dumps(lines))
+    # The key file as a deploy writes it (serving.secret_yaml), the key never on a command line.
+    env.fleet.run(host, f"umask 077; cat > {secret}", input=secret_yaml(HOSTILE_KEY))
+    env.fleet.run(host, f"cat > {folder}/emit.py", input=REDACT_EMITTER)
+    try:
+        ran = env.sh(host, f"systemd-run --quiet --wait --unit={unit} /usr/bin/python3 "
+                           f"{folder}/emit.py {folder} {secret}", timeout=120)
+        check(ran.returncode == 0, f"the emitter failed: {ran.stderr[-500:]}")
+        journal = env.sh(host, f"journalctl --no-pager -o cat -u {unit}.service").stdout
+        formatted = [ln for ln in journal.splitlines() if ln.startswith("FORMATTED ")]
+        check(len(formatted) == len(lines), f"{len(formatted)} of {len(lines)} formatted lines "
+              "in the journal")
+        check(not any("XK" in ln for ln in formatted),
+              f"the server's formatter let the key through: "
+              f"{[ln for ln in formatted if 'XK' in ln][:2]}")
+        raw = [ln for ln in journal.splitlines() if "XK" in ln and not ln.startswith("FORMATTED")]
+        check(len(raw) >= len(lines), "the raw split lines are not in the journal: no fault")
+        # The readiness gate's journal excerpt, as a host runs it (stdin: the shipped source).
+        gate = env.fleet.run(host, f"python3 - --unit {unit}.service --journal-since 0 "
+                                   f"--journal-lines 1000 --secret-file {secret}",
+                             input=gate_source(), timeout=120)
+        check(gate.returncode == 0 and gate.stdout.count("| ") >= 3 * len(lines),
+              f"the gate's excerpt is short: {gate.stdout[-500:]} {gate.stderr[-500:]}")
+        check("XK" not in gate.stdout, "the gate's journal excerpt shows the key: "
+              f"{[ln for ln in gate.stdout.splitlines() if 'XK' in ln][:2]}")
+        # ``specfleet logs``: its own command, run on the host as it runs it.
+        command = logs_command(settings_from_dict({"service_name": unit}, host=host), 1000, None)
+        logs = env.sh(host, command, timeout=120)
+        check(logs.returncode == 0 and logs.stdout.count("<redacted>") >= len(lines),
+              f"specfleet logs printed too little: {logs.stdout[-500:]} {logs.stderr[-300:]}")
+        check("XK" not in logs.stdout, "specfleet logs shows the key: "
+              f"{[ln for ln in logs.stdout.splitlines() if 'XK' in ln][:2]}")
+    finally:
+        env.sh(host, f"rm -rf {folder} {secret}; systemctl reset-failed {unit} 2>/dev/null; true")
+    d.detail = (f"{len(lines)} forms x (formatted, raw split over 2 lines): none in the "
+                "formatter's, the gate's or specfleet logs' output")
+
+
 def drill_bad_inputs(env: Env, d: Drill) -> None:
     from tests.unit.test_bad_inputs import run_generated
 
@@ -936,6 +1064,16 @@ DRILLS = [
           "fan-out sshd or key left", drill_fanout_peer_cut,
           "the pull's ssh without keepalives (ServerAliveInterval=0): the fan-out hangs on "
           "the cut link"),
+    Drill("pidns-controller", "a second control machine in another pid namespace (same "
+          "machine id and boot id) deploys a host whose lock is held", "d3 from here + unshare",
+          "refused as busy naming the holder's pid; changes nothing; the holder converges",
+          drill_pidns_controller,
+          "c37640b^: the holder's pid looks dead there, its live lock is taken over as stale"),
+    Drill("key-every-form", "an API key with spaces and quotes in every log form, also split "
+          "over two journal lines", "d3 journal", "settings refuse it (host, key, fix); the "
+          "server's formatter, the gate's excerpt and specfleet logs show no piece of it",
+          drill_key_every_form,
+          "48fd89f: the key leaks in part (spaces, patterns before the key, split lines)"),
     Drill("bad-inputs", "generated bad settings and facts (hypothesis)", "control machine",
           ">=100 inputs, each a SpecfleetError naming problem and fix", drill_bad_inputs,
           "978a0ca^: no generated bad inputs"),

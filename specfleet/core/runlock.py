@@ -3,22 +3,30 @@
 The lock is a lease in one JSON file on the host (``<state_dir>/run.lock``)::
 
     {"owner": "ops@laptop", "control_host": "laptop", "machine_id": "9f1c...", "boot_id": "2d7a...",
-     "pid": 4242, "pid_start": 81723, "run_id": "5e0b7c1d2a9f4e63", "token": "c0ffee...",
-     "command": "pyinfra inventories/ct200.py deploys/kimi_k26.py", "started": 1796050619.1,
-     "taken_at": 1796050620.0, "renewed_at": 1796050680.0, "expires_at": 1796050860.0,
-     "lease_s": 180.0}
+     "pid_ns": 4026531836, "pid": 4242, "pid_start": 81723, "run_id": "5e0b7c1d2a9f4e63",
+     "token": "c0ffee...", "command": "pyinfra inventories/ct200.py deploys/kimi_k26.py",
+     "started": 1796050619.1, "taken_at": 1796050620.0, "renewed_at": 1796050680.0,
+     "expires_at": 1796050860.0, "lease_s": 180.0}
 
 - **The owner** is the run, not a host name: the control machine's ``/etc/machine-id`` and boot
-  id, the pid (with its start time, so a recycled pid is not mistaken for the run), and the run
-  id (``SPECFLEET_RUN_ID``: a controller sets it so that all its steps are one owner).
+  id, the pid namespace (``pid_ns``, the inode of ``/proc/self/ns/pid``), the pid (with its
+  start time, so a recycled pid is not mistaken for the run), and the run id
+  (``SPECFLEET_RUN_ID``: a controller sets it so that all its steps are one owner).
 - **A lease**: ``expires_at`` is on the host's clock (so control machines' clocks never matter);
   the run renews it while it lives; a run that died stops renewing and its lock expires by
   itself, whoever and wherever it was.
 - **Taking it** is a compare-and-swap on the host, under ``flock`` of the lock's folder
-  (``specfleet/hostside/run_lock.py``): a free or expired lock, or one of this run id, is taken
-  there at once; a lock this control machine can prove dead (its pid is gone, or the machine
-  rebooted since) is replaced only if it is still byte for byte the one judged. Of two runs
-  that take at once, exactly one wins.
+  (``specfleet/hostside/run_lock.py``): a free or expired lock is taken there at once, one of
+  this run id is joined (below); a lock this control machine can prove dead is replaced only
+  if it is still byte for byte the one judged. Of two runs that take at once, exactly one wins.
+- **Proving a run dead** needs the same machine id, boot id *and* pid namespace: only then does
+  a pid mean the same process here as there. Containers on one kernel share the boot id and
+  often the machine id (CI runners, cloned images), and a pid of another namespace looks dead
+  from this one; so anything short of all three, a reboot included (a clone with the same
+  machine id boots with its own boot id), is left to the lease's expiry.
+- **Re-entry by run id keeps the holder's token**: another process of the same run (a rollout
+  hook, ``specfleet fanout`` under a rollout) *joins* the lock: it renews it with the holder's
+  token but never releases it, so it can neither replace the holder nor end its lock.
 """
 
 from __future__ import annotations
@@ -111,8 +119,13 @@ def lease_words(held: dict, host_now: float | None, lease_s: float = DEFAULT_LEA
     return f"expires {_clock(until)} (in {_ago(until - host_now)})"
 
 
-def same_machine(held: dict, me: dict) -> bool:
-    return bool(held.get("machine_id")) and held.get("machine_id") == me.get("machine_id")
+def same_process_space(held: dict, me: dict) -> bool:
+    """Whether a pid in ``held`` names a process ``me`` can see: the same machine id, boot id and
+    pid namespace, each known on both sides (a lock of an older specfleet has no ``pid_ns``)."""
+    return all(
+        held.get(key) not in (None, "") and held.get(key) == me.get(key)
+        for key in ("machine_id", "boot_id", "pid_ns")
+    )
 
 
 def lock_verdict(held: dict | None, me: dict, alive, host_now: float | None = None,
@@ -123,11 +136,12 @@ def lock_verdict(held: dict | None, me: dict, alive, host_now: float | None = No
     - ``ours``: this run holds it (the same run id: a controller's earlier step, or this process);
     - ``expired``: its lease ran out (``host_now`` is the host's clock): its run stopped renewing
       it, so it is dead or cut off; taken over;
-    - ``stale``: held from this control machine by a run that is provably gone: the machine
-      rebooted since (another boot id), or its pid is dead or now another process (``alive(pid,
-      pid_start)`` says); taken over;
-    - ``busy``: anything else: a live run, a run of another control machine whose lease runs,
-      an unreadable lock (until its lease, counted from its last write, runs out).
+    - ``stale``: held from this control machine, this boot and this pid namespace
+      (``same_process_space``) by a run that is provably gone: its pid is dead or now another
+      process (``alive(pid, pid_start)`` says); taken over;
+    - ``busy``: anything else: a live run, a run of another control machine, boot or pid
+      namespace whose lease runs, an unreadable lock (until its lease, counted from its last
+      write, runs out).
     """
     if not held:
         return TAKE, None
@@ -137,10 +151,7 @@ def lock_verdict(held: dict | None, me: dict, alive, host_now: float | None = No
     if is_expired(held, host_now, lease_s):
         return EXPIRED, (f"a lock left by {who} {lease_words(held, host_now, lease_s)}: its run "
                          "stopped renewing it; taken over")
-    if same_machine(held, me):
-        if held.get("boot_id") and me.get("boot_id") and held["boot_id"] != me["boot_id"]:
-            return STALE, (f"a lock left by {who} before this control machine restarted is "
-                           "taken over")
+    if same_process_space(held, me):
         pid = held.get("pid")
         if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and (
                 pid != me.get("pid") and not alive(pid, held.get("pid_start"))):
@@ -157,6 +168,20 @@ def busy_message(held: dict, host_now: float | None, lease_s: float = DEFAULT_LE
 def busy_fix(path: str) -> str:
     return (f"wait for that run to end; if it is dead, its lease expires by itself and the next "
             f"run takes the lock over (to clear it sooner, on the host: rm -f {path})")
+
+
+def lost_message(path: str, held: dict | None, host_now: float | None,
+                 lease_s: float = DEFAULT_LEASE_S) -> str:
+    """What a run that lost its lease says as it stops changing the host."""
+    now = (f"{holder(held)}, {lease_words(held, host_now, lease_s)}" if held
+           else "nobody: it was removed")
+    return (f"this run lost the run lock {path} (its lease of {lease_s:.0f} s ran out before a "
+            f"renewal reached the host; it now holds {now}): this run changes nothing more on "
+            "this host")
+
+
+LOST_FIX = ("run again once the other run is done; a slow or cut-off connection to the host lets "
+            f"the lease run out (raise {LEASE_ENV} for a link that stalls longer than the lease)")
 
 
 def lock_status(held: dict | None, host_now: float | None,

@@ -33,9 +33,9 @@ from specfleet.core.monitoring import (
     prometheus_config,
     watchdog_paths,
 )
-from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.fleet.pyinfra_run import load_inventory
+from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
 
 def load_hosts(inventory: str) -> list[tuple[str, dict[str, Any], Settings]]:
@@ -85,7 +85,8 @@ def main_monitoring(argv: list[str]) -> int:
 # --------------------------------------------------------------------------------------------------
 
 # Runs on the host (python3 -I -S -c), after specfleet_log_redact.py's own source: the journal
-# from stdin, each line redacted with its rules and the secrets read from the files named.
+# from stdin, redacted as one text (a key split over two lines too) with its rules and the
+# secrets read from the files named.
 _FILTER = """
 import sys as _sys
 _keys = read_secrets([_sys.argv[1]])
@@ -95,8 +96,8 @@ for _path in _sys.argv[2:]:
             _keys.append(_f.read().strip())
     except (OSError, UnicodeDecodeError):
         pass
-for _line in _sys.stdin:
-    _sys.stdout.write(redact(_line, [k for k in _keys if k]))
+for _line in redact_lines(_sys.stdin.read().splitlines(), [k for k in _keys if k]):
+    _sys.stdout.write(_line + "\\n")
 """
 
 
@@ -106,7 +107,7 @@ def logs_command(s: Settings, lines: int, since: str | None) -> str:
     secret = f"/etc/specfleet/secrets/{s.service_name}.yaml"
     # The host's own token (huggingface_hub's default path) and the copy a deploy makes.
     token = s.weights.host_token_path or "/root/.cache/huggingface/token"
-    source = hostside_path("specfleet_log_redact.py").read_text() + _FILTER
+    source = ship_ahead_of(_FILTER)
     journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", unit,
                "-u", watchdog_paths(s).unit_name, "-n", str(lines)]  # fmt: skip
     if since:

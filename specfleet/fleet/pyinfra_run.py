@@ -460,7 +460,10 @@ class Session:
         def probe(h: Any) -> bool:
             try:
                 with gevent.Timeout(ALIVE_TIMEOUT_S, TimeoutError):
-                    ok, _ = h.run_shell_command("true", print_output=False, print_input=False)
+                    # The class's own method: a host whose run lost its lock refuses every
+                    # command of the run (operations.preflight), yet its connection is alive.
+                    ok, _ = type(h).run_shell_command(h, "true", print_output=False,
+                                                      print_input=False)
                 return bool(ok)
             except Exception:  # noqa: BLE001 - any failure: the connection is gone
                 return False

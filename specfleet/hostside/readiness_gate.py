@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 import time
@@ -30,18 +28,20 @@ import urllib.request
 
 PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
 
-# API keys in journal lines: the rules of specfleet/hostside/specfleet_log_redact.py (the server's
-# own log formatter), repeated here because this script runs alone from stdin; a test holds the
-# two to the same output. A quoted string: Python's repr or JSON (backslash escapes; repr escapes
-# a quote inside), or a shell's single quotes; a value: quoted segments run together, or a bare
-# word up to whitespace.
-REDACTED = "<redacted>"
-_QUOTED = r"""'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"|'[^']*'"""
-_VALUE = rf"""(?:(?:{_QUOTED})(?:{_QUOTED}|[^\s'",;)\]}}]+)*|(?!(?:None|null)\b)\S+)"""
-SECRET_PATTERNS = (
-    re.compile(rf"""(?<![\w-])(--(?:admin-)?api-key)(=|['"]?,\s*|\s+)({_VALUE})""", re.I),
-    re.compile(rf"""(?<![\w-])((?:admin[_-])?api[_-]key)(['"]?\s*[=:]\s*)({_VALUE})""", re.I),
-)
+# API keys in journal lines: ``redact_lines`` and ``read_secrets`` of
+# specfleet/hostside/specfleet_log_redact.py, the one home of the redaction rules. On a host this
+# script runs from stdin with that module's source ahead of it (``operations.serving.gate_source``);
+# run from a checkout, it loads the module from beside itself.
+if "redact_lines" not in globals():
+    import importlib.util as _importlib_util
+
+    _spec = _importlib_util.spec_from_file_location(
+        "specfleet_log_redact",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "specfleet_log_redact.py"))
+    _redaction = _importlib_util.module_from_spec(_spec)
+    _spec.loader.exec_module(_redaction)
+    redact, redact_lines = _redaction.redact, _redaction.redact_lines
+    read_secrets, REDACTED = _redaction.read_secrets, _redaction.REDACTED
 
 
 def say(text: str) -> None:
@@ -139,36 +139,14 @@ def in_unit(pid: int, unit: str) -> bool:
         return False
 
 
-def _hide(match: re.Match) -> str:
-    name, separator, value = match.groups()
-    quote = value[0] if value[:1] in ("'", '"') else ""
-    return f"{name}{separator}{quote}{REDACTED}{quote}"
-
-
-def secret_forms(secret: str) -> list[str]:
-    """``secret`` as it is and as Python's repr, JSON and a shell write it (longest first)."""
-    forms = {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], shlex.quote(secret)}
-    return sorted((f for f in forms if f), key=len, reverse=True)
-
-
-def redact(line: str, key: str | None) -> str:
-    """``line`` with every API key in it (``key``, and any value of an api_key field or an
-    --api-key flag) replaced by ``<redacted>``: those values first (their quoting kept), then
-    ``key`` wherever else it is."""
-    if "key" in line.lower():
-        for pattern in SECRET_PATTERNS:
-            line = pattern.sub(_hide, line)
-    for form in secret_forms(key) if key else ():
-        line = line.replace(form, REDACTED)
-    return line
-
-
-def journal_tail(unit: str, since: float, lines: int, key: str | None) -> list[str]:
+def journal_tail(unit: str, since: float, lines: int, secrets: list) -> list[str]:
     time.sleep(0.5)  # let journald take the dying process's last lines
     # With --since, journalctl's -n counts from the start of the range: cut the tail here.
     cmd = ["journalctl", "-u", unit, "--no-pager", "-o", "cat", f"--since=@{int(since)}"]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    out = [redact(line, key) for line in res.stdout.splitlines() if line.strip()][-lines:]
+    # Redacted as one text: a key split over two journal lines is found too.
+    out = [line for line in redact_lines(res.stdout.splitlines(), secrets) if line.strip()]
+    out = out[-lines:]
     return out or [f"(journalctl printed nothing: {res.stderr.strip() or 'no lines'})"]
 
 
@@ -188,9 +166,11 @@ def main() -> int:
                    help="the server's start (host EPOCH): the budget counts from then")
     args = p.parse_args()
 
+    # Every key of the key file, the admin key too, is kept out of the journal excerpt.
+    secrets = read_secrets([args.secret_file])
     if args.journal_since is not None:
-        key = read_api_key(args.secret_file)
-        for line in journal_tail(args.unit, args.journal_since, args.journal_lines or 30, key):
+        for line in journal_tail(args.unit, args.journal_since, args.journal_lines or 30,
+                                 secrets):
             print(f"| {line}", flush=True)
         return 0
 
@@ -213,7 +193,7 @@ def main() -> int:
         say(f"FAILED after {time.monotonic() - start:.0f} s: {problem}")
         if args.journal_lines:
             say(f"last journal lines of {args.unit}:")
-            for line in journal_tail(args.unit, since, args.journal_lines, key):
+            for line in journal_tail(args.unit, since, args.journal_lines, secrets):
                 print(f"| {line}", flush=True)
         return status
 

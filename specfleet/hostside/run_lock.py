@@ -7,10 +7,12 @@
 Each holds ``flock`` on the lock's folder while it reads and writes the lock (written to a
 temporary file and renamed into place), so two runs never both take it. ``take`` takes a lock
 that is free, expired (``expires_at``, or for a lock without one ``LEASE_S`` after it was last
-written, on this host's clock), held by the same run id, or still exactly ``FINGERPRINT`` (the
-sha256 of the bytes the control machine judged stale). ``renew`` and ``release`` act only on
-the lock holding ``TOKEN``. One line out: ``specfleet-lock STATUS JSON`` with the host's time,
-the lock as it was (``held``, with its ``mtime``) and its fingerprint.
+written, on this host's clock), or still exactly ``FINGERPRINT`` (the sha256 of the bytes the
+control machine judged stale). A live lock of the same run id is *joined*, never replaced: the
+holder's token stays (status ``joined``, ``mine`` the lock as it is), so another process of that
+run can renew it but cannot take it from the holder or end it. ``renew`` and ``release`` act
+only on the lock holding ``TOKEN``. One line out: ``specfleet-lock STATUS JSON`` with the host's
+time, the lock as it was (``held``, with its ``mtime``) and its fingerprint.
 
 Stdlib only, importing nothing of the project (``operations.preflight`` runs it with ``-c``).
 """
@@ -69,16 +71,23 @@ def main(argv):
         me = json.loads(argv[4])
         replace = argv[5] if len(argv) > 5 else ""
         why = None
+        same_run = bool(held and held.get("run_id") and held.get("run_id") == me.get("run_id"))
         if held is None:
             why = "free"
-        elif held.get("run_id") and held.get("run_id") == me.get("run_id"):
-            why = "ours"
         elif _expires(held, lease) <= now:
             why = "expired"
+        elif same_run and held.get("token") == me.get("token"):
+            why = "ours"
+        elif same_run:
+            why = "joined"
         elif replace and replace == fingerprint:
             why = "replaced"
         if why is None:
             status = "held"
+        elif why == "joined":
+            # Another process of the holder's run: it shares the holder's lock as it is.
+            status, out["why"] = "joined", why
+            out["mine"] = {k: v for k, v in held.items() if k != "mtime"}
         else:
             mine = dict(me, taken_at=now, renewed_at=now, expires_at=now + lease, lease_s=lease)
             _write(path, mine)

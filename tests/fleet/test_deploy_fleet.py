@@ -606,7 +606,8 @@ def test_run_lock_held_by_another_and_left_by_a_dead_run(env):
     dead.wait()
     stale = {"owner": "bob@" + socket.gethostname(), "control_host": socket.gethostname(),
              "machine_id": _first_line("/etc/machine-id"),
-             "boot_id": _first_line("/proc/sys/kernel/random/boot_id"), "pid": dead.pid,
+             "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
+             "pid_ns": os.stat("/proc/self/ns/pid").st_ino, "pid": dead.pid,
              "run_id": "bobs-run", "started": time.time() - 3600, "command": "pyinfra x.py deploy.py"}
     for host, lock in (("h100", foreign), ("h200", stale)):
         env.fleet.run(host, f"mkdir -p /var/lib/specfleet && cat > {LOCK}",

@@ -65,9 +65,10 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def run(fleet, tmp_path, host: str, test: dict | None = None, deploy: str = DEPLOY,
-        **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(pyinfra_argv(fleet, tmp_path, host, test, deploy), cwd=REPO,
-                          env=env(**extra), capture_output=True, text=True, timeout=600)
+        prefix: tuple[str, ...] = (), **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, *pyinfra_argv(fleet, tmp_path, host, test, deploy)],
+                          cwd=REPO, env=env(**extra), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
 
 
 def start(fleet, tmp_path, host: str, test: dict | None = None, **extra: str) -> subprocess.Popen:
@@ -109,13 +110,53 @@ def test_a_run_failing_after_preflight_leaves_no_lock(lk, tmp_path):
     assert lock_of(lk, "l1") is None
 
 
+def pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def test_a_second_control_machine_in_another_pid_namespace_finds_the_host_busy(lk, tmp_path):
+    """Containers on one kernel share the boot id and often the machine id: a control machine
+    in another pid namespace (``unshare --pid --fork --mount-proc``, this machine's machine id)
+    sees the first run's pid as dead. It must report the host busy and change nothing; the
+    first run's lock stays its own."""
+    mark = "/var/tmp/pidns-second-run-changed"
+    lk.run("l1", f"rm -f {mark}")
+    holder = start(lk, tmp_path, "l1", {"sleep": 25})
+    try:
+        deadline = time.monotonic() + 120
+        while lock_of(lk, "l1") is None:
+            assert holder.poll() is None and time.monotonic() < deadline, holder.stdout.read()
+            time.sleep(0.5)
+        held = lock_of(lk, "l1")
+        assert held["pid"] == holder.pid
+        unshare = ("unshare", "--pid", "--fork", "--mount-proc")
+        # The holder's pid is not a process in that namespace (the takeover's mistake).
+        probe = subprocess.run([*unshare, "sh", "-c", f"test -e /proc/{holder.pid} || echo gone"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert probe.stdout.strip() == "gone", probe
+        second = run(lk, tmp_path, "l1", {"touch": mark}, prefix=unshare)
+        out = second.stdout + second.stderr
+        assert second.returncode != 0, out[-3000:]
+        assert BUSY in out and f"pid {holder.pid} on machine {MACHINE_ID[:8]}" in out, out[-3000:]
+        assert "Traceback" not in out
+        assert lk.run("l1", f"test -e {mark}").returncode != 0, "the second run changed the host"
+        assert lock_of(lk, "l1")["token"] == held["token"]
+        assert holder.poll() is None  # the first run goes on, its lock untouched
+        assert held["pid_ns"] == pid_namespace()  # what told the second run it cannot judge
+    finally:
+        out = holder.communicate(timeout=300)[0]
+    assert holder.returncode == 0, out[-3000:]
+    assert "lost the run lock" not in out
+    assert lock_of(lk, "l1") is None
+
+
 def test_two_concurrent_takers_of_a_stale_lock_exactly_one_wins(lk, tmp_path):
     """A lock left by a dead run of this control machine is taken over; two runs that find it at
     once both see it stale, and the takeover is a compare-and-swap on the host: one wins, the
     other fails the host naming the winner."""
     me = socket.gethostname()
     stale = {"owner": f"bob@{me}", "control_host": me, "machine_id": MACHINE_ID,
-             "boot_id": BOOT_ID, "pid": dead_pid(), "run_id": "a-dead-run",
+             "boot_id": BOOT_ID, "pid_ns": pid_namespace(), "pid": dead_pid(), "run_id": "a-dead-run",
              "started": time.time() - 3600, "command": "pyinfra x.py deploy.py"}
     put_lock(lk, "l2", stale)
     procs = [start(lk, tmp_path, "l2", {"sleep": 8}) for _ in range(2)]

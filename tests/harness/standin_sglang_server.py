@@ -38,6 +38,11 @@ stand-in's own (one line per rank), not torch's.
                           #22511)
 
 With SGLang's --enable-metrics it serves /metrics with SGLang's metric names (DayTwo below).
+
+It refuses to start where the installed SGLang would (sglang_refusal below): the tree this
+interpreter would import runs its own parser and rule methods on the flags (sglang_rules.py,
+uploaded beside this file), and "Not enough memory" is modelled from the fraction that code chose,
+nvidia-smi's GPU memory and the model folders' weights. No tree (or no sglang_rules.py): no check.
 """
 
 from __future__ import annotations
@@ -292,6 +297,29 @@ class DayTwo:
         return "\n".join(out) + "\n" + (perf.metrics_text() if perf is not None else "")
 
 
+def sglang_refusal(argv: list) -> str | None:
+    """SGLang's own message for these flags on the installed tree, or None (see the docstring)."""
+    try:
+        import importlib.util
+
+        import sglang_rules
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    tree = list(spec.submodule_search_locations or [None])[0] if spec else None
+    machine = sglang_rules.machine_from_nvidia_smi() if tree else None
+    if machine is None:
+        return None
+    flags, args = [], iter(argv)
+    for arg in args:  # the flags SGLang would get: this stand-in's own --standin-* X go
+        if arg.startswith("--standin-"):
+            if "=" not in arg:
+                next(args, None)
+            continue
+        flags.append(arg)
+    return sglang_rules.tree_refusal(tree, flags, machine)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="standin_sglang_server")
     p.add_argument("--standin-record")
@@ -345,6 +373,11 @@ def main() -> int:
         f"server_args=ServerArgs(model_path={args.model_path!r}, host={args.host!r}, "
         f"port={args.port}, api_key={api_key!r}, admin_api_key=None)"
     )
+
+    refusal = sglang_refusal(sys.argv[1:])
+    if refusal:
+        print(refusal, file=sys.stderr, flush=True)
+        return 2 if ": error: " in refusal else 1
 
     if args.standin_exit is not None and args.standin_exit_after_s:
         import threading

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -194,8 +195,29 @@ def test_matrix(arch, link, gpus, topo, build):
         assert "more GPU memory" in err.value.fix
         return
 
+    if gpus == "h100x8":
+        # 561 GiB over 8 GPUs is 70.1 GiB each; SGLang leaves about 56-59 GiB for weights + KV on
+        # an H100 80GB (issue 30: its own _handle_gpu_memory_settings, and a real GPU: 0.749 before
+        # the vision-model cut): no plan, with the numbers and the fixes.
+        with pytest.raises(PlanError) as err:
+            make_plan(facts, settings(), DRAFTER_CONFIG, host="h100")
+        assert re.search(
+            r"^8 GPUs of 79\.6 GiB: mem_fraction_static 0\.[67]\d\d \(what SGLang .+ chooses\)",
+            err.value.problem,
+        )
+        assert "the weights need 70.1 GiB per GPU" in err.value.problem
+        assert "below plan.min_kv_gib 4 GiB" in err.value.problem
+        assert "Not enough memory" in err.value.problem
+        assert "settings 'group'" in err.value.fix
+        assert "plan.mem_fraction_static to at least 0.93" in err.value.fix
+        return
+
     plan = make_plan(facts, settings(), DRAFTER_CONFIG)
     assert plan.argv == expected_argv(arch, build, n, pcie_many=(not nvlink and n > 2))
+    room = plan.reason("kv-cache-room")
+    assert room.choice.endswith(" GiB/GPU") and float(room.choice.split()[0]) >= 4
+    assert "tokens of KV cache" in room.why
+    assert plan.reason("max-running-requests").choice == "48"
     assert plan.env == {**BASE_ENV, **BUILD[build]["env"]}
     assert plan.predicted is False
     topics = [r.topic for r in plan.reasons]
@@ -849,7 +871,13 @@ def test_ct200_plan():
     ]  # fmt: skip
     assert plan.env == BASE_ENV
     assert plan.reason("custom-all-reduce").why.startswith("PCIe-only (8 GPUs")
-    assert plan.reason("kv-cache-room") is None
+    # 0.85 x 95.6 GiB = 81.3 GiB per GPU, 70.1 GiB of it weights.
+    room = plan.reason("kv-cache-room")
+    assert room.choice == "11.2 GiB/GPU"
+    assert room.why == (
+        "mem_fraction_static 0.850 x 95.6 GiB = 81.3 GiB per GPU, minus 70.1 GiB of weights per "
+        "GPU: about 163,290 tokens of KV cache"
+    )
     # Stock 0.5.11 runs v1; CT200 opts in to the PR#20547 port, so before SGLang is installed
     # (--dry) the prediction is the same launch with the v2 switches the port brings.
     assert plan.reason("dflash-worker").choice == "v1"
@@ -868,13 +896,32 @@ def test_sm120_mem_fraction_override_above_085_is_flagged():
     assert "above 0.85 has been seen to OOM on SM120" in reason.why
 
 
-def test_kv_cache_room_reported():
-    # 8x H100 80GB: 637 GiB for 561 GiB of weights; at 0.85 the weights alone overflow.
+def test_kv_cache_room_too_small_even_at_an_explicit_fraction():
+    # 8x H100 80GB at 0.85: 67.7 GiB per GPU for 70.1 GiB of weights per GPU.
     facts = host_facts("h100x8", "b200x8", sglang="0.5.23")
-    plan = make_plan(facts, settings(plan={"mem_fraction_static": 0.85}), DRAFTER_CONFIG)
-    assert plan.reason("kv-cache-room").why.startswith(
-        "the weights (561 GiB) exceed mem-fraction-static x GPU memory (542 GiB)"
+    with pytest.raises(PlanError) as err:
+        make_plan(facts, settings(plan={"mem_fraction_static": 0.85}), DRAFTER_CONFIG)
+    assert err.value.problem.startswith(
+        "8 GPUs of 79.6 GiB: mem_fraction_static 0.850 (set by the plan) gives 67.7 GiB per GPU for "
+        "weights and KV cache; the weights need 70.1 GiB per GPU, leaving -2.4 GiB"
     )
+
+
+def test_explicit_fraction_that_fits_names_its_risk():
+    # 0.94 x 79.6 GiB = 74.9 GiB: 4.8 GiB of KV cache, above SGLang's own 0.727 (0.5.23).
+    facts = host_facts("h100x8", "b200x8", sglang="0.5.23")
+    plan = make_plan(facts, settings(plan={"mem_fraction_static": 0.94}), DRAFTER_CONFIG)
+    assert plan.reason("kv-cache-room").choice == "4.8 GiB/GPU"
+    why = plan.reason("mem-fraction-static").why
+    assert "above the 0.727 SGLang 0.5.23 would choose" in why
+    assert "out of memory under load is possible" in why
+
+
+def test_min_kv_gib_setting():
+    facts = host_facts("rtx6000x8", sglang="0.5.14")
+    with pytest.raises(PlanError) as err:
+        make_plan(facts, settings(plan={"min_kv_gib": 12}), DRAFTER_CONFIG)
+    assert "leaving 11.2 GiB for the KV cache, below plan.min_kv_gib 12 GiB" in err.value.problem
 
 
 def test_sm120_flashinfer_target_choice():
@@ -903,15 +950,17 @@ def test_unknown_arch_with_both_backends_given():
 
 def test_topology_unknown_disables_custom_all_reduce():
     # h100x8 has no `nvidia-smi topo -m` capture: the stand-in fails that command, as a host whose
-    # nvidia-smi cannot print the matrix would, and GpuTopology carries the error.
+    # nvidia-smi cannot print the matrix would, and GpuTopology carries the error. (A small target:
+    # Kimi K2.6 does not fit one 8x H100 host.)
     facts = host_facts("h100x8", "h100x8", sglang="0.5.23")
     assert facts["facts.gpu.GpuTopology"]["error"]
-    plan = make_plan(facts, settings(), DRAFTER_CONFIG)
+    small = settings(target={"repo_id": "Qwen/Qwen3-8B"})
+    plan = make_plan(facts, small, DRAFTER_CONFIG, weights_bytes=16 * 1024**3)
     assert "--disable-custom-all-reduce" in plan.argv
     reason = plan.reason("custom-all-reduce")
     assert reason.kind == "assumed" and reason.why.startswith("GPU topology unknown with 8 GPUs")
     del facts["facts.gpu.GpuTopology"]
-    assert make_plan(facts, settings(), DRAFTER_CONFIG).argv == plan.argv
+    assert make_plan(facts, small, DRAFTER_CONFIG, weights_bytes=16 * 1024**3).argv == plan.argv
 
 
 def test_a_pinned_revision_is_served_from_its_own_folder():

@@ -223,8 +223,8 @@ def test_data_parallel_across_nodes_refused():
 
 
 def test_single_host_plan_unchanged_by_groups():
-    facts = host_facts("h100x8", "b200x8")
-    plan = make_plan(facts, settings_from_dict({}), DRAFTER_CONFIG)
+    facts = host_facts("h200x2", "h200x2")
+    plan = make_plan(facts, settings_from_dict({}), DRAFTER_CONFIG, weights_bytes=1)
     assert "--nnodes" not in plan.argv
     assert "NCCL_SOCKET_IFNAME" not in plan.env
 

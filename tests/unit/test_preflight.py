@@ -226,7 +226,7 @@ def test_every_problem_is_reported_not_only_the_first():
 # --------------------------------------------------------------------------------------------------
 
 ME = {"owner": "ops@laptop", "control_host": "laptop", "machine_id": "m" * 32, "boot_id": "b" * 32,
-      "pid": 100, "pid_start": 5000, "run_id": "run-of-me", "started": 0.0, "command": "x"}
+      "pid_ns": 4026531836, "pid": 100, "pid_start": 5000, "run_id": "run-of-me", "started": 0.0, "command": "x"}
 NOW = 1_800_000_000.0
 
 
@@ -276,11 +276,29 @@ def test_a_recycled_pid_is_not_the_run_that_took_the_lock():
     assert seen == [(4242, 7)]
 
 
-def test_a_lock_from_before_this_machine_rebooted_is_stale():
+def test_another_boot_with_this_machine_id_waits_for_the_lease():
+    """Another boot id with this machine id is a reboot, or a clone of this machine's image
+    (same /etc/machine-id) whose run may be alive: its lock is left to its lease."""
     held = {**ME, "boot_id": "c" * 32, "pid": 4242, "run_id": "other-run",
             "expires_at": NOW + 100}
-    verdict, message = lock_verdict(held, ME, always, NOW)
-    assert verdict == "stale" and "before this control machine restarted" in message
+    assert lock_verdict(held, ME, never, NOW)[0] == "busy"
+    assert lock_verdict({**held, "expires_at": NOW - 1}, ME, never, NOW)[0] == "expired"
+
+
+@pytest.mark.parametrize("other", [
+    {"pid_ns": 4026532999},  # a container, or `unshare --pid`: its pid means nothing here
+    {"pid_ns": None},  # a lock of an older specfleet: its namespace is not known
+])
+def test_a_live_lock_of_another_pid_namespace_is_busy_until_its_lease_ends(other):
+    """Containers on one kernel share the boot id and often the machine id: a pid of another pid
+    namespace looks dead from this one. Only the lease frees such a lock."""
+    held = {**ME, **other, "pid": 4242, "run_id": "other-run", "expires_at": NOW + 170}
+    verdict, message = lock_verdict(held, ME, never, NOW)
+    assert verdict == "busy", message
+    assert message.startswith("another specfleet run holds this host: ")
+    assert lock_verdict({**held, "expires_at": NOW - 1}, ME, never, NOW)[0] == "expired"
+    # The same namespace, the pid gone: stale.
+    assert lock_verdict({**held, "pid_ns": ME["pid_ns"]}, ME, never, NOW)[0] == "stale"
 
 
 def test_same_host_name_on_another_machine_is_another_owner():

@@ -179,15 +179,88 @@ def test_renew_and_release_act_only_on_the_holders_token(tmp_path):
     status, value = take(path, {"run_id": "a", "token": "ta"}, lease=30)
     assert status == "taken" and value["why"] == "free"
     assert take(path, {"run_id": "b", "token": "tb"})[0] == "held"
-    assert take(path, {"run_id": "a", "token": "ta2"})[1]["why"] == "ours"  # re-entrant
+    assert take(path, {"run_id": "a", "token": "ta"})[1]["why"] == "ours"  # its holder again
 
     def call(mode, token):
         done = subprocess.run([sys.executable, "-I", "-S", SCRIPT, mode, str(path), "30", token],
                               capture_output=True, text=True, check=True)
         return preflight.parse_lock_output(done.stdout.splitlines())[0]
 
-    assert call("renew", "ta") == "lost"  # re-entered: the token is ta2 now
-    assert call("release", "ta") == "other" and path.exists()
-    assert call("renew", "ta2") == "renewed"
-    assert call("release", "ta2") == "released" and not path.exists()
-    assert call("release", "ta2") == "free"
+    assert call("renew", "tb") == "lost"
+    assert call("release", "tb") == "other" and path.exists()
+    assert call("renew", "ta") == "renewed"
+    assert call("release", "ta") == "released" and not path.exists()
+    assert call("release", "ta") == "free"
+
+
+def test_another_process_of_the_same_run_joins_and_keeps_the_holders_token(tmp_path):
+    """A rollout hook or ``specfleet fanout`` under a rollout shares SPECFLEET_RUN_ID: it joins
+    the lock as it is (the holder's token stays), so its release cannot end the holder's lock."""
+    path = tmp_path / "run.lock"
+    assert take(path, {"run_id": "a", "token": "ta", "pid": 1}, lease=30)[0] == "taken"
+    status, value = take(path, {"run_id": "a", "token": "ta2", "pid": 2})
+    assert status == "joined", (status, value)
+    assert value["mine"]["token"] == "ta" and value["mine"]["pid"] == 1
+    assert json.loads(path.read_text())["token"] == "ta"
+
+    def call(mode, token):
+        done = subprocess.run([sys.executable, "-I", "-S", SCRIPT, mode, str(path), "30", token],
+                              capture_output=True, text=True, check=True)
+        return preflight.parse_lock_output(done.stdout.splitlines())[0]
+
+    assert call("release", "ta2") == "other" and path.exists()
+
+
+def test_a_joining_run_renews_the_holders_lock_but_never_releases_it(local, monkeypatch):
+    """Through pyinfra: a second process with the holder's run id goes on under the holder's
+    lock, and at its end leaves it, token and all, to the holder."""
+    monkeypatch.setenv("SPECFLEET_RUN_ID", "the-rollout")
+    state, host, s, commands = local()
+    path = lock_file(s)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    holder = {"owner": "ops@ctl", "run_id": "the-rollout", "token": "the-holders-token",
+              "pid": 1, "expires_at": now + 60, "taken_at": now}
+    path.write_text(json.dumps(holder))
+    add_op(state, preflight.lock, settings=s)
+    add_op(state, preflight.lock, settings=s, present=False)
+    run_ops(state)
+    disconnect_all(state)
+    held = json.loads(path.read_text())
+    assert held["token"] == "the-holders-token" and held["pid"] == 1
+
+
+def test_a_run_that_lost_its_lease_stops_changing_the_host_and_fails_it(local, monkeypatch,
+                                                                          tmp_path, caplog):
+    """Another run took the host after this run's lease ran out: the next renewal finds it, and
+    this run changes nothing more there; the host fails with a message saying so."""
+    monkeypatch.setenv("SPECFLEET_LOCK_LEASE_S", "1")
+    state, host, s, commands = local()
+    marker = tmp_path / "changed-after-losing-the-lock"
+    other = {"owner": "alice@box", "run_id": "alices-run", "token": "alices-token", "pid": 7,
+             "expires_at": time.time() + 600}
+
+    @operation()
+    def another_run_takes_the_host():
+        def steal(state, host):
+            lock_file(s).write_text(json.dumps(other))
+            gevent.sleep(1.0)  # several renewals fall due meanwhile
+            return True
+
+        yield FunctionCommand(steal, (), {})
+
+    @operation()
+    def change_the_host():
+        yield StringCommand(f"touch {marker}")
+
+    add_op(state, preflight.lock, settings=s)
+    add_op(state, another_run_takes_the_host)
+    add_op(state, change_the_host)
+    add_op(state, preflight.lock, settings=s, present=False)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        run_ops(state)
+    disconnect_all(state)
+    assert not marker.exists()
+    assert json.loads(lock_file(s).read_text()) == other  # the other run's lock, untouched
+    assert "this run lost the run lock" in caplog.text
+    assert "changes nothing more on this host" in caplog.text and "alice@box" in caplog.text

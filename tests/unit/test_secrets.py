@@ -67,7 +67,8 @@ def test_api_key_file_is_read_at_deploy_time_and_renders_as_api_key_does(tmp_pat
         ("", "is empty"),
         ("  \n", "is empty"),
         (KEY + "\nsecond line\n", "holds more than one line"),
-        ("sk-\x07bell", "holds more than one line, or a character that is not printable ASCII"),
+        ("sk-\x07bell", "a space, or a character that is not printable ASCII"),
+        ("sk-with a space", "a space, or a character that is not printable ASCII"),
         (b"\xff\xfe", "is not UTF-8 text"),
     ],
 )

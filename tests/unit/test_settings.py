@@ -189,6 +189,7 @@ BAD_VALUES = [
     # Secrets.
     ("empty api_key", {"api_key": ""}, "api_key", "omit api_key for a server without a key"),
     ("api_key with newline", {"api_key": "sk-a\nb"}, "api_key", "not shown: it is a secret"),
+    ("api_key with spaces", {"api_key": "sk-with spaces and \"quotes\""}, "api_key", "without spaces"),
     ("api_key and api_key_file", {"api_key": "sk-1", "api_key_file": "/etc/k"}, "api_key_file", "are both set"),
     ("token_file and token_env", {"weights": {"token_file": "/t", "token_env": "HF_TOKEN"}}, "weights.token_env", "are both set"),
     ("token_env not a name", {"weights": {"token_env": "hf abc"}}, "weights.token_env", "the name, not the token"),
@@ -311,7 +312,7 @@ GOOD_VALUES = [
     {"patch": {"source": "https://example.org/pr20547.diff", "sha256": SHA}},
     {"patch": {"source": "~/pr20547.diff", "sha256": SHA.upper()}},
     {"patch": {"source": "http://10.0.0.9/pr.diff", "sha256": SHA}},
-    {"api_key": "sk-with spaces and \"quotes\""}, {"api_key_file": "~/.specfleet/api-key"},
+    {"api_key": "sk-with-\"quotes\"-'and'-\\-.*+?"}, {"api_key_file": "~/.specfleet/api-key"},
     {"rollout": {"batch_percent": 100, "max_fail_percent": 0, "order": ["a", "b"],
                  "canary": "a", "fanout_site": "rack-1"}},
     {"rollout": {"batch_size": 1, "max_fail_percent": 100}},

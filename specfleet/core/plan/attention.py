@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from specfleet.core.plan.context import PlanContext
 
+# Target backends whose page size SGLang sets itself when --page-size is unset: 0.5.11 and 0.5.14
+# server_args.py _handle_attention_backend_compatibility ("TensorRT-LLM MLA only supports
+# page_size of 32 or 64, changing page_size from None to 64"), run by tests/harness/sglang_rules.py.
+PAGE_SIZE_SET_BY_SGLANG = {"trtllm_mla": 64}
+PAGE_SIZE_WHY = "supports page sizes 32 or 64 only, SGLang sets 64"
+
 
 def plan_attention(c: PlanContext) -> None:
     b, ov, rule, registry, sm = c.b, c.overrides, c.rule, c.registry, c.sm
@@ -46,3 +52,6 @@ def plan_attention(c: PlanContext) -> None:
         else:
             b.why("attention-backend", att, rule.target_why, c.src)
     b.flag("--attention-backend", att)
+    forced = PAGE_SIZE_SET_BY_SGLANG.get(att)
+    if forced is not None and "--page-size" not in c.overrides.extra_args:
+        b.why("page-size", forced, f"left to SGLang {c.version}: {att} {PAGE_SIZE_WHY}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from specfleet.core.plan.context import GIB, MIB, PlanContext
-from specfleet.core.tables.models import known_weights_bytes
+from specfleet.core.tables.models import known_weights_bytes, model_row
+from specfleet.core.tables.sglang_versions import DFLASH_MAX_RUNNING_REQUESTS, sglang_mem_fraction
 
 
 def plan_gpu_memory(c: PlanContext) -> None:
@@ -44,13 +45,24 @@ def plan_gpu_memory(c: PlanContext) -> None:
             "gpu-memory",
             f"{total / GIB:.0f} GiB",
             f"{size / GIB:.0f} GiB of weights fit, {(total - size) / GIB / max(tp, 1):.0f} GiB "
-            "per GPU left for KV cache and activations",
+            "per GPU left for KV cache and activations (SGLang reserves part: kv-cache-room)",
         )
     c.total_bytes, c.size = total, size
 
 
 def plan_mem_fraction(c: PlanContext) -> None:
-    b, ov, rule = c.b, c.overrides, c.rule
+    """The memory fraction (the rule's, an override's, or the one SGLang will choose), the KV cache
+    room it leaves per GPU in GiB and tokens, and no plan where that room is below
+    plan.min_kv_gib: SGLang would stop at model load with "Not enough memory"."""
+    b, ov, rule, row = c.b, c.overrides, c.rule, c.row
+    model = model_row(c.settings.target.repo_id)
+    gpu_mib = _smallest_gpu_mib(c)
+    sglang_mfs = None
+    if model is not None and model.architecture and gpu_mib and row is not None:
+        sglang_mfs, reserved = sglang_mem_fraction(
+            row.memory, gpu_mib, c.tp, speculative=True, mla=model.mla,
+            architecture=model.architecture, vision=model.vision,
+        )  # fmt: skip
     if ov.mem_fraction_static is not None:
         mfs: float | None = ov.mem_fraction_static
         rule_txt = "SGLang default" if rule.mem_fraction is None else str(rule.mem_fraction)
@@ -58,25 +70,115 @@ def plan_mem_fraction(c: PlanContext) -> None:
         ceiling = rule.mem_fraction_ceiling
         if ceiling is not None and ov.mem_fraction_static > ceiling:
             note = f"; above {ceiling} has been seen to OOM on {rule.family}"
+        if sglang_mfs is not None and mfs > sglang_mfs:
+            note += (
+                f"; above the {sglang_mfs:.3f} SGLang {c.version} would choose, it leaves less "
+                "than SGLang's estimate for activations and CUDA graphs: out of memory under load "
+                "is possible"
+            )
         b.why(
             "mem-fraction-static",
             mfs,
             f"plan.mem_fraction_static (rule: {rule_txt}){note}",
             "override",
         )
-    else:
+    elif rule.mem_fraction is not None:
         mfs = rule.mem_fraction
+        b.why("mem-fraction-static", mfs, rule.mem_fraction_why)
+    elif sglang_mfs is not None:
+        mfs = None
         b.why(
-            "mem-fraction-static", "SGLang default" if mfs is None else mfs, rule.mem_fraction_why
+            "mem-fraction-static",
+            "SGLang default",
+            f"{rule.mem_fraction_why}: SGLang {c.version} will choose {sglang_mfs:.3f} on "
+            f"{gpu_mib} MiB GPUs at TP {c.tp} ({reserved / 1024:.1f} GiB reserved for "
+            "activations, CUDA graphs and the draft model"
+            + (", then lowered for the vision tower" if model.vision else "")
+            + f"; {row.memory.source})",
         )
+    else:
+        mfs = None
+        b.why("mem-fraction-static", "SGLang default", rule.mem_fraction_why)
     if mfs is not None:
         b.flag("--mem-fraction-static", str(mfs))
-        size, total = c.size, c.total_bytes
-        if size is not None and total and size > mfs * total:
-            b.why(
-                "kv-cache-room",
-                "none",
-                f"the weights ({size / GIB:.0f} GiB) exceed mem-fraction-static x GPU memory "
-                f"({mfs * total / GIB:.0f} GiB): SGLang will find no room for the KV cache",
-                "info",
+    effective = mfs if mfs is not None else sglang_mfs
+    _kv_room(c, effective, gpu_mib, model, explicit=mfs is not None)
+    _max_running_requests(c)
+
+
+def _smallest_gpu_mib(c: PlanContext) -> int:
+    if c.group is not None and c.tp:
+        return c.group.group_gpu_bytes // c.tp // MIB
+    mib = [int(g["memory_mib"]) for g in c.gpus[: c.tp] if g.get("memory_mib")]
+    return min(mib) if mib else 0
+
+
+def _kv_room(c: PlanContext, mfs: float | None, gpu_mib: int, model, explicit: bool) -> None:
+    b, size, tp = c.b, c.size, c.tp
+    if mfs is None or size is None or not gpu_mib or not tp:
+        b.why("kv-cache-room", "unknown", "weights size or memory fraction unknown", "info")
+        return
+    budget = mfs * gpu_mib * MIB
+    per_gpu = size / tp
+    room = budget - per_gpu
+    tokens = _kv_tokens(room, model, tp)
+    minimum = c.overrides.min_kv_gib
+    if room < minimum * GIB:
+        need = (per_gpu + minimum * GIB) / (gpu_mib * MIB)
+        where = (
+            f"serving group {c.group.name} ({c.group.nnodes} hosts, TP {tp})"
+            if c.group is not None
+            else f"{tp} GPUs of {gpu_mib / 1024:.1f} GiB"
+        )
+        whose = "set by the plan" if explicit else f"what SGLang {c.version} chooses"
+        fixes = [
+            "serve it from more hosts as one (settings 'group': twice the GPUs halve the "
+            "weights per GPU)"
+            if c.group is None
+            else "add members to the serving group",
+            "use hosts with more GPU memory",
+        ]
+        if need < 1:
+            fixes.append(
+                f"or set plan.mem_fraction_static to at least {need:.3f} (risk: SGLang then "
+                "keeps less than its own estimate for activations and CUDA graphs, and may run "
+                "out of memory under load)"
             )
+        raise b.error(
+            f"{where}: mem_fraction_static {mfs:.3f} ({whose}) gives "
+            f"{budget / GIB:.1f} GiB per GPU for weights and KV cache; the weights need "
+            f"{per_gpu / GIB:.1f} GiB per GPU, leaving {room / GIB:.1f} GiB for the KV cache, "
+            f"below plan.min_kv_gib {minimum:g} GiB (SGLang stops at model load with "
+            "\"Not enough memory\")",
+            "; ".join(fixes),
+        )
+    b.why(
+        "kv-cache-room",
+        f"{room / GIB:.1f} GiB/GPU",
+        f"mem_fraction_static {mfs:.3f} x {gpu_mib / 1024:.1f} GiB = {budget / GIB:.1f} GiB per "
+        f"GPU, minus {per_gpu / GIB:.1f} GiB of weights per GPU"
+        + (f": about {tokens:,} tokens of KV cache" if tokens else ""),
+        "info",
+    )
+
+
+def _kv_tokens(room: float, model, tp: int) -> int:
+    """Tokens of KV cache that ``room`` bytes per GPU hold (target + drafter), 0 when unknown."""
+    if model is None or not model.kv_bytes_per_token or room <= 0:
+        return 0
+    draft_heads = max(1, model.draft_kv_heads // max(tp, 1)) if model.draft_kv_heads else 0
+    per_token = model.kv_bytes_per_token + draft_heads * model.draft_kv_bytes_per_token_per_head
+    return int(room // per_token)
+
+
+def _max_running_requests(c: PlanContext) -> None:
+    extra = c.overrides.extra_args.get("--max-running-requests")
+    if extra is not None:
+        c.b.why("max-running-requests", extra, "plan.extra_args", "override")
+        return
+    c.b.why(
+        "max-running-requests",
+        DFLASH_MAX_RUNNING_REQUESTS,
+        f"left to SGLang {c.version}: with DFLASH it resets an unset --max-running-requests to "
+        f"{DFLASH_MAX_RUNNING_REQUESTS} (set plan.extra_args '--max-running-requests' to change)",
+    )

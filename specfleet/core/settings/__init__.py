@@ -17,9 +17,10 @@ from specfleet.core.settings.schema import (
     Settings,
     WeightsOptions,
 )
+from specfleet.core.settings.validators import api_key_chars_ok
 
 __all__ = ["DATA_KEY", "TEST_SETTINGS_ENV", "RolloutOptions", "ServingGroup", "Settings",
-           "SettingsError", "WeightsOptions", "check_inventory_settings", "deep_merge",
-           "settings_for_all_hosts", "settings_for_host", "settings_from_dict",
+           "SettingsError", "WeightsOptions", "api_key_chars_ok", "check_inventory_settings",
+           "deep_merge", "settings_for_all_hosts", "settings_for_host", "settings_from_dict",
            "settings_from_layers"]
 settings_for_all_hosts = check_inventory_settings  # its name before the CLI checked at load

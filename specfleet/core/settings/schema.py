@@ -105,10 +105,11 @@ def _api_key(key: str) -> str:
     if key == "":
         raise refuse("a non-empty key", "omit api_key for a server without a key (an empty key "
                      "is no key)", found="an empty string")  # fmt: skip
-    if any(ord(c) < 32 or ord(c) > 126 for c in key):
-        raise refuse("printable ASCII", "use a key of letters, digits and punctuation",
-                     found=f"a {len(key)}-character string with a control or non-ASCII "
-                     "character (not shown: it is a secret)")  # fmt: skip
+    if not valid.api_key_chars_ok(key):
+        raise refuse("printable ASCII without spaces (a log's redaction could not tell a key's "
+                     "words from the text around them)", "use a key of letters, digits and "
+                     "punctuation, without spaces", found=f"a {len(key)}-character string with a "
+                     "whitespace, control or non-ASCII character (not shown: it is a secret)")
     return key
 
 
@@ -293,6 +294,9 @@ class PlanOverrides(Section):
     mem_fraction_static: Annotated[float, number(0, 1, low_open=True, high_open=True,
                                                  fix="use e.g. 0.85")] | None = None
     """SGLang's --mem-fraction-static."""
+    min_kv_gib: Annotated[float, number(0, fix="use e.g. 4 (the default): the KV cache room per "
+                                        "GPU a plan must leave")] = 4.0  # fmt: skip
+    """The KV cache room per GPU (GiB) below which no plan is made (too few tokens to serve)."""
     draft_window_size: Annotated[int, _at_least_1("use e.g. 4096 (the default), at least the "
                                                   "drafter's block size")] = 4096  # fmt: skip
     """The drafter's window."""

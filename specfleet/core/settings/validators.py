@@ -49,6 +49,13 @@ SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passw
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
+def api_key_chars_ok(key: str) -> bool:
+    """Whether an API key is printable ASCII without whitespace: the one rule for ``api_key`` and
+    ``api_key_file``. A key with a space could leak in part: a log's redaction finds an unknown
+    key's value up to whitespace."""
+    return all(32 < ord(c) < 127 for c in key)
+
+
 def has_control_chars(text: str) -> bool:
     return bool(_CONTROL.search(text))
 

@@ -191,6 +191,115 @@ MULTINODE_SOURCE_0_5_23 = (
 )
 
 
+# --------------------------------------------------------------------------------------------------
+# SGLang's own memory rule: the mem_fraction_static it chooses when the flag is left to it
+# --------------------------------------------------------------------------------------------------
+# What every release read does (0.5.11-0.5.14 ServerArgs._handle_gpu_memory_settings in
+# server_args.py; 0.5.23 handle_gpu_memory_settings in arg_groups/memory_hook.py), all in MiB of
+# one GPU's memory as get_device_memory_capacity gives it:
+#   chunked_prefill_size and the decode CUDA graph max batch by GPU memory (the tiers below);
+#   reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + decode_max_bs * 2
+#              + tp_size * pp_size / 8 * 1024
+#              + 1.5 * 1024 for an MLA model while the piecewise/prefill CUDA graph is on;
+#   reserved = max(reserved, 10 * 1024) on a GPU above 60 GiB;
+#   reserved += 4 * 1024 for a speculative draft model (EAGLE/DFLASH; 0.5.11-0.5.13 only);
+#   mem_fraction_static = round((gpu_mem - reserved) / gpu_mem, 3);
+#   then, for a multimodal model, adjust_mem_fraction_for_vlm multiplies by
+#   0.95 * clamp(1 - 0.1 * (vit_layers * vit_hidden^2 / (24 * 1024^2) - 1), 0.8, 1.05).
+# tests/harness/sglang_rules.py executes these methods from each wheel and the matrix tests compare.
+
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """How one range of releases chooses mem_fraction_static."""
+
+    source: str
+    # Reserve for a speculative draft model and its CUDA graphs (not NGRAM; STANDALONE 6 GiB).
+    draft_reserve_mib: int
+    # Multimodal architectures that keep the piecewise (prefill) CUDA graph, so its MLA reserve
+    # counts (model_config.py's multimodal_*_cuda_graph_supported_model_archs as the rule reads).
+    multimodal_prefill_graph_archs: frozenset[str] = frozenset()
+
+
+# (upper bound of GPU MiB, chunked_prefill_size, decode max bs at tp < 4, at tp >= 4), first match.
+MEMORY_TIERS = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 2048, 24, 80),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+)
+MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
+LARGE_GPU_MIB = 60 * 1024
+LARGE_GPU_MIN_RESERVE_MIB = 10 * 1024
+
+MEMORY_0_5_11 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (+4 GiB for a "
+    "draft model), adjust_mem_fraction_for_vlm",
+    draft_reserve_mib=4 * 1024,
+)
+MEMORY_0_5_14 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
+    "reserve since 0.5.14), adjust_mem_fraction_for_vlm",
+    draft_reserve_mib=0,
+)
+MEMORY_0_5_23 = MemoryRule(
+    source="sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings and "
+    "adjust_mem_fraction_for_vlm (no draft-model reserve; Kimi K2.5/K2.6 keep the prefill CUDA "
+    "graph: cuda_graph_hook.py, model_config.py multimodal_breakable_cuda_graph_supported_model_"
+    "archs)",
+    draft_reserve_mib=0,
+    multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+)
+
+
+def sglang_mem_fraction(
+    rule: MemoryRule,
+    gpu_mib: int,
+    tp: int,
+    *,
+    speculative: bool,
+    mla: bool,
+    architecture: str,
+    vision: tuple[int, int] | None,
+) -> tuple[float, float]:
+    """(mem_fraction_static SGLang chooses, the reserve in MiB before the vision adjustment).
+
+    ``vision``: (num_hidden_layers, hidden_size) of a multimodal model's vision tower, else None.
+
+    >>> round(sglang_mem_fraction(MEMORY_0_5_11, 143771, 8, speculative=True, mla=True,
+    ...     architecture="DeepseekV3ForCausalLM", vision=None)[0], 3)
+    0.858
+    """
+    _, chunk, bs_small, bs_large = next(t for t in MEMORY_TIERS if gpu_mib < t[0])
+    max_bs = bs_small if tp < 4 else bs_large
+    reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
+    prefill_graph = vision is None or architecture in rule.multimodal_prefill_graph_archs
+    if prefill_graph and mla:
+        reserved += MLA_PREFILL_GRAPH_RESERVE_MIB
+    if gpu_mib > LARGE_GPU_MIB:
+        reserved = max(reserved, LARGE_GPU_MIN_RESERVE_MIB)
+    if speculative:
+        reserved += rule.draft_reserve_mib
+    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    if vision is not None:
+        fraction *= vlm_factor(*vision)
+    return fraction, reserved
+
+
+def vlm_factor(vit_layers: int, vit_hidden: int) -> float:
+    """adjust_mem_fraction_for_vlm's factor for a vision tower of this size."""
+    ratio = vit_layers * vit_hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+# SGLang's max_running_requests when left unset with DFLASH (every release read: 0.5.11
+# server_args.py, 0.5.13+ arg_groups/speculative_hook.py "Max running requests is reset to 48 for
+# speculative decoding"); seen on a real GPU with 0.5.11.
+DFLASH_MAX_RUNNING_REQUESTS = 48
+
+
 @dataclass(frozen=True)
 class VersionRow:
     """What one range of SGLang releases has."""
@@ -218,6 +327,8 @@ class VersionRow:
     # The flag that turns on SGLang's Prometheus /metrics (server_args.py add_argument in 0.5.11,
     # the observability.py field enable_metrics in 0.5.23); None where a release lacks it.
     metrics_flag: str | None = "--enable-metrics"
+    # How this release chooses mem_fraction_static.
+    memory: MemoryRule = MEMORY_0_5_11
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def features(self) -> dict:
@@ -247,6 +358,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_23,
         dflash_draft_backends=_DRAFT_0_5_23,
         multinode_source=MULTINODE_SOURCE_0_5_23,
+        memory=MEMORY_0_5_23,
         notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
     ),
     VersionRow(
@@ -263,6 +375,7 @@ VERSIONS: tuple[VersionRow, ...] = (
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
         dflash_draft_backends=_DRAFT_0_5_14,
         multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_14,
     ),
     VersionRow(
         # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).

@@ -1,0 +1,253 @@
+"""The planner against SGLang's own code: every machine profile x release of the version table.
+
+Each plan's argv is parsed by that release's own ``add_cli_args`` and its rule methods run on it
+(tests/harness/sglang_rules.py: loaded standalone from the real wheel, hardware predicates per
+profile, ``__post_init__`` never run whole). The planner and SGLang must agree on every value the
+plan decides that SGLang would change (memory fraction, running requests, overlap, draft settings)
+and on every refusal. "Not enough memory" happens at model load, not in ServerArgs: it is modelled
+from the fraction SGLang's code computed, the GPU memory and the weights per GPU.
+
+``python -m tests.unit.test_sglang_rules --argv-json`` prints every plan's argv per profile and
+release (the input of the real-GPU cross-check, which runs the whole real ServerArgs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from specfleet.core.plan import KIMI_K26_WEIGHTS_BYTES, PlanError, make_plan
+from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
+from specfleet.core.settings import settings_from_dict
+from specfleet.core.tables.sglang_versions import MEMORY_0_5_23, version_row
+from tests.harness.sglang_rules import (
+    GIB,
+    KIMI_K2_TEXT_MODEL,
+    MIB,
+    RELEASES,
+    Machine,
+    _literal_constants,
+    judge,
+    wheel_text,
+)
+from tests.unit.test_plan import DRAFTER_CONFIG, gpus_fact, host_facts
+
+# (profile, Gpus capture, GpuTopology capture, hosts in one serving group)
+PROFILES = [
+    ("h100x8", "h100x8", "b200x8", 1),
+    ("h100x8-pair", "h100x8", "b200x8", 2),
+    ("b200x8", "b200x8", "b200x8", 1),
+    ("rtx6000x8", "rtx6000x8", "rtx6000x8", 1),
+    ("h200x2", "h200x2", "h200x2", 1),
+]
+# Releases whose installed facts are captured (tests/fixtures/sglang/); the others are predicted
+# from the version table, as a fresh host's --dry is.
+INSTALLED = {"0.5.11", "0.5.14", "0.5.23"}
+# 0.5.23's argument pipeline (arg_groups/, msgspec records, resolution hooks) is not run by the
+# harness yet; its memory rule is checked against memory_hook.py by reading (sglang_versions.py).
+HARNESSED = tuple(v for v in RELEASES if v != "0.5.23")
+
+LAUNCH_TAIL = 3  # argv[:3] is the venv's python -m sglang.launch_server
+
+
+def _interfaces(address: str) -> list[dict]:
+    return [{"name": "eth0", "state": "UP", "loopback": False, "mtu": 9000, "speed_mbps": 100000,
+             "addresses": [address]}]  # fmt: skip
+
+
+def plan_for(profile: str, gpus: str, topo: str, nhosts: int, release: str):
+    """The plan (rank 0's for a group), or the PlanError."""
+    sglang = release if release in INSTALLED else None
+    data = {"sglang": {"version": release}}
+    predicted = sglang is None
+    if nhosts == 1:
+        return make_plan(host_facts(gpus, topo, sglang=sglang), settings_from_dict(data),
+                         DRAFTER_CONFIG, predicted=predicted, host=profile)  # fmt: skip
+    names = [f"g{i}" for i in range(nhosts)]
+    group = {"group": {"name": "kimi-pair", "members": names}}
+    members = [
+        GroupMember(
+            host=name,
+            facts={**host_facts(gpus, topo, sglang=sglang), NET: _interfaces(f"10.0.0.{11 + i}"),
+                   RDMA: []},
+            settings=settings_from_dict({**data, **group}),
+            address=f"10.0.0.{11 + i}",
+        )  # fmt: skip
+        for i, name in enumerate(names)
+    ]
+    group_plan = make_group_plan(members, DRAFTER_CONFIG, predicted=predicted)
+    return group_plan.plans[group_plan.rank0]
+
+
+def machine(gpus: str, nhosts: int) -> Machine:
+    g = gpus_fact(gpus)["gpus"]
+    cc = tuple(int(x) for x in g[0]["compute_capability"].split("."))
+    return Machine(memory_mib=min(x["memory_mib"] for x in g), sm=cc, device_count=len(g))
+
+
+def cases():
+    for profile, gpus, topo, nhosts in PROFILES:
+        for release in RELEASES:
+            yield profile, gpus, topo, nhosts, release
+
+
+def _try_plan(*case):
+    try:
+        return plan_for(*case), None
+    except PlanError as exc:
+        return None, exc
+
+
+@pytest.mark.parametrize("release", HARNESSED)
+@pytest.mark.parametrize("profile,gpus,topo,nhosts", PROFILES, ids=[p[0] for p in PROFILES])
+def test_planner_agrees_with_sglang(profile, gpus, topo, nhosts, release):
+    m = machine(gpus, nhosts)
+    tp = m.device_count * nhosts
+    per_gpu = KIMI_K26_WEIGHTS_BYTES / tp
+    plan, refusal = _try_plan(profile, gpus, topo, nhosts, release)
+    if plan is None:
+        # The planner refuses: SGLang must too. Judge the argv the plan would have had without
+        # the memory check (the same flags on a host that fits: the H200 pair's argv shape).
+        argv = _argv_without_memory_check(gpus, topo, nhosts, release)
+        verdict = judge(release, m, argv)
+        assert verdict.refused is None, verdict.refused
+        room = verdict.kv_room_gib(m.memory_mib, per_gpu)
+        # Modelled: SGLang's fraction x GPU memory - weights per GPU, below the 4 GiB minimum.
+        assert room < 4, (refusal, room)
+        assert f"leaving {room:.1f} GiB for the KV cache" in refusal.problem or (
+            "far below" in refusal.problem and room < 0
+        ), (refusal.problem, room)
+        return
+    argv = plan.argv[LAUNCH_TAIL:]
+    verdict = judge(release, m, argv)
+    assert verdict.refused is None, f"SGLang {release} refuses {argv}: {verdict.refused}"
+    room = verdict.kv_room_gib(m.memory_mib, per_gpu)
+    assert room >= 4, (
+        f"the planner plans {profile}, but SGLang {release} sets mem_fraction_static "
+        f"{verdict.mem_fraction_static:.3f}: {room:.1f} GiB per GPU left for the KV cache "
+        "(modelled: Not enough memory at model load)"
+    )
+    # The fraction: the plan's flag, or the one the plan says SGLang will choose.
+    reason = plan.reason("mem-fraction-static")
+    if "--mem-fraction-static" in argv:
+        assert "mem_fraction_static" not in verdict.changed
+    else:
+        assert f"SGLang {plan_version(plan)} will choose {verdict.mem_fraction_static:.3f}" in (
+            reason.why
+        ), (reason.why, verdict.mem_fraction_static)
+    assert plan.reason("kv-cache-room").choice == f"{room:.1f} GiB/GPU"
+    # Running requests: SGLang's reset is what the plan states.
+    assert plan.reason("max-running-requests").choice == str(verdict.max_running_requests)
+    # Overlap: where SGLang turns it off, the plan's worker reason says v1 (no overlap).
+    if verdict.disable_overlap_schedule and "disable_overlap_schedule" in verdict.changed:
+        assert plan.reason("dflash-worker").choice == "v1", plan.reason("dflash-worker")
+    # Page size: where SGLang sets it, the plan says so.
+    if "page_size" in verdict.changed:
+        assert plan.reason("page-size").choice == str(verdict.changed["page_size"][1])
+    # Draft steps/top-k: SGLang forces 1 because the plan never sets them.
+    for flag in ("--speculative-num-steps", "--speculative-eagle-topk"):
+        assert flag not in argv
+    assert set(verdict.changed) <= {
+        "mem_fraction_static", "max_running_requests", "disable_overlap_schedule",
+        "speculative_num_steps", "speculative_eagle_topk", "chunked_prefill_size", "page_size",
+    }, verdict.changed  # fmt: skip
+
+
+def plan_version(plan) -> str:
+    return plan.reason("sglang").choice
+
+
+def _argv_without_memory_check(gpus, topo, nhosts, release) -> list[str]:
+    """The argv a refused host would run: the plan with min_kv_gib 0 and a tiny weights size."""
+    sglang = release if release in INSTALLED else None
+    data = {"sglang": {"version": release}, "plan": {"min_kv_gib": 0}}
+    if nhosts != 1:
+        raise AssertionError("no group is refused in PROFILES")
+    plan = make_plan(host_facts(gpus, topo, sglang=sglang), settings_from_dict(data),
+                     DRAFTER_CONFIG, predicted=sglang is None, weights_bytes=1)  # fmt: skip
+    return plan.argv[LAUNCH_TAIL:]
+
+
+@pytest.mark.parametrize(
+    "mib,sm,expected",
+    [(81559, (9, 0), 0.749), (97887, (12, 0), 0.791), (143771, (9, 0), 0.858),
+     (183359, (10, 0), 0.821)],
+)  # fmt: skip
+def test_harness_gives_the_real_gpu_figures(mib, sm, expected):
+    """0.5.11's own rule in the harness reproduces what the real ServerArgs gave on a real H200
+    machine (issue 30) for a text-only Kimi K2 config at TP 8 with DFLASH."""
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.11")
+    argv[argv.index("--tp-size") + 1] = "8"
+    verdict = judge("0.5.11", Machine(mib, sm, 8), argv, model=KIMI_K2_TEXT_MODEL)
+    assert verdict.mem_fraction_static == expected
+    assert verdict.max_running_requests == 48
+
+
+def test_one_h100_host_is_refused_by_both():
+    """The case of issue 30: one 8x H100 host. Today's planner (before it) planned one."""
+    plan, refusal = _try_plan("h100x8", "h100x8", "b200x8", 1, "0.5.11")
+    assert plan is None
+    m = machine("h100x8", 1)
+    verdict = judge("0.5.11", m, _argv_without_memory_check("h100x8", "b200x8", 1, "0.5.11"))
+    assert verdict.mem_fraction_static * m.memory_mib * MIB / GIB < KIMI_K26_WEIGHTS_BYTES / 8 / GIB
+    assert "Not enough memory" in refusal.problem
+
+
+def test_harness_refuses_what_sglang_refuses():
+    """The harness can fail: 0.5.11's own parser and DFLASH checks refuse bad argv."""
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.11")
+    m = machine("h200x2", 1)
+    assert "unrecognized arguments: --speculative-draft-window-size" in judge(
+        "0.5.11", m, [a.replace("-dflash-draft-", "-draft-") for a in argv]
+    ).refused
+    assert judge("0.5.11", m, [*argv, "--enable-dp-attention", "--dp-size", "2"]).refused == (
+        "Currently DFLASH speculative decoding does not support dp attention."
+    )
+
+
+def test_0_5_23_memory_rule_as_its_wheel_reads():
+    """0.5.23 is not run by the harness: its MemoryRule is checked against the wheel's text."""
+    hook = wheel_text("0.5.23", "sglang/srt/arg_groups/memory_hook.py")
+    assert "speculative_algorithm" not in hook and MEMORY_0_5_23.draft_reserve_mib == 0
+    for line in ("reserved_mem += activation_tokens * 1.5",
+                 "reserved_mem += cfg.tp_size * cfg.pp_size / 8 * 1024",
+                 "reserved_mem = max(reserved_mem, 10 * 1024)",
+                 "reserved_mem += decode_cuda_graph_config.max_bs * 2",
+                 "reserved_mem += 1.5 * 1024",
+                 "base_mem_fraction_reduction_ratio = 0.95"):  # fmt: skip
+        assert line in hook, line
+    lists = _literal_constants("0.5.23", "sglang.srt.configs.model_config")
+    kept = set(lists["multimodal_breakable_cuda_graph_supported_model_archs"])
+    assert MEMORY_0_5_23.multimodal_prefill_graph_archs <= kept
+    assert version_row("0.5.23").memory is MEMORY_0_5_23
+
+
+def plan_argvs() -> list[dict]:
+    """Every plan of every profile x release: the input of the real-GPU cross-check."""
+    out = []
+    for profile, gpus, topo, nhosts, release in cases():
+        plan, refusal = _try_plan(profile, gpus, topo, nhosts, release)
+        m = machine(gpus, nhosts)
+        entry = {
+            "profile": profile, "release": release, "hosts": nhosts,
+            "gpu_memory_mib": m.memory_mib, "compute_capability": ".".join(map(str, m.sm)),
+            "gpus_per_host": m.device_count, "row": str(version_row(release).sglang),
+        }  # fmt: skip
+        if plan is None:
+            entry["refused"] = refusal.problem
+            entry["argv"] = _argv_without_memory_check(gpus, topo, nhosts, release)
+        else:
+            entry["argv"] = plan.argv[LAUNCH_TAIL:]
+            entry["env"] = plan.env
+            entry["reasons"] = {r.topic: r.choice for r in plan.reasons}
+        out.append(entry)
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--argv-json"]:
+        sys.exit("usage: python -m tests.unit.test_sglang_rules --argv-json")
+    json.dump(plan_argvs(), sys.stdout, indent=1)
+    print()
