@@ -211,8 +211,7 @@ def _model_folders_apart(target_id, target_dir, drafter_id, drafter_dir, models_
                       "drafter.local_dir)")  # fmt: skip
 
 
-def _hosts(hosts: list[str]) -> list[str]:
-    """Host names from ``host`` or ``host:port`` entries."""
+def _hosts(hosts: list[str]) -> list[str]:  # host names of "host" or "host:port" entries
     return [re.sub(r":[0-9]+$", "", h) if h.count(":") == 1 else h for h in hosts]
 
 

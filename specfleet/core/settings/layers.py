@@ -27,8 +27,7 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 
 
 def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether test-only settings (``launcher``, ``sglang.no_deps``) are accepted: only with
-    ``SPECFLEET_ALLOW_TEST_SETTINGS=1`` in the environment of the run (the test fleet sets it)."""
+    """Whether test-only settings are accepted: SPECFLEET_ALLOW_TEST_SETTINGS=1 (test fleets)."""
     env = os.environ if environ is None else environ
     return env.get(TEST_SETTINGS_ENV) == "1"
 
@@ -63,8 +62,7 @@ def settings_from_layers(layers: Iterable[Any], host: str = "",
     return built
 
 
-# ``settings_from_layers``'s memo: Settings are frozen, so one value serves every caller; bad
-# data keeps its error, raised again for every caller.
+# ``settings_from_layers``'s memo: Settings are frozen, one serves all; bad data keeps its error.
 _BUILT: dict[tuple[str, str, bool], Settings | SettingsError] = {}
 _BUILT_MAX = 4096
 
@@ -84,11 +82,8 @@ def settings_from_dict(data: Mapping[str, Any] | None, host: str = "",
 
 
 def settings_for_host(host: Any) -> Settings:
-    """The Settings of a pyinfra ``Host``: its data layers deep-merged, lowest priority first.
-
-    pyinfra's own lookup replaces a whole ``specfleet`` dict with the highest layer's, and merges
-    several groups with ``dict.update``; here every layer merges key by key instead.
-    """
+    """The Settings of a pyinfra ``Host``: its data layers merged key by key, lowest priority
+    first (pyinfra's own lookup would take the highest layer's whole ``specfleet`` dict)."""
     inventory = getattr(host, "inventory", None)
     if inventory is None:
         return settings_from_dict(host.data.get(DATA_KEY), host=host.name)

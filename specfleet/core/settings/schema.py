@@ -1,10 +1,6 @@
-"""The settings schema: pydantic models, strict (``"10"`` is no int, ``"yes"`` no bool), closed to
-unknown keys and frozen. Each value's own checks are field validators built on
-``validators.py``; checks across keys run after, in ``checks.py``, over the keys that validated.
-
-Later features add fields here; they do not invent their own plumbing. A field's docstring is its
-line in the README's settings reference (``tests/unit/settings_reference.py`` writes it).
-"""
+"""The settings schema: pydantic models, strict (``"10"`` is no int, ``"yes"`` no bool), closed and
+frozen; each value's own checks are field validators (``validators.py``), checks across keys are
+in ``checks.py``. Later features add fields here, with a docstring: their README line."""
 
 import math
 from collections.abc import Callable

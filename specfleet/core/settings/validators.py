@@ -50,9 +50,8 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 
 
 def api_key_chars_ok(key: str) -> bool:
-    """Whether an API key is printable ASCII without whitespace: the one rule for ``api_key`` and
-    ``api_key_file``. A key with a space could leak in part: a log's redaction finds an unknown
-    key's value up to whitespace."""
+    """Printable ASCII without whitespace, for ``api_key`` and ``api_key_file``: a log's redaction
+    finds an unknown key's value up to whitespace, so a key with a space could leak in part."""
     return all(32 < ord(c) < 127 for c in key)
 
 
