@@ -27,7 +27,7 @@ from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.serving import STARTED_MARK, ServiceState
 from operations.sglang_commands import rejected_port_path, restore_script
-from operations.util import check_command, record_failure
+from operations.util import check_command, record_failure, say_planned_failure
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
@@ -644,12 +644,37 @@ def group_peers(settings: Settings) -> dict[str, Peer] | None:
 def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
     facts = gather(host, host_specs(settings, files_))
     if facts.get(SERVICE) is None:
+        if not state.is_executing:  # the plan needs no systemd: show it, then why it fails
+            _show_plan(settings, facts)
         raise SpecfleetError(
             "systemctl is not on this host: the SGLang server runs as a systemd unit",
             host=host.name,
             fix="run specfleet on a host booted with systemd",
         )
     return facts
+
+
+def _show_plan(settings: Settings, facts: dict[str, Any]) -> None:
+    """Planning on a host that cannot run the unit: the launch plan all the same (kept for a
+    controller's dry report, and printed), so ``--dry`` always shows it."""
+    try:
+        current = plan_from_facts(settings, facts, host.name, group_peers(settings),
+                                  host_address(host))
+    except SpecfleetError as exc:  # the plan itself fails: said as the planned failure
+        say_planned_failure(exc, "would fail")
+        return
+    _say_plan(current)
+
+
+def _say_plan(current: CurrentPlan) -> None:
+    """While planning: the host's launch plan, printed once (several operations read it) and
+    kept on the Host (``PLAN_ATTR``) for a controller's dry report."""
+    where = ctx_host.get() or host
+    if getattr(where, PLAN_ATTR, None) == current.rendered:
+        return
+    setattr(where, PLAN_ATTR, current.rendered)
+    note = f"\n  (predicted: {current.predicted_because})" if current.predicted_because else ""
+    host.log(f"{current.rendered}{note}", logger.info)
 
 
 def _settings(settings: Settings | None) -> Settings:
@@ -729,7 +754,7 @@ def _per_host(body: Iterator[Any]) -> Iterator[Any]:
     except SpecfleetError as exc:
         error = exc.for_host(host.name)
         if not state.is_executing:
-            host.log_styled(f"will fail: {error.problem}", fg="red", log_func=logger.warning)
+            say_planned_failure(error, "will fail")
         yield FunctionCommand(_report_error, (error.render(),), {})
         return
     yield from commands
@@ -796,17 +821,15 @@ def _unit(settings: Settings | None, present: bool):
     facts = _gather(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name, group_peers(s), host_address(host))
-    if not state.is_executing:  # planning (--dry): the controllers show each host's plan
-        setattr(ctx_host.get() or host, PLAN_ATTR, current.rendered)
-    if current.predicted_because:
-        if state.is_executing:
-            raise SpecfleetError(
-                f"cannot write the unit from a predicted plan: {current.predicted_because}",
-                host=host.name,
-                fix="run the SGLang install and the weights steps before server.unit "
-                "(deploys/kimi_k26.py does it in that order)",
-            )
-        host.log(f"{current.rendered}\n  (predicted: {current.predicted_because})", logger.info)
+    if not state.is_executing:  # planning (--dry): every host's plan, shown and kept
+        _say_plan(current)
+    elif current.predicted_because:
+        raise SpecfleetError(
+            f"cannot write the unit from a predicted plan: {current.predicted_because}",
+            host=host.name,
+            fix="run the SGLang install and the weights steps before server.unit "
+            "(deploys/kimi_k26.py does it in that order)",
+        )
 
     try:
         ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from specfleet.core.sglang.recipe import check_recipe
+from tests.harness.port_build import load_recipe, upstream_runs
 from tests.unit.test_plan import host_facts
 from tests.unit.test_plan_sglang_fixtures import load as load_sglang
 
@@ -55,13 +57,36 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
         "specfleet/patchdata/__init__.py",
         "specfleet/patchdata/pr20547/sglang-0.5.11/NOTICE",
         "specfleet/patchdata/pr20547/sglang-0.5.11/port.json",
-        "specfleet/patchdata/pr20547/sglang-0.5.11/adaptation.diff",
+        "specfleet/patchdata/pr20547/sglang-0.5.11/recipe.json",
         "specfleet/patchdata/pr20547/sglang-0.5.11/provenance.json",
     ):
         assert needed in names, needed
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "specfleet = specfleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_the_wheel_holds_no_upstream_sglang_code_only_the_recipe(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        port = sorted(n.rsplit("/", 1)[1] for n in names if "/patchdata/pr20547/" in n)
+        assert port == ["NOTICE", "port.json", "provenance.json", "recipe.json"]
+        found = {}
+        for name in names:
+            if name.endswith((".py", ".json", ".j2", ".diff", ".txt")) or "/patchdata/" in name:
+                runs = upstream_runs(zf.read(name).decode("utf-8", "replace"))
+                if runs:
+                    found[name] = runs[:2]
+    assert found == {}
+    # What the wheel's recipe builds is the port the checkout's recipe builds.
+    recipe = json.loads(zf_read(wheel, "specfleet/patchdata/pr20547/sglang-0.5.11/recipe.json"))
+    assert recipe == load_recipe()
+    assert check_recipe(recipe) == []
+
+
+def zf_read(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(name).decode("utf-8")
 
 
 def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
@@ -123,3 +148,44 @@ def test_the_wheel_metadata_looks_maintained(wheel):
     assert "pyinfra" in (meta["Keywords"] or "")
     newest = re.search(r"^## (\d+\.\d+\.\d+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert newest and meta["Version"] == newest.group(1)
+
+
+SUBCOMMANDS = ("plan", "settings", "rollout", "fanout", "probe", "status", "remove", "bench",
+               "sweep", "monitoring", "logs")
+HEAVY = ("pyinfra", "gevent", "matplotlib", "paramiko")
+
+
+def test_installed_wheel_helps_with_every_subcommand_outside_a_checkout(wheel, tmp_path):
+    """``specfleet --version`` and each subcommand's ``--help`` from the wheel, in a folder with
+    no checkout: exit 0, specfleet's own usage, and none of pyinfra, gevent or matplotlib
+    imported to print it."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", str(wheel)], check=True)  # fmt: skip
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    env.pop("SPECFLEET_CHECKOUT", None)
+    script = env_dir / "bin" / "specfleet"
+    done = subprocess.run([script, "--version"], cwd=away, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "specfleet, version 0.5.0", done
+    for command in SUBCOMMANDS:
+        done = subprocess.run([script, command, "--help"], cwd=away, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+        assert done.stdout.startswith(f"Usage: specfleet {command} [OPTIONS]"), done.stdout
+        assert "Traceback" not in done.stdout + done.stderr
+    probe = (
+        "import json, sys\n"
+        "from specfleet import cli\n"
+        f"rcs = [cli.main([c, '--help']) for c in {SUBCOMMANDS!r}]\n"
+        f"print(json.dumps([rcs, sorted(m for m in {HEAVY!r} if m in sys.modules)]),"
+        " file=sys.stderr)\n"
+    )
+    done = subprocess.run([py, "-c", probe], cwd=away, env=env, capture_output=True, text=True,
+                          timeout=60)
+    rcs, heavy = json.loads(done.stderr.strip().splitlines()[-1])
+    assert rcs == [0] * len(SUBCOMMANDS) and heavy == [], done.stderr

@@ -309,7 +309,8 @@ CONFLICTS = [
      "set both sglang.git_url and sglang.git_ref, or use kind 'index'"),
     (("patch.source", "patch.sha256"), lambda source, sha: source is not None and not sha,
      "patch.source", "settings key 'patch.source' is set without 'patch.sha256'",
-     "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)"),
+     "opt in with patch.sha256 (the PR revision the port is made from, 1c844c0fdcab59266c0b1bb46e"
+     "2099b86469364ffd5ad5ac436f1a7f2847d252), or delete patch.source"),
     (("weights.token_file", "weights.token_env"), lambda a, b: a is not None and b is not None,
      "weights.token_env", "settings keys 'weights.token_file' and 'weights.token_env' are both "
      "set", "keep one of them"),

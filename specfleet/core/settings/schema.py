@@ -151,6 +151,10 @@ Text = Annotated[str, rule(lambda v: valid.has_control_chars(v) and "a value wit
                            "control characters", "remove newlines and control characters")]
 Finite = Annotated[float, rule(lambda v: not math.isfinite(v) and "a finite number",
                                "give a finite number")]
+Mirror = Annotated[str, rule(_local_or_url(
+    valid.control_path_problem, "an absolute path or one under ~/"), "set patch.source to a folder "
+    "on the control machine (absolute or under ~/) or an http(s) URL base holding the port's "
+    "upstream sources")]
 Launcher = Annotated[list[str], rule(
     lambda c: (not c or not c[0] or any(map(valid.has_control_chars, c)))
     and "a command: a program, then its arguments",
@@ -234,16 +238,15 @@ class SGLangSource(Section):
 
 
 class PatchSource(Section):
-    """PR#20547 (the DFlash spec-v2 worker), applied only where the installed SGLang lacks it."""
-    source: Annotated[str, rule(_local_or_url(valid.control_path_problem, "an absolute path or one "
-                      "under ~/"), "set {key} to a path on the control machine (absolute or "
-                      "under ~/) or an http(s) URL")] | None = None  # fmt: skip
-    """The diff: a path on the control machine or a URL (pinned by sha256)."""
-    sha256: Annotated[str, rule(valid.sha256_problem, "set {key} to the output of sha256sum on the "
-                                "diff")] | None = None  # fmt: skip
-    """The diff's sha256."""
+    """PR#20547 (the DFlash spec-v2 worker), ported where the installed SGLang lacks it."""
+    sha256: Annotated[str, rule(valid.sha256_problem, "set {key} to the PR revision's sha256 (64 "
+                                "hex, as in the port's port.json)")] | None = None  # fmt: skip
+    """The PR revision to port, pinned (its diff's sha256 against its merge base); it opts in."""
+    source: Mirror | list[Mirror] | None = None
+    """Mirrors of the port's upstream sources (folders on the control machine or URL bases), tried
+    before the recipe's own pinned URLs; every file is checked against its sha256 pin."""
     on_conflict: Literal["keep-v1", "fail"] = "keep-v1"
-    """What a patch that does not apply does."""
+    """What a port that does not apply does."""
 
 
 class WeightsOptions(Section):
