@@ -101,8 +101,7 @@ def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Pro
                f"set {schema.DATA_KEY}['{key}'] in the host or group data to {expected}")
 
 
-def _unwrap(tp: Any) -> Any:
-    """The type under Annotated and Optional."""
+def _unwrap(tp: Any) -> Any:  # the type under Annotated and Optional
     while True:
         origin = typing.get_origin(tp)
         if origin is Annotated:

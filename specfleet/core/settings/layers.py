@@ -67,8 +67,7 @@ _BUILT: dict[tuple[str, str, bool], Settings | SettingsError] = {}
 _BUILT_MAX = 4096
 
 
-def host_error(host: str, problems: list[Problem]) -> SettingsError:
-    """One error naming every problem of ``host``."""
+def host_error(host: str, problems: list[Problem]) -> SettingsError:  # every problem of a host
     errors = [SettingsError(p.text, host=host, fix=p.fix) for p in problems]
     if len(errors) == 1:
         return errors[0]

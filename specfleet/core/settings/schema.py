@@ -151,10 +151,9 @@ Text = Annotated[str, rule(lambda v: valid.has_control_chars(v) and "a value wit
                            "control characters", "remove newlines and control characters")]
 Finite = Annotated[float, rule(lambda v: not math.isfinite(v) and "a finite number",
                                "give a finite number")]
-Mirror = Annotated[str, rule(_local_or_url(
-    valid.control_path_problem, "an absolute path or one under ~/"), "set patch.source to a folder "
-    "on the control machine (absolute or under ~/) or an http(s) URL base holding the port's "
-    "upstream sources")]
+Mirror = Annotated[str, rule(_local_or_url(valid.control_path_problem, "an absolute path or one "
+                             "under ~/"), "set patch.source to a folder on the control machine "
+                             "(absolute or under ~/) or an http(s) URL base of the port's sources")]
 Launcher = Annotated[list[str], rule(
     lambda c: (not c or not c[0] or any(map(valid.has_control_chars, c)))
     and "a command: a program, then its arguments",
@@ -243,8 +242,7 @@ class PatchSource(Section):
                                 "hex, as in the port's port.json)")] | None = None  # fmt: skip
     """The PR revision to port, pinned (its diff's sha256 against its merge base); it opts in."""
     source: Mirror | list[Mirror] | None = None
-    """Mirrors of the port's upstream sources (folders on the control machine or URL bases), tried
-    before the recipe's own pinned URLs; every file is checked against its sha256 pin."""
+    """Mirrors of the port's sources (control-machine folders, URL bases), before its own URLs."""
     on_conflict: Literal["keep-v1", "fail"] = "keep-v1"
     """What a port that does not apply does."""
 
