@@ -32,7 +32,14 @@ from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
 from specfleet.core.resources import hostside_path, template_path
-from specfleet.core.settings import Settings, api_key_chars_ok, settings_for_host
+from specfleet.core.settings import (
+    ProbeOptions,
+    Settings,
+    SettingsError,
+    api_key_chars_ok,
+    probe_from_file,
+    settings_for_host,
+)
 from specfleet.core.sglang.install import patch_state_dir
 from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
@@ -1141,6 +1148,8 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
         argv += ["--model-path", model_path]
     if started_at is not None:
         argv += ["--started-at", str(int(started_at))]
+    if s.probe.enable:
+        argv += ["--probe", json.dumps(probe_spec(s.probe, host.name))]
     group = None
     if s.group is not None:
         # Rank 0's gate proves the group; when it fails, say which members never joined.
@@ -1158,6 +1167,28 @@ def gate_source() -> str:
     """The readiness gate as the host runs it (from stdin): the redaction module's source ahead
     of the gate's, so that its journal excerpt is redacted by the one set of rules."""
     return ship_ahead_of(GATE_SCRIPT.read_text())
+
+
+def probe_spec(probe: ProbeOptions, host_name: str = "") -> dict[str, Any]:
+    """The gate's correctness probe (``--probe``): the settings' questions and thresholds, or a
+    probe file's (``probe.file`` on the control machine, read now, at deploy time)."""
+    if probe.file is not None:
+        path = os.path.expanduser(probe.file)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(
+                f"probe.file {probe.file} cannot be read on the control machine "
+                f"({getattr(exc, 'strerror', None) or exc})", host=host_name,
+                fix="point probe.file at a JSON probe file, or unset it for the default probe",
+            ) from None
+        probe = probe_from_file(probe, text, probe.file, host_name)
+    return {
+        "questions": [{"prompt": q.prompt, "answer": q.answer} for q in probe.questions],
+        "min_correct": probe.min_correct, "max_tokens": probe.max_tokens,
+        "concurrency": probe.concurrency, "min_accept_length": probe.min_accept_length,
+        "timeout_s": probe.timeout_s,
+    }
 
 
 JOURNAL_LINES = 30

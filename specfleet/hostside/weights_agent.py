@@ -347,11 +347,16 @@ def read_verified(rev_dir: str, since: float = 0.0) -> dict[str, dict]:
 
 
 def still_matches(rev_dir: str, entry: dict) -> bool:
+    """The fast rule: the file verified is still there, unchanged, as far as its stat tells:
+    same size and mtime, and the same inode (a file put in its place, whatever its size and
+    mtime, is another file). An entry recorded before inodes were (no ``ino``) is held to
+    size and mtime."""
     try:
         st = os.stat(os.path.join(rev_dir, entry["path"]))
     except OSError:
         return False
-    return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+    return (st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+            and entry.get("ino", st.st_ino) == st.st_ino)
 
 
 def hash_file(path: str, kind: str, size: int, on_bytes=None) -> str:
@@ -562,7 +567,7 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
     def record(f: dict, kind: str, digest: str) -> None:
         st = os.stat(os.path.join(rev_dir, f["path"]))
         entry = {"path": f["path"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                 "hash_kind": kind, "hash": digest, "at": now()}
+                 "ino": st.st_ino, "hash_kind": kind, "hash": digest, "at": now()}
         with vlock, open(vpath, "a") as out:
             out.write(json.dumps(entry) + "\n")
             out.flush()
@@ -1005,7 +1010,8 @@ def cmd_run(job: dict, job_path: str) -> int:
                    "fix": "re-run; nothing else should write under the models root"}
             prog.update(state="failed", error=err)
             return 1
-        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "hash_kind", "hash")}
+        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "ino", "hash_kind",
+                                                        "hash") if k in v}
     write_json_atomic(os.path.join(rev_dir, STATE_DIR, MANIFEST), {
         "schema": SCHEMA, "repo_id": job["repo_id"], "revision": sha,
         "requested": job["revision"], "endpoint": endpoint_of(job), "complete": True,

@@ -5,6 +5,7 @@ from specfleet.core.errors import SettingsError
 from specfleet.core.settings.layers import (
     check_inventory_settings,
     deep_merge,
+    probe_from_file,
     settings_for_host,
     settings_from_dict,
     settings_from_layers,
@@ -12,6 +13,7 @@ from specfleet.core.settings.layers import (
 from specfleet.core.settings.schema import (
     DATA_KEY,
     TEST_SETTINGS_ENV,
+    ProbeOptions,
     RolloutOptions,
     ServingGroup,
     Settings,
@@ -19,8 +21,8 @@ from specfleet.core.settings.schema import (
 )
 from specfleet.core.settings.validators import api_key_chars_ok
 
-__all__ = ["DATA_KEY", "TEST_SETTINGS_ENV", "RolloutOptions", "ServingGroup", "Settings",
-           "SettingsError", "WeightsOptions", "api_key_chars_ok", "check_inventory_settings",
-           "deep_merge", "settings_for_all_hosts", "settings_for_host", "settings_from_dict",
-           "settings_from_layers"]
+__all__ = ["DATA_KEY", "TEST_SETTINGS_ENV", "ProbeOptions", "RolloutOptions", "ServingGroup",
+           "Settings", "SettingsError", "WeightsOptions", "api_key_chars_ok",
+           "check_inventory_settings", "deep_merge", "probe_from_file", "settings_for_all_hosts",
+           "settings_for_host", "settings_from_dict", "settings_from_layers"]
 settings_for_all_hosts = check_inventory_settings  # its name before the CLI checked at load

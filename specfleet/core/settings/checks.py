@@ -40,12 +40,18 @@ def find_problems(data: Mapping[str, Any], host: str, test_ok: bool
     context = {"@host": host, "@test_ok": test_ok}
     for paths, check in CHECKS:
         if not any(_overlap(path, key) for path in paths for key in bad_keys):
-            found.extend(check(*(context[p] if p in context else _read(settings or data, p)
+            found.extend(check(*(context[p] if p in context else _value(settings or data, p)
                                  for p in paths)))  # fmt: skip
     return (settings if not found else None), found
 
 
+def _value(node: Any, path: str) -> Any:
+    return len(_read(node, path[1:]) or ()) if path.startswith("#") else _read(node, path)
+
+
 def _overlap(path: str, key: str) -> bool:
+    if path.startswith("#"):
+        return path[1:] == key or path[1:].startswith(key + ".")
     return path == key or key.startswith((path + ".", path + "[")) or path.startswith(key + ".")
 
 
@@ -288,6 +294,13 @@ def _group_members(name, members, addresses, host):
 # (the keys read, when they conflict, the key named, the problem, the fix): the problem is
 # formatted with the keys' values in order.
 CONFLICTS = [
+    (("sglang.kind", "sglang.source_path"), lambda kind, path: kind == "source" and not path,
+     "sglang.kind", "settings key 'sglang.kind' is 'source' but 'sglang.source_path' is unset",
+     "set sglang.source_path to the python/ folder of an SGLang checkout on the host"),
+    # "#": the number of items, whatever their own problems.
+    (("probe.min_correct", "#probe.questions"), lambda need, n: need > max(1, n),
+     "probe.min_correct", "settings key 'probe.min_correct' is {0}, expected at most the number "
+     "of questions ({1})", "set probe.min_correct to the right answers needed"),
     (("launcher", "@test_ok"), lambda launcher, ok: launcher is not None and not ok, "launcher",
      "settings key 'launcher' is {0!r}, expected no value: 'launcher' is a test-only setting "
      f"(refused unless {schema.TEST_SETTINGS_ENV}=1)", _TEST_FIX),

@@ -2,14 +2,18 @@
 defaults and checked once per distinct data. Host data wins over group data, which wins over
 ``all``; sections merge key by key, so a group can set ``target.revision`` and a host ``port``."""
 
+import json
+import math
 import os
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from specfleet.core.errors import SettingsError
-from specfleet.core.settings.checks import Problem, find_problems
-from specfleet.core.settings.schema import DATA_KEY, TEST_SETTINGS_ENV, Settings
+from specfleet.core.settings.checks import Problem, find_problems, schema_problems
+from specfleet.core.settings.schema import DATA_KEY, TEST_SETTINGS_ENV, ProbeOptions, Settings
 
 # The lowest layer: the model sections whose defaults are not their class's (the target's and
 # the drafter's repo ids), so that data naming only ``target.revision`` merges over them.
@@ -120,3 +124,40 @@ def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
 # pyinfra runs a deploy file once per host, and each run asks for every host's settings: the
 # inventory's data does not change during a run, so they are read once per inventory.
 _ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# The keys a probe file may set (``probe.file``): the probe itself, not where it comes from.
+PROBE_FILE_KEYS = ("questions", "min_correct", "max_tokens", "concurrency", "min_accept_length",
+                   "timeout_s")
+
+
+def probe_from_file(probe: ProbeOptions, text: str, path: str, host: str = "") -> ProbeOptions:
+    """``probe`` with a probe file's values (``probe.file``'s JSON text) in place: a malformed
+    file is a SettingsError naming the file, the key and the fix."""
+    where, fix = f"probe file {path}", 'write {"questions": [{"prompt": "...", "answer": "REGEX"}]}'
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{where} is not JSON ({exc})", host=host, fix=fix) from None
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{where} holds {type(data).__name__}, expected a JSON object",
+                            host=host, fix=fix)  # fmt: skip
+    unknown = sorted(set(data) - set(PROBE_FILE_KEYS))
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}", host=host,
+                            fix=f"use only {', '.join(PROBE_FILE_KEYS)}")
+    merged = {**probe.model_dump(), **data, "file": probe.file}
+    if isinstance(data.get("questions"), list) and "min_correct" not in data:
+        # Questions of its own without a count: the default share (7 of 8) of them.
+        merged["min_correct"] = max(1, math.ceil(len(data["questions"]) * 7 / 8))
+    try:
+        built = ProbeOptions.model_validate(merged)
+        problems = [] if built.min_correct <= len(built.questions) else [Problem(
+            "min_correct", f"settings key 'min_correct' is {built.min_correct}, expected at most "
+            f"the number of questions ({len(built.questions)})", "lower min_correct")]
+    except ValidationError as exc:
+        problems = schema_problems(exc.errors(include_url=False), root=ProbeOptions)
+    if problems:
+        raise host_error(host, [Problem(p.key, p.text.replace("settings key '", f"{where}: key '"),
+                                        f"fix that key in {path}: {p.fix}") for p in problems])
+    return built

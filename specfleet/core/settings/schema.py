@@ -3,6 +3,7 @@ frozen; each value's own checks are field validators (``validators.py``), checks
 in ``checks.py``. Later features add fields here, with a docstring: their README line."""
 
 import math
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -138,6 +139,7 @@ def _at_least_1(fix: str) -> AfterValidator:
     return number(1, integer=True, fix=fix)
 
 
+_SGLANG_DEFAULT = number(0, integer=True, fix="leave {key} unset for SGLang's default")
 _GIT_SCHEMES = ("https", "git+https", "ssh", "git+ssh", "file", "git+file", "http", "git+http")
 _BACKEND = rule(is_(valid.BACKEND_NAME, "an attention backend's name such as 'fa3'"),
                 "unset {key} to let the rules choose, or name one backend")
@@ -203,8 +205,12 @@ class SGLangSource(Section):
     version: Annotated[str, rule(valid.version_problem, "set {key} to a release such as '0.5.23'")
                        ] = "0.5.23"  # fmt: skip
     """The SGLang release (PEP 440)."""
-    kind: Literal["index", "git"] = "index"
-    """'index': pip from index_url / find_links; 'git': pip from git_url at git_ref."""
+    kind: Literal["index", "git", "source"] = "index"
+    """'index': pip from index_url / find_links; 'git': from git_url at git_ref; 'source': from
+    source_path."""
+    source_path: Annotated[str, rule(valid.abs_path_problem, "give the absolute path of an SGLang "
+                           "checkout's python/ folder on the host")] | None = None  # fmt: skip
+    """An SGLang checkout's python/ folder on the host (kind 'source', e.g. a DDTree fork)."""
     index_url: Annotated[str, rule(valid.url_problem, "give the index's URL: https (plain http to "
                          "a host in sglang.trusted_hosts), no user or password in it (pip's netrc "
                          "or keyring on the host holds those)")] | None = None  # fmt: skip
@@ -297,6 +303,15 @@ class PlanOverrides(Section):
     draft_window_size: Annotated[int, _at_least_1("use e.g. 4096 (the default), at least the "
                                                   "drafter's block size")] = 4096  # fmt: skip
     """The drafter's window."""
+    ddtree_budget: Annotated[int, number(2, integer=True, fix="use e.g. 32, or leave it unset for "
+                             "plain DFlash")] | None = None  # fmt: skip
+    """DDTree's tree budget where the installed SGLang has a known design (None: plain DFlash)."""
+    ddtree_max_topk: Annotated[int, _SGLANG_DEFAULT] | None = None
+    """PR#29907's knob (None: SGLang's default)."""
+    ddtree_depth_bonus: Finite | None = None
+    """PR#29907's knob (None: SGLang's default)."""
+    ddtree_rank_probe: Annotated[int, _SGLANG_DEFAULT] | None = None
+    """PR#29907's knob (None: SGLang's default)."""
     sm120_target_backend: Literal["triton", "flashinfer"] = "triton"
     """The target's backend on SM120."""
     extra_args: dict[Annotated[str, AfterValidator(_flag)], Text | Finite | int | bool | None] = {}
@@ -328,6 +343,10 @@ class RolloutOptions(Section):
     fanout_serve_hours: Annotated[float, number(0, 24, low_open=True, fix="set {key} to the "
                                   "hours a fan-out may take (at most a day), e.g. 2")] = 2.0
     """The fan-out's sshd on a serving host stops by itself after this."""
+    speed_gate: Annotated[float, number(0, 1, low_open=True, fix="set {key} to the fraction of its "
+                          "earlier speed a host must keep, e.g. 0.85, or unset it (no speed "
+                          "gate)")] | None = None  # fmt: skip
+    """A host whose tokens/s or acceptance length fell below this share of its own fails."""
 
 
 class RemovalOptions(Section):
@@ -392,13 +411,70 @@ class MetricsOptions(Section):
     """SGLang's --enable-metrics."""
     relay_port: Port | None = 30091
     """The watchdog relays the server's /metrics here (None: no relay)."""
-    relay_listen: HostName = "0.0.0.0"
-    """Where the relay listens."""
+    relay_listen: HostName = "127.0.0.1"
+    """Where the relay (no auth) listens: a fleet address or '0.0.0.0' opens it to a scraper."""
     textfile_dir: Annotated[str, _path("/var/lib/prometheus/node-exporter")
                             ] = "/var/lib/prometheus/node-exporter"  # fmt: skip
     """node-exporter's textfile collector folder."""
     node_exporter_port: Port = 9100
     """Where node-exporter listens, for the generated scrape config."""
+
+
+def _regex(answer: str) -> str | None:
+    try:
+        empty = re.fullmatch(answer, "") is not None
+        return empty and "a regex that an empty answer does not match"
+    except re.error as exc:
+        return f"a regular expression (Python re: {exc})"
+
+
+class ProbeQuestion(Section):
+    prompt: Annotated[str, rule(lambda v: not v.strip() and "a question", "write the question the "
+                                "server must answer")]  # fmt: skip
+    """A question the server must answer right (temperature 0)."""
+    answer: Annotated[str, rule(_regex, "fix the regex of that answer")]
+    """A regex (Python re, case-insensitive) the answer's text must contain."""
+
+
+# Short arithmetic and facts a 1T model answers right greedily, each checked by a regex that
+# accepts the usual ways to write the answer. The stand-in server knows them from its own table.
+DEFAULT_PROBE_QUESTIONS = (
+    ("What is 17 + 25? Answer with the number only.", r"(?<!\d)42(?!\d)"),
+    ("What is 12 * 12? Answer with the number only.", r"(?<!\d)144(?!\d)"),
+    ("What is 100 - 37? Answer with the number only.", r"(?<!\d)63(?!\d)"),
+    ("What is 9 * 8? Answer with the number only.", r"(?<!\d)72(?!\d)"),
+    ("What is the capital of France? Answer with one word.", r"\bParis\b"),
+    ("What is the chemical symbol for gold? Answer with the symbol only.", r"\bAu\b"),
+    ("How many days are in a week? Answer with the number only.", r"(?<!\d)7(?!\d)|\bseven\b"),
+    ("What is the largest planet in the solar system? Answer with one word.", r"\bJupiter\b"),
+)
+
+
+class ProbeOptions(Section):
+    """The readiness gate's correctness probe: after /health_generate, these questions at
+    temperature 0 must get their answers, with a plausible speculative acceptance length."""
+    enable: bool = True
+    """Run the probe."""
+    questions: Annotated[list[ProbeQuestion], rule(lambda v: not v and "at least one question "
+                         "with its answer", "list questions as {'prompt': ..., 'answer': REGEX}, "
+                         "or leave the defaults")] = [ProbeQuestion(prompt=q, answer=a)
+                                                       for q, a in DEFAULT_PROBE_QUESTIONS]
+    """The questions and the regex each answer must match."""
+    min_correct: Annotated[int, number(1, integer=True, fix="set {key} to the right answers "
+                           "needed, at most the number of questions")] = 7  # fmt: skip
+    """Right answers needed (at most the number of questions)."""
+    max_tokens: Annotated[int, number(1, integer=True, fix="set {key} to e.g. 64")] = 64
+    """Output tokens per request (>= 64 makes speculative verify run for many steps)."""
+    concurrency: Annotated[int, number(1, integer=True, fix="set {key} to e.g. 8")] = 8
+    """Requests in flight at once (batched verify runs too)."""
+    min_accept_length: Annotated[float, number(1, fix="set {key} to at least 1.0 (a verify step "
+                                 "emits one token at least)")] = 2.0  # fmt: skip
+    """The least mean acceptance length /generate may report (a broken verify nears 1.0)."""
+    timeout_s: Annotated[float, _seconds(120)] = 120.0
+    """The seconds one request may take."""
+    file: Annotated[str, rule(valid.control_path_problem, "set probe.file to a JSON file on the "
+                    "control machine, e.g. '~/probe.json'")] | None = None  # fmt: skip
+    """A JSON file on the control machine whose keys replace these at deploy time."""
 
 
 class Settings(Section):
@@ -436,6 +512,8 @@ class Settings(Section):
     """The health watchdog."""
     metrics: MetricsOptions = MetricsOptions()
     """Prometheus metrics."""
+    probe: ProbeOptions = ProbeOptions()
+    """The readiness gate's correctness probe."""
     service_name: Annotated[str, rule(valid.unit_name_problem, "set service_name to a plain name "
                             "such as 'specfleet-sglang'")] = "specfleet-sglang"  # fmt: skip
     """The systemd unit's name."""
