@@ -48,7 +48,8 @@ from specfleet.core.validators import (
 )
 
 DATA_KEY = "specfleet"
-# Test-only settings (launcher, sglang.no_deps) are refused unless this is "1" in the environment.
+# Test-only settings (launcher, sglang.no_deps, patch.test_recipe) are refused unless this is
+# "1" in the environment.
 TEST_SETTINGS_ENV = "SPECFLEET_ALLOW_TEST_SETTINGS"
 
 
@@ -123,6 +124,10 @@ class PatchSource:
     # pinned URLs (GitHub, PyPI). Every file is checked against its sha256 pin either way.
     source: str | list[str] | None = None
     on_conflict: Literal["keep-v1", "fail"] = "keep-v1"
+    # Tests only (refused unless SPECFLEET_ALLOW_TEST_SETTINGS=1): a recipe.json on the control
+    # machine used instead of the port's own, so the test fleet can serve a port variant that
+    # lacks one of its fixes (the verify-mask drill); built by the tests, never shipped.
+    test_recipe: str | None = None
 
 
 @dataclass(frozen=True)
@@ -581,8 +586,9 @@ _ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether test-only settings (``launcher``, ``sglang.no_deps``) are accepted: only with
-    ``SPECFLEET_ALLOW_TEST_SETTINGS=1`` in the environment of the run (the test fleet sets it)."""
+    """Whether test-only settings (``launcher``, ``sglang.no_deps``, ``patch.test_recipe``) are
+    accepted: only with ``SPECFLEET_ALLOW_TEST_SETTINGS=1`` in the environment of the run (the
+    test fleet sets it)."""
     env = os.environ if environ is None else environ
     return env.get(TEST_SETTINGS_ENV) == "1"
 
@@ -665,7 +671,7 @@ def validate(
             "give the drafter another repo_id or local_dir (target.local_dir / drafter.local_dir)",
         )
     _check_sglang(settings.sglang, p, allow_test_settings(environ))
-    _check_patch(settings.patch, p)
+    _check_patch(settings.patch, p, allow_test_settings(environ))
     _check_weights(settings.weights, p)
     _check_plan(settings.plan, p, has_api_key=_has_key(settings))
     _check_rollout(settings.rollout, p)
@@ -830,7 +836,16 @@ def _hosts(hosts: Iterable[str]) -> list[str]:
     return out
 
 
-def _check_patch(patch: PatchSource, p: _Problems) -> None:
+def _check_patch(patch: PatchSource, p: _Problems, test_ok: bool) -> None:
+    if patch.test_recipe is not None:
+        if not test_ok:
+            p.bad("patch.test_recipe", repr(patch.test_recipe), "no value: 'patch.test_recipe' "
+                  f"is a test-only setting (refused unless {TEST_SETTINGS_ENV}=1)",
+                  _TEST_FIX)  # fmt: skip
+        else:
+            p.check("patch.test_recipe", patch.test_recipe,
+                    control_path_problem(patch.test_recipe),
+                    "give the test's recipe.json as an absolute path on the control machine")
     mirrors = [patch.source] if isinstance(patch.source, str) else list(patch.source or ())
     for mirror in mirrors:
         if "://" in mirror:
