@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import Fleet, HostSpec
-from tests.harness.port_build import port_settings
+from tests.harness.port_build import port_settings, write_stale_mask_recipe
 from tests.harness.sources import PR20547_TARBALL
 from tests.harness.weights_support import StandinHub, make_repo, random_bytes
 
@@ -95,6 +95,15 @@ def drafter_files() -> dict[str, bytes]:
 
 # The CT200-like host's own venv (it is reused in place, as on CT200).
 CT200_VENV = "/root/venv_sglang211"
+
+
+def stale_mask_port(workdir: Path) -> dict:
+    """The CT200-like host's settings over-ride that gives it the broken verify tree: the port
+    less its verify-mask fix (0.5.11 + triton + CUDA graphs: a stale mask), through the test-only
+    ``patch.test_recipe``. The recipe is made now by tests.harness.port_build from the shipped
+    one (it names upstream text, holds none); the text still comes from the shared fixtures."""
+    recipe = write_stale_mask_recipe(workdir / "stale-mask-recipe.json")
+    return {"patch": {**port_settings(), "test_recipe": str(recipe)}}
 
 
 def standin_python(host: str) -> str:
