@@ -120,11 +120,10 @@ class Demo:
     workdir: Path
     revisions: dict[str, str]
     inventory: Path = field(default=None)  # type: ignore[assignment]
-    # The stand-in server runs from the host's SGLang venv (``standin_python``), so it decides
-    # from the installed tree (a stale verify mask: wrong answers). Off: /usr/bin/python3, which
-    # sees no SGLang tree and answers right. TODO(coordinator): on for the whole demo once the
-    # port's verify-mask fix (issue 29) is merged; with today's port ct200 fails its probe.
-    standin_in_venv: bool = False
+    # The stand-in server runs from the host's SGLang venv (``standin_python``), as the real
+    # server does, so it decides from the installed tree (a stale verify mask: wrong answers;
+    # the fixed port, issue 29, answers right). Off: /usr/bin/python3, which sees no SGLang tree.
+    standin_in_venv: bool = True
 
     def settings(self, host: str, **over) -> dict:
         data = {
@@ -203,7 +202,7 @@ def prepare_hosts(fleet: Fleet) -> None:
 
 
 def up(name: str = "demo", hosts: list[HostSpec] | None = None,
-       workdir: Path | None = None, standin_in_venv: bool = False) -> Demo:
+       workdir: Path | None = None, standin_in_venv: bool = True) -> Demo:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
     fleet = Fleet.up(name, hosts or HOSTS)
     mirrors = workdir / "mirrors"

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(f"/var/tmp/specfleet-drill-broken-verify-{os.getpid()}")
     work.mkdir(parents=True)
     demo = up(f"drillbv-{os.getpid() % 100000}", [HostSpec(HOST, gpu="rtx6000x8", disk="593G")],
-              work, standin_in_venv=True)
+              work)
     # The broken tree: this inventory (the rollout's and the next deploy's) gives ct200 the port
     # without its mask fix.
     demo.write_inventory(**{HOST: stale_mask_port(work)})

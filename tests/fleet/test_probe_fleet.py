@@ -39,8 +39,7 @@ GATE_TIME = re.compile(r"probe passed in ([0-9.]+) s")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    d = up(f"gateprobe-{os.getpid()}"[:31], HOSTS, tmp_path_factory.mktemp("gateprobe"),
-           standin_in_venv=True)
+    d = up(f"gateprobe-{os.getpid()}"[:31], HOSTS, tmp_path_factory.mktemp("gateprobe"))
     try:
         yield d
     finally:
