@@ -9,7 +9,8 @@ fleet bridge, systemd units, the readiness gate. What stands in, and why:
 - the hub is `tests/harness/standin_hub.py`, serving small git repos shaped like Kimi K2.6 and its
   gated DFlash drafter (no route to the Hub here);
 - the SGLang server is `tests/harness/standin_sglang_server.py`, started through the test-only
-  `launcher` setting with the plan's exact flags (the real one needs GPUs and torch).
+  `launcher` setting with the plan's exact flags (the real one needs GPUs and torch), by the
+  host's SGLang venv's interpreter, so it reads the tree the deploy installed.
 
 Two more 8x H100 hosts, h100a and h100b, form the serving group kimi-h100-pair: one server, tensor
 parallel over their 16 GPUs (rank 0 on h100a serves the API).
