@@ -343,6 +343,8 @@ def compressed_tensors(
     + venv: the venv SGLang is installed in
     + specifier: a user-given specifier that overrides the version table
     + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
+    + test_recipe: tests only (refused unless ``SPECFLEET_ALLOW_TEST_SETTINGS=1``): a recipe.json
+      used in place of the port's own (a variant without one of its fixes, built by the tests)
     + index_url: as for ``sglang.installed``
     + find_links: as for ``sglang.installed``
     + trusted_hosts: as for ``sglang.installed``
@@ -406,6 +408,7 @@ def pr20547(
     on_conflict: str = "keep-v1",
     present: bool = True,
     sglang_version: str | None = None,
+    test_recipe: str | None = None,
 ):
     """
     Wire PR#20547's DFlash v2 (overlap) worker into an SGLang that lacks it, where this project
@@ -464,7 +467,8 @@ def pr20547(
                 host=host.name,
                 fix="run sglang.installed before sglang.pr20547",
             )
-        yield from _predict_patch(source, sha256, opted_in, on_conflict, sglang_version)
+        yield from _predict_patch(source, sha256, opted_in, on_conflict, sglang_version,
+                                  test_recipe)
         return
 
     features = install.get("features") or {}
@@ -475,7 +479,8 @@ def pr20547(
         release = features = predicted_install(install["version"])["features"]
     port = patch = None
     if opted_in and present and features.get("dflash") != "v2":
-        port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker)
+        port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker,
+                                        test_recipe)
     decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port,
                               release_features=release)
     if decision.warning:
@@ -510,12 +515,13 @@ def _upstream(port: Port, source: str | list[str] | None) -> UpstreamSources:
     return UpstreamSources(port.sources, mirrors, host=host.name)
 
 
-def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None):
+def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None,
+                      test_recipe: str | None = None):
     """The port verdict for the installed tree, and the patch it would apply (or None). Files an
     earlier apply of ours left (``marker``) are judged as the restore or forget step before the
     apply leaves them: the apply's trial (no fuzz) and its verify guard that assumption."""
     version = install.get("version") or "?"
-    port = load_port(version)
+    port = load_port(version, test_recipe)
     if port is None:
         return no_port_verdict(version), None
     site = site_packages(install.get("location"))
@@ -570,7 +576,8 @@ def _port_patch(port: Port, source: str | list[str] | None):
 
 
 def _predict_patch(
-    source: str | None, sha256: str | None, opted_in: bool, on_conflict: str, sglang_version: str
+    source: str | None, sha256: str | None, opted_in: bool, on_conflict: str, sglang_version: str,
+    test_recipe: str | None = None,
 ):
     """``--dry`` on a host without SGLang: say exactly what the run will do once it is in."""
     predicted = predicted_install(sglang_version)
@@ -578,7 +585,7 @@ def _predict_patch(
     if has_v2_worker(predicted["features"]):
         host.noop(f"SGLang {version} (to be installed) has the DFlash v2 worker")
         return
-    port = load_port(version) if opted_in else None
+    port = load_port(version, test_recipe) if opted_in else None
     install = {"version": f"{version} (to be installed)", "features": predicted["features"]}
     verdict = None
     patch, missing = _port_patch_or_missing(port, source) if port else (None, None)
@@ -711,6 +718,7 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
         sha256=settings.patch.sha256,
         on_conflict=settings.patch.on_conflict,
         sglang_version=sg.version,
+        test_recipe=settings.patch.test_recipe,
         **global_args,
     )
     return metas
