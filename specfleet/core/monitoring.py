@@ -233,7 +233,7 @@ PANELS: tuple[tuple[str, str, str, str], ...] = (
      "short", "restarts"),
     ("Ready", f"max by (host) (specfleet_server_ready{{{HOSTS}}})", "bool_yes_no", "ready"),
     ("Free disk, smallest filesystem", f'min by (host) (node_filesystem_avail_bytes{{{HOSTS},'
-     'fstype!~"tmpfs|overlay"}})', "bytes", "bytes free"),
+     'fstype!~"tmpfs|overlay"})', "bytes", "bytes free"),
     ("Revision", "max by (host, sglang_version, pr20547, target_revision, drafter_revision, "
      f"plan_hash) (specfleet_build_info{{{HOSTS}}})", "string", "info"),
 )

@@ -338,12 +338,16 @@ def test_prometheus_scrapes_the_host_and_the_alerts_fire(wd, prom):
                   "sglang:generation_tokens_total", 'specfleet_build_info{sglang_version="0.5.11"}',
                   "specfleet_server_ready == 1", "specfleet_watchdog_restarts_total"):
         wait_for(f"series of {query}", lambda q=query: series(port, q), timeout=30)
-    # Every dashboard panel's query returns series from this Prometheus.
+    # Every dashboard panel's query returns series from this Prometheus, with the host picker
+    # on "All" (Grafana puts its allValue, .*, for $host) and on this one host.
     board = json.loads((mon / "grafana" / "specfleet.json").read_text())
-    for panel in board["panels"]:
-        for target in panel["targets"]:
-            wait_for(f"panel {panel['title']!r}", lambda e=target["expr"]: series(port, e),
-                     timeout=30)  # fmt: skip
+    (picker,) = [v for v in board["templating"]["list"] if v["name"] == "host"]
+    for chosen in (picker["allValue"], "h1"):
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$host", chosen)
+                wait_for(f"panel {panel['title']!r} ($host={chosen})",
+                         lambda e=expr: series(port, e), timeout=30)
     # Watchdog restarting: a hang, a restart, the counter rises.
     sh(wd, f"echo {main_pid(wd)} > {HANG}")
     wait_for("SpecfleetWatchdogRestarting", lambda: ("SpecfleetWatchdogRestarting", "h1")

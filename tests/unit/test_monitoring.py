@@ -321,3 +321,16 @@ def test_a_loopback_relay_is_refused_as_a_remote_target_with_the_fix(tmp_path):
     write_monitoring([("h1", "10.0.0.1", _settings(metrics={"relay_listen": "10.0.0.1"}))],
                      tmp_path / "open")
     assert (tmp_path / "open" / "prometheus.yml").exists()
+
+
+def test_every_dashboard_query_parses_as_promql(tmp_path):
+    """Each panel's query, with the host picker's values put in as Grafana does, is valid PromQL
+    (promtool checks it as a recording rule)."""
+    board = dashboard()
+    (picker,) = [v for v in board["templating"]["list"] if v["name"] == "host"]
+    rules = [{"record": f"specfleet:panel_{i}_{j}", "expr": expr.replace("$host", value)}
+             for i, (_, expr) in enumerate(panel_queries(board))
+             for j, value in enumerate((picker["allValue"], "h1"))]
+    (tmp_path / "panels.yml").write_text(json.dumps({"groups": [{"name": "p", "rules": rules}]}))
+    res = promtool("check", "rules", str(tmp_path / "panels.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
