@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import os
-import posixpath
 import re
 import socket
 import sys
@@ -35,22 +34,19 @@ from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
 from operations.serving import group_peers, host_address, service_state_args
-from operations.util import fails_host, record_failure
+from operations.util import fails_host, host_settings, record_failure
 from operations.venvs import effective_settings
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
 from specfleet.core import runlock
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import lock_path, model_root, sglang_python
 from specfleet.core.plan.group import NET, RDMA, GroupMember
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings
 from specfleet.hostside.run_lock import MARK
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-def lock_path(settings: Settings) -> str:
-    return posixpath.join(settings.state_dir, "run.lock")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,7 +376,7 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
     Taking and releasing the lock is run bookkeeping, not a change to the host, so it never
     shows as one: a converged host reports no change.
     """
-    s = settings or settings_for_host(host)
+    s = host_settings(settings)
     path = lock_path(s)
     me = _me()
     lease_s = lease_seconds()
@@ -498,10 +494,11 @@ def missing_weights_bytes(s: Settings) -> int | None:
 
     token = control_token(s.weights)
     total = 0
-    for src in (s.target, s.drafter):
+    for which in ("target", "drafter"):
+        src = getattr(s, which)
         if src.revision is None:
             return None
-        state = cached_fact(host, WeightsState, path=posixpath.join(s.models_root, src.dir_name))
+        state = cached_fact(host, WeightsState, path=model_root(s, which))
         if _COMMIT.match(src.revision) and (
             (state.get("revisions") or {}).get(src.revision) or {}
         ).get("complete"):
@@ -547,9 +544,8 @@ def checks(settings: Settings | None = None):
     interpreter or glibc. Warnings (low disk headroom) are printed and do not fail.
     """
     s = effective_settings(settings)
-    venv_python = posixpath.join(s.venv, "bin", "python")
     specs = default_specs(
-        python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path
+        python=sglang_python(s), models_path=s.models_root, token_path=s.weights.host_token_path
     )
     specs[pure.SERVICE] = (ServiceState, service_state_args(s))
     if s.group is not None:
@@ -560,7 +556,7 @@ def checks(settings: Settings | None = None):
     install = facts.get(pure.SGLANG)
     wheel_error = None
     if s.sglang.kind == "index" and (install is None or install.get("version") != s.sglang.version):
-        python = venv_python if (facts.get("facts.python.Packages") or {}).get(
+        python = sglang_python(s) if (facts.get("facts.python.Packages") or {}).get(
             "python_version") else s.python
         wheel_error = host.get_fact(
             SGLangWheel, python=python, requirement=f"sglang=={s.sglang.version}",

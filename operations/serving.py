@@ -1,22 +1,20 @@
-"""Run the SGLang server under systemd: a unit from the plan, restart only on change, readiness."""
+"""Run the SGLang server under systemd: a unit from the plan, restart only on change, readiness.
+
+The unit's decisions are pure and live in ``specfleet.core.unit`` (re-exported here, where the
+README's examples and the tests read them); this module holds the operations.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import posixpath
 import re
 import shlex
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from paramiko import SSHException
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.api.util import get_template
@@ -25,208 +23,59 @@ from pyinfra.operations import files
 
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
-from facts.serving import STARTED_MARK, ServiceState
+from facts.gpu import Gpus, GpuTopology
+from facts.net import NetworkInterfaces, RdmaPorts
+from facts.serving import STARTED_MARK, FileText, FirstJson, ServiceState
+from facts.sglang import SGLangInstall
+from facts.weights import WeightsState
 from operations.sglang_commands import rejected_port_path, restore_script
-from operations.util import check_command, record_failure
+from operations.util import check_command, host_settings, per_host, record_failure
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
-from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
-from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
-from specfleet.core.resources import hostside_path, template_path
+from specfleet.core.layout import (
+    ServerPaths,
+    join,
+    model_file,
+    model_root,
+    patch_state_dir,
+    server_paths,
+    sglang_python,
+)
+from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY
+from specfleet.core.plan.group import NET, RDMA
+from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, api_key_chars_ok, settings_for_host
-from specfleet.core.sglang.install import patch_state_dir
+from specfleet.core.unit import (  # noqa: F401 (the unit's pure half, read here by callers)
+    DRAFTER_CONFIG,
+    ENV_TEMPLATE,
+    LOG_MODULE,
+    PATCH_SHA,
+    SERVICE,
+    UNIT_TEMPLATE,
+    CurrentPlan,
+    Peer,
+    StartDecision,
+    argv_value,
+    build_info,
+    exec_start,
+    files_fingerprint,
+    has_api_key,
+    logging_config,
+    plan_from_facts,
+    secret_yaml,
+    server_env,
+    sha1_text,
+    short_hash,
+    start_decision,
+    systemd_quote,
+    unit_context,
+    weights_key,
+)
 from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
-UNIT_TEMPLATE = template_path("sglang.service.j2")
-ENV_TEMPLATE = template_path("sglang.env.j2")
 GATE_SCRIPT = hostside_path("readiness_gate.py")
-# The server's log formatter, which redacts API keys: imported by SGLang's Python from the logging
-# config (SGLANG_LOGGING_CONFIG_PATH), with its folder on the server's PYTHONPATH.
-LOG_MODULE = hostside_path("specfleet_log_redact.py")
-LOG_FORMATTER = "specfleet_log_redact.RedactingFormatter"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-# The unit's supervision. A crash loop stops after START_LIMIT_BURST starts in the interval; with
-# RESTART_SEC between them, a server that dies at import fails the unit in about 15 s.
-START_LIMIT_INTERVAL_S = 300
-START_LIMIT_BURST = 3
-RESTART_SEC = 5
-# SGLang drains in-flight requests on SIGTERM; a 1T model's workers need time to exit.
-TIMEOUT_STOP_S = 180
-LIMIT_NOFILE = 1048576
 
-# Where each cache goes under <models_root>/.cache, and the variable that moves it there. Each
-# default is under $HOME (read in the 0.5.11 wheel: srt/environ.py SGLANG_DG_CACHE_DIR and
-# SGLANG_CACHE_DIR, srt/compilation/compiler_interface.py TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR,
-# custom_all_reduce_utils.py ~/.cache/sglang), so a service without them recompiles DeepGEMM
-# kernels (10-20 min) after every reinstall of root's home, or never keeps them at all.
-CACHE_ENV = (
-    ("SGLANG_DG_CACHE_DIR", "deep_gemm"),
-    ("SGLANG_CACHE_DIR", "sglang"),
-    ("TRITON_CACHE_DIR", "triton"),
-    ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
-    ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
-    ("CUDA_CACHE_PATH", "nv/ComputeCache"),
-    ("XDG_CACHE_HOME", "xdg"),
-)
-
-_SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JINJA = {"trim_blocks": True, "lstrip_blocks": True}
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure helpers: paths, quoting, rendering
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerPaths:
-    """Where a specfleet server's files live on the host."""
-
-    unit_name: str
-    unit: str
-    env: str
-    secret: str
-    marker: str
-    cache_root: str
-    # The logging config and its formatter module, root's alone (a 0700 folder of 0600 files).
-    log_dir: str
-    log_config: str
-    log_module: str
-
-
-def server_paths(settings: Settings) -> ServerPaths:
-    name = settings.service_name
-    log_dir = f"/etc/specfleet/{name}.logging"
-    return ServerPaths(
-        unit_name=f"{name}.service",
-        unit=f"/etc/systemd/system/{name}.service",
-        env=f"/etc/specfleet/{name}.env",
-        # SGLang reads `--config FILE.yaml` (0.5.11, 0.5.14, 0.5.23): the API key goes there, so it
-        # is in no argv, no unit and no diff. The directory is 0700.
-        secret=f"/etc/specfleet/secrets/{name}.yaml",
-        marker=posixpath.join(settings.state_dir, f"{name}.restart-pending"),
-        cache_root=posixpath.join(settings.models_root, ".cache"),
-        log_dir=log_dir,
-        log_config=f"{log_dir}/logging.json",
-        log_module=f"{log_dir}/{LOG_MODULE.name}",
-    )
-
-
-def systemd_escape(text: str) -> str:
-    """Text for a unit setting that expands specifiers (``%``) but is not split into words."""
-    if "\n" in text or "\0" in text:
-        raise ValueError(f"a unit setting cannot hold a newline or NUL: {text!r}")
-    return text.replace("%", "%%")
-
-
-def systemd_quote(word: str, expand_env: bool = True) -> str:
-    """One word of an ``ExecStart=`` (or ``Environment=``) line, quoted so systemd reads it back.
-
-    systemd expands ``%`` specifiers on the whole line, splits words with C-style unquoting and, for
-    ``ExecStart=``, expands ``$VAR`` in each word. So ``%`` becomes ``%%``, ``$`` becomes ``$$``
-    (``expand_env``), and any word that is not plainly safe is double-quoted with C escapes.
-    """
-    if "\0" in word:
-        raise ValueError(f"an argument cannot hold a NUL byte: {word!r}")
-    if word == ";":
-        # A lone ; separates commands; \; is the literal.
-        return "\\;"
-    if _SAFE_WORD.fullmatch(word):
-        return word
-    out = ['"']
-    for ch in word:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "%":
-            out.append("%%")
-        elif ch == "$" and expand_env:
-            out.append("$$")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
-def exec_start(argv: list[str]) -> str:
-    """The value of ``ExecStart=``: the words quoted, one flag (and its value) per line."""
-    if not argv:
-        raise ValueError("the plan's argv is empty")
-    if not argv[0].startswith("/"):
-        raise ValueError(f"the plan's argv[0] is not an absolute path: {argv[0]!r}")
-    lines: list[list[str]] = [[systemd_quote(argv[0])]]
-    for word in argv[1:]:
-        if word.startswith("--"):
-            lines.append([])
-        lines[-1].append(systemd_quote(word))
-    return " \\\n    ".join(" ".join(line) for line in lines)
-
-
-def env_line(key: str, value: str) -> str:
-    """One ``KEY="value"`` line of an EnvironmentFile, as systemd's env-file parser reads it."""
-    if not _ENV_KEY.fullmatch(key):
-        raise ValueError(f"not an environment variable name: {key!r}")
-    if "\n" in value or "\0" in value or "\r" in value:
-        raise ValueError(f"environment variable {key} holds a newline or NUL")
-    escaped = re.sub(r'(["\\`$])', r"\\\1", value)
-    return f'{key}="{escaped}"'
-
-
-def cache_env(settings: Settings) -> dict[str, str]:
-    root = server_paths(settings).cache_root
-    return {key: posixpath.join(root, sub) for key, sub in CACHE_ENV}
-
-
-def server_env(plan_env: dict[str, str], settings: Settings) -> dict[str, str]:
-    """The server's environment: the cache directories and the logging config, then the plan's env
-    (which wins), with the logging config's folder first on PYTHONPATH (the plan's after it)."""
-    paths = server_paths(settings)
-    env = cache_env(settings)
-    # SGLang's own way to configure its logging (configure_logger, 0.5.11 to 0.5.23): a dictConfig
-    # JSON whose formatter redacts the API key SGLang logs with its ServerArgs at start.
-    env["SGLANG_LOGGING_CONFIG_PATH"] = paths.log_config
-    env.update(plan_env)
-    theirs = plan_env.get("PYTHONPATH")
-    env["PYTHONPATH"] = paths.log_dir + (f":{theirs}" if theirs else "")
-    return env
-
-
-def logging_config(settings: Settings, argv: list[str]) -> str:
-    """The server's logging config (SGLANG_LOGGING_CONFIG_PATH): what SGLang's ``configure_logger``
-    sets up without one (a stderr handler at ``--log-level``, SGLang's format, httpx and httpcore
-    at WARNING), with the formatter that redacts API keys, the key file's among them.
-
-    SGLang applies it with ``logging.config.dictConfig`` after its modules made their loggers, so
-    ``disable_existing_loggers`` is false: true would silence every one of them.
-    """
-    level = (argv_value(argv, "--log-level") or "info").upper()
-    config = {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {
-            "sglang": {"()": LOG_FORMATTER, "secret_files": [server_paths(settings).secret]},
-        },
-        "handlers": {
-            "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
-                       "formatter": "sglang"},
-        },
-        "root": {"level": level if level in LOG_LEVELS else "INFO", "handlers": ["stderr"]},
-        "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
-    }  # fmt: skip
-    return json.dumps(config, indent=2) + "\n"
-
-
-def has_api_key(settings: Settings) -> bool:
-    """Whether the server gets an API key (``api_key``, or ``api_key_file`` not read yet)."""
-    return settings.api_key is not None or settings.api_key_file is not None
 
 
 def read_api_key_file(path: str) -> str:
@@ -265,193 +114,9 @@ def api_key(settings: Settings) -> str | None:
     return None
 
 
-def secret_yaml(api_key: str) -> str:
-    """The ``--config`` YAML holding the API key (a JSON string is a YAML double-quoted scalar)."""
-    import json
-
-    if not api_key or any(ord(c) < 32 or ord(c) > 126 for c in api_key):
-        raise ValueError("the API key must be printable ASCII")
-    return "# Managed by specfleet. The SGLang API key, read through --config.\n" + (
-        f"api-key: {json.dumps(api_key)}\n"
-    )
-
-
-def argv_value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag`` in argv (``--flag V`` or ``--flag=V``), the last one winning."""
-    value = None
-    for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif word.startswith(flag + "="):
-            value = word[len(flag) + 1 :]
-    return value
-
-
-def with_secret_config(argv: list[str], secret_path: str | None) -> list[str]:
-    """The argv the unit runs: the plan's, plus ``--config SECRET.yaml`` given an API key."""
-    if secret_path is None:
-        return list(argv)
-    if "--config" in argv:
-        raise ValueError("the plan already passes --config; the API key cannot be added to it")
-    return [*argv, "--config", secret_path]
-
-
-def build_info(settings: Settings, install: dict[str, Any] | None, weights: dict | None = None):
-    """What the running server is built from: SGLang version, patch state, weights revisions.
-
-    It is rendered into the unit, so a new version or revision changes the unit and restarts the
-    server. ``weights`` may give the revisions resolved on the host ({"target": sha, ...}).
-    """
-    weights = weights or {}
-    version = (install or {}).get("version") or f"{settings.sglang.version} (not installed yet)"
-    features = (install or {}).get("features") or {}
-    patch = (install or {}).get("patch")
-    if not patch:
-        # A PR#20547 build (git install of the PR branch) has it without an applied patch.
-        patch = "pr20547 (built in)" if features.get("dflash_pr20547") else "none"
-    if settings.sglang.kind == "git":
-        version += f" git:{settings.sglang.git_ref}"
-
-    def rev(name: str) -> str:
-        src = getattr(settings, name)
-        return weights.get(name) or src.revision or "unpinned"
-
-    return {
-        "sglang": _one_line(version),
-        "patch": _one_line(str(patch)),
-        "target": _one_line(f"{settings.target.repo_id}@{rev('target')}"),
-        "drafter": _one_line(f"{settings.drafter.repo_id}@{rev('drafter')}"),
-    }
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def unit_context(
-    argv: list[str],
-    env: dict[str, str],
-    settings: Settings,
-    build: dict[str, str],
-    predicted: str | None = None,
-) -> dict[str, Any]:
-    """Everything the unit and env templates read, already quoted for systemd."""
-    paths = server_paths(settings)
-    secret = paths.secret if has_api_key(settings) else None
-    full_env = server_env(env, settings)
-    build_env = "SPECFLEET_BUILD=" + " ".join(f"{k}={v}" for k, v in build.items())
-    return {
-        "service_name": settings.service_name,
-        "predicted": predicted,
-        "build": build,
-        "build_env": systemd_quote(build_env, expand_env=False),
-        "description": systemd_escape(
-            f"{settings.target.repo_id} + {settings.drafter.repo_id}"
-        ),
-        "start_limit_interval_s": START_LIMIT_INTERVAL_S,
-        "start_limit_burst": START_LIMIT_BURST,
-        "restart_sec": RESTART_SEC,
-        "timeout_stop_s": TIMEOUT_STOP_S,
-        "limit_nofile": LIMIT_NOFILE,
-        "env_path": systemd_escape(paths.env),
-        "working_directory": systemd_escape(settings.models_root),
-        "exec_start": exec_start(with_secret_config(argv, secret)),
-        "cache_root": paths.cache_root,
-        "env_lines": [env_line(k, v) for k, v in full_env.items()],
-    }
-
-
 def render(template: Path, context: dict[str, Any]) -> str:
     """Render a template exactly as ``files.template`` does."""
     return get_template(str(template), dict(_JINJA)).render(context)
-
-
-def sha1_text(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()  # noqa: S324 (compared with sha1sum)
-
-
-def short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-# --------------------------------------------------------------------------------------------------
-# Restart or wait: what server.service does with the restart-pending marker (pure)
-# --------------------------------------------------------------------------------------------------
-
-
-def files_fingerprint(files: dict[str, dict[str, Any]]) -> str:
-    """One word for the unit's files as ``ServiceState`` reports them (path, content, mode,
-    owner), recorded with a restart to tell later whether they changed since."""
-    text = "\n".join(
-        f"{path} {info.get('sha1')} {info.get('mode')} {info.get('user')}:{info.get('group')}"
-        for path, info in sorted(files.items())
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class StartDecision:
-    """What ``server.service`` does for a server that should run.
-
-    ``none``: it runs and nothing is pending. ``start``: it is stopped. ``restart``: for the
-    restart-pending marker (``why`` starts with the marker's reason). ``wait``: the restart for
-    the marker was done and the server it started is still up with its unit unchanged: gate it
-    with what is left of the budget since ``started_at`` (host time), do not restart it.
-    """
-
-    action: str
-    why: str = ""
-    started_at: int | None = None
-
-
-def start_decision(st: dict[str, Any], fingerprint: str) -> StartDecision:
-    """Restart, wait, start or nothing, from the unit's state (``ServiceState``: active state,
-    invocation, the marker and the restart recorded in it) and the fingerprint of the unit's files
-    now (``files_fingerprint``).
-
-    A marker is cleared only when the gate passes, so a gate that failed (or a run that died)
-    leaves it. Restarting on every marker restarts a server that is still loading, or healthy by
-    now, on every run: a server needing longer than the budget never comes up. So a restart
-    records, in the marker, the invocation it started and the files it started from; a marker
-    with that record is waited on while that same invocation is up and the files are the same,
-    and restarts the server only when the unit, env, key or logging config changed since, or the
-    server died (failed, stopped, restarting after a crash, or another invocation).
-    """
-    pending = st.get("restart_pending")
-    active_state = st.get("active_state") or "inactive"
-    sub_state = st.get("sub_state") or "dead"
-    up = active_state in ("active", "activating", "reloading")
-    if pending is None:
-        if sub_state == "auto-restart":
-            # "activating" here is a dead server that systemd starts again after RestartSec (or
-            # never, once its start limit is hit): nothing serves, so start it now and gate it.
-            return StartDecision("start", "the server died; systemd waits to start it again "
-                                 "(auto-restart)")
-        return StartDecision("none" if up else "start")
-    started = st.get("restart_started")
-    if not started:
-        return StartDecision("restart", pending)
-    if st.get("need_daemon_reload") or started.get("files") != fingerprint:
-        return StartDecision(
-            "restart", f"{pending}; the unit's files changed since the restart for it"
-        )
-    if not up or sub_state == "auto-restart" or st.get("result") == "start-limit-hit":
-        return StartDecision(
-            "restart", f"{pending}; the server restarted for it is {active_state}/{sub_state}"
-        )
-    if st.get("invocation_id") != started.get("invocation"):
-        return StartDecision(
-            "restart", f"{pending}; the server restarted for it is gone: the unit runs another "
-            "invocation",
-        )  # fmt: skip
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started["at"]))
-    return StartDecision(
-        "wait",
-        f"it was restarted for {pending} at {when} (invocation {started['invocation'][:12]}) and "
-        f"is {active_state}/{sub_state} since, its unit unchanged: not restarting it, waiting "
-        "until it serves",
-        started["at"],
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -459,146 +124,44 @@ def start_decision(st: dict[str, Any], fingerprint: str) -> StartDecision:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CurrentPlan:
-    argv: list[str]
-    env: dict[str, str]
-    build: dict[str, str]
-    # Why the plan is predicted (SGLang or the drafter not on the host yet), or None.
-    predicted_because: str | None
-    rendered: str
-
-
-SERVICE = "facts.serving.ServiceState"
-DRAFTER_CONFIG = "drafter_config"
-PATCH_SHA = "patch_sha256"
-
-
-def _weights_key(name: str) -> str:
-    return f"weights_{name}"
-
-
-def unit_files(paths: ServerPaths) -> list[str]:
-    """The files whose state ``ServiceState`` reports with the unit's: one set for every step
-    (preflight, server.unit, server.service), so that a probe asks systemctl once."""
-    return [paths.unit, paths.env, paths.secret, paths.log_config, paths.log_module]
-
-
 def service_state_args(settings: Settings) -> dict[str, Any]:
     paths = server_paths(settings)
-    return {"service": paths.unit_name, "paths": unit_files(paths), "marker": paths.marker}
+    return {"service": paths.unit_name, "paths": paths.unit_files(), "marker": paths.marker}
 
 
 def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
     """The facts the unit needs, for one ``facts.probe.Probe`` command (one SSH round trip)."""
     paths = server_paths(settings)
-    drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
     specs: dict[str, Any] = {
         SERVICE: (ServiceState, {"service": paths.unit_name, "paths": files_,
                                  "marker": paths.marker}),
-        GPUS: ("facts.gpu.Gpus", {}),
-        TOPOLOGY: ("facts.gpu.GpuTopology", {}),
-        SGLANG: (
-            "facts.sglang.SGLangInstall",
-            {"python": posixpath.join(settings.venv, "bin", "python")},
-        ),
+        GPUS: (Gpus, {}),
+        TOPOLOGY: (GpuTopology, {}),
+        SGLANG: (SGLangInstall, {"python": sglang_python(settings)}),
         DRAFTER_CONFIG: (
-            "facts.serving.FirstJson",
-            {"paths": [posixpath.join(drafter_dir, "config.json"),
-                       posixpath.join(drafter_dir, "current", "config.json")]},
+            FirstJson,
+            {"paths": [model_file(settings, "drafter", "config.json"),
+                       model_file(settings, "drafter", "current", "config.json")]},
         ),
-    }
+    }  # fmt: skip
     if settings.group is not None:
         # A serving group's plan needs the interfaces the peers reach this member on.
-        specs[NET] = ("facts.net.NetworkInterfaces", {})
-        specs[RDMA] = ("facts.net.RdmaPorts", {})
+        specs[NET] = (NetworkInterfaces, {})
+        specs[RDMA] = (RdmaPorts, {})
     # The applied PR#20547 patch's sha256 (written by operations.sglang), for the build info.
-    specs[PATCH_SHA] = (
-        "facts.serving.FileText",
-        {"path": posixpath.join(patch_state_dir(settings.venv), "sha256")},
-    )
+    specs[PATCH_SHA] = (FileText, {"path": join(patch_state_dir(settings.venv), "sha256")})
     for name in ("target", "drafter"):
         src = getattr(settings, name)
         if src.revision is None or src.follow_branch:
             # Not pinned in the settings: the revision the weights step left on the host.
-            specs[_weights_key(name)] = (
-                "facts.weights.WeightsState",
-                {"path": posixpath.join(settings.models_root, src.dir_name)},
-            )
+            specs[weights_key(name)] = (WeightsState, {"path": model_root(settings, name)})
     return specs
-
-
-@dataclass(frozen=True)
-class Peer:
-    """Another member of this host's serving group, as this run read it."""
-
-    settings: Settings
-    facts: dict[str, Any]
-    address: str
-
-
-def plan_from_facts(
-    settings: Settings,
-    facts: dict[str, Any],
-    host_name: str = "",
-    peers: dict[str, Peer] | None = None,
-    address: str = "",
-) -> CurrentPlan:
-    """The plan and build info from the facts of ``host_specs`` (pure: no I/O).
-
-    Before the software and weights steps have run (a fresh host under ``--dry``), the plan is
-    predicted from the settings and ``specfleet.core.tables.sglang_versions``, and says why.
-    A member of a serving group gets its part of the group's plan: ``peers`` are the other
-    members (their settings, facts and address), ``address`` the one its peers reach it on.
-    """
-    install = facts.get(SGLANG)
-    drafter_config = facts.get(DRAFTER_CONFIG)
-    missing = []
-    if install is None:
-        missing.append(f"SGLang is not installed in {settings.venv} yet")
-    if drafter_config is None:
-        drafter_dir = posixpath.join(settings.models_root, settings.drafter.dir_name)
-        missing.append(f"the drafter's config.json is not in {drafter_dir} yet")
-    try:
-        if settings.group is None:
-            plan = make_plan(
-                {k: facts.get(k) for k in (GPUS, TOPOLOGY, SGLANG)},
-                settings,
-                drafter_config,
-                predicted=install is None,
-                host=host_name or None,
-            )
-        else:
-            group = make_group_plan(
-                [GroupMember(host_name, facts, settings, address or host_name)]
-                + [GroupMember(name, p.facts, p.settings, p.address)
-                   for name, p in (peers or {}).items()],
-                drafter_config,
-                predicted=install is None,
-            )  # fmt: skip
-            plan = group.plans[host_name]
-    except PlanError as exc:
-        raise exc.for_host(host_name) if host_name else exc from None
-    weights = {}
-    for name in ("target", "drafter"):
-        current = (facts.get(_weights_key(name)) or {}).get("current")
-        if current:
-            weights[name] = current
-    if install is not None and facts.get(PATCH_SHA):
-        install = dict(install, patch=f"pr20547 sha256:{facts[PATCH_SHA][:16]}")
-    return CurrentPlan(
-        argv=list(plan.argv),
-        env=dict(plan.env),
-        build=build_info(settings, install, weights),
-        predicted_because="; ".join(missing) or None,
-        rendered=plan.render(),
-    )
 
 
 def current_plan(settings: Settings) -> CurrentPlan:
     """The plan for this host from its facts as they are now (call it inside an operation)."""
     return plan_from_facts(
-        settings, _gather(settings, []), host.name, group_peers(settings), host_address(host)
+        settings, unit_facts(settings, []), host.name, group_peers(settings), host_address(host)
     )
 
 
@@ -641,7 +204,7 @@ def group_peers(settings: Settings) -> dict[str, Peer] | None:
     return peers
 
 
-def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
+def unit_facts(settings: Settings, files_: list[str]) -> dict[str, Any]:
     facts = gather(host, host_specs(settings, files_))
     if facts.get(SERVICE) is None:
         raise SpecfleetError(
@@ -650,11 +213,6 @@ def _gather(settings: Settings, files_: list[str]) -> dict[str, Any]:
             fix="run specfleet on a host booted with systemd",
         )
     return facts
-
-
-def _settings(settings: Settings | None) -> Settings:
-    # A deploy resolves the venv once (operations.venvs) and passes its settings in.
-    return settings if settings is not None else settings_for_host(host)
 
 
 def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:
@@ -717,29 +275,6 @@ def _private_file_commands(folder: str, path: str, text: str) -> list[StringComm
     ]  # fmt: skip
 
 
-def _per_host(body: Iterator[Any]) -> Iterator[Any]:
-    """An op body whose ``SpecfleetError`` fails this one host, not the whole run.
-
-    pyinfra 3.10 turns an ``OperationError`` raised in an op (at prepare or execute time) into
-    "Operation error" and stops every host. Here the error becomes a command that logs it and
-    fails, so the other hosts go on and ``--fail-percent`` decides; ``--dry`` shows it too.
-    """
-    try:
-        commands = list(body)
-    except SpecfleetError as exc:
-        error = exc.for_host(host.name)
-        if not state.is_executing:
-            host.log_styled(f"will fail: {error.problem}", fg="red", log_func=logger.warning)
-        yield FunctionCommand(_report_error, (error.render(),), {})
-        return
-    yield from commands
-
-
-def _report_error(state, host, text: str) -> bool:
-    logger.error(f"{host.print_prefix}{text}" if not text.startswith(f"[{host.name}]") else text)
-    return False
-
-
 # --------------------------------------------------------------------------------------------------
 # Operations
 # --------------------------------------------------------------------------------------------------
@@ -780,20 +315,20 @@ def unit(settings: Settings | None = None, present: bool = True):
                                _if=any_changed(software, weights))
         server.service(name="Run the SGLang server", running=True, enabled=True)
     """
-    yield from _per_host(_unit(settings, present))
+    yield from per_host(_unit(settings, present))
 
 
 def _unit(settings: Settings | None, present: bool):
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = server_paths(s)
-    files_ = unit_files(paths)
+    files_ = paths.unit_files()
 
     if not present:
         yield from _absent(paths, _state(paths, files_))
         return
 
     # One command reads the unit's state and everything the plan needs, as they are now.
-    facts = _gather(s, files_)
+    facts = unit_facts(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name, group_peers(s), host_address(host))
     if not state.is_executing:  # planning (--dry): the controllers show each host's plan
@@ -866,7 +401,7 @@ def _unit(settings: Settings | None, present: bool):
 
 
 def _absent(paths: ServerPaths, st: dict[str, Any]):
-    present = [p for p in unit_files(paths) if p in st["files"]]
+    present = [p for p in paths.unit_files() if p in st["files"]]
     loaded = st["load_state"] not in ("not-found", "")
     if not present and not loaded and st["restart_pending"] is None:
         host.noop(f"unit {paths.unit_name} is absent")
@@ -905,11 +440,11 @@ def restart_pending(settings: Settings | None = None, reason: str = "the softwar
             _if=any_changed(software, weights),
         )
     """
-    yield from _per_host(_restart_pending(settings, reason))
+    yield from per_host(_restart_pending(settings, reason))
 
 
 def _restart_pending(settings: Settings | None, reason: str):
-    paths = server_paths(_settings(settings))
+    paths = server_paths(host_settings(settings))
     yield _marker_command(paths, f"{reason} changed")
 
 
@@ -928,17 +463,17 @@ def group_restart(settings: Settings | None = None):
     restart them into the middle of the new start); stopping all first starts the group clean.
     A host that serves alone is left as it is.
     """
-    yield from _per_host(_group_restart(settings))
+    yield from per_host(_group_restart(settings))
 
 
 def _group_restart(settings: Settings | None):
-    s = _settings(settings)
+    s = host_settings(settings)
     g = s.group
     if g is None:
         host.noop("serves alone: no serving group to restart together")
         return
     paths = server_paths(s)
-    own = _state(paths, unit_files(paths))
+    own = _state(paths, paths.unit_files())
     marked: dict[str, str] = {}
     if own["restart_pending"]:
         marked[host.name] = own["restart_pending"]
@@ -993,13 +528,13 @@ def service(
     instead of restarting it again; it restarts it only when its files changed since or it died
     (``start_decision``).
     """
-    yield from _per_host(_service(settings, running, enabled, ready))
+    yield from per_host(_service(settings, running, enabled, ready))
 
 
 def _service(settings: Settings | None, running: bool, enabled: bool | None, ready: bool):
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = server_paths(s)
-    st = _state(paths, unit_files(paths))
+    st = _state(paths, paths.unit_files())
     pending = st["restart_pending"]
     fingerprint = files_fingerprint(st["files"])
     if paths.unit not in st["files"]:
@@ -1097,14 +632,14 @@ def ready(
     stopped, or when the port is served by a process outside the unit, and the error quotes the
     unit's last journal lines (with any API key redacted).
     """
-    yield from _per_host(_ready(settings=settings, timeout_s=timeout_s, model_path=model_path))
+    yield from per_host(_ready(settings=settings, timeout_s=timeout_s, model_path=model_path))
 
 
 def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
            started_at: int | None = None):  # fmt: skip
     """The gate's command; ``started_at`` (host time): the budget counts from then, the start of
     a server restarted by an earlier run and waited on now, instead of from the gate's start."""
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = server_paths(s)
     budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
     # The gate runs as `python3 - ARGS` with its source on stdin: nothing to upload or diff.

@@ -26,6 +26,7 @@ from operations.sglang_commands import (
 from operations.util import fails_host
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import join
 from specfleet.core.sglang.install import (
     created_marker,
     decide_compressed_tensors,
@@ -549,7 +550,7 @@ def _apply_commands(
     }
     return [
         StringCommand("rm", "-rf", "--", QuoteString(d), "&&", "mkdir", "-p", QuoteString(d)),
-        FileUploadCommand(StringIO(patch.text), f"{d}/applied.diff"),
+        FileUploadCommand(StringIO(patch.text), join(d, "applied.diff")),
         script_command(apply_script(d, site, patch)),
         FunctionCommand(
             _verify_or_roll_back,

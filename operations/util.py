@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host
 
@@ -28,6 +29,12 @@ def settings_in_play(h: Any = None) -> Settings | None:
         # any operation ("No hosts remaining!").
         h.state.fail_hosts({h})
         return None
+
+
+def host_settings(settings: Settings | None) -> Settings:
+    """``settings`` as given, or those of the host being deployed (an operation called as the
+    README shows, with no settings; a deploy resolves its venv once and passes them in)."""
+    return settings if settings is not None else settings_for_host(host)
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:
@@ -102,3 +109,26 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
             yield fail_step(exc)
 
     return body
+
+
+def per_host(body: Iterator[Any]) -> Iterator[Any]:
+    """An op body whose ``SpecfleetError`` fails this one host, not the whole run.
+
+    pyinfra 3.10 turns an ``OperationError`` raised in an op (at prepare or execute time) into
+    "Operation error" and stops every host. Here the error becomes a command that logs it and
+    fails, so the other hosts go on and ``--fail-percent`` decides; ``--dry`` shows it too.
+    """
+    try:
+        commands = list(body)
+    except SpecfleetError as exc:
+        error = exc.for_host(host.name)
+        if not state.is_executing:
+            host.log_styled(f"will fail: {error.problem}", fg="red", log_func=logger.warning)
+        yield FunctionCommand(_report_host_error, (error.render(),), {})
+        return
+    yield from commands
+
+
+def _report_host_error(state, host, text: str) -> bool:
+    logger.error(f"{host.print_prefix}{text}" if not text.startswith(f"[{host.name}]") else text)
+    return False

@@ -1,7 +1,7 @@
 """Day two on the host: the health watchdog's unit (with its ``/metrics`` relay), and the deploy's
 record of what it set up, which the watchdog exports as a node-exporter textfile.
 
-Every path is ``specfleet.core.monitoring.watchdog_paths``.
+Every path is ``specfleet.core.layout.watchdog_paths``.
 """
 
 from __future__ import annotations
@@ -16,23 +16,14 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.cache import cached_fact
 from facts.serving import ServiceState
 from facts.weights import WeightsState
-from operations.serving import (
-    _gather,
-    _per_host,
-    _settings,
-    group_peers,
-    host_address,
-    plan_from_facts,
-    render,
-    server_paths,
-    service_state_args,
-    sha1_text,
-    unit_files,
-)
+from operations.serving import group_peers, host_address, render, service_state_args, unit_facts
+from operations.util import host_settings, per_host
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.monitoring import WatchdogPaths, deploy_state, watchdog_config, watchdog_paths
+from specfleet.core.layout import WatchdogPaths, model_root, server_paths, watchdog_paths
+from specfleet.core.monitoring import deploy_state, watchdog_config
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import Settings
+from specfleet.core.unit import plan_from_facts, sha1_text
 
 UNIT_TEMPLATE = template_path("specfleet-watchdog.service.j2")
 PROGRAM = hostside_path("watchdog.py")
@@ -106,11 +97,11 @@ def service(settings: Settings | None = None, present: bool = True):
     config, and (re)starts the unit when any of them changed. A restart of the watchdog never
     restarts the server.
     """
-    yield from _per_host(_service(settings, present))
+    yield from per_host(_service(settings, present))
 
 
 def _service(settings: Settings | None, present: bool):
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = watchdog_paths(s)
     st = _state(s)
     if not present or not s.watchdog.enable:
@@ -158,14 +149,14 @@ def deploy_record(settings: Settings | None = None):
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
     """
-    yield from _per_host(_deploy_record(settings))
+    yield from per_host(_deploy_record(settings))
 
 
 def _weights_ok(s: Settings) -> dict[str, bool]:
     out = {}
     for which in ("target", "drafter"):
         src = getattr(s, which)
-        facts = cached_fact(host, WeightsState, path=posixpath.join(s.models_root, src.dir_name))
+        facts = cached_fact(host, WeightsState, path=model_root(s, which))
         revisions = (facts or {}).get("revisions") or {}
         rev = src.revision if src.revision and not src.follow_branch else (facts or {}).get(
             "current")
@@ -176,7 +167,7 @@ def _weights_ok(s: Settings) -> dict[str, bool]:
 
 
 def _deploy_record(settings: Settings | None):
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = watchdog_paths(s)
     if not s.watchdog.enable:
         host.noop("no deploy record: watchdog.enable is False (the watchdog exports it)")
@@ -186,7 +177,7 @@ def _deploy_record(settings: Settings | None):
     unit_sha = ((unit_st or {}).get("files", {}).get(server.unit) or {}).get("sha1", "")
     # The facts the unit step read (the probe's, on a converged host: no command more).
     build = plan_from_facts(
-        s, _gather(s, unit_files(server)), host.name, group_peers(s), host_address(host)
+        s, unit_facts(s, server.unit_files()), host.name, group_peers(s), host_address(host)
     ).build
     record = deploy_state(build, unit_sha[:16], _weights_ok(s))
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"

@@ -37,11 +37,19 @@ from facts.weights import (
 )
 from operations.util import fail_step
 from specfleet.core.errors import PROGRESS_ATTR, SpecfleetError
+from specfleet.core.layout import (
+    TOOLS_PATH,
+    control_token_path,
+    join,
+    model_root,
+    venv_pip,
+    venv_python,
+    weights_job_paths,
+)
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings, WeightsOptions, settings_for_host
+from specfleet.core.settings import WeightsOptions, settings_for_host
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
-TOOLS_PATH = "/opt/specfleet/tools"
 # The hosts' huggingface_hub: a range the weights agent is tested with (HfApi.model_info and
 # list_repo_tree, get_hf_file_metadata, hf_hub_url, hf_hub_download to a local_dir: there from 0.26
 # through 2.x; the fleet tests run 2.4.0). The next major release may change them: not before it
@@ -56,22 +64,6 @@ _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # ----------------------------------------------------------------------------------------------
 # Paths and small pure helpers
 # ----------------------------------------------------------------------------------------------
-
-
-def model_root(settings: Settings, which: str) -> str:
-    """``<models_root>/<dir_name>``: the folder that holds the revisions of one model."""
-    return getattr(settings, which).root(settings.models_root)
-
-
-def model_path(settings: Settings, which: str, revision: str | None = None) -> str:
-    """The path to give SGLang: a revision's folder, or the ``current`` link (flipped only
-    after a complete verification)."""
-    return f"{model_root(settings, which)}/{revision or 'current'}"
-
-
-def control_token_path(settings: Settings) -> str:
-    """Where a token given on the control machine goes on the host (never the host's own)."""
-    return f"{settings.state_dir.rstrip('/')}/hf/token"
 
 
 def read_control_token(
@@ -223,7 +215,7 @@ def tools(
         yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))
         changed = True
     if info is None or not hub_fits(info.get("huggingface_hub"), requirement):
-        pip = [QuoteString(f"{path}/bin/pip"), "install", "--quiet", "--disable-pip-version-check"]
+        pip = [QuoteString(venv_pip(path)), "install", "--quiet", "--disable-pip-version-check"]
         if index_url:
             pip += ["--index-url", QuoteString(index_url)]
         elif find_links:
@@ -236,7 +228,7 @@ def tools(
         changed = True
     source = agent_source()
     if (info or {}).get("agent_sha256") != hashlib.sha256(source.encode()).hexdigest():
-        yield FileUploadCommand(StringIO(source), f"{path}/{AGENT_NAME}")
+        yield FileUploadCommand(StringIO(source), join(path, AGENT_NAME))
         changed = True
     if not changed:
         host.noop(f"weights tools in {path} are installed (huggingface_hub "
@@ -359,11 +351,10 @@ def downloaded(
         return
     root = root.rstrip("/")
     keep = list(keep or [])
-    work = f"{state_dir.rstrip('/')}/weights"
-    progress_path = f"{work}/{os.path.basename(root)}.progress.json"
-    job_path = f"{work}/{os.path.basename(root)}.job.json"
-    python = f"{tools_path.rstrip('/')}/bin/python"
-    agent = f"{tools_path.rstrip('/')}/{AGENT_NAME}"
+    job_paths = weights_job_paths(state_dir, root)
+    work, progress_path, job_path = job_paths.work, job_paths.progress, job_paths.job
+    python = venv_python(tools_path)
+    agent = join(tools_path, AGENT_NAME)
     job: dict[str, Any] = {
         "repo_id": repo_id, "revision": revision, "root": root,
         "allow_patterns": allow_patterns, "ignore_patterns": ignore_patterns,
@@ -391,7 +382,7 @@ def downloaded(
             # byte); a clean check is no change, so nothing restarts for it.
             if host.state.is_executing:
                 check = host.get_fact(WeightsDeepCheck, python=python, agent=agent,
-                                      path=f"{root}/{revision}")
+                                      path=join(root, revision))
                 if check and check["checked"] and not check["bad"]:
                     yield from _converge_links(root, revision, state, prune, keep, repo_id, rev,
                                                "every file re-hashed and matches the manifest")
@@ -478,8 +469,8 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
     changed = False
     if state["current"] != revision:
         yield StringCommand(
-            "ln", "-sfn", QuoteString(revision), QuoteString(f"{root}/current.tmp"), "&&",
-            "mv", "-T", QuoteString(f"{root}/current.tmp"), QuoteString(f"{root}/current"),
+            "ln", "-sfn", QuoteString(revision), QuoteString(join(root, "current.tmp")), "&&",
+            "mv", "-T", QuoteString(join(root, "current.tmp")), QuoteString(join(root, "current")),
         )
         changed = True
     kept = []
@@ -490,7 +481,7 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
             if info.get("in_use"):
                 kept.append(f"{other[:12]} (in use by pid {info['in_use'][0]})")
                 continue
-            yield StringCommand("rm", "-rf", QuoteString(f"{root}/{other}"))
+            yield StringCommand("rm", "-rf", QuoteString(join(root, other)))
             changed = True
     if not changed:
         also = f"; keeping {', '.join(kept)}" if kept else ""
@@ -652,6 +643,6 @@ def token_from_settings():
 
 
 __all__ = [
-    "GIB", "downloaded", "model", "model_path", "model_root", "token", "token_from_settings",
+    "GIB", "downloaded", "model", "token", "token_from_settings",
     "tools", "tools_from_settings",
 ]

@@ -69,17 +69,6 @@ class ModelSource:
     def dir_name(self) -> str:
         return self.local_dir or self.repo_id.replace("/", "--")
 
-    def root(self, models_root: str) -> str:
-        """The folder under ``models_root`` that holds this model's revisions."""
-        return f"{models_root.rstrip('/')}/{self.dir_name}"
-
-    def serve_path(self, models_root: str) -> str:
-        """The path SGLang is given: the pinned revision's own folder, so that a new pin changes
-        the unit; or the ``current`` link, flipped only after a verified download, when a
-        branch is followed."""
-        pinned = self.revision if self.revision and not self.follow_branch else None
-        return f"{self.root(models_root)}/{pinned or 'current'}"
-
 
 @dataclass(frozen=True)
 class SGLangSource:
@@ -605,7 +594,7 @@ def validate(
     if settings.target.dir_name == settings.drafter.dir_name:
         p.problem(
             f"settings keys 'target' and 'drafter' resolve to one model folder "
-            f"{settings.target.root(settings.models_root)!r}",
+            f"{settings.target.dir_name!r} under models_root {settings.models_root!r}",
             "give the drafter another repo_id or local_dir (target.local_dir / drafter.local_dir)",
         )
     _check_sglang(settings.sglang, p, allow_test_settings(environ))

@@ -26,6 +26,7 @@ from typing import Any
 from pyinfra.api import State
 
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import control_token_path, host_token_path, server_paths
 from specfleet.core.monitoring import (
     alert_rules,
     dashboard,
@@ -103,18 +104,15 @@ for _line in redact_lines(_sys.stdin.read().splitlines(), [k for k in _keys if k
 
 def logs_command(s: Settings, lines: int, since: str | None) -> str:
     """The shell command that prints the server's journal with every secret redacted."""
-    unit = f"{s.service_name}.service"
-    secret = f"/etc/specfleet/secrets/{s.service_name}.yaml"
-    # The host's own token (huggingface_hub's default path) and the copy a deploy makes.
-    token = s.weights.host_token_path or "/root/.cache/huggingface/token"
+    server = server_paths(s)
     source = ship_ahead_of(_FILTER)
-    journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", unit,
+    journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", server.unit_name,
                "-u", watchdog_paths(s).unit_name, "-n", str(lines)]  # fmt: skip
     if since:
         journal += ["--since", since]
-    redactor = ["python3", "-I", "-S", "-c", source, secret, token,
-                 # operations.weights.control_token_path: the deploy's copy of the token
-                 f"{s.state_dir.rstrip('/')}/hf/token"]
+    # The API key, the host's own token and the copy of the token a deploy makes.
+    redactor = ["python3", "-I", "-S", "-c", source, server.secret, host_token_path(s),
+                control_token_path(s)]
     return f"{shlex.join(journal)} | {shlex.join(redactor)}"
 
 
