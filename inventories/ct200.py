@@ -28,17 +28,18 @@ ct200 = [
                 "drafter": {"revision": "main", "follow_branch": True},
                 # SM120 field notes: more than 0.85 has been seen to OOM (the planner's default).
                 "plan": {"sm120_target_backend": "triton"},
-                # Opt in to PR#20547's DFlash v2 (overlap) worker on the existing 0.5.11 venv: the
-                # PR diff (git diff 7662b8b91 e67a0d488 -- python/sglang in modal-labs/sglang,
-                # the file in shared/fixtures/sglang-pr20547/), pinned, becomes this project's
-                # port onto 0.5.11 (specfleet/patchdata/pr20547/sglang-0.5.11/). Verified here,
-                # without a GPU: it applies with no fuzz to the 0.5.11 wheel's own files, every
-                # touched module compiles, every sglang import resolves, DFLASH routes to the v2
-                # worker only under the switches, 0.5.11's v1 files stay byte-identical, removal
-                # gives the wheel back (RECORD). Only a GPU run shows that it serves: the
+                # Opt in to PR#20547's DFlash v2 (overlap) worker on the existing 0.5.11 venv:
+                # this project's port onto 0.5.11 (specfleet/patchdata/pr20547/sglang-0.5.11/),
+                # made from the PR revision this sha256 pins. The deploy fetches the upstream
+                # text the port's recipe names (the PR head's files at modal-labs/sglang
+                # e67a0d488 from GitHub, the sglang 0.5.11 and 0.5.14 wheels from PyPI), checks
+                # each against its sha256, and keeps v1 on an error. A control machine without
+                # the internet: add "source": "/path/to/a/folder" holding those files. Verified
+                # here, without a GPU: it applies with no fuzz to the 0.5.11 wheel's own files,
+                # the verify-mask, penalty and overlap-switch logic run from the patched files,
+                # removal gives the wheel back (RECORD). Only a GPU run shows that it serves: the
                 # readiness gate, and a failed gate rolls the port back. Delete "patch" to stay v1.
                 "patch": {
-                    "source": "~/sglang-pr20547/pr20547-head-e67a0d488.diff",
                     "sha256": "1c844c0fdcab59266c0b1bb46e2099b86469364ffd5ad5ac436f1a7f2847d252",
                 },
             },

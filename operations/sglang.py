@@ -17,12 +17,12 @@ from facts.sglang import FileHashes, GitRemoteRefs, PatchState, SGLangInstall, V
 from operations.sglang_commands import (
     apply_script,
     forget_script,
-    load_patch,
     load_port,
     pinned_install_script,
     restore_script,
     script_command,
 )
+from operations.sglang_sources import UpstreamSources
 from operations.util import fails_host
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
@@ -52,8 +52,9 @@ from specfleet.core.sglang.patch import (
     conflict_message,
     parse_patch_failures,
 )
-from specfleet.core.sglang.portdata import no_port_verdict, port_verdict, predicted_hashes
+from specfleet.core.sglang.portdata import Port, no_port_verdict, port_verdict, predicted_hashes
 from specfleet.core.sglang.pr20547 import KEEP_V1, decide_pr20547
+from specfleet.core.sglang.recipe import RecipeError
 from specfleet.core.tables.sglang_versions import predicted_install
 
 ON_CONFLICT = ("keep-v1", "fail")
@@ -369,7 +370,7 @@ def compressed_tensors(
 @fails_host(raise_while_planning=True)
 def pr20547(
     venv: str,
-    source: str | None = None,
+    source: str | list[str] | None = None,
     sha256: str | None = None,
     on_conflict: str = "keep-v1",
     present: bool = True,
@@ -380,9 +381,12 @@ def pr20547(
     has a port of the PR for that exact tree (``specfleet/patchdata/pr20547/``).
 
     + venv: the venv SGLang is installed in
-    + source: the PR diff, a path on the control machine or an http(s) URL; giving it (with its
-      sha256) opts in. No default: the library keeps DFLASH v1 unless asked.
-    + sha256: the diff's sha256; a mismatch fails the host
+    + sha256: the PR revision to port (the sha256 of its diff against its merge base, as in
+      the port's ``port.json``); giving it opts in. No default: the library keeps DFLASH v1
+      unless asked.
+    + source: where the upstream text the port's recipe names comes from: folders on the control
+      machine or URL bases (mirrors), tried before the recipe's own pinned URLs (GitHub, PyPI);
+      every file is checked against its sha256 pin
     + on_conflict: ``"keep-v1"`` (say so in one line, DFLASH v1 with overlap off) or ``"fail"``
       (fail the host when it opted in and no port fits)
     + present: ``False`` removes an applied port, restoring every file byte for byte
@@ -402,7 +406,6 @@ def pr20547(
         sglang.pr20547(
             name="PR#20547 (DFlash v2 worker) where missing",
             venv="/root/venv_sglang211",
-            source="https://example.org/pr20547-head-e67a0d488.diff",
             sha256="1c844c0f...",
         )
     """
@@ -413,7 +416,7 @@ def pr20547(
             host=host.name,
             fix="set patch.on_conflict to 'keep-v1' or 'fail'",
         )
-    opted_in = bool(source and sha256)
+    opted_in = bool(sha256)
     py = venv_python(venv)
     state = cached_fact(host, Venv, path=venv)
     has_python = bool(state and state.get("python"))
@@ -469,8 +472,11 @@ def pr20547(
     yield from commands
 
 
-def _pr_text(source: str, sha256: str) -> str:
-    return load_patch(source, sha256, host=host.name)
+def _upstream(port: Port, source: str | list[str] | None) -> UpstreamSources:
+    """The reader of the upstream text the port's recipe names: ``patch.source`` (mirrors) first,
+    then the recipe's pinned URLs; every file checked against its sha256."""
+    mirrors = [source] if isinstance(source, str) else list(source or ())
+    return UpstreamSources(port.sources, mirrors, host=host.name)
 
 
 def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None):
@@ -494,16 +500,24 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker
         hashes.update(predicted_hashes(port))  # the restore puts the release's files back
     for leftover in marker.get("leftovers") or ():
         hashes[leftover] = None  # the forget step removes what we added
+    # Judged first: a tree the port does not fit fetches nothing.
+    verdict = port_verdict(port, version, sha256, hashes, "")
+    if not verdict.available:
+        return verdict, None
+    patch = _port_patch(port, source)
+    return port_verdict(port, version, sha256, hashes, patch.text), patch
+
+
+def _port_patch(port: Port, source: str | list[str] | None):
     try:
-        patch = port.patch(_pr_text(source, sha256))
-    except PatchFormatError as exc:
+        return port.patch(_upstream(port, source))
+    except (RecipeError, PatchFormatError) as exc:
         raise SpecfleetError(
-            f"the PR#20547 diff from {source} cannot be used for the port: {exc}",
+            f"the PR#20547 port cannot be built from its pinned sources: {exc}",
             host=host.name,
-            fix="give the PR's diff against its merge base (python/sglang/), as pinned",
+            fix="point patch.source at the files the recipe names (or drop it to fetch them "
+            "from GitHub and PyPI)",
         ) from None
-    verdict = port_verdict(port, version, sha256, hashes, patch.text)
-    return verdict, patch if verdict.available else None
 
 
 def _predict_patch(
@@ -520,7 +534,7 @@ def _predict_patch(
     verdict = None
     patch = None
     if port is not None:
-        patch = port.patch(_pr_text(source or "", sha256 or ""))
+        patch = _port_patch(port, source)
         # The wheel about to be installed is the one the port was made from: its files match.
         verdict = port_verdict(port, version, sha256 or "", predicted_hashes(port), patch.text)
     elif opted_in:

@@ -1,14 +1,12 @@
-"""The commands ``operations.sglang`` yields: reading the pinned PR#20547 diff on the control
-machine and the shell scripts that apply, restore and forget it on a host."""
+"""The commands ``operations.sglang`` yields: loading this project's PR#20547 port (its recipe;
+``operations.sglang_sources`` fetches the upstream text it names) and the shell scripts that
+apply, restore and forget it on a host."""
 
 from __future__ import annotations
 
-import hashlib
+import json
 import re
 import shlex
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
 
@@ -17,60 +15,11 @@ from specfleet.core.sglang.install import PATCH_OPTS
 from specfleet.core.sglang.patch import FilteredPatch
 from specfleet.core.sglang.port import load_ports, read_port_file
 from specfleet.core.sglang.portdata import PORTED_RELEASES, Port
+from specfleet.core.sglang.recipe import RECIPE_FILE, check_recipe
 
 # --------------------------------------------------------------------------------------------------
-# Reading the patch on the control machine
+# The port on the control machine
 # --------------------------------------------------------------------------------------------------
-
-_PATCH_CACHE: dict[tuple[str, str], str] = {}
-
-
-def load_patch(source: str, sha256: str | None, host: str | None = None) -> str:
-    """The patch text from a local file or an http(s) URL, checked against ``sha256``."""
-    if not sha256:
-        raise SpecfleetError(
-            f"patch source {source} has no sha256 pin",
-            host=host,
-            fix="set patch.sha256 to the sha256 of the diff (sha256sum FILE)",
-        )
-    key = (source, sha256.lower())
-    if key in _PATCH_CACHE:
-        return _PATCH_CACHE[key]
-    scheme = urllib.parse.urlparse(source).scheme
-    try:
-        if scheme in ("http", "https"):
-            with urllib.request.urlopen(source, timeout=120) as resp:  # noqa: S310 (http/https only)
-                data = resp.read()
-        elif scheme in ("", "file"):
-            path = urllib.parse.urlparse(source).path if scheme == "file" else source
-            data = Path(path).expanduser().read_bytes()
-        else:
-            raise SpecfleetError(
-                f"patch source {source} has an unsupported scheme {scheme!r}",
-                host=host,
-                fix="give a local path on the control machine or an http(s) URL",
-            )
-    except OSError as exc:
-        raise SpecfleetError(
-            f"cannot read the PR#20547 patch from {source}: {exc}",
-            host=host,
-            fix="check patch.source (a path on the control machine or a reachable URL)",
-        ) from None
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256.lower():
-        raise SpecfleetError(
-            f"the patch from {source} has sha256 {got}, settings pin {sha256}",
-            host=host,
-            fix="check that patch.source is the intended diff, then set patch.sha256 to its hash",
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise SpecfleetError(
-            f"the patch from {source} is not UTF-8 text", host=host, fix="give a unified diff"
-        ) from None
-    _PATCH_CACHE[key] = text
-    return text
 
 
 def load_port(version: str) -> Port | None:
@@ -80,8 +29,14 @@ def load_port(version: str) -> Port | None:
         return None
     for name, data in load_ports().items():
         if data.get("sglang_version") == version:
-            adaptation = read_port_file(name, data.get("adaptation", "adaptation.diff"))
-            return Port(name, data, adaptation)
+            recipe = json.loads(read_port_file(name, data.get("recipe", RECIPE_FILE)))
+            problems = check_recipe(recipe)
+            if problems:
+                raise SpecfleetError(
+                    f"the PR#20547 port {name} has a bad {RECIPE_FILE}: {'; '.join(problems)}",
+                    fix="reinstall specfleet (its package data is damaged)",
+                )
+            return Port(name, data, recipe)
     return None
 
 

@@ -105,7 +105,7 @@ def sglang_status(
         st.sglang = f"{have} (want {want})"
         st.drift.append(f"SGLang {have}, want {want}")
     features = install.get("features") or {}
-    opted_in = bool(settings.patch.source and settings.patch.sha256)
+    opted_in = bool(settings.patch.sha256)
     marker = patch if patch and (patch.get("sha256") or patch.get("partial")) else None
     if marker:
         sha = (marker.get("sha256") or "")[:12]

@@ -17,9 +17,10 @@ parallel over their 16 GPUs (rank 0 on h100a serves the API).
 The CT200-like host mirrors CT200: 8x RTX PRO 6000 (SM120, PCIe), an existing venv at
 /root/venv_sglang211 with SGLang 0.5.11 reused in place, a token already at huggingface_hub's
 default path, and 593 GiB of free space faked with a tmpfs. It opts in to PR#20547 as
-inventories/ct200.py does: the PR diff from ../shared/fixtures/sglang-pr20547/ (pinned by
-sha256), which the deploy turns into this project's port onto 0.5.11. Without that folder the
-demo says so and CT200 keeps DFLASH v1 (fetch the diff as the README's PR#20547 section says).
+inventories/ct200.py does (patch.sha256): the deploy builds this project's port onto 0.5.11 from
+its recipe, taking the upstream text from ../shared/fixtures/sglang-pr20547/ (the PR head) and
+the wheelhouse (the 0.5.11 and 0.5.14 wheels) as patch.source mirrors, each file checked against
+its sha256. Without that folder the demo says so and CT200 keeps DFLASH v1.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import Fleet, HostSpec
-from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256
+from tests.harness.port_build import port_settings
+from tests.harness.sources import PR20547_TARBALL
 from tests.harness.weights_support import StandinHub, make_repo, random_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -117,9 +119,9 @@ class Demo:
             data["group"] = dict(GROUP)
         if host == "ct200":
             data.update(venv="/root/venv_sglang211", models_root="/srv/models")
-            if PR20547_DIFF.is_file():
-                # As inventories/ct200.py: the PR diff, pinned, opts in to the port onto 0.5.11.
-                data["patch"] = {"source": str(PR20547_DIFF), "sha256": PR20547_DIFF_SHA256}
+            if PR20547_TARBALL.is_file():
+                # As inventories/ct200.py (opted in by the pin), the sources from local mirrors.
+                data["patch"] = port_settings()
         for key, value in over.items():
             if isinstance(value, dict) and isinstance(data.get(key), dict):
                 data[key] = {**data[key], **value}
@@ -201,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = up()
     try:
         print(f"==> inventory: {demo.inventory}", flush=True)
-        if not PR20547_DIFF.is_file():
-            print(f"==> {PR20547_DIFF} is not here: ct200 keeps DFLASH v1 (no PR#20547 port)",
+        if not PR20547_TARBALL.is_file():
+            print(f"==> {PR20547_TARBALL} is not here: ct200 keeps DFLASH v1 (no PR#20547 port)",
                   flush=True)
         print("==> pyinfra --dry: what would change, and the launch plan each host would get",
               flush=True)

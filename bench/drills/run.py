@@ -702,14 +702,11 @@ def drill_kill_patch(env: Env, d: Drill) -> None:
     the wheel's RECORD (unpatched: every file as RECORD says, nothing added) and the tree of an
     apply never interrupted (patched): the re-run must end fully patched, a removal fully
     unpatched."""
-    from operations.sglang_commands import load_port
-    from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256, pr20547_diff
+    from tests.harness.port_build import port_patch, port_settings
 
     host = "d3"
-    port_id = hashlib.sha256(load_port("0.5.11").patch(pr20547_diff().decode()).text.encode()
-                             ).hexdigest()
-    data = env.settings(env.repo("patch", shards=1),
-                        patch={"source": str(PR20547_DIFF), "sha256": PR20547_DIFF_SHA256})
+    port_id = hashlib.sha256(port_patch().text.encode()).hexdigest()
+    data = env.settings(env.repo("patch", shards=1), patch=port_settings())
 
     def marker() -> str:
         return env.sh(host, f"cat {PATCH_STATE}/sha256 2>/dev/null").stdout.strip()

@@ -103,9 +103,13 @@ class SGLangSource:
 class PatchSource:
     """PR#20547 (the DFlash spec-v2 worker), applied only where the installed SGLang lacks it."""
 
-    # A local path on the control machine or an http(s) URL. No default: none can be pinned here.
-    source: str | None = None
+    # The PR revision to port, pinned (the sha256 of its diff against its merge base, as in the
+    # port's port.json); setting it opts in.
     sha256: str | None = None
+    # Where the upstream text the port's recipe names comes from: folders on the control machine
+    # or URL bases (mirrors, for an air-gapped control machine), tried before the recipe's own
+    # pinned URLs (GitHub, PyPI). Every file is checked against its sha256 pin either way.
+    source: str | list[str] | None = None
     on_conflict: Literal["keep-v1", "fail"] = "keep-v1"
 
 
@@ -763,24 +767,27 @@ def _hosts(hosts: Iterable[str]) -> list[str]:
 
 
 def _check_patch(patch: PatchSource, p: _Problems) -> None:
-    if patch.source is not None:
-        if "://" in patch.source:
-            # Pinned by its sha256: plain http cannot slip another diff in.
-            expected = url_problem(patch.source, schemes=("https", "http", "file"),
-                                   http_hosts=None)  # fmt: skip
+    mirrors = [patch.source] if isinstance(patch.source, str) else list(patch.source or ())
+    for mirror in mirrors:
+        if "://" in mirror:
+            # Every file is pinned by its sha256: plain http cannot slip another text in.
+            expected = url_problem(mirror, schemes=("https", "http", "file"), http_hosts=None)
         else:
-            expected = control_path_problem(patch.source)
-        p.check("patch.source", patch.source, expected,
-                "set patch.source to a path on the control machine (absolute or under ~/) or an "
-                "http(s) URL")  # fmt: skip
-        if not patch.sha256:
-            p.problem(
-                "settings key 'patch.source' is set without 'patch.sha256'",
-                "pin the patch: set patch.sha256 to the sha256 of the diff (sha256sum FILE)",
-            )
+            expected = control_path_problem(mirror)
+        p.check("patch.source", mirror, expected,
+                "set patch.source to a folder on the control machine (absolute or under ~/) or "
+                "an http(s) URL base holding the port's upstream sources")  # fmt: skip
+    if patch.source is not None and not patch.sha256:
+        p.problem(
+            "settings key 'patch.source' is set without 'patch.sha256'",
+            "opt in with patch.sha256 (the PR revision the port is made from, "
+            "1c844c0fdcab59266c0b1bb46e2099b86469364ffd5ad5ac436f1a7f2847d252), or delete "
+            "patch.source",
+        )
     if patch.sha256 is not None:
         p.check("patch.sha256", patch.sha256, sha256_problem(patch.sha256),
-                "set patch.sha256 to the output of sha256sum on the diff")  # fmt: skip
+                "set patch.sha256 to the PR revision's sha256 (64 hex, as in the port's "
+                "port.json)")  # fmt: skip
 
 
 def _check_weights(w: WeightsOptions, p: _Problems) -> None:

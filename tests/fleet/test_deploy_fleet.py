@@ -41,7 +41,7 @@ from tests.demo import (
     target_files,
 )
 from tests.harness import HostSpec
-from tests.harness.sources import PR20547_DIFF
+from tests.harness.sources import PR20547_TARBALL
 from tests.harness.weights_support import StandinHub, commit_files, make_repo, random_bytes
 
 pytestmark = pytest.mark.timeout(1800)
@@ -697,7 +697,7 @@ def unit_env(env: Env, host: str) -> str:
 
 
 def test_ct200_runs_the_port_and_a_failed_gate_rolls_it_back(env):
-    assert PR20547_DIFF.is_file()
+    assert PR20547_TARBALL.is_file()
     # Converged by the tests above: the port is applied, proven, and the server has the switches.
     assert env.run("ct200", f"test -f {PATCH_DIR}/sha256 && echo yes").strip() == "yes"
     assert env.run("ct200", f"test -e {PATCH_DIR}/unproven || echo proven").strip() == "proven"

@@ -1,9 +1,9 @@
 """operations.sglang on real Debian hosts (tests.fleet), with real SGLang wheels (--no-deps) from the
 fleet's wheelhouse, driven by the pyinfra CLI exactly as a user runs it.
 
-PR#20547 is the real PR diff (../shared/fixtures/sglang-pr20547/, read on the control machine as
-a user's patch.source would be) and this project's port of it onto 0.5.11
-(specfleet/patchdata/pr20547/sglang-0.5.11/). "The wheel back" is checked against the wheel's own
+PR#20547 is this project's port onto 0.5.11 (specfleet/patchdata/pr20547/sglang-0.5.11/), a
+recipe whose upstream text comes from ../shared/fixtures/sglang-pr20547/ (the PR head) and the
+wheelhouse (the 0.5.11 and 0.5.14 wheels), given as patch.source mirrors, as a user's would be. "The wheel back" is checked against the wheel's own
 RECORD hashes, on the host.
 """
 
@@ -20,21 +20,23 @@ from pathlib import Path
 
 import pytest
 
-from operations.sglang_commands import load_port
 from tests.harness import HostSpec
-from tests.harness.sources import PR20547_DIFF, PR20547_DIFF_SHA256, pr20547_diff
+from tests.harness.port_build import port_patch, port_settings
+from tests.harness.sources import PR20547_DIR, sglang_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 DEPLOY = str(REPO / "tests" / "deploys" / "deploy_op_sglang.py")
 SITE = "lib/python3.11/site-packages"
-PR = (str(PR20547_DIFF), PR20547_DIFF_SHA256)
-V1_FILES = ("dflash_worker.py", "dflash_info.py", "dflash_utils.py")
+PR = port_settings()  # opted in; upstream text from the shared fixtures and the wheelhouse
+# 0.5.11's DFlash v1 files the port leaves as released (dflash_utils.py takes 0.5.14's verify-mask
+# policy, which v1 reads too, as in 0.5.14).
+V1_FILES = ("dflash_worker.py", "dflash_info.py")
 
 
 def port_id() -> str:
     """The marker the port writes: the sha256 of the one diff it applies."""
-    patch = load_port("0.5.11").patch(pr20547_diff().decode())
+    patch = port_patch()
     return hashlib.sha256(patch.text.encode()).hexdigest()
 
 
@@ -107,7 +109,7 @@ def parse_results(output: str) -> dict[str, dict[str, str]]:
 
 
 def settings(
-    fleet, venv: str, patch: tuple[str, str] | None = None, on_conflict: str | None = None, **over
+    fleet, venv: str, patch: dict | None = None, on_conflict: str | None = None, **over
 ) -> dict:
     data = {
         "venv": venv,
@@ -121,7 +123,7 @@ def settings(
         **over,
     }
     if patch:
-        data["patch"] = {"source": patch[0], "sha256": patch[1]}
+        data["patch"] = dict(patch)
         if on_conflict:
             data["patch"]["on_conflict"] = on_conflict
     return data
@@ -417,22 +419,28 @@ def test_without_opting_in_v1_is_kept_and_said_at_normal_verbosity(sw, tmp_path)
     assert "(fix: set sglang.version >= 0.5.14" in run.output
 
 
-def test_a_patch_with_the_wrong_sha256_fails_the_host_cleanly(sw, tmp_path):
+def test_an_upstream_source_that_fails_its_hash_fails_the_host_before_anything_changes(
+    sw, tmp_path
+):
     venv = "/opt/sf-sha"
     install_only(sw, tmp_path, "h2", venv)
     before = tree_sha(sw, "h2", venv)
-    source = PR[0]
-    wrong = (source, "0" * 64)
+    # A mirror whose 0.5.11 wheel is not the one the recipe pins (one byte changed).
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    wheel = sglang_wheel("0.5.11")
+    data = bytearray(wheel.read_bytes())
+    data[-1] ^= 1
+    (mirror / wheel.name).write_bytes(bytes(data))
+    bad = {**PR, "source": [str(mirror), str(PR20547_DIR)]}
     for flags in (("-y",), ("--dry",)):
         run = deploy(
-            sw, tmp_path, "h2", settings(sw, venv, wrong), *flags, test={"ops": ["pr20547"]}
+            sw, tmp_path, "h2", settings(sw, venv, bad), *flags, test={"ops": ["pr20547"]}
         )
         assert run.rc != 0, run.output
-        assert f"the patch from {source} has sha256" in run.output
-        assert "settings pin 0000000000000000000000000000000000000000000000000000000000000000" in (
-            run.output
-        )
-        assert "fix: check that patch.source is the intended diff" in run.output
+        assert f"{mirror / wheel.name} has sha256" in run.output
+        assert "the port's recipe pins fe0748beaff2" in run.output
+        assert f"fix: point patch.source at a folder holding the real {wheel.name}" in run.output
         assert "Traceback" not in run.output
     assert tree_sha(sw, "h2", venv) == before
 

@@ -17,11 +17,9 @@ from facts.sglang import PatchCheck, PatchState, Venv
 from operations.sglang_commands import (
     apply_script,
     forget_script,
-    load_patch,
     pinned_install_script,
     restore_script,
 )
-from specfleet.core.errors import SpecfleetError
 from specfleet.core.sglang.install import (
     PATCH_STATE_DIR,
     decide_compressed_tensors,
@@ -409,20 +407,6 @@ def test_an_apply_killed_after_it_patched_is_restored_and_applied_again():
     gone = decide_pr20547(ours, {"partial": True}, present=False, opted_in=True, port=None,
                           release_features=V1["features"])
     assert (gone.steps, gone.row) == (("restore",), "keep v1")
-
-
-def test_load_patch_checks_sha256(tmp_path):
-    p = tmp_path / "p.diff"
-    p.write_text(PATCH)
-    good = hashlib.sha256(PATCH.encode()).hexdigest()
-    assert load_patch(str(p), good, host="h1") == PATCH
-    with pytest.raises(SpecfleetError) as e:
-        load_patch(str(p), "0" * 64, host="h1")
-    assert e.value.host == "h1" and "sha256" in e.value.problem and e.value.fix
-    with pytest.raises(SpecfleetError, match="cannot read"):
-        load_patch(str(tmp_path / "missing.diff"), good, host="h1")
-    with pytest.raises(SpecfleetError, match="unsupported scheme"):
-        load_patch("ftp://example.invalid/p.diff", good, host="h1")
 
 
 def test_venv_fact_parses_its_own_command_output(tmp_path):

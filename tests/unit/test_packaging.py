@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from specfleet.core.sglang.recipe import check_recipe
+from tests.harness.port_build import load_recipe, upstream_runs
 from tests.unit.test_plan import host_facts
 from tests.unit.test_plan_sglang_fixtures import load as load_sglang
 
@@ -55,13 +57,36 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
         "specfleet/patchdata/__init__.py",
         "specfleet/patchdata/pr20547/sglang-0.5.11/NOTICE",
         "specfleet/patchdata/pr20547/sglang-0.5.11/port.json",
-        "specfleet/patchdata/pr20547/sglang-0.5.11/adaptation.diff",
+        "specfleet/patchdata/pr20547/sglang-0.5.11/recipe.json",
         "specfleet/patchdata/pr20547/sglang-0.5.11/provenance.json",
     ):
         assert needed in names, needed
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "specfleet = specfleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_the_wheel_holds_no_upstream_sglang_code_only_the_recipe(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        port = sorted(n.rsplit("/", 1)[1] for n in names if "/patchdata/pr20547/" in n)
+        assert port == ["NOTICE", "port.json", "provenance.json", "recipe.json"]
+        found = {}
+        for name in names:
+            if name.endswith((".py", ".json", ".j2", ".diff", ".txt")) or "/patchdata/" in name:
+                runs = upstream_runs(zf.read(name).decode("utf-8", "replace"))
+                if runs:
+                    found[name] = runs[:2]
+    assert found == {}
+    # What the wheel's recipe builds is the port the checkout's recipe builds.
+    recipe = json.loads(zf_read(wheel, "specfleet/patchdata/pr20547/sglang-0.5.11/recipe.json"))
+    assert recipe == load_recipe()
+    assert check_recipe(recipe) == []
+
+
+def zf_read(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(name).decode("utf-8")
 
 
 def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):

@@ -14,6 +14,7 @@ the same number of GPUs, and says so in its id ("topo-from-<profile>").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -886,6 +887,14 @@ def test_ct200_plan():
     assert dry.env == {**BASE_ENV, **SPEC_V2_ENV}
     assert dry.reason("dflash-worker").choice == "v2 (PR#20547)"
     assert dry.reason("sglang").choice == "0.5.11 + this project's PR#20547 port"
+    # Backing out of v2 with the flag alone (#29): the port honours it, the plan says v1.
+    off = ct200_settings()
+    off = dataclasses.replace(off, plan=dataclasses.replace(
+        off.plan, extra_args={"--disable-overlap-schedule": True}))
+    dry_off = make_plan(host_facts("rtx6000x8", sglang=None), off, predicted=True)
+    assert dry_off.env == BASE_ENV
+    assert dry_off.reason("dflash-worker").choice == "v1 (--disable-overlap-schedule)"
+    assert "--disable-overlap-schedule" in dry_off.argv
 
 
 def test_sm120_mem_fraction_override_above_085_is_flagged():

@@ -2,7 +2,7 @@
 
 The real PR diff (../shared/fixtures/sglang-pr20547/) meets the real SGLang 0.5.11 wheel, unpacked:
 the whole diff (which conflicts there, and names as "new" six files 0.5.11 already ships) and this
-project's port (its PR hunks and adaptation, specfleet/patchdata/pr20547/sglang-0.5.11/). The apply script is killed (SIGKILL) after each of its lines;
+project's port (built from its recipe, specfleet/patchdata/pr20547/sglang-0.5.11/). The apply script is killed (SIGKILL) after each of its lines;
 the next run reads the patch state with the real fact command, restores, and every file of the
 wheel is checked against the wheel's own RECORD hashes. Restores are killed the same way.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from facts.sglang import PatchState
-from operations.sglang_commands import apply_script, load_port, restore_script
+from operations.sglang_commands import apply_script, restore_script
 from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.pr20547 import decide_pr20547
+from tests.harness.port_build import port_patch
 from tests.harness.sources import pr20547_diff, sglang_wheel
 
 # Files 0.5.11 ships that the PR's diff says it creates.
@@ -86,7 +87,7 @@ def whole_pr():
 
 @pytest.fixture(scope="module")
 def the_port():
-    return load_port("0.5.11").patch(pr20547_diff().decode())
+    return port_patch()
 
 
 def sh(script: str, check: bool = True, syntax_only: bool = False) -> subprocess.CompletedProcess:

@@ -21,6 +21,7 @@ from operations.sglang_commands import load_port
 from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.portdata import no_port_verdict, port_verdict
 from specfleet.core.sglang.pr20547 import APPLY, BUILT_IN, KEEP_V1, decide_pr20547
+from tests.harness.port_build import port_patch
 from tests.harness.sources import PR20547_DIFF_SHA256, pr20547_diff, sglang_wheel
 from tests.unit.test_facts_sglang import collect
 
@@ -53,11 +54,10 @@ def hashes(site: Path, paths) -> dict[str, str | None]:
 def decide(site: Path, version: str):
     install = collect(site)
     port = load_port(version)
-    pr_text = pr20547_diff().decode()
     if port is None:
         verdict = no_port_verdict(version)
     else:
-        patch = port.patch(pr_text)
+        patch = port_patch()
         verdict = port_verdict(
             port, version, PR20547_DIFF_SHA256, hashes(site, port.hashed_paths), patch.text
         )
@@ -121,7 +121,7 @@ def test_0511_with_only_the_clean_files_is_v1(trees, tmp_path):
 
 def test_0511_with_the_port_but_a_broken_model_runner_is_v1(trees, tmp_path):
     site = copy_tree(trees["0.5.11"], tmp_path / "site")
-    patch = load_port("0.5.11").patch(pr20547_diff().decode())
+    patch = port_patch()
     subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-d", str(site)],
                    input=patch.text, capture_output=True, text=True, check=True)  # fmt: skip
     assert collect(site)["features"]["dflash_pr20547"] is True

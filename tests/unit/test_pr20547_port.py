@@ -1,8 +1,9 @@
-"""PR#20547's DFlash v2 worker ported onto the SGLang 0.5.11 wheel, kept as data in
-``specfleet/patchdata/pr20547/sglang-0.5.11``: applied to the real wheel with GNU patch and checked
-without torch (compile, imports resolved by reading the tree, the routing and the overlap switch
-run from the patched files with the rest of SGLang stubbed), its key against the wheel's RECORD,
-and the provenance of every added line against the upstream files it names."""
+"""PR#20547's DFlash v2 worker ported onto the SGLang 0.5.11 wheel, kept as a recipe in
+``specfleet/patchdata/pr20547/sglang-0.5.11``: built from the shared fixtures and the wheelhouse
+through the recipe, applied to the real wheel with GNU patch and checked without torch (compile,
+imports resolved by reading the tree, the routing and the overlap switch run from the patched
+files with the rest of SGLang stubbed), and its key against the wheel's RECORD. The recipe
+itself: tests/unit/test_pr20547_recipe.py; the #29 fixes: tests/unit/test_pr20547_fixes.py."""
 
 from __future__ import annotations
 
@@ -18,36 +19,24 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
-from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.port import (
     HASH_FORMAT,
-    PROVENANCE_FILE,
-    PortError,
     check_port,
-    count_lines,
     hashed_paths,
-    join_hunks,
     load_ports,
     port_for,
-    port_patches,
-    provenance_problems,
     read_port_file,
     select_pr_hunks,
     split_hunks,
 )
-from tests.harness.sources import (
-    PR20547_DIFF_SHA256,
-    pr20547_diff,
-    pr20547_files,
-    sglang_wheel,
-)
+from tests.harness.port_build import port_patch
+from tests.harness.sources import PR20547_DIFF_SHA256, pr20547_diff, sglang_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "pr20547/sglang-0.5.11"
@@ -57,15 +46,11 @@ GNU_PATCH = "/usr/bin/patch"
 PATCH_ARGS = ("-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
               "--reject-file=-")  # fmt: skip
 PR_HEAD = ("modal-labs/sglang", "e67a0d488d905661e621342912874bc7893f1d94")
-# sgl-project/sglang sources are read from the release wheel of the commit's tag. The v0.5.14
-# tag's commit is not recorded here (the upstream repository could not be read offline), so no
-# provenance record names one yet; a record that does needs its commit added.
-RELEASE_WHEELS: dict[str, str] = {}
-# 0.5.11's DFlash v1, which the port must leave exactly as released.
+# 0.5.11's DFlash v1, which the port must leave exactly as released (dflash_utils.py aside: it
+# takes 0.5.14's verify-mask policy, which v1 reads too, as in 0.5.14).
 V1_FILES = (
     "sglang/srt/speculative/dflash_worker.py",
     "sglang/srt/speculative/dflash_info.py",
-    "sglang/srt/speculative/dflash_utils.py",
     "sglang/srt/models/dflash.py",
     "sglang/srt/speculative/triton_ops/__init__.py",
     "sglang/srt/speculative/triton_ops/fused_kv_materialize.py",
@@ -99,33 +84,6 @@ def unpack_sglang(version: str, dest: Path) -> Path:
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def upstream_reader(release_wheels: Mapping[str, str] = RELEASE_WHEELS):
-    """(repo, commit, path) -> text: the PR head from its tarball, an sgl-project/sglang release
-    commit from that release's wheel; None for anything else."""
-
-    def read(repo: str, commit: str, path: str) -> str | None:
-        rel = path[len("python/") :] if path.startswith("python/") else None
-        if rel is None:
-            return None
-        if (repo, commit) == PR_HEAD:
-            data = pr20547_files().get(rel)
-            return None if data is None else data.decode("utf-8")
-        if repo == "sgl-project/sglang" and commit in release_wheels:
-            version = release_wheels[commit]
-            with zipfile.ZipFile(sglang_wheel(version)) as zf:
-                return zf.read(rel).decode("utf-8") if rel in zf.namelist() else None
-        return None
-
-    return read
-
-
-def check_provenance(folder: Path, reader=None) -> list[str]:
-    """The provenance check of a port's data folder (its adaptation.diff and provenance.json)."""
-    adaptation = (folder / "adaptation.diff").read_text(encoding="utf-8")
-    records = json.loads((folder / PROVENANCE_FILE).read_text(encoding="utf-8"))
-    return provenance_problems(adaptation, records, reader or upstream_reader())
 
 
 def run_patch(tree: Path, text: str) -> subprocess.CompletedProcess:
@@ -280,7 +238,9 @@ block = next(
     and any(sets_overlap(s) for s in n.body)
 )
 stmts = [s for s in block.body if sets_overlap(s)]
-args = types.SimpleNamespace(disable_overlap_schedule=False, enable_multi_layer_eagle=False)
+import os
+args = types.SimpleNamespace(disable_overlap_schedule=os.environ.get("_off") == "1",
+                             enable_multi_layer_eagle=False)
 code = compile(ast.Module(body=stmts, type_ignores=[]), "server_args.py", "exec")
 exec(code, {"self": args, "envs": envs, "logger": logging.getLogger("server_args")})
 out = {"statements": len(stmts), "disable_overlap_schedule": args.disable_overlap_schedule,
@@ -313,10 +273,8 @@ def port() -> dict:
 
 
 @pytest.fixture(scope="module")
-def patches(port) -> tuple[str, str]:
-    return port_patches(
-        pr20547_diff().decode("utf-8"), port, read_port_file(NAME, "adaptation.diff")
-    )
+def patches(port) -> tuple[str]:
+    return (port_patch().text,)
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +296,7 @@ def ported(tmp_path_factory, pristine, patches):
 
 @pytest.fixture(scope="module")
 def touched(patches) -> list[str]:
-    return sorted(patched_paths(patches[0]) | patched_paths(patches[1]))
+    return sorted(patched_paths(patches[0]))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -352,7 +310,7 @@ def test_the_data_folder_is_found_as_package_data_and_complete(port):
     assert port["hash"] == HASH_FORMAT
     assert port["pr_diff_sha256"] == PR20547_DIFF_SHA256
     assert port["sglang_version"] == "0.5.11"
-    for name in ("NOTICE", "port.json", port["adaptation"], port["provenance"]):
+    for name in ("NOTICE", "port.json", port["recipe"], port["provenance"]):
         assert (DATA / name).is_file(), name
     notice = read_port_file(NAME, "NOTICE")
     for needed in ("Apache License", "Version 2.0", "SGLang", PR_HEAD[1], PR20547_DIFF_SHA256):
@@ -363,6 +321,7 @@ def test_the_key_is_the_0511_wheels_record(port, touched):
     record = wheel_record("0.5.11")
     assert port["targets"] == {p: record[p] for p in port["targets"]}
     assert port["requires"] == {p: record[p] for p in V1_FILES}
+    assert "sglang/srt/speculative/dflash_utils.py" in port["targets"]  # the verify-mask policy
     assert not set(port["creates"]) & set(record)
     # The key covers exactly the files the port touches: modified (in the wheel) or created.
     assert set(touched) == set(port["targets"]) | set(port["creates"])
@@ -395,33 +354,8 @@ def test_port_for_finds_the_port_only_for_a_tree_like_the_wheel(port):
 def test_a_bad_port_json_is_refused(port):
     bad = {**port, "targets": {"sglang/srt/environ.py": "not-a-hash"}}
     assert check_port(bad)
-    assert check_port({k: v for k, v in port.items() if k != "pr_hunks"})
-    assert check_port({**port, "pr_hunks": [60, 5]})
+    assert check_port({k: v for k, v in port.items() if k != "recipe"})
     assert check_port({**port, "hash": "sha256-b64"})
-
-
-# --------------------------------------------------------------------------------------------------
-# The PR hunks taken
-# --------------------------------------------------------------------------------------------------
-
-
-def test_pr_hunks_are_picked_by_index_from_the_whole_diff(port):
-    text = filter_patch(pr20547_diff().decode("utf-8")).text
-    hunks = split_hunks(text)
-    assert len(hunks) == 71
-    assert join_hunks(hunks) == text  # nothing lost in splitting
-    taken = [hunks[i] for i in port["pr_hunks"]]
-    assert [(h.path, h.creates) for h in taken] == [
-        ("sglang/srt/managers/schedule_batch.py", False),  # maybe_wait_verify_done, plan stream
-        ("sglang/srt/speculative/dflash_info_v2.py", True),
-        ("sglang/srt/speculative/dflash_worker_v2.py", True),
-        ("sglang/srt/speculative/spec_info.py", False),  # from sglang.srt.environ import envs
-        ("sglang/srt/speculative/spec_info.py", False),  # supports_spec_v2 under the switch
-    ]
-    with pytest.raises(PortError):
-        select_pr_hunks(pr20547_diff().decode("utf-8"), [60, 5])
-    with pytest.raises(PortError):
-        select_pr_hunks(pr20547_diff().decode("utf-8"), [71])
 
 
 def test_the_port_applies_to_the_0511_wheel_without_fuzz(ported):
@@ -521,8 +455,11 @@ V1 = "sglang.srt.speculative.dflash_worker.DFlashWorker"
         ({"SGLANG_ENABLE_SPEC_V2": "0", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}, True, V1),
         ({"SGLANG_ENABLE_SPEC_V2": "1"}, True, V1),
         ({}, True, V1),
+        # --disable-overlap-schedule given: honoured under both switches, DFLASH stays v1.
+        ({"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1", "_off": "1"}, True,
+         V1),
     ],
-)
+)  # fmt: skip
 def test_dflash_runs_v2_with_overlap_only_under_the_switches(ported, env, overlap_off, worker):
     got = route(ported[0], env)
     assert got["statements"] == 1
@@ -597,63 +534,3 @@ def test_dflash_v2_keeps_the_pr_branch_decode_memory_estimate(ported, pristine):
 # --------------------------------------------------------------------------------------------------
 # Provenance
 # --------------------------------------------------------------------------------------------------
-
-
-def test_every_added_line_comes_from_its_named_source():
-    assert check_provenance(DATA) == []
-    records = json.loads((DATA / "provenance.json").read_text())
-    counts = count_lines((DATA / "adaptation.diff").read_text(), records)
-    # Most of the adaptation is the PR's own code; what is new is small and listed.
-    assert counts.new <= 25 < counts.derived
-
-
-def _edit_added_line(folder: Path, old: str, new: str) -> None:
-    diff = folder / "adaptation.diff"
-    text = diff.read_text()
-    assert text.count(f"+{old}\n") == 1, old
-    diff.write_text(text.replace(f"+{old}\n", f"+{new}\n"))
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        # a line taken from the PR
-        ("    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(False)",
-         "    SGLANG_ENABLE_DFLASH_SPEC_V2 = EnvBool(True)"),
-        # a line listed as adapted
-        ("            if batch.spec_algorithm.is_dflash():",
-         "            if batch.spec_algorithm.is_dflash() or True:"),
-    ],
-)  # fmt: skip
-def test_editing_an_added_line_without_listing_it_fails_provenance(tmp_path, old, new):
-    folder = tmp_path / "data"
-    shutil.copytree(DATA, folder)
-    _edit_added_line(folder, old, new)
-    problems = check_provenance(folder)
-    assert any(repr(new) in p and "not listed in adapted_lines" in p for p in problems), problems
-
-
-def test_provenance_needs_a_readable_source_and_reasons(tmp_path):
-    folder = tmp_path / "data"
-    shutil.copytree(DATA, folder)
-    records = json.loads((folder / "provenance.json").read_text())
-    with_adapted = [r for r in records if r["adapted_lines"]]
-    records[0]["source"]["commit"] = "1" * 40
-    with_adapted[0]["adapted_lines"][0]["why"] = ""
-    with_adapted[1]["adapted_lines"].append({"line": "    pass", "why": "not in the hunk"})
-    del records[-1]
-    (folder / "provenance.json").write_text(json.dumps(records))
-    problems = "\n".join(check_provenance(folder))
-    assert "cannot read the source modal-labs/sglang@111111111111" in problems
-    assert "adapted_lines entry without line and why" in problems
-    assert "adapted_lines names a line the hunk does not add" in problems
-    assert "one record per hunk" in problems
-
-
-def test_release_sources_are_read_from_the_release_wheel():
-    commit = "f" * 40
-    read = upstream_reader({commit: "0.5.14"})
-    text = read("sgl-project/sglang", commit, "python/sglang/srt/speculative/dflash_worker_v2.py")
-    assert text is not None and "class DFlashWorkerV2" in text
-    assert read("sgl-project/sglang", "e" * 40, "python/sglang/srt/environ.py") is None
-    assert "SGLANG_ENABLE_DFLASH_SPEC_V2" in read(*PR_HEAD, "python/sglang/srt/environ.py")

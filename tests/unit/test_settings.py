@@ -86,6 +86,7 @@ BAD_VALUES = [
     ("relative api_key_file", {"api_key_file": "key.txt"}, "api_key_file", "an absolute path or one under ~/"),
     ("relative patch source", {"patch": {"source": "../pr.diff", "sha256": SHA}}, "patch.source", "an absolute path or one under ~/"),
     ("patch over ftp", {"patch": {"source": "ftp://x/pr.diff", "sha256": SHA}}, "patch.source", "a URL with scheme"),
+    ("relative mirror in a list", {"patch": {"source": ["/srv/mirror", "mirror"], "sha256": SHA}}, "patch.source", "an absolute path or one under ~/"),
     # Folder names under models_root.
     ("local_dir escaping", {"target": {"local_dir": "../escape"}}, "target.local_dir", "a folder name under models_root"),
     ("absolute local_dir", {"target": {"local_dir": "/abs/dir"}}, "target.local_dir", "no '/' or '..'"),
@@ -239,6 +240,8 @@ GOOD_VALUES = [
     {"patch": {"source": "https://example.org/pr20547.diff", "sha256": SHA}},
     {"patch": {"source": "~/pr20547.diff", "sha256": SHA.upper()}},
     {"patch": {"source": "http://10.0.0.9/pr.diff", "sha256": SHA}},
+    {"patch": {"sha256": SHA}},  # the recipe's own pinned URLs
+    {"patch": {"source": ["/srv/mirror", "https://mirror.example.org/sglang"], "sha256": SHA}},
     {"api_key": "sk-with-\"quotes\"-'and'-\\-.*+?"}, {"api_key_file": "~/.specfleet/api-key"},
     {"rollout": {"batch_percent": 100, "max_fail_percent": 0, "order": ["a", "b"],
                  "canary": "a", "fanout_site": "rack-1"}},
@@ -312,6 +315,9 @@ def test_ct200_inventory_reuses_its_venv_and_follows_main_on_purpose():
     assert s.sglang.version == "0.5.11"
     assert s.models_root == "/root/models"
     assert s.target.follow_branch and s.target.revision == "main"
+    # Opted in to the PR#20547 port by its pin alone: nothing a fresh clone lacks is named.
+    assert s.patch.sha256 == "1c844c0fdcab59266c0b1bb46e2099b86469364ffd5ad5ac436f1a7f2847d252"
+    assert s.patch.source is None
 
 
 def test_fleet_example_group_data_differs_by_arch():

@@ -80,7 +80,17 @@ def plan_dflash(c: PlanContext) -> None:
 
 def _worker(c: PlanContext) -> None:
     b, dflash = c.b, c.features.get("dflash")
-    if c.pr20547:
+    overlap_off = c.overrides.extra_args.get("--disable-overlap-schedule") not in (None, False)
+    if c.pr20547 and overlap_off:
+        # The port honours the flag under the switches (server_args), so they would be dead.
+        b.why(
+            "dflash-worker",
+            "v1 (--disable-overlap-schedule)",
+            "plan.extra_args turns the overlap scheduler off, which the PR#20547 port honours: "
+            "DFLASH runs the v1 worker, and the v2 switches are left out",
+            "override",
+        )
+    elif c.pr20547:
         b.env.update(versions.PR20547_ENV)
         b.why(
             "dflash-worker",

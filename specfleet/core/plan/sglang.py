@@ -72,7 +72,7 @@ def _install(c: PlanContext) -> tuple[dict[str, Any], versions.VersionRow, bool]
                 row = versions.version_row(s.version)
                 patch = c.settings.patch
                 features = install["features"]
-                if (patch.source and patch.sha256 and str(versions.parse_version(s.version))
+                if (patch.sha256 and str(versions.parse_version(s.version))
                         in PORTED_RELEASES and features.get("dflash") != "v2"):
                     # The deploy applies this project's port of PR#20547 before the server starts.
                     install["features"] = {**features, "dflash": "v2", "dflash_pr20547": True,

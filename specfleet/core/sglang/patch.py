@@ -331,8 +331,8 @@ def conflict_message(
 
 
 CONFLICT_FIX = (
-    f"pin sglang.version to {V2_BUILTIN_SINCE} or later (the v2 worker is built in), or give a "
-    "patch.source/patch.sha256 that applies to this SGLang, or set patch.on_conflict = 'keep-v1' "
+    f"pin sglang.version to {V2_BUILTIN_SINCE} or later (the v2 worker is built in), or run a "
+    "release this project ports (0.5.11, patch.sha256), or set patch.on_conflict = 'keep-v1' "
     "to run DFLASH v1 with overlap off"
 )
 

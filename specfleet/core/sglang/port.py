@@ -2,12 +2,12 @@
 
 A port is a folder under ``specfleet/patchdata/pr20547/sglang-<version>/``:
 
-- ``port.json``: the key (the PR diff's sha256, the SGLang version, the sha256 of every file the
-  port modifies and of the files it relies on unchanged, the files it creates) and the recipe (the
-  indexes of the PR diff's hunks to take, then ``adaptation.diff``);
-- ``adaptation.diff``: upstream-derived glue, applied after the chosen PR hunks;
-- ``provenance.json``: where each hunk of ``adaptation.diff`` comes from;
-- ``NOTICE``: the Apache-2.0 notice of the upstream code.
+- ``port.json``: the key (the PR revision's sha256, the SGLang version, the sha256 of every file
+  the port modifies and of the files it relies on unchanged, the files it creates);
+- ``recipe.json``: which upstream text makes each file, from sources pinned by sha256, and the
+  lines this project wrote (``specfleet.core.sglang.recipe``); no upstream text is stored;
+- ``provenance.json``: why each file of the recipe is what it is;
+- ``NOTICE``: the Apache-2.0 notice of the upstream code the deploy fetches.
 
 Everything here is pure text handling except :func:`load_ports`, the one function that reads (the
 data folder, found with ``importlib.resources``).
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
@@ -26,14 +26,12 @@ from specfleet.core.sglang.patch import PatchFormatError, filter_patch, hunk_lin
 PATCHDATA_PACKAGE = "specfleet.patchdata"
 PR20547_DIR = "pr20547"
 PORT_FILE = "port.json"
-PROVENANCE_FILE = "provenance.json"
 # How port.json writes the sha256 of a file: lowercase hex, what ``sha256sum`` prints. (A wheel's
 # RECORD has the same digest as urlsafe base64 without padding.)
 HASH_FORMAT = "sha256-hex"
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 class PortError(ValueError):
@@ -190,16 +188,11 @@ def select_pr_hunks(pr_diff: str, indexes: Iterable[int]) -> str:
 def check_port(port: Mapping) -> list[str]:
     """What is wrong with a loaded ``port.json`` (empty when nothing)."""
     problems = []
-    for field in ("pr_diff_sha256", "sglang_version", "targets", "pr_hunks", "adaptation"):
+    for field in ("pr_diff_sha256", "sglang_version", "targets", "recipe"):
         if field not in port:
             problems.append(f"missing {field}")
     if port.get("hash") != HASH_FORMAT:
         problems.append(f"hash is {port.get('hash')!r}, not {HASH_FORMAT!r}")
-    hunks = port.get("pr_hunks")
-    if not isinstance(hunks, list) or not all(isinstance(i, int) for i in hunks):
-        problems.append(f"pr_hunks is not a list of hunk indexes: {hunks!r}")
-    elif hunks != sorted(set(hunks)):
-        problems.append(f"pr_hunks is not strictly increasing: {hunks}")
     for field in ("targets", "requires"):
         for path, digest in (port.get(field) or {}).items():
             if not isinstance(digest, str) or not _SHA256_RE.match(digest):
@@ -247,108 +240,6 @@ def hashed_paths(port: Mapping) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Provenance: every added line of the adaptation comes from its named source, or says why not
-# --------------------------------------------------------------------------------------------------
-
-SourceReader = Callable[[str, str, str], "str | None"]  # (repo, commit, path) -> text or None
-
-
-def _norm(line: str) -> str:
-    # Indentation is not compared: re-indenting a derived line adds no code.
-    return line.strip()
-
-
-@dataclass(frozen=True)
-class LineCount:
-    derived: int  # added lines found in the named source (or moved within the hunk)
-    new: int  # added lines listed in adapted_lines, or in a hunk without a source
-    blank: int
-
-
-def provenance_problems(
-    adaptation: str, records: list[Mapping], read_source: SourceReader
-) -> list[str]:
-    """What does not hold in ``records`` (a loaded ``provenance.json``) for ``adaptation``: one
-    record per hunk, in order, naming the hunk's file; a hunk with a source has every added line
-    in that source file (indentation aside) or among the hunk's own removed lines (a line of the
-    target moved or re-indented), except the lines listed in ``adapted_lines``, each with a
-    reason; a line listed there is an added line of the hunk and is not in the source; a hunk
-    without a source says ``why_new``."""
-    hunks = split_hunks(adaptation)
-    problems: list[str] = []
-    by_hunk = {r.get("hunk"): r for r in records}
-    ids = [r.get("hunk") for r in records]
-    if ids != list(range(len(hunks))):
-        problems.append(
-            f"provenance has records for hunks {ids}; the adaptation has {len(hunks)} hunks "
-            "(one record per hunk, in order)"
-        )
-    for h in hunks:
-        rec = by_hunk.get(h.index)
-        if rec is None:
-            continue
-        where = f"hunk {h.index} ({h.path})"
-        if rec.get("file") != h.path:
-            problems.append(f"{where}: provenance names file {rec.get('file')!r}")
-        adapted = {}
-        for item in rec.get("adapted_lines") or ():
-            line = item.get("line") if isinstance(item, Mapping) else None
-            if not isinstance(line, str) or not str(item.get("why") or "").strip():
-                problems.append(f"{where}: adapted_lines entry without line and why: {item!r}")
-                continue
-            adapted[line] = item
-        source = rec.get("source")
-        if source is None:
-            if not str(rec.get("why_new") or "").strip():
-                problems.append(f"{where}: no source and no why_new")
-            continue
-        repo, commit, path = source.get("repo"), source.get("commit"), source.get("path")
-        if not (repo and path and isinstance(commit, str) and _COMMIT_RE.match(commit)):
-            problems.append(f"{where}: source needs repo, a 40-hex commit and path: {source!r}")
-            continue
-        text = read_source(repo, commit, path)
-        if text is None:
-            problems.append(f"{where}: cannot read the source {repo}@{commit[:12]}:{path}")
-            continue
-        known = {_norm(x) for x in text.splitlines()} | {_norm(x) for x in h.removed}
-        added = h.added
-        for line in added:
-            if not _norm(line) or line in adapted:
-                continue
-            if _norm(line) not in known:
-                problems.append(
-                    f"{where}: added line not in {repo}@{commit[:12]}:{path} and not listed in "
-                    f"adapted_lines: {line!r}"
-                )
-        for line in adapted:
-            if line not in added:
-                problems.append(
-                    f"{where}: adapted_lines names a line the hunk does not add: {line!r}"
-                )
-            elif _norm(line) in known:
-                problems.append(f"{where}: adapted_lines names a line the source has: {line!r}")
-    return problems
-
-
-def count_lines(adaptation: str, records: list[Mapping]) -> LineCount:
-    """How many added lines of the adaptation are derived, new (adapted or without a source), or
-    blank."""
-    by_hunk = {r.get("hunk"): r for r in records}
-    derived = new = blank = 0
-    for h in split_hunks(adaptation):
-        rec = by_hunk.get(h.index) or {}
-        adapted = {item.get("line") for item in rec.get("adapted_lines") or ()}
-        for line in h.added:
-            if not _norm(line):
-                blank += 1
-            elif rec.get("source") is None or line in adapted:
-                new += 1
-            else:
-                derived += 1
-    return LineCount(derived=derived, new=new, blank=blank)
-
-
-# --------------------------------------------------------------------------------------------------
 # The data (the one reader here)
 # --------------------------------------------------------------------------------------------------
 
@@ -372,13 +263,5 @@ def load_ports(package: str = PATCHDATA_PACKAGE) -> dict[str, dict]:
 
 
 def read_port_file(name: str, file: str, package: str = PATCHDATA_PACKAGE) -> str:
-    """The text of ``file`` (``adaptation.diff``, ``NOTICE``...) in the port ``name``."""
+    """The text of ``file`` (``recipe.json``, ``NOTICE``...) in the port ``name``."""
     return (resources.files(package).joinpath(*name.split("/"), file)).read_text(encoding="utf-8")
-
-
-def port_patches(pr_diff: str, port: Mapping, adaptation: str) -> tuple[str, str]:
-    """The two patches of a port, to apply in this order with ``patch -p1 --forward --batch`` in
-    site-packages: the chosen PR hunks, then the adaptation. The adaptation edits files the first
-    patch creates or changes, so it can be checked (``--dry-run``) only once the first is applied:
-    check both on a copy of the files they touch."""
-    return select_pr_hunks(pr_diff, port["pr_hunks"]), adaptation

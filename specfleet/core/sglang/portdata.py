@@ -1,6 +1,7 @@
 """The verdict on a port of PR#20547 for one host's tree, and the one diff it applies. Pure: the
-port's data comes from ``specfleet.core.sglang.port`` (``port.json``, ``adaptation.diff``) and the
-host's file hashes from ``facts.sglang.FileHashes``.
+port's data comes from ``specfleet.core.sglang.port`` (``port.json``, ``recipe.json``), the
+upstream text from a reader the caller passes (``operations.sglang_sources``), and the host's file
+hashes from ``facts.sglang.FileHashes``.
 
 A tree whose files do not hash as the port's release wheel gets "no port for this tree" and keeps
 v1: a port is never applied fuzzily (``--fuzz=0``).
@@ -13,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specfleet.core.sglang.patch import FilteredPatch, filter_patch
-from specfleet.core.sglang.port import hashed_paths, port_matches, select_pr_hunks
+from specfleet.core.sglang.port import hashed_paths, port_matches
 from specfleet.core.sglang.pr20547 import PortVerdict
+from specfleet.core.sglang.recipe import SourceReader, build, count_taken
 from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE
 
 # Releases with a port (specfleet/patchdata/pr20547/sglang-<version>/).
@@ -25,7 +27,7 @@ PORTED_RELEASES = ("0.5.11",)
 class Port:
     name: str  # pr20547/sglang-0.5.11
     data: Mapping  # port.json
-    adaptation: str
+    recipe: Mapping  # recipe.json
 
     @property
     def version(self) -> str:
@@ -35,17 +37,24 @@ class Port:
     def hashed_paths(self) -> list[str]:
         return hashed_paths(self.data)
 
-    def patch(self, pr_text: str) -> FilteredPatch:
-        """The one diff this port applies, sections in order: its PR hunks, then the adaptation
-        (which edits files the PR hunks create: GNU patch applies the sections in turn)."""
-        text = select_pr_hunks(pr_text, self.data["pr_hunks"]) + self.adaptation
-        return filter_patch(text, site_paths=True)
+    @property
+    def sources(self) -> Mapping:
+        """The upstream sources the recipe names (for ``operations.sglang_sources``)."""
+        return self.recipe["sources"]
+
+    def patch(self, read: SourceReader) -> FilteredPatch:
+        """The one diff this port applies: the release's files to the files the recipe makes
+        from the sources ``read`` gives (each checked against its sha256 pin)."""
+        return filter_patch(build(self.recipe, read).diff(), site_paths=True)
 
     def describe(self) -> str:
-        hunks = self.adaptation.count("\n@@ ") + self.adaptation.startswith("@@ ")
+        taken = count_taken(self.recipe)
+        # Lines of the release's own files that stay are not counted: they are the host's.
+        upstream = sum(n for name, n in taken.items() if name not in ("own", self.recipe["base"]))
         return (
-            f"the PR#20547 port for SGLang {self.version} ({len(self.data['pr_hunks'])} PR hunks "
-            f"+ {hunks} adaptation hunks)"
+            f"the PR#20547 port for SGLang {self.version} ({len(self.recipe['files'])} files from "
+            f"its recipe: {upstream} lines of pinned upstream sources, {taken.get('own', 0)} "
+            "of this project's)"
         )
 
 
@@ -73,7 +82,7 @@ def port_verdict(
             False,
             text=f"the port for SGLang {port.version} is made from PR diff "
             f"{data['pr_diff_sha256'][:12]}, settings pin {pr_sha256[:12]}",
-            fix=f"set patch.sha256 to {data['pr_diff_sha256']} and patch.source to that diff",
+            fix=f"set patch.sha256 to {data['pr_diff_sha256']} (the PR revision of this port)",
         )
     if not port_matches(data, version, pr_sha256.lower(), file_hashes):
         expected = {**(data.get("targets") or {}), **(data.get("requires") or {})}

@@ -1,6 +1,6 @@
 """What to do about PR#20547 (the DFlash v2 overlap worker) on one host: one decision table.
 
-    installed SGLang                  | opted in (patch.source) | port for this tree | decision
+    installed SGLang                  | opted in (patch.sha256) | port for this tree | decision
     ----------------------------------+-------------------------+--------------------+-----------
     v2 wired in (PR branch, >= 0.5.14)| any                     | -                  | built in
     v1                                | yes                     | yes                | apply port
@@ -31,7 +31,7 @@ class PortVerdict:
     available: bool
     # The port's identity (the sha256 of the patch it applies), written as the marker.
     port_id: str | None = None
-    # "the port for SGLang 0.5.11 (21 PR hunks + 9 adaptation hunks)", or why there is none.
+    # "the PR#20547 port for SGLang 0.5.11 (11 files from its recipe: ...)", or why there is none.
     text: str = ""
     # For "no port": what the user can do.
     fix: str = ""
@@ -68,7 +68,7 @@ def decide_pr20547(
     release_features: dict | None = None,
 ) -> PatchDecision:
     """The table above. ``install``: the SGLangInstall fact; ``marker``: the PatchState fact;
-    ``opted_in``: the settings give the PR diff (``patch.source`` and ``sha256``); ``port``: the
+    ``opted_in``: the settings pin the PR revision (``patch.sha256``); ``port``: the
     verdict for this tree (None when not asked: not opted in); ``release_features``: the
     features of the release tree that restoring an interrupted apply gives back (where known:
     a port exists only for a release's exact tree)."""
@@ -119,8 +119,8 @@ def decide_pr20547(
         return PatchDecision(
             tuple(steps), KEEP_V1,
             keep_v1_reason(version, "PR#20547 is not opted in" + detail), warning,
-            fix=f"set sglang.version >= {V2_BUILTIN_SINCE} (v2 built in), or patch.source and "
-            "patch.sha256 to the PR diff where this project has a port (SGLang 0.5.11)",
+            fix=f"set sglang.version >= {V2_BUILTIN_SINCE} (v2 built in), or patch.sha256 to "
+            "the PR revision where this project has a port (SGLang 0.5.11)",
         )  # fmt: skip
     if port is not None and port.available and rejected and port.port_id == rejected:
         return PatchDecision(
