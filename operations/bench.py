@@ -20,7 +20,7 @@ from pyinfra.operations import files
 from facts.gpu import Gpus
 from facts.serving import ServiceState
 from operations import preflight
-from operations.serving import service_state_args
+from operations.server_facts import service_state_args
 from operations.util import fails_host, host_settings
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError

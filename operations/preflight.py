@@ -33,7 +33,7 @@ from facts.probe import default_specs
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
-from operations.serving import group_peers, host_address, service_state_args
+from operations.server_facts import group_peers, host_address, service_state_args
 from operations.util import fails_host, host_settings, record_failure
 from operations.venvs import effective_settings
 from operations.weights import control_token, control_token_path

@@ -19,7 +19,7 @@ from facts.python import Packages
 from facts.serving import ServiceState
 from facts.sglang import PatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
-from operations.serving import host_specs, service_state_args
+from operations.server_facts import host_specs, service_state_args
 from operations.venvs import candidate_venvs
 from operations.watchdog import state_args as watchdog_state_args
 from operations.weights import unit_pattern

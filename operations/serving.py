@@ -6,43 +6,38 @@ README's examples and the tests read them); this module holds the operations.
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
-from pathlib import Path
 from typing import Any
 
-from paramiko import SSHException
 from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
-from pyinfra.api.exceptions import ConnectError
-from pyinfra.api.util import get_template
 from pyinfra.context import ctx_host
 from pyinfra.operations import files
 
-from facts.cache import cached_fact
-from facts.cache import cached_gather as gather
-from facts.gpu import Gpus, GpuTopology
-from facts.net import NetworkInterfaces, RdmaPorts
-from facts.serving import STARTED_MARK, FileText, FirstJson, ServiceState
-from facts.sglang import SGLangInstall
-from facts.weights import WeightsState
-from operations.sglang_commands import rejected_port_path, restore_script
-from operations.util import check_command, host_settings, per_host, record_failure
+from facts.serving import STARTED_MARK, ServiceState
+from operations.readiness import GATE_SCRIPT, gate_source, run_gate  # noqa: F401
+from operations.server_facts import (  # noqa: F401 (callers read them here)
+    current_plan,
+    group_peers,
+    host_address,
+    host_specs,
+    service_state,
+    service_state_args,
+    unit_facts,
+)
+from operations.util import (  # noqa: F401 (render: callers read it here)
+    JINJA,
+    check_command,
+    host_settings,
+    per_host,
+    read_secret_file,
+    render,
+)
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.layout import (
     ServerPaths,
-    join,
-    model_file,
-    model_root,
     patch_state_dir,
     server_paths,
-    sglang_python,
 )
-from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY
-from specfleet.core.plan.group import NET, RDMA
-from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, api_key_chars_ok, settings_for_host
 from specfleet.core.unit import (  # noqa: F401 (the unit's pure half, read here by callers)
     DRAFTER_CONFIG,
@@ -70,31 +65,13 @@ from specfleet.core.unit import (  # noqa: F401 (the unit's pure half, read here
     unit_context,
     weights_key,
 )
-from specfleet.hostside.specfleet_log_redact import ship_ahead_of
-
-GATE_SCRIPT = hostside_path("readiness_gate.py")
-
-
-_JINJA = {"trim_blocks": True, "lstrip_blocks": True}
 
 
 def read_api_key_file(path: str) -> str:
-    """The API key in ``path`` (``api_key_file``, on the control machine), read now: at deploy
-    time, never when the inventory loads. One line; surrounding whitespace is dropped."""
-    try:
-        text = Path(os.path.expanduser(path)).read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise SpecfleetError(
-            f"api_key_file {path} cannot be read on the control machine ({e.strerror})",
-            fix="point api_key_file at a file holding the key, or unset it",
-        ) from None
-    except UnicodeDecodeError:
-        raise SpecfleetError(f"api_key_file {path} is not UTF-8 text",
-                             fix="write the key into it (one line of printable ASCII)") from None
-    if not text:
-        raise SpecfleetError(f"api_key_file {path} is empty",
-                             fix="write the key into it (one line), or unset api_key_file for a "
-                             "server without a key")  # fmt: skip
+    """The API key in ``path`` (``api_key_file``, on the control machine), read now: one line of
+    printable ASCII without spaces."""
+    text = read_secret_file(path, "api_key_file", "the key",
+                            ", or unset api_key_file for a server without a key")
     if not api_key_chars_ok(text):
         # The key is never quoted back.
         raise SpecfleetError(
@@ -112,118 +89,6 @@ def api_key(settings: Settings) -> str | None:
     if settings.api_key_file is not None:
         return read_api_key_file(settings.api_key_file)
     return None
-
-
-def render(template: Path, context: dict[str, Any]) -> str:
-    """Render a template exactly as ``files.template`` does."""
-    return get_template(str(template), dict(_JINJA)).render(context)
-
-
-# --------------------------------------------------------------------------------------------------
-# Execute-time inputs: the plan from the facts as they are now
-# --------------------------------------------------------------------------------------------------
-
-
-def service_state_args(settings: Settings) -> dict[str, Any]:
-    paths = server_paths(settings)
-    return {"service": paths.unit_name, "paths": paths.unit_files(), "marker": paths.marker}
-
-
-def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
-    """The facts the unit needs, for one ``facts.probe.Probe`` command (one SSH round trip)."""
-    paths = server_paths(settings)
-    specs: dict[str, Any] = {
-        SERVICE: (ServiceState, {"service": paths.unit_name, "paths": files_,
-                                 "marker": paths.marker}),
-        GPUS: (Gpus, {}),
-        TOPOLOGY: (GpuTopology, {}),
-        SGLANG: (SGLangInstall, {"python": sglang_python(settings)}),
-        DRAFTER_CONFIG: (
-            FirstJson,
-            {"paths": [model_file(settings, "drafter", "config.json"),
-                       model_file(settings, "drafter", "current", "config.json")]},
-        ),
-    }  # fmt: skip
-    if settings.group is not None:
-        # A serving group's plan needs the interfaces the peers reach this member on.
-        specs[NET] = (NetworkInterfaces, {})
-        specs[RDMA] = (RdmaPorts, {})
-    # The applied PR#20547 patch's sha256 (written by operations.sglang), for the build info.
-    specs[PATCH_SHA] = (FileText, {"path": join(patch_state_dir(settings.venv), "sha256")})
-    for name in ("target", "drafter"):
-        src = getattr(settings, name)
-        if src.revision is None or src.follow_branch:
-            # Not pinned in the settings: the revision the weights step left on the host.
-            specs[weights_key(name)] = (WeightsState, {"path": model_root(settings, name)})
-    return specs
-
-
-def current_plan(settings: Settings) -> CurrentPlan:
-    """The plan for this host from its facts as they are now (call it inside an operation)."""
-    return plan_from_facts(
-        settings, unit_facts(settings, []), host.name, group_peers(settings), host_address(host)
-    )
-
-
-def host_address(h: Any) -> str:
-    """The address the inventory reaches ``h`` on (its peers reach it there too, by default)."""
-    return str(h.data.get("ssh_hostname") or h.name)
-
-
-def group_peers(settings: Settings) -> dict[str, Peer] | None:
-    """The other members of this host's serving group, their facts read now (one probe each).
-
-    Every member must be in this run: a group's plan is made from all of its members' facts.
-    """
-    g = settings.group
-    if g is None:
-        return None
-    peers: dict[str, Peer] = {}
-    for name in g.members:
-        if name == host.name:
-            continue
-        peer = state.inventory.get_host(name, default=None)
-        if peer is None or peer not in state.activated_hosts:
-            raise SpecfleetError(
-                f"serving group {g.name}: member {name} is "
-                + ("not in the inventory" if peer is None else "not in this run (--limit?)"),
-                host=host.name,
-                fix=f"deploy the whole group together: add {name} to the inventory and to "
-                "--limit (a group's plan needs every member's facts)",
-            )
-        if peer not in state.active_hosts:
-            raise SpecfleetError(
-                f"serving group {g.name}: member {name} failed earlier in this run",
-                host=host.name,
-                fix=f"fix {name} (its error is above) and run again; the group starts as one",
-            )
-        peer_settings = settings_for_host(peer)
-        peers[name] = Peer(
-            peer_settings, gather(peer, host_specs(peer_settings, [])), host_address(peer)
-        )
-    return peers
-
-
-def unit_facts(settings: Settings, files_: list[str]) -> dict[str, Any]:
-    facts = gather(host, host_specs(settings, files_))
-    if facts.get(SERVICE) is None:
-        raise SpecfleetError(
-            "systemctl is not on this host: the SGLang server runs as a systemd unit",
-            host=host.name,
-            fix="run specfleet on a host booted with systemd",
-        )
-    return facts
-
-
-def _state(paths: ServerPaths, files_: list[str]) -> dict[str, Any]:
-    st = cached_fact(host, ServiceState, service=paths.unit_name, paths=files_, marker=paths.marker)
-    if st is None:
-        raise SpecfleetError(
-            "systemctl is not on this host: the SGLang server runs as a systemd unit",
-            host=host.name,
-            fix="run specfleet on a host booted with systemd",
-        )
-    return st
 
 
 def _marker_command(paths: ServerPaths, reason: str) -> StringCommand:
@@ -324,7 +189,7 @@ def _unit(settings: Settings | None, present: bool):
     files_ = paths.unit_files()
 
     if not present:
-        yield from _absent(paths, _state(paths, files_))
+        yield from _absent(paths, service_state(paths))
         return
 
     # One command reads the unit's state and everything the plan needs, as they are now.
@@ -369,7 +234,7 @@ def _unit(settings: Settings | None, present: bool):
                     user="root",
                     group="root",
                     mode=mode,
-                    jinja_env_kwargs=dict(_JINJA),
+                    jinja_env_kwargs=dict(JINJA),
                     **ctx,
                 )
             )
@@ -473,7 +338,7 @@ def _group_restart(settings: Settings | None):
         host.noop("serves alone: no serving group to restart together")
         return
     paths = server_paths(s)
-    own = _state(paths, paths.unit_files())
+    own = service_state(paths)
     marked: dict[str, str] = {}
     if own["restart_pending"]:
         marked[host.name] = own["restart_pending"]
@@ -534,7 +399,7 @@ def service(
 def _service(settings: Settings | None, running: bool, enabled: bool | None, ready: bool):
     s = host_settings(settings)
     paths = server_paths(s)
-    st = _state(paths, paths.unit_files())
+    st = service_state(paths)
     pending = st["restart_pending"]
     fingerprint = files_fingerprint(st["files"])
     if paths.unit not in st["files"]:
@@ -662,160 +527,5 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
             if (peer := state.inventory.get_host(name, default=None)) is not None
         ])  # fmt: skip
     yield check_command(
-        _run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {"group": group}
+        run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {"group": group}
     )
-
-
-def gate_source() -> str:
-    """The readiness gate as the host runs it (from stdin): the redaction module's source ahead
-    of the gate's, so that its journal excerpt is redacted by the one set of rules."""
-    return ship_ahead_of(GATE_SCRIPT.read_text())
-
-
-JOURNAL_LINES = 30
-# What a dropped SSH session raises from a command (paramiko, sockets, pyinfra's reconnect).
-CONNECTION_ERRORS = (SSHException, EOFError, OSError, ConnectError)
-
-
-def _run_gate(
-    state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None = None,
-    group: tuple[str, list[tuple[str, str]]] | None = None,
-) -> bool:  # fmt: skip
-    """Run the gate on the host, its progress printed live; on failure, quote the journal. A
-    PR#20547 port applied in this run (``unproven``) is proven by a passing gate and rolled back by
-    a failing one (remembered as rejected, so the next run keeps v1 instead of applying it
-    again). A dropped SSH session fails the host with what happened and what the next run does,
-    not a traceback; a timeout of the op stays pyinfra's to report."""
-    script = gate_source()
-    try:
-        return _gate(state, host, argv, unit_name, budget, patch_dir, script, group)
-    except TimeoutError:
-        raise
-    except CONNECTION_ERRORS as exc:
-        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        error = SpecfleetError(
-            f"the SSH connection to the host was lost during the readiness gate of {unit_name} "
-            f"({detail}); whether the server is ready is not known",
-            host=host.name,
-            fix="check that the host is reachable (network, sshd) and run again: the restart stays "
-            "pending, and the next run waits on the server if it is still starting (it restarts "
-            "it only if its unit changed or it died, and its gate proves or rolls back a "
-            "PR#20547 port applied in this run)",
-        )  # fmt: skip
-        return record_failure(state, host, error.render())
-
-
-def _gate(
-    state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None,
-    script: str, group: tuple[str, list[tuple[str, str]]] | None = None,
-) -> bool:  # fmt: skip
-    # The op's connector arguments (_sudo, _su_user, ...) apply to the gate's commands too.
-    connector_args: dict[str, Any] = {}
-    if host.executing_op_hash:
-        global_args = state.get_op_data_for_host(host, host.executing_op_hash).global_arguments
-        connector_args = {k: v for k, v in global_args.items() if k in CONNECTOR_ARGUMENT_KEYS}
-    connector_args["_timeout"] = int(budget) + 120
-    connector_args["_stdin"] = script
-    ok, output = host.run_shell_command(
-        StringCommand(*[QuoteString(a) for a in argv]),
-        print_output=True,
-        print_input=False,
-        **connector_args,
-    )
-    if ok:
-        if patch_dir:
-            connector_args.pop("_stdin", None)
-            host.run_shell_command(
-                StringCommand("rm", "-f", QuoteString(f"{patch_dir}/unproven")),
-                print_output=False, print_input=False, **connector_args,
-            )  # fmt: skip
-        return True
-    rolled_back = _reject_unproven_port(host, patch_dir, connector_args)
-    lines = output.output_lines if output else []
-    since = next((m.group(1) for ln in lines if (m := re.search(r"since @(\d+)", ln))), None)
-    failed = next((ln.split("FAILED ", 1)[1] for ln in lines if "gate: FAILED " in ln), None)
-    last = lines[-1] if lines else "no output"
-    problem = f"not ready {failed}" if failed else f"the gate failed: {last}"
-    journal: list[str] = []
-    if since is not None:
-        connector_args["_timeout"] = 60
-        _, out = host.run_shell_command(
-            StringCommand(
-                *[QuoteString(a) for a in argv],
-                "--journal-since", since, "--journal-lines", str(JOURNAL_LINES),
-            ),
-            print_output=False,
-            print_input=False,
-            **connector_args,
-        )
-        journal = [ln[2:] for ln in (out.output_lines if out else []) if ln.startswith("| ")]
-    excerpt = "\n".join(f"    | {ln}" for ln in journal)
-    if group is not None:
-        problem += _group_diagnosis(state, group)
-    error = SpecfleetError(
-        f"{unit_name} {problem}"
-        + (f"\n  last {len(journal)} journal lines of {unit_name}:\n{excerpt}" if journal else ""),
-        host=host.name,
-        fix=f"read `journalctl -u {unit_name}` on the host, fix the cause (settings, software, "
-        "weights) and run again: the restart stays pending until the server is ready (a server "
-        "still starting is waited on, not restarted, unless its unit changes or it dies)",
-    )
-    record_failure(state, host, error.render())
-    if rolled_back:
-        logger.error(
-            f"{host.print_prefix}rolled back the PR#20547 port applied in this run (the server did "
-            "not pass readiness with it): the next run restarts the server on DFLASH v1; delete "
-            f"{rolled_back} on the host to try the port again"
-        )
-    return False
-
-
-def _group_diagnosis(state, group: tuple[str, list[tuple[str, str]]]) -> str:
-    """What each other member of a serving group was doing when rank 0's gate failed: its unit's
-    state and its last journal line (a rank that cannot reach the rendezvous says so there)."""
-    name, members = group
-    down, up = [], []
-    for rank, (member, unit_name) in enumerate(members, start=1):
-        peer = state.inventory.get_host(member, default=None)
-        script = (
-            'printf "%s|" "$(systemctl is-active "$1" 2>/dev/null)"; '
-            # The server's own lines (_SYSTEMD_UNIT), not systemd's about it; no access log.
-            'journalctl _SYSTEMD_UNIT="$1" -n 40 --no-pager -o cat 2>/dev/null | '
-            'grep -v "\\"GET /" | tail -n 1'
-        )
-        try:
-            _, out = peer.run_shell_command(
-                StringCommand("sh", "-c", QuoteString(script), "specfleet", QuoteString(unit_name)),
-                print_output=False, print_input=False, _timeout=30,
-            )  # fmt: skip
-        except CONNECTION_ERRORS as exc:
-            down.append(f"{member} (rank {rank}): not reachable over SSH ({exc})")
-            continue
-        active, _, last = " ".join(out.output_lines if out else []).strip().partition("|")
-        state_text = active or "unknown"
-        note = f"{member} (rank {rank}): server {state_text}, last log: {last.strip() or '-'}"
-        (up if active == "active" else down).append(note)
-    if down:
-        return f"; serving group {name}: members not running: " + "; ".join(down)
-    return f"; serving group {name}: every member's server runs: " + "; ".join(up)
-
-
-def _reject_unproven_port(host, patch_dir: str | None, connector_args: dict) -> str | None:
-    """Restore a port that has not passed a gate yet; returns the rejection file, or None."""
-    if not patch_dir:
-        return None
-    d = shlex.quote(patch_dir)
-    rejected = rejected_port_path(patch_dir)
-    script = (
-        f'if [ -f {d}/unproven ] && [ -f {d}/sha256 ]; then '
-        f'cp {d}/sha256 {shlex.quote(rejected)}; {restore_script(patch_dir)}\n'
-        "echo rolled-back; fi"
-    )
-    args = {k: v for k, v in connector_args.items() if k != "_stdin"}
-    args["_timeout"] = 300
-    ok, out = host.run_shell_command(
-        StringCommand("sh", "-c", QuoteString(script)), print_output=False, print_input=False,
-        **args,
-    )  # fmt: skip
-    lines = out.output_lines if out else []
-    return rejected if ok and "rolled-back" in lines else None

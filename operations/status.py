@@ -21,8 +21,9 @@ from facts.probe import gather
 from facts.sglang import PatchState
 from facts.status import Health
 from facts.weights import WeightsState
-from operations.serving import api_key, group_peers, host_address, host_specs, render
-from operations.util import host_settings
+from operations.server_facts import group_peers, host_address, host_specs
+from operations.serving import api_key
+from operations.util import host_settings, render
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import lock_path, model_root, serve_path, server_paths

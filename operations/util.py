@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand
+from pyinfra.api.util import get_template
 from pyinfra.context import ctx_host
 
 from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
 from specfleet.core.settings import Settings, SettingsError, settings_for_host
+
+# How the unit's templates are rendered (``files.template``'s jinja2 arguments).
+JINJA = {"trim_blocks": True, "lstrip_blocks": True}
+
+
+def render(template: Path, context: dict[str, Any]) -> str:
+    """Render a template exactly as ``files.template`` does."""
+    return get_template(str(template), dict(JINJA)).render(context)
 
 
 def settings_in_play(h: Any = None) -> Settings | None:
@@ -35,6 +46,27 @@ def host_settings(settings: Settings | None) -> Settings:
     """``settings`` as given, or those of the host being deployed (an operation called as the
     README shows, with no settings; a deploy resolves its venv once and passes them in)."""
     return settings if settings is not None else settings_for_host(host)
+
+
+def read_secret_file(path: str, setting: str, what: str, unset: str = "") -> str:
+    """The secret in ``path``, a file on the control machine that ``setting`` names, read now (at
+    deploy time, never when the inventory loads); surrounding whitespace dropped. A file that
+    cannot be read, is not text or is empty is an error naming the setting; the secret is never
+    quoted back. ``what``: "the token", "the key"; ``unset``: what unsetting it means."""
+    try:
+        text = Path(os.path.expanduser(path)).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise SpecfleetError(
+            f"{setting} {path} cannot be read on the control machine ({e.strerror})",
+            fix=f"point {setting} at a file holding {what}, or unset it",
+        ) from None
+    except UnicodeDecodeError:
+        raise SpecfleetError(f"{setting} {path} is not UTF-8 text",
+                             fix=f"write {what} into it (one line)") from None
+    if not text:
+        raise SpecfleetError(f"{setting} {path} is empty",
+                             fix=f"write {what} into it (one line){unset}")
+    return text
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:

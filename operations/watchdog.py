@@ -16,8 +16,8 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.cache import cached_fact
 from facts.serving import ServiceState
 from facts.weights import WeightsState
-from operations.serving import group_peers, host_address, render, service_state_args, unit_facts
-from operations.util import host_settings, per_host
+from operations.server_facts import group_peers, host_address, service_state_args, unit_facts
+from operations.util import host_settings, per_host, render
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import WatchdogPaths, model_root, server_paths, watchdog_paths
 from specfleet.core.monitoring import deploy_state, watchdog_config

@@ -10,7 +10,6 @@ import secrets
 import shlex
 import time
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import gevent
@@ -35,7 +34,7 @@ from facts.weights import (
     job_command,
     parse_job,
 )
-from operations.util import fail_step
+from operations.util import fail_step, read_secret_file
 from specfleet.core.errors import PROGRESS_ATTR, SpecfleetError
 from specfleet.core.layout import (
     TOOLS_PATH,
@@ -78,22 +77,7 @@ def read_control_token(
     """
     env = os.environ if environ is None else environ
     if token_file:
-        path = os.path.expanduser(token_file)
-        try:
-            text = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise SpecfleetError(
-                f"weights.token_file {token_file} cannot be read on the control machine "
-                f"({e.strerror})",
-                fix="point weights.token_file at a file holding the token, or unset it",
-            ) from None
-        except UnicodeDecodeError:
-            raise SpecfleetError(f"weights.token_file {token_file} is not UTF-8 text",
-                                 fix="write the token into it (one line)") from None
-        if not text:
-            raise SpecfleetError(f"weights.token_file {token_file} is empty",
-                                 fix="write the token into it (one line)")
-        return text
+        return read_secret_file(token_file, "weights.token_file", "the token")
     if token_env:
         token = (env.get(token_env) or "").strip()
         if not token:

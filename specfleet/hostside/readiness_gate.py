@@ -30,8 +30,8 @@ PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID
 
 # API keys in journal lines: ``redact_lines`` and ``read_secrets`` of
 # specfleet/hostside/specfleet_log_redact.py, the one home of the redaction rules. On a host this
-# script runs from stdin with that module's source ahead of it (``operations.serving.gate_source``);
-# run from a checkout, it loads the module from beside itself.
+# script runs from stdin with that module's source ahead of it
+# (``operations.readiness.gate_source``); run from a checkout, it loads the module from beside it.
 if "redact_lines" not in globals():
     import importlib.util as _importlib_util
 
