@@ -21,9 +21,9 @@ under the run lock, ``operations.removal`` removes what ``removal.footprint`` li
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations.util import any_changed
 
 from operations import preflight, removal, serving, sglang, watchdog, weights
+from operations.util import changed_if, fail_planned_host
 from operations.venvs import effective_settings
 from specfleet.core.settings import Settings
 
@@ -53,12 +53,14 @@ def kimi_k26(settings: Settings, present: bool | None = None,
     drafter = weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
 
     serving.unit(name="SGLang unit from the launch plan", settings=settings)
-    serving.restart_pending(
-        name="Restart for new software or weights",
-        settings=settings,
-        reason="the software or weights",
-        _if=any_changed(*software.values(), target, drafter),
-    )
+    restart_if = changed_if("the software or weights", *software.values(), target, drafter)
+    if restart_if is not None:  # None: the facts say none of them changes, so no restart
+        serving.restart_pending(
+            name="Restart for new software or weights",
+            settings=settings,
+            reason="the software or weights",
+            _if=restart_if,
+        )
     if settings.group is not None:
         serving.group_restart(name="Serving group restarts as one", settings=settings)
     serving.service(
@@ -72,3 +74,4 @@ def kimi_k26(settings: Settings, present: bool | None = None,
     watchdog.deploy_record(name="Deploy record for the metrics", settings=settings)
 
     preflight.lock(name="Release the run lock", settings=settings, present=False)
+    fail_planned_host()  # --dry: a plan that would fail exits 1, after the whole report

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
+from pyinfra.context import ctx_host
 
 from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
@@ -16,7 +17,8 @@ from facts.net import NetworkInterfaces, RdmaPorts
 from facts.serving import FileText, FirstJson, ServiceState
 from facts.sglang import SGLangInstall
 from facts.weights import WeightsState
-from specfleet.core.errors import SpecfleetError
+from operations.util import say_planned_failure
+from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.layout import (
     ServerPaths,
     join,
@@ -123,8 +125,33 @@ def group_peers(settings: Settings) -> dict[str, Peer] | None:
 def unit_facts(settings: Settings, files_: list[str]) -> dict[str, Any]:
     """The facts of ``host_specs`` for this host, read now (one probe)."""
     facts = gather(host, host_specs(settings, files_))
+    if facts.get(SERVICE) is None and not state.is_executing:
+        _show_plan(settings, facts)  # the plan needs no systemd: show it, then why it fails
     _need_systemd(facts.get(SERVICE))
     return facts
+
+
+def _show_plan(settings: Settings, facts: dict[str, Any]) -> None:
+    """Planning on a host that cannot run the unit: the launch plan all the same (kept for a
+    controller's dry report, and printed), so ``--dry`` always shows it."""
+    try:
+        current = plan_from_facts(settings, facts, host.name, group_peers(settings),
+                                  host_address(host))
+    except SpecfleetError as exc:  # the plan itself fails: said as the planned failure
+        say_planned_failure(exc, "would fail")
+        return
+    say_plan(current)
+
+
+def say_plan(current: CurrentPlan) -> None:
+    """While planning: the host's launch plan, printed once (several operations read it) and
+    kept on the Host (``PLAN_ATTR``) for a controller's dry report."""
+    where = ctx_host.get() or host
+    if getattr(where, PLAN_ATTR, None) == current.rendered:
+        return
+    setattr(where, PLAN_ATTR, current.rendered)
+    note = f"\n  (predicted: {current.predicted_because})" if current.predicted_because else ""
+    host.log(f"{current.rendered}{note}", logger.info)
 
 
 def service_state(paths: ServerPaths) -> dict[str, Any]:

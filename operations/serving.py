@@ -10,7 +10,6 @@ from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.context import ctx_host
 from pyinfra.operations import files
 
 from facts.serving import STARTED_MARK, ServiceState
@@ -20,6 +19,7 @@ from operations.server_facts import (  # noqa: F401 (callers read them here)
     group_peers,
     host_address,
     host_specs,
+    say_plan,
     service_state,
     service_state_args,
     unit_facts,
@@ -32,7 +32,7 @@ from operations.util import (  # noqa: F401 (render: callers read it here)
     read_secret_file,
     render,
 )
-from specfleet.core.errors import PLAN_ATTR, SpecfleetError
+from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import (
     ServerPaths,
     patch_state_dir,
@@ -196,17 +196,15 @@ def _unit(settings: Settings | None, present: bool):
     facts = unit_facts(s, files_)
     st = facts[SERVICE]
     current = plan_from_facts(s, facts, host.name, group_peers(s), host_address(host))
-    if not state.is_executing:  # planning (--dry): the controllers show each host's plan
-        setattr(ctx_host.get() or host, PLAN_ATTR, current.rendered)
-    if current.predicted_because:
-        if state.is_executing:
-            raise SpecfleetError(
-                f"cannot write the unit from a predicted plan: {current.predicted_because}",
-                host=host.name,
-                fix="run the SGLang install and the weights steps before server.unit "
-                "(deploys/kimi_k26.py does it in that order)",
-            )
-        host.log(f"{current.rendered}\n  (predicted: {current.predicted_because})", logger.info)
+    if not state.is_executing:  # planning (--dry): every host's plan, shown and kept
+        say_plan(current)
+    elif current.predicted_because:
+        raise SpecfleetError(
+            f"cannot write the unit from a predicted plan: {current.predicted_because}",
+            host=host.name,
+            fix="run the SGLang install and the weights steps before server.unit "
+            "(deploys/kimi_k26.py does it in that order)",
+        )
 
     try:
         ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)

@@ -22,7 +22,7 @@ from operations.sglang_commands import (
     restore_script,
     script_command,
 )
-from operations.sglang_sources import UpstreamSources
+from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
@@ -53,7 +53,7 @@ from specfleet.core.sglang.patch import (
     parse_patch_failures,
 )
 from specfleet.core.sglang.portdata import Port, no_port_verdict, port_verdict, predicted_hashes
-from specfleet.core.sglang.pr20547 import KEEP_V1, decide_pr20547
+from specfleet.core.sglang.pr20547 import KEEP_V1, PortVerdict, decide_pr20547
 from specfleet.core.sglang.recipe import RecipeError
 from specfleet.core.tables.sglang_versions import predicted_install
 
@@ -504,8 +504,26 @@ def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker
     verdict = port_verdict(port, version, sha256, hashes, "")
     if not verdict.available:
         return verdict, None
-    patch = _port_patch(port, source)
+    patch, missing = _port_patch_or_missing(port, source)
+    if missing is not None:
+        return missing, None
     return port_verdict(port, version, sha256, hashes, patch.text), patch
+
+
+def _port_patch_or_missing(port: Port, source: str | list[str] | None) -> tuple[Any, Any]:
+    """``(the port's patch, None)``, or, while planning (``--dry``) when its upstream text cannot
+    be fetched on this machine, ``(None, verdict)``: the plan goes on without the port and says
+    what that changes (a real run stops at it, with the fix)."""
+    try:
+        return _port_patch(port, source), None
+    except UpstreamUnreachable as exc:
+        if host.state.is_executing:
+            raise
+        logger.warning(f"{host.print_prefix}{exc.problem}: this plan keeps DFLASH v1; a real "
+                       f"run stops here (fix: {exc.fix})")
+        return None, PortVerdict(
+            False, text="the PR#20547 port's upstream text cannot be fetched on this machine, so "
+            "this plan keeps DFLASH v1", fix=exc.fix or "")
 
 
 def _port_patch(port: Port, source: str | list[str] | None):
@@ -532,9 +550,10 @@ def _predict_patch(
     port = load_port(version) if opted_in else None
     install = {"version": f"{version} (to be installed)", "features": predicted["features"]}
     verdict = None
-    patch = None
-    if port is not None:
-        patch = _port_patch(port, source)
+    patch, missing = _port_patch_or_missing(port, source) if port else (None, None)
+    if missing is not None:
+        verdict = missing
+    elif port is not None:
         # The wheel about to be installed is the one the port was made from: its files match.
         verdict = port_verdict(port, version, sha256 or "", predicted_hashes(port), patch.text)
     elif opted_in:

@@ -33,6 +33,12 @@ from specfleet.core.errors import SpecfleetError
 FETCH_TIMEOUT_S = 120
 
 
+class UpstreamUnreachable(SpecfleetError):
+    """A source of the port's upstream text that cannot be reached from the control machine (no
+    mirror has it, its URL does not answer): an optional input that a ``--dry`` plan goes on
+    without, saying what that changes. A source that answers with other bytes is no such case."""
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specfleet" / "upstream"
@@ -197,10 +203,11 @@ class UpstreamSources:
 
     def _unreachable(self, url: str, exc: Exception, src: Mapping, tried: list[str]):
         also = f"; not in patch.source: {', '.join(tried)}" if tried else ""
-        return self._error(
+        return UpstreamUnreachable(
             f"cannot fetch {url} ({exc}){also}: the PR#20547 port takes upstream text from it, "
             "pinned by sha256, and this project carries none",
-            f"let the control machine reach {urllib.parse.urlparse(url).netloc}, or copy "
+            host=self.host,
+            fix=f"let the control machine reach {urllib.parse.urlparse(url).netloc}, or copy "
             f"{self._what(src)} into a folder and set patch.source to it",
         )
 

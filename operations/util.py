@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +12,15 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand
 from pyinfra.api.util import get_template
 from pyinfra.context import ctx_host
+from pyinfra.operations.util import any_changed
 
-from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
+from specfleet.core.errors import (
+    CHECK_ATTR,
+    CONDITION_ATTR,
+    ERROR_ATTR,
+    PLANNED_ERROR_ATTR,
+    SpecfleetError,
+)
 from specfleet.core.settings import Settings, SettingsError, settings_for_host
 
 # How the unit's templates are rendered (``files.template``'s jinja2 arguments).
@@ -35,9 +42,12 @@ def settings_in_play(h: Any = None) -> Settings | None:
     try:
         return settings_for_host(h)
     except SettingsError as exc:
+        if not set(h.state.active_hosts) - {h}:
+            # The last host in play: pyinfra would stop with "No hosts remaining!" after this
+            # message; raised, its message (host, keys, fix) is the last word and the exit is 1.
+            raise exc.for_host(h.name) from None
         logger.error(exc.for_host(h.name).render())
-        # As pyinfra fails a host it cannot connect to; with none left it stops here, before
-        # any operation ("No hosts remaining!").
+        # As pyinfra fails a host it cannot connect to; the others go on.
         h.state.fail_hosts({h})
         return None
 
@@ -67,6 +77,23 @@ def read_secret_file(path: str, setting: str, what: str, unset: str = "") -> str
         raise SpecfleetError(f"{setting} {path} is empty",
                              fix=f"write {what} into it (one line){unset}")
     return text
+
+
+def changed_if(what: str, *metas: Any) -> Callable[[], bool] | None:
+    """An ``_if`` for an operation that runs only when one of ``metas`` changes (pyinfra's
+    ``any_changed``), said in words (``CONDITION_ATTR``: "if the software or weights change")
+    so that a ``--dry`` report gives the condition, not just "conditional".
+
+    None where planning (``--dry``, or pyinfra's change detection before it asks) already knows
+    that none of them will change: the facts decide it, and the caller adds no operation, so a
+    converged host shows no change instead of a conditional one. A real run computes the same
+    plan from the same facts, so it skips the same operation.
+    """
+    if host.state.should_check_for_changes() and not any(m.will_change for m in metas):
+        return None
+    condition = any_changed(*metas)
+    setattr(condition, CONDITION_ATTR, f"if {what} change")
+    return condition
 
 
 def fail_step(error: SpecfleetError) -> FunctionCommand:
@@ -109,6 +136,38 @@ def check_command(function: Any, args: tuple, kwargs: dict | None = None) -> Fun
     return command
 
 
+# The planned failures already said for a host, so that each is said once (several operations
+# that need systemd would otherwise each say it lacks).
+_SAID_ATTR = "specfleet_planned_said"
+
+
+def say_planned_failure(error: SpecfleetError, verb: str = "would fail") -> None:
+    """While planning (``--dry``): say once per host why a step would fail, and keep the first
+    such reason on the Host (``PLANNED_ERROR_ATTR``: where the run would stop) for a controller's
+    dry report and for ``fail_planned_host``."""
+    said = SpecfleetError(error.problem, fix=error.fix).render()
+    where = ctx_host.get() or host
+    if not getattr(where, PLANNED_ERROR_ATTR, None):
+        setattr(where, PLANNED_ERROR_ATTR, said)
+    seen = getattr(where, _SAID_ATTR, None)
+    if seen is None:
+        seen = set()
+        setattr(where, _SAID_ATTR, seen)
+    if said in seen:
+        return
+    seen.add(said)
+    host.log_styled(f"{verb}: {said}", fg="red", log_func=logger.warning)
+
+
+def fail_planned_host() -> None:
+    """At the end of a deploy, while planning: a host whose plan would fail (said above, with the
+    whole plan shown) is a failed host, so that ``pyinfra --dry`` exits 1 after its report
+    instead of 0. Executing, the failing step itself fails the host."""
+    h = ctx_host.get() or host
+    if not h.state.is_executing and getattr(h, PLANNED_ERROR_ATTR, None):
+        h.state.failed_hosts.add(h)
+
+
 def fails_host(func=None, *, raise_while_planning: bool = False):
     """Turn a ``SpecfleetError`` raised by an operation body into ``fail_step``.
 
@@ -128,16 +187,7 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
             if not host.state.is_executing:
                 if raise_while_planning:
                     raise
-                said = SpecfleetError(exc.problem, fix=exc.fix).render()
-                # Kept on the Host for a controller's --dry (the first one: where it would stop).
-                where = ctx_host.get() or host
-                if not getattr(where, PLANNED_ERROR_ATTR, None):
-                    setattr(where, PLANNED_ERROR_ATTR, said)
-                host.log_styled(
-                    f"would fail: {said}",
-                    fg="red",
-                    log_func=logger.warning,
-                )
+                say_planned_failure(exc, "would fail")
             yield fail_step(exc)
 
     return body
@@ -155,7 +205,7 @@ def per_host(body: Iterator[Any]) -> Iterator[Any]:
     except SpecfleetError as exc:
         error = exc.for_host(host.name)
         if not state.is_executing:
-            host.log_styled(f"will fail: {error.problem}", fg="red", log_func=logger.warning)
+            say_planned_failure(error, "will fail")
         yield FunctionCommand(_report_host_error, (error.render(),), {})
         return
     yield from commands

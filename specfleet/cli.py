@@ -1,145 +1,567 @@
-"""The ``specfleet`` console script.
+"""The ``specfleet`` console script, on click (pyinfra's own CLI framework).
 
     specfleet plan --facts FACTS.json [--settings S] [--host H] [--json]   (anywhere)
-    specfleet rollout INVENTORY DEPLOY [rollout and pyinfra options]       (a checkout)
-    specfleet fanout INVENTORY [fan-out options]                           (a checkout)
-    specfleet probe INVENTORY [python=... models_path=...]                 (a checkout)
-    specfleet status INVENTORY [--limit HOST ...] [--json]                 (a checkout)
-    specfleet remove INVENTORY [--limit HOST ...] [--dry] [--weights] [--venv]  (a checkout)
-    specfleet bench INVENTORY [--limit HOST ...] [bench options]           (a checkout)
-    specfleet sweep INVENTORY --host HOST [sweep options]                  (a checkout)
-    specfleet monitoring INVENTORY --out DIR                               (Prometheus, Grafana)
-    specfleet logs INVENTORY HOST [-n LINES]                               (redacted journal)
+    specfleet settings INVENTORY [HOST] [--json]                            (anywhere)
+    specfleet rollout INVENTORY DEPLOY [rollout options] [connection options]
+    specfleet fanout INVENTORY [--sshd-port P] [fan-out options] [connection options]
+    specfleet probe INVENTORY [connection options]
+    specfleet status INVENTORY [--json] [--fail-on-drift] [connection options]
+    specfleet remove INVENTORY [--dry] [--weights] [--venv] [connection options]
+    specfleet bench INVENTORY [bench options] [connection options]
+    specfleet sweep INVENTORY --host HOST [sweep options] [connection options]
+    specfleet monitoring INVENTORY --out DIR                                (no connection)
+    specfleet logs INVENTORY HOST [-n LINES] [connection options]           (redacted journal)
 
-``plan`` needs nothing but this package. The others run the deploy files and facts of a
-specfleet checkout (the current directory, ``--checkout PATH`` or ``$SPECFLEET_CHECKOUT``), by
-path, as pyinfra's own CLI does: this floor never imports ``deploys``, ``operations`` or
-``facts``.
+INVENTORY is what pyinfra takes: an inventory file, ``@local``, a host name, or a comma list of
+host names. The connection options are pyinfra's, with pyinfra's names and one meaning each, on
+every subcommand that connects: ``--ssh-user --key --port --sudo --sudo-user --data --config -v
+--parallel --limit`` (``--port`` is always the SSH port).
+
+Exit codes (every subcommand):
+
+    0   done; every host in play ok (or, dry, the plan shown)
+    1   a host failed or was unreachable (each one listed with why)
+    2   a usage error (an unknown option, a missing argument); ``plan``: facts it cannot plan from
+    3   bad input, found before any host is touched: the inventory, settings (every bad key of
+        every host at once), a deploy file, no checkout
+    4   ``status --fail-on-drift``: a reachable host is not what the deploy would make it
+    70  a bug in specfleet: one line naming it, no traceback
+    128+N  stopped by signal N (130: Ctrl-C); what was held on the hosts was released first
+
+Nothing but click is imported before a subcommand runs: every ``--help`` works anywhere, without
+pyinfra, gevent or matplotlib. The fleet subcommands run the deploy files and facts of a specfleet
+checkout (the current directory, ``--checkout PATH`` or ``$SPECFLEET_CHECKOUT``), by path, as
+pyinfra's own CLI does: this floor never imports ``deploys``, ``operations`` or ``facts``.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from specfleet import plan as plan_cli
-from specfleet.core.errors import SpecfleetError
-from specfleet.fleet import bench, fanout, monitoring, rollout, sweep
-from specfleet.fleet.pyinfra_run import CHECKOUT_ENV, checkout_dir
+import click
 
-
-def _in_checkout(argv: list[str], checkout: str | None, **kwargs) -> int:
-    """Run ``argv`` (a Python module of the checkout) with the checkout as working directory and
-    inventory paths made absolute."""
-    where = checkout_dir(checkout)
-    args = [os.path.abspath(a) if os.path.exists(a) else a for a in argv]
-    return subprocess.run([sys.executable, *args], cwd=where, check=False, **kwargs).returncode
-
-
+CHECKOUT_ENV = "SPECFLEET_CHECKOUT"  # one home: specfleet.fleet.pyinfra_run reads it too
 # operations.status writes its document there at exit (this floor does not import operations).
 STATUS_JSON_ENV = "SPECFLEET_STATUS_JSON"
 
+EXIT_OK, EXIT_HOSTS, EXIT_USAGE, EXIT_INPUT, EXIT_DRIFT, EXIT_BUG = 0, 1, 2, 3, 4, 70
 
-def status_json(rest: list[str], checkout: str | None) -> int:
-    """``specfleet status INVENTORY --json``: one JSON document on stdout and nothing else
-    (``{"hosts": {name: {..., "verdict": ...}}}``); pyinfra's own output goes to stderr. The
-    exit code is pyinfra's."""
-    with tempfile.TemporaryDirectory(prefix="specfleet-status-") as tmp:
-        path = os.path.join(tmp, "status.json")
-        env = {**os.environ, STATUS_JSON_ENV: path}
-        rc = _in_checkout(["-m", "pyinfra", "-y", *rest[:1], "deploys/status.py", *rest[1:]],
-                          checkout, stdout=sys.stderr, env=env)
+
+def _version() -> str:
+    try:
+        return version("specfleet")
+    except PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "unknown (not installed)"
+
+
+# --------------------------------------------------------------------------------------------------
+# The one way a subcommand ends: its exit code, or an error line (never a traceback)
+# --------------------------------------------------------------------------------------------------
+
+
+def guarded(fn: Callable[..., int]) -> Callable[..., int]:
+    """A subcommand's body: its return value is the exit code; a SpecfleetError (bad input) is
+    its message and exit 3; anything else is a bug, said in one line with exit 70."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
         try:
-            with open(path, encoding="utf-8") as f:
-                document = json.load(f)
-        except (OSError, ValueError):
-            document = {"hosts": {}}
-    document["exit_code"] = rc
-    sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    sys.stdout.flush()
+            rc = fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("specfleet: interrupted", err=True)
+            rc = 130
+        except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            rc = 141
+        except SystemExit as exc:  # an argparse main's own usage error or --help
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except Exception as exc:  # noqa: BLE001 - the CLI's promise: an error line, no traceback
+            from specfleet.core.errors import SpecfleetError
+
+            if isinstance(exc, SpecfleetError):
+                click.echo(f"specfleet: {exc.render()}", err=True)
+                rc = EXIT_INPUT
+            else:
+                click.echo(
+                    f"specfleet: unexpected {type(exc).__name__}: {exc}\n  fix: this is a bug in "
+                    "specfleet; please report it with the command line", err=True)
+                rc = EXIT_BUG
+        sys.stdout.flush()
+        raise click.exceptions.Exit(rc or 0)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------------------
+# pyinfra's connection options: one decorator, the same names and meaning on every subcommand
+# --------------------------------------------------------------------------------------------------
+
+_CONNECTION_OPTIONS = (
+    click.option("--ssh-user", "--user", "ssh_user", help="SSH user to connect as."),
+    click.option("--key", "--ssh-key", "key", help="SSH private key file."),
+    click.option("--port", "--ssh-port", "port", type=click.IntRange(1, 65535),
+                 help="SSH port to connect to."),
+    click.option("--sudo", is_flag=True, help="Run every command with sudo."),
+    click.option("--sudo-user", help="The user sudo runs as."),
+    click.option("--data", multiple=True, metavar="KEY=VALUE",
+                 help="Override host data for every host (repeatable)."),
+    click.option("--config", help="A pyinfra config.py to exec (default: ./config.py if any)."),
+    click.option("-v", "verbosity", count=True,
+                 help="Print more (-v noop/fact info, -vv input, -vvv output)."),
+    click.option("--parallel", type=click.IntRange(min=1),
+                 help="At most this many hosts at once per operation."),
+    click.option("--limit", multiple=True, metavar="HOST|GROUP|GLOB",
+                 help="Only these hosts or groups (repeatable, or comma separated)."),
+)
+CONNECTION_KEYS = ("ssh_user", "key", "port", "sudo", "sudo_user", "data", "config",
+                   "verbosity", "parallel", "limit")
+
+
+def connection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_CONNECTION_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def pop_connection(kwargs: dict[str, Any]) -> Any:
+    """The connection options of a subcommand's keyword arguments, as ``PyinfraOptions``."""
+    from specfleet.fleet.pyinfra_run import PyinfraOptions
+
+    given = {k: kwargs.pop(k) for k in CONNECTION_KEYS}
+    given["data"], given["limit"] = list(given["data"]), list(given["limit"])
+    return PyinfraOptions(**given)
+
+
+def _checkout(ctx: click.Context) -> Any:
+    from specfleet.fleet.pyinfra_run import checkout_dir
+
+    return checkout_dir(ctx.obj.get("checkout"))
+
+
+def _in_checkout(argv: list[str], checkout: Any, **kwargs: Any) -> int:
+    """Run ``argv`` (a Python module of the checkout) with the checkout as working directory and
+    file paths made absolute."""
+    args = [_absolute(a) for a in argv]
+    return subprocess.run([sys.executable, *args], cwd=checkout, check=False,
+                          **kwargs).returncode
+
+
+def check_inventory(inventory: str, options: Any) -> Any:
+    """The inventory loaded and every host in play's settings checked, before any connection:
+    every bad key of every host at once (exit 3), never pyinfra's "No hosts remaining"."""
+    from specfleet.fleet.pyinfra_run import load_inventory, select_hosts
+
+    full = load_inventory(inventory, options.override_data())
+    groups = {name: [h.name for h in hosts] for name, hosts in full.groups.items()}
+    in_play = select_hosts([h.name for h in full], groups, options.limit)
+    inv = load_inventory(inventory, options.override_data(), only=in_play)
+    check_settings(inv)
+    return inv
+
+
+def check_settings(inventory: Any) -> Any:
+    """The one call of the settings checker (every bad key of every host, one error)."""
+    from specfleet.core.settings import settings_for_all_hosts
+
+    return settings_for_all_hosts(inventory)
+
+
+# --------------------------------------------------------------------------------------------------
+# The group
+# --------------------------------------------------------------------------------------------------
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT, help=(
+    "Provision SGLang speculative-decoding servers with pyinfra.\n\n"
+    "INVENTORY is what pyinfra takes: a file, @local, a host name or a comma list. The "
+    "subcommands that connect take pyinfra's connection options, with pyinfra's names.\n\n"
+    "Exit codes: 0 ok; 1 a host failed or was unreachable; 2 a usage error; 3 bad input "
+    "(inventory, settings, deploy file, no checkout), before any host is touched; 4 drift "
+    "(status --fail-on-drift); 70 a bug in specfleet; 128+N stopped by signal N."))
+@click.version_option(_version(), "--version", prog_name="specfleet")
+@click.option("--checkout", type=click.Path(file_okay=False),
+              help=f"The specfleet checkout to run deploys from (or ${CHECKOUT_ENV}).")
+@click.pass_context
+def cli(ctx: click.Context, checkout: str | None) -> None:
+    ctx.ensure_object(dict)
+    if checkout:
+        os.environ[CHECKOUT_ENV] = os.path.abspath(checkout)
+    ctx.obj["checkout"] = checkout
+
+
+INVENTORY = click.argument("inventory", metavar="INVENTORY")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--facts", required=True, help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6).")
+@click.option("--drafter-config", help="JSON: the drafter's config.json.")
+@click.option("--weights-bytes", type=int, help="Target + drafter weights size.")
+@click.option("--predicted", is_flag=True,
+              help="SGLang not installed yet: predict from settings.sglang.version.")
+@click.option("--host", help="The host's name, for messages.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@guarded
+def plan(**kw: Any) -> int:
+    """The launch plan of one host's facts (no connection). Exit 2: facts it cannot plan from."""
+    import argparse
+
+    from specfleet import plan as plan_cli
+
+    kw["json"] = kw.pop("as_json")
+    return plan_cli.run(argparse.Namespace(**kw))
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.argument("host", required=False)
+@click.option("--data", multiple=True, metavar="KEY=VALUE",
+              help="Override host data for every host (as pyinfra's --data).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@guarded
+def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool) -> int:
+    """Each host's merged settings (group data, host data, --data), checked; secrets are shown
+    as references, never their values. No connection."""
+    from specfleet.fleet.inventory_view import merged_settings, render_settings
+    from specfleet.fleet.pyinfra_run import PyinfraOptions, load_inventory
+
+    options = PyinfraOptions(data=list(data))
+    inv = load_inventory(inventory, options.override_data())
+    names = [h.name for h in inv]
+    if host is not None and host not in names:
+        from specfleet.core.errors import SpecfleetError
+
+        raise SpecfleetError(f"there is no host {host!r} in {inventory}",
+                             fix=f"name one of: {', '.join(names) or '(none)'}")
+    check_settings(inv)
+    shown = merged_settings(inv, [host] if host else names)
+    click.echo(json.dumps(shown, indent=2) if as_json else render_settings(shown))
+    return EXIT_OK
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.argument("deploy")
+@click.option("--canary", help="The host that goes first, alone (default: the first).")
+@click.option("--order", help="Hosts in this order first, e.g. h3,h1 (others follow).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Hosts per batch.")
+@click.option("--batch-percent", type=float, help="Percent of the fleet per batch.")
+@click.option("--max-fail-percent", type=float,
+              help="Failures allowed per batch, in percent (more stops the rollout).")
+@click.option("--no-prefetch", is_flag=True, help="Skip the weights prefetch stage.")
+@click.option("--no-fanout", is_flag=True,
+              help="Prefetch with the weights-only deploy on each host, not host to host.")
+@click.option("--prefetch-deploy", help="A weights-only deploy for the prefetch stage.")
+@click.option("--dry", is_flag=True,
+              help="Show the batches and what each host's deploy would change; change nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="The result as one JSON document on stdout (nothing else there).")
+@click.option("--pre-hook", help="A command run before each host is changed.")
+@click.option("--post-hook", help="A command run after each host passes its gate.")
+@click.option("--hook-on", type=click.Choice(["control", "host"]), default="control",
+              show_default=True, help="Where the hooks run.")
+@click.option("--report", help="Write the per-host results as JSON here.")
+@connection_options
+@click.pass_context
+@guarded
+def rollout(ctx: click.Context, inventory: str, deploy: str, **kw: Any) -> int:
+    """Roll a deploy across a fleet: canary, batches, failure budget, readiness gates,
+    automatic rollback."""
+    options = pop_connection(kw)
+    _checkout(ctx)
+    if kw["batch_size"] is not None and kw["batch_percent"] is not None:
+        raise click.UsageError("give --batch-size or --batch-percent, not both")
+    check_inventory(inventory, options)
+    argv = [inventory, deploy, *options.argv()]
+    for key, value in kw.items():
+        flag = "--json" if key == "as_json" else "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (None, False) and not (key == "hook_on" and value == "control"):
+            argv += [flag, str(value)]
+    from specfleet.fleet import rollout as rollout_mod
+
+    return rollout_mod.main(argv)
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.option("--order", help="Hosts in this order first (the first seeds the target).")
+@click.option("--degree", type=click.IntRange(min=1),
+              help="Peers each host serves (default: the smallest, from 2, that keeps every "
+              "host within two hops of its seed).")
+@click.option("--sshd-port", type=click.IntRange(1, 65535),
+              help="The fan-out's temporary sshd's port on serving peers (not the SSH port).")
+@click.option("--report", help="Write the per-host results and the plan as JSON here.")
+@connection_options
+@click.pass_context
+@guarded
+def fanout(ctx: click.Context, inventory: str, **kw: Any) -> int:
+    """Fetch the weights once per fleet from upstream, then host to host over the LAN."""
+    options = pop_connection(kw)
+    _checkout(ctx)
+    check_inventory(inventory, options)
+    from specfleet.fleet import fanout as fanout_mod
+
+    return fanout_mod.run_fanout(inventory, options, order=kw["order"], degree=kw["degree"],
+                                 sshd_port=kw["sshd_port"], report=kw["report"])
+
+
+def _pyinfra_cli(ctx: click.Context, inventory: str, deploy: str, options: Any,
+                 extra: list[str], **kwargs: Any) -> int:
+    """pyinfra's own CLI on a deploy file of the checkout, the inventory checked first."""
+    where = _checkout(ctx)
+    check_inventory(inventory, options)
+    return _in_checkout(["-m", "pyinfra", *extra, inventory, deploy, *options.argv()],
+                        where, **kwargs)
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.argument("fact_args", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--json", "as_json", is_flag=True,
+              help="pyinfra's fact document ({fact: {host: value}}) on stdout.")
+@connection_options
+@click.pass_context
+@guarded
+def probe(ctx: click.Context, inventory: str, fact_args: tuple[str, ...], as_json: bool,
+          **kw: Any) -> int:
+    """Every host's facts, one SSH command per host (the fact's arguments as KEY=VALUE, e.g.
+    python=/root/venv/bin/python models_path=/srv/models); unreachable hosts listed with their
+    error."""
+    import dataclasses
+
+    from specfleet.fleet import inventory_view as view
+
+    options = pop_connection(kw)
+    where = _checkout(ctx)
+    hosts = [h.name for h in check_inventory(inventory, options)]
+    unreachable = view.reachable_hosts(inventory, options, hosts)
+    reachable = [h for h in hosts if h not in unreachable]
+    rc = EXIT_HOSTS if unreachable else EXIT_OK
+    if reachable:
+        run = dataclasses.replace(options, limit=reachable)
+        done = subprocess.run(
+            [sys.executable, "-m", "pyinfra", *run.argv(), _absolute(inventory), "fact",
+             "facts.probe.Probe", *fact_args, "--json"],
+            cwd=where, capture_output=True, text=True, check=False)
+        start = done.stdout.find("{")
+        if done.returncode != 0 or start < 0:
+            sys.stderr.write(done.stderr)
+            return done.returncode or EXIT_HOSTS
+        document = done.stdout[start:]
+        if as_json:
+            click.echo(document.rstrip())
+        else:
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
+                tmp.write(document)
+                tmp.flush()
+                rc = _in_checkout(["-m", "facts.probe", "--json-file", tmp.name], where) or rc
+    for h, why in unreachable.items():
+        click.echo(f"{h}: unreachable: {why}", err=as_json)
     return rc
 
 
-def remove_argv(rest: list[str]) -> list[str]:
-    """``specfleet remove INVENTORY [--weights] [--venv] [pyinfra options]`` as the pyinfra run
-    of the deploy with ``present: False`` (and the removal options) over the inventory's
-    ``specfleet`` data. ``--dry`` shows what would go and changes nothing."""
-    removal = {"weights": "--weights" in rest, "venv": "--venv" in rest}
-    rest = [a for a in rest if a not in ("--weights", "--venv")]
-    data = json.dumps({"present": False, "removal": removal})
+def _absolute(path: str) -> str:
+    return os.path.abspath(path) if os.path.exists(path) else path
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON document on stdout: every host, unreachable ones with their error.")
+@click.option("--fail-on-drift", is_flag=True,
+              help="Exit 4 when a reachable host is not what the deploy would make it.")
+@connection_options
+@click.pass_context
+@guarded
+def status(ctx: click.Context, inventory: str, as_json: bool, fail_on_drift: bool,
+           **kw: Any) -> int:
+    """What each host runs, read-only; unreachable hosts listed with their error."""
+    import dataclasses
+
+    from specfleet.fleet import inventory_view as view
+
+    options = pop_connection(kw)
+    where = _checkout(ctx)
+    hosts = [h.name for h in check_inventory(inventory, options)]
+    unreachable = view.reachable_hosts(inventory, options, hosts)
+    reachable = [h for h in hosts if h not in unreachable]
+    document: dict[str, Any] = {"hosts": {}}
+    rc = 0
+    if reachable:
+        with tempfile.TemporaryDirectory(prefix="specfleet-status-") as tmp:
+            path = os.path.join(tmp, "status.json")
+            env = {**os.environ, STATUS_JSON_ENV: path}
+            run = dataclasses.replace(options, limit=reachable)
+            rc = _in_checkout(["-m", "pyinfra", "-y", inventory, "deploys/status.py",
+                               *run.argv()], where, env=env,
+                              stdout=sys.stderr if as_json else None)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    document = json.load(f)
+            except (OSError, ValueError):
+                pass
+    document = view.status_document(document, hosts, unreachable)
+    rc = view.status_exit(rc, document, fail_on_drift)
+    if as_json:
+        click.echo(json.dumps({**document, "exit_code": rc}, indent=2))
+    elif unreachable:
+        click.echo(view.unreachable_table(document))
+    return rc
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.option("--dry", is_flag=True, help="Show what would go; change nothing.")
+@click.option("--weights", is_flag=True, help="Remove the model weights too.")
+@click.option("--venv", is_flag=True, help="Remove the SGLang venv too.")
+@connection_options
+@click.pass_context
+@guarded
+def remove(ctx: click.Context, inventory: str, dry: bool, weights: bool, venv: bool,
+           **kw: Any) -> int:
+    """Take the deploy off the hosts (the weights and your venv stay unless asked)."""
+    options = pop_connection(kw)
+    data = json.dumps({"present": False, "removal": {"weights": weights, "venv": venv}})
+    options.data.append(f"specfleet={data}")
     # -y skips the change detection that --dry exists to show
-    yes = [] if "--dry" in rest else ["-y"]
-    return ["-m", "pyinfra", *yes, *rest[:1], "deploys/kimi_k26.py", *rest[1:],
-            "--data", f"specfleet={data}"]
+    extra = ["--dry"] if dry else ["-y"]
+    return _pyinfra_cli(ctx, inventory, "deploys/kimi_k26.py", options, extra)
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.option("--concurrency", default="1,4", show_default=True, help="Concurrency levels.")
+@click.option("--requests", type=int, default=0, help="Per level (default 2x concurrency).")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--out", default="bench-results", show_default=True,
+              help="Folder for <host>.json and the summary.")
+@click.option("--slow-fraction", type=float, help="Below this fraction of the median: slow.")
+@connection_options
+@click.pass_context
+@guarded
+def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
+    """A smoke benchmark on every host, slow hosts flagged."""
+    options = pop_connection(kw)
+    _checkout(ctx)
+    check_inventory(inventory, options)
+    from specfleet.fleet import bench as bench_mod
+
+    return bench_mod.main(_argv(inventory, kw), options)
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.option("--host", required=True, help="The one host to tune.")
+@click.option("--num-draft-tokens", default="4,8,16", show_default=True)
+@click.option("--draft-window", default="2048,4096", show_default=True,
+              help="plan.draft_window_size values.")
+@click.option("--draft-backends", default="", help="plan.draft_attention_backend values.")
+@click.option("--attention-backends", default="", help="plan.attention_backend values.")
+@click.option("--concurrency", default="1,4", show_default=True)
+@click.option("--requests", type=int, default=0)
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--max-minutes", type=float, default=120.0, show_default=True)
+@click.option("--out", help="The sweep's folder (default: sweep-HOST).")
+@click.option("--allow-serving", is_flag=True, help="Sweep a host that serves traffic.")
+@click.option("--restore", type=click.Choice(["best", "previous"]), default="best",
+              show_default=True)
+@click.option("--write-group-data", help="Write the winning plan as this group data file.")
+@click.option("--no-report", is_flag=True, help="Skip the PNG/HTML report.")
+@connection_options
+@click.pass_context
+@guarded
+def sweep(ctx: click.Context, inventory: str, **kw: Any) -> int:
+    """Tune the speculative settings on one host, restore the best."""
+    options = pop_connection(kw)
+    _checkout(ctx)
+    check_inventory(inventory, options)
+    from specfleet.fleet import sweep as sweep_mod
+
+    return sweep_mod.main(_argv(inventory, kw), options)
+
+
+def _argv(inventory: str, kw: dict[str, Any]) -> list[str]:
+    """Click's values as the argv of a module's own argparse main."""
+    argv = [inventory]
+    for key, value in kw.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (None, False, ""):
+            argv += [flag, str(value)]
+    return argv
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.option("--out", required=True, help="The folder to write the files to.")
+@click.option("--scrape-interval", type=click.IntRange(min=1), default=15, show_default=True)
+@click.option("--alert-for", help="Every alert's `for` (e.g. 0s in a test).")
+@guarded
+def monitoring(inventory: str, out: str, scrape_interval: int, alert_for: str | None) -> int:
+    """Prometheus scrape config, alert rules and a Grafana dashboard (no connection)."""
+    from specfleet.fleet import monitoring as monitoring_mod
+    from specfleet.fleet.pyinfra_run import PyinfraOptions
+
+    check_inventory(inventory, PyinfraOptions())
+
+    argv = [inventory, "--out", out, "--scrape-interval", str(scrape_interval)]
+    if alert_for:
+        argv += ["--alert-for", alert_for]
+    return monitoring_mod.main_monitoring(argv)
+
+
+@cli.command(context_settings=CONTEXT)
+@INVENTORY
+@click.argument("host")
+@click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--since", help="journalctl's --since (e.g. '-1h', '2026-12-01 14:00').")
+@click.option("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds for the connection and the journal together.")
+@connection_options
+@guarded
+def logs(inventory: str, host: str, lines: int, since: str | None, timeout: float,
+         **kw: Any) -> int:
+    """A host's server journal, every secret redacted, over pyinfra's connection."""
+    options = pop_connection(kw)
+    from specfleet.fleet import monitoring as monitoring_mod
+
+    return monitoring_mod.fetch_logs(inventory, host, options, lines, since, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="specfleet", description="Provision SGLang speculative-decoding servers with pyinfra."
-    )
-    parser.add_argument(
-        "--checkout", help=f"the specfleet checkout to run deploys from (or ${CHECKOUT_ENV})"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    plan_cli.add_arguments(sub.add_parser("plan", help="the launch plan of one host's facts"))
-    for name, what in (
-        ("rollout", "roll a deploy across a fleet: canary, batches, gates, rollback"),
-        ("fanout", "fetch the weights once per fleet, then host to host"),
-        ("probe", "every host's facts, one SSH command per host"),
-        ("status", "what each host runs, read-only"),
-        ("remove", "take the deploy off the hosts (the weights and your venv stay)"),
-        ("bench", "a smoke benchmark on every host, slow hosts flagged"),
-        ("sweep", "tune the speculative settings on one host, restore the best"),
-        ("monitoring", "Prometheus scrape config, alert rules and a Grafana dashboard"),
-        ("logs", "a host's server journal, every secret redacted"),
-    ):
-        p = sub.add_parser(name, help=what, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-    # A sub-command's own options before its first argument (``specfleet rollout --help``,
-    # ``specfleet fanout --dry INV``) are not the REMAINDER's: hand them on, in order.
-    words = sys.argv[1:] if argv is None else list(argv)
-    args, unknown = parser.parse_known_args(words)
-    if unknown:
-        before = words[: words.index(args.command)]
-        if not hasattr(args, "rest") or any(u in before for u in unknown):
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-        args.rest = [*unknown, *args.rest]
+    """The console script; returns the exit code (``standalone_mode``: click's usage errors
+    exit 2 with its message)."""
     try:
-        if args.checkout:
-            os.environ[CHECKOUT_ENV] = os.path.abspath(args.checkout)
-        if args.command == "plan":
-            return plan_cli.run(args)
-        if args.command == "rollout":
-            checkout_dir(args.checkout)
-            return rollout.main(args.rest)
-        if args.command == "fanout":
-            checkout_dir(args.checkout)
-            return fanout.main(args.rest)
-        if args.command in ("bench", "sweep"):
-            checkout_dir(args.checkout)
-            return (bench if args.command == "bench" else sweep).main(args.rest)
-        if args.command == "monitoring":
-            return monitoring.main_monitoring(args.rest)
-        if args.command == "logs":
-            return monitoring.main_logs(args.rest)
-        if args.command == "probe":
-            return _in_checkout(["-m", "facts.probe", *args.rest], args.checkout)
-        if args.command == "status" and "--json" in args.rest:
-            return status_json([a for a in args.rest if a != "--json"], args.checkout)
-        if args.command == "remove":
-            return _in_checkout(remove_argv(args.rest), args.checkout)
-        return _in_checkout(
-            ["-m", "pyinfra", "-y", *args.rest[:1], "deploys/status.py", *args.rest[1:]],
-            args.checkout,
-        )
-    except SpecfleetError as exc:
-        print(f"specfleet: {exc.render()}", file=sys.stderr)
-        return 3
+        rc = cli.main(args=argv, prog_name="specfleet", standalone_mode=False)
+        return rc if isinstance(rc, int) else EXIT_OK
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("specfleet: aborted", err=True)
+        return 130
+
+
+def console() -> None:
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

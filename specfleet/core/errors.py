@@ -51,3 +51,6 @@ PLAN_ATTR = "specfleet_launch_plan"
 PROGRESS_ATTR = "specfleet_weights_progress"
 # Why a planning (``--dry``) run expects a host to fail, kept on pyinfra's Host object.
 PLANNED_ERROR_ATTR = "specfleet_planned_error"
+# The words of an operation's ``_if`` ("if the software or weights change"), kept on the callable:
+# a dry run reports a conditional change with its condition.
+CONDITION_ATTR = "specfleet_condition"

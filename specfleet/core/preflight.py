@@ -81,7 +81,7 @@ def check(
 
     _check_busy(facts, settings, result)
     _check_disk(facts, settings, missing_weights_bytes, result)
-    _check_token(facts, settings, control_token, result, host_copy)
+    _check_token(facts, settings, control_token, result, host_copy, missing_weights_bytes)
     if wheel_error:
         result.problems.append(
             Problem(
@@ -230,6 +230,7 @@ def _check_token(
     control_token: bool,
     result: Preflight,
     host_copy: str | None = None,
+    missing_weights_bytes: int | None = None,
 ) -> None:
     gated = [s.repo_id for s in (settings.target, settings.drafter) if s.gated]
     if not gated:
@@ -242,6 +243,13 @@ def _check_token(
             else f"specfleet's copy on the host, {host_copy}"
         )
         result.passed.append(f"a Hugging Face token for the gated {', '.join(gated)} ({where})")
+        return
+    if missing_weights_bytes == 0:
+        # An optional input here: nothing is left to download, so this run needs no token.
+        result.warnings.append(
+            f"no Hugging Face token for the gated {', '.join(gated)}: none needed now (every "
+            "weights file is on the host); a move to another revision will need one (export "
+            "HF_TOKEN or set weights.token_file)")
         return
     result.problems.append(
         Problem(

@@ -16,6 +16,7 @@ The rollout's speed gate is ``speed_gate_step`` here: benchmark a batch, then
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -31,9 +32,12 @@ from specfleet.core.runlock import controller_run_id
 from specfleet.fleet.pyinfra_run import (
     HostStep,
     PyinfraOptions,
+    add_pyinfra_arguments,
     deploy_path,
     load_inventory,
+    options_from_args,
     run_pyinfra,
+    select_hosts,
 )
 
 BENCH_DEPLOY = "bench_kimi.py"
@@ -52,14 +56,17 @@ class DataRun:
 
 
 def run_with_data(inventory: str, deploy: str, hosts: Sequence[str],
-                  data: Mapping[str, Any], log_path: Path | None = None) -> DataRun:
+                  data: Mapping[str, Any], log_path: Path | None = None,
+                  connection: PyinfraOptions | None = None) -> DataRun:
     """One deploy file on ``hosts`` in this process (pyinfra's API, ``pyinfra_run``), with
     ``data`` as pyinfra's own ``--data`` override layer: ``settings_for_host`` merges it over the
     inventory's data key by key, so ``{"specfleet": {"plan": {...}}}`` changes only the plan.
     Each host's result and failure reason come from pyinfra's objects; ``log_path`` gets them as
     lines (pyinfra's own log goes to stderr)."""
     # pyinfra's --data takes a Python literal (JSON's true/false/null would stay a string).
-    options = PyinfraOptions(data=[f"{key}={value!r}" for key, value in data.items()])
+    base = connection or PyinfraOptions()
+    options = dataclasses.replace(
+        base, data=[*base.data, *(f"{key}={value!r}" for key, value in data.items())])
     start = time.monotonic()
     step = run_pyinfra(inventory, deploy, list(hosts), Path(deploy).stem, options)
     seconds = time.monotonic() - start
@@ -122,24 +129,30 @@ def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
     return verdicts
 
 
-def list_hosts(inventory: str) -> list[str]:
-    return [h.name for h in load_inventory(inventory)]
+def list_hosts(inventory: str, connection: PyinfraOptions | None = None) -> list[str]:
+    """The hosts in play: the inventory's, or those ``--limit`` names."""
+    connection = connection or PyinfraOptions()
+    inv = load_inventory(inventory, connection.override_data())
+    groups = {name: [h.name for h in members] for name, members in inv.groups.items()}
+    return select_hosts([h.name for h in inv], groups, connection.limit)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="specfleet bench", description=__doc__.split("\n")[0])
     p.add_argument("inventory")
-    p.add_argument("--limit", action="append", default=[], help="only this host (repeatable)")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--requests", type=int, default=0, help="per level (default 2x concurrency)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", default="bench-results", help="folder for <host>.json and summary")
     p.add_argument("--slow-fraction", type=float, default=core.SLOW_FRACTION)
+    add_pyinfra_arguments(p)
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None) -> int:
+    """``specfleet bench``: ``connection`` (pyinfra's options) over those of ``argv``."""
     args = parse_args(argv)
+    connection = connection or options_from_args(args)
     try:
         concurrency = core.parse_axis(args.concurrency, integer=True)
         if not concurrency or min(concurrency) < 1:
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 < args.slow_fraction < 1:
             raise SpecfleetError(f"--slow-fraction {args.slow_fraction} is not in (0, 1)",
                                  fix="pass e.g. --slow-fraction 0.7")
-        hosts = args.limit or list_hosts(args.inventory)
+        hosts = list_hosts(args.inventory, connection)
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
@@ -161,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {"specfleet_bench": {"concurrency": concurrency, "requests": args.requests,
                                 "max_tokens": args.max_tokens, "fetch_to": str(out)}}
     run = run_with_data(args.inventory, str(deploy_path(BENCH_DEPLOY)), hosts, data,
-                        out / "pyinfra.log")
+                        out / "pyinfra.log", connection)
     results = {h: load_result(out / f"{h}.json") for h in hosts}
     for h, step in run.results.items():
         if not step.passed and results.get(h) is None:

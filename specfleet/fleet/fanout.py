@@ -1,7 +1,7 @@
 """Download once per fleet, spread host to host over the LAN: the rollout's prefetch with fan-out.
 
-    python -m specfleet.fleet.fanout INVENTORY [--order h1,h2,...] [--degree N] [--port 22113]
-        [--limit h1 --limit h2 ...] [--report FILE.json]
+    specfleet fanout INVENTORY [--order h1,h2,...] [--degree N] [--sshd-port 22113]
+        [--limit h1 --limit h2 ...] [--report FILE.json] [pyinfra's connection options]
 
 For each model (target, drafter), the hosts that want the same revision from the same place, at the
 same site (``rollout.fanout_site``, unset: one site), form a **swarm**. Its first host
@@ -45,6 +45,7 @@ set (the default) or ``--fanout`` is given: ``run_prefetch(inventory, hosts, ord
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import secrets
@@ -68,7 +69,17 @@ from specfleet.core.fanout import (
 )
 from specfleet.core.runlock import RUN_ID_ENV, controller_run_id
 from specfleet.core.settings import settings_for_host
-from specfleet.fleet.pyinfra_run import deploy_path, hand_down, run_pyinfra, stop_runs
+from specfleet.fleet.pyinfra_run import (
+    PyinfraOptions,
+    add_pyinfra_arguments,
+    deploy_path,
+    hand_down,
+    inventory_groups,
+    options_from_args,
+    run_pyinfra,
+    select_hosts,
+    stop_runs,
+)
 from specfleet.fleet.pyinfra_run import load_inventory as read_inventory
 
 PREFETCH_DEPLOY = "fanout_prefetch.py"
@@ -351,23 +362,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--degree", type=int, default=None,
                    help="peers each host serves (the tree's fan-out; default: the smallest, "
                    "from 2, that keeps every host within two hops of its seed)")
-    p.add_argument("--port", type=int, help="the ephemeral sshd's port on serving peers")
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument("--sshd-port", type=int,
+                   help="the ephemeral sshd's port on serving peers (--port is the SSH port)")
     p.add_argument("--report", help="write the per-host results and the plan as JSON here")
+    add_pyinfra_arguments(p)
     a = p.parse_args(argv)
+    return run_fanout(a.inventory, options_from_args(a), a.order, a.degree, a.sshd_port,
+                      a.report)
+
+
+def run_fanout(inventory: str, options: PyinfraOptions, order: str | None = None,
+               degree: int | None = None, sshd_port: int | None = None,
+               report: str | None = None) -> int:
+    """``specfleet fanout``: the prefetch on the inventory's hosts in play (``--limit``), over
+    pyinfra's connection options; prints each host's result, exit 0/1 (3: bad input)."""
     try:
-        hosts, _, _ = load_inventory(a.inventory)
-        if a.limit:
-            unknown = sorted(set(a.limit) - set(hosts))
-            if unknown:
-                raise SpecfleetError(f"--limit names hosts not in the inventory: {unknown}",
-                                     fix=f"use host names of the inventory: {', '.join(hosts)}")
-            hosts = [h for h in hosts if h in a.limit]
-        order = [h.strip() for h in a.order.split(",") if h.strip()] if a.order else None
+        hosts, _, _ = load_inventory(inventory)
+        if options.limit:  # host names, globs or groups, as pyinfra's --limit
+            groups = inventory_groups(read_inventory(inventory, options.override_data()))
+            hosts = select_hosts(hosts, groups, options.limit)
+        order_list = [h.strip() for h in order.split(",") if h.strip()] if order else None
         plan: dict[str, Any] = {}
         # Its pyinfra runs (the prefetch, a cleanup) are one owner of the hosts' run locks.
         controller_run_id(os.environ)
-        step = run_prefetch(a.inventory, hosts, order, run_pyinfra, a.degree, a.port,
+        runner = functools.partial(run_pyinfra, options=options)
+        step = run_prefetch(inventory, hosts, order_list, runner, degree, sshd_port,
                             plan_out=plan)
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
@@ -381,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         r = step.results[h]
         why = "; ".join(r.why) if r.why else ""
         print(f"{h.ljust(width)}  {r.status:<11} {why}".rstrip())
-    if a.report:
-        Path(a.report).write_text(json.dumps({
+    if report:
+        Path(report).write_text(json.dumps({
             "seconds": step.seconds, "plan": plan,
             "hosts": {h: {"status": r.status, "why": r.why} for h, r in step.results.items()},
         }, indent=2))

@@ -1,7 +1,7 @@
 """``specfleet monitoring`` and ``specfleet logs``: day two from the control machine.
 
     specfleet monitoring INVENTORY --out DIR [--scrape-interval S] [--alert-for DURATION]
-    specfleet logs INVENTORY HOST [-n LINES] [--since WHEN]
+    specfleet logs INVENTORY HOST [-n LINES] [--since WHEN] [--timeout S] [connection options]
 
 ``monitoring`` writes, from the inventory: ``DIR/prometheus.yml`` (scrape config),
 ``DIR/targets/<job>.json`` (file_sd: each host's metrics relay and node-exporter),
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,49 +103,104 @@ for _line in redact_lines(_sys.stdin.read().splitlines(), [k for k in _keys if k
 
 def logs_command(s: Settings, lines: int, since: str | None) -> str:
     """The shell command that prints the server's journal with every secret redacted."""
-    server = server_paths(s)
     source = ship_ahead_of(_FILTER)
-    journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", server.unit_name,
+    journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", server_paths(s).unit_name,
                "-u", watchdog_paths(s).unit_name, "-n", str(lines)]  # fmt: skip
     if since:
         journal += ["--since", since]
-    # The API key, the host's own token and the copy of the token a deploy makes.
-    redactor = ["python3", "-I", "-S", "-c", source, server.secret, host_token_path(s),
-                control_token_path(s)]
+    redactor = ["python3", "-I", "-S", "-c", source, *secret_paths(s)]
     return f"{shlex.join(journal)} | {shlex.join(redactor)}"
 
 
-def ssh_argv(data: dict[str, Any], name: str) -> list[str]:
-    argv = ["ssh", "-o", "BatchMode=yes"]
-    if data.get("ssh_key"):
-        argv += ["-i", str(data["ssh_key"])]
-    if data.get("ssh_port"):
-        argv += ["-p", str(data["ssh_port"])]
-    if data.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={data['ssh_known_hosts_file']}"]
-    strict = data.get("ssh_strict_host_key_checking")
-    if strict is not None:
-        argv += ["-o", f"StrictHostKeyChecking={strict}"]
-    target = str(data.get("ssh_hostname") or name)
-    user = data.get("ssh_user")
-    return [*argv, f"{user}@{target}" if user else target]
+# The redactor cannot read a secret file it must redact: refuse rather than show a journal
+# redacted by pattern only.
+UNREADABLE_SECRETS_RC = 77
+# The line that names the file (pyinfra's command output carries no exit status).
+UNREADABLE_MARK = "specfleet-logs: cannot read "
 
 
-def main_logs(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="specfleet logs")
-    p.add_argument("inventory")
-    p.add_argument("host")
-    p.add_argument("-n", "--lines", type=int, default=200)
-    p.add_argument("--since", help="journalctl's --since (e.g. '-1h', '2026-12-01 14:00')")
-    a = p.parse_args(argv)
-    found = {name: (data, s) for name, data, s in load_hosts(a.inventory)}
-    if a.host not in found:
-        raise SpecfleetError(f"there is no host {a.host!r} in {a.inventory}",
-                             fix=f"name one of: {', '.join(found) or '(none)'}")  # fmt: skip
-    data, s = found[a.host]
-    cmd = ssh_argv(data, a.host) + [logs_command(s, a.lines, a.since)]
-    res = subprocess.run(cmd, check=False)
-    if res.returncode != 0:
-        print(f"specfleet logs: [{a.host}] ssh or journalctl exited {res.returncode}",
-              file=sys.stderr)  # fmt: skip
-    return res.returncode
+def secret_paths(s: Settings) -> list[str]:
+    """Files on the host holding the secrets the journal is redacted of: the server's secrets
+    file, the host's own token and the deploy's copy of the token."""
+    return [server_paths(s).secret, host_token_path(s), control_token_path(s)]
+
+
+def guarded_logs_command(s: Settings, lines: int, since: str | None) -> str:
+    """``logs_command``, refused on the host (exit ``UNREADABLE_SECRETS_RC``, naming the file)
+    when a secret file exists that this user cannot read."""
+    checks = " ".join(shlex.quote(p) for p in secret_paths(s))
+    return f"{_UNREADABLE} for f in {checks}; do if unreadable \"$f\"; then " \
+        f"echo \"{UNREADABLE_MARK}$f\"; exit {UNREADABLE_SECRETS_RC}; fi; done; " \
+        f"{logs_command(s, lines, since)}"
+
+
+# A secret file this user cannot read, or cannot tell is absent: readable, or absent under a
+# folder it can search, is fine; there but unreadable, or under a folder it cannot search (a
+# non-root user and /root), is not.
+_UNREADABLE = (
+    'unreadable() { [ -r "$1" ] && return 1; [ -e "$1" ] && return 0; d=$(dirname "$1"); '
+    'while [ ! -e "$d" ]; do d=$(dirname "$d"); done; [ ! -x "$d" ]; };'
+)
+
+
+def fetch_logs(inventory: str, name: str, options: Any, lines: int, since: str | None,
+               timeout: float) -> int:
+    """``specfleet logs``: the journal over pyinfra's connection (its SSH settings, ``--sudo``
+    or the host's ``_sudo`` data), within ``timeout`` seconds for connecting and reading; the
+    redacted lines on stdout. Exit 1 when the host cannot be reached or refuses, 3 on bad input."""
+    import gevent
+    from pyinfra.api import Config
+
+    read = load_inventory
+    names = [h.name for h in read(inventory, options.override_data())]
+    if name not in names:
+        raise SpecfleetError(f"there is no host {name!r} in {inventory}",
+                             fix=f"name one of: {', '.join(names) or '(none)'}")
+    inv = read(inventory, options.override_data(), only=[name])
+    config = Config(CONNECT_TIMEOUT=max(1, int(timeout)))
+    if options.sudo:
+        config.SUDO = True
+    if options.sudo_user:
+        config.SUDO_USER = options.sudo_user
+    State(inventory=inv, config=config)  # hosts read their data and config through it
+    host = inv.get_host(name)
+    s = settings_for_host(host)
+    sudo = bool(config.SUDO or host.data.get("_sudo"))
+    command = guarded_logs_command(s, lines, since)
+    try:
+        with gevent.Timeout(timeout, TimeoutError):
+            host.connect(reason="logs", show_errors=False, raise_exceptions=True)
+            ok, output = host.run_shell_command(
+                command, _sudo=sudo, _sudo_user=config.SUDO_USER or host.data.get("_sudo_user"),
+                _timeout=timeout, print_output=False, print_input=False)
+    except TimeoutError:
+        return _logs_failed(name, f"no answer within {timeout:g} s",
+                            "check that the host is up and reachable, or give --timeout more")
+    except Exception as exc:  # noqa: BLE001 - pyinfra's connect errors, said as the host's
+        return _logs_failed(name, f"cannot connect: {exc}",
+                            "check the address and SSH settings (--ssh-user, --key, --port)")
+    finally:
+        try:
+            host.disconnect()
+        except Exception:  # noqa: BLE001 - a connection that never opened has nothing to close
+            pass
+    said = output.stdout_lines[-1:] if not ok else []
+    if said and said[0].startswith(UNREADABLE_MARK):
+        path = said[0][len(UNREADABLE_MARK):].strip()
+        return _logs_failed(name, f"this user cannot read {path}, so its secrets would not be "
+                            "redacted", "run with --sudo (or connect as root: --ssh-user root)")
+    for line in output.stdout_lines:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    if not ok:
+        why = "; ".join(output.stderr_lines[-3:]) or "it printed no reason"
+        return _logs_failed(name, f"journalctl failed: {why}",
+                            "check that the host runs systemd and the unit exists")
+    return 0
+
+
+def _logs_failed(name: str, problem: str, fix: str) -> int:
+    print(SpecfleetError(problem, host=name, fix=fix).render(), file=sys.stderr)
+    return 1
+
+

@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfleet.core.errors import CHECK_ATTR, ERROR_ATTR, PLANNED_ERROR_ATTR, SpecfleetError
+from specfleet.core.errors import (
+    CHECK_ATTR,
+    CONDITION_ATTR,
+    ERROR_ATTR,
+    PLANNED_ERROR_ATTR,
+    SpecfleetError,
+)
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
@@ -70,13 +76,23 @@ def say(text: str) -> None:
 
 
 def parse_data_value(value: str) -> Any:
-    """``--data k=v``'s value as pyinfra's CLI reads it: a Python/JSON literal, else the text."""
+    """``--data k=v``'s value as pyinfra's CLI reads it (``pyinfra_cli.util.parse_cli_arg``:
+    true/false, an integer, JSON, else the text), and a Python literal too (``True``, ``None``,
+    tuples: what ``bench.run_with_data`` writes)."""
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
     try:
         return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        lowered = value.lower()
-        if lowered in ("true", "false"):
-            return lowered == "true"
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
         return value
 
 
@@ -111,17 +127,20 @@ class PyinfraOptions:
         return out
 
     def argv(self) -> list[str]:
-        """The same options as flags of ``pyinfra`` (for a message telling the user a command)."""
+        """The same options as flags of ``pyinfra`` (to run it, or for a message telling the
+        user a command); the argparse mains of this floor take the same flags."""
         out: list[str] = []
         for flag, value in (("--user", self.ssh_user), ("--key", self.key),
                             ("--port", self.port), ("--sudo-user", self.sudo_user),
-                            ("--config", self.config)):
+                            ("--config", self.config), ("--parallel", self.parallel)):
             if value:
                 out += [flag, str(value)]
         if self.sudo:
             out.append("--sudo")
         for item in self.data:
             out += ["--data", item]
+        for item in self.limit:
+            out += ["--limit", item]
         if self.verbosity:
             out.append("-" + "v" * self.verbosity)
         return out
@@ -214,10 +233,25 @@ def _name(item: Any) -> str:
     return item[0] if isinstance(item, tuple) else item
 
 
+def inventory_names(text: str) -> list[str] | None:
+    """An inventory given as pyinfra takes one on its command line instead of a file: ``@local``,
+    a host name (``@ssh/host`` too), or a comma list of them; None when ``text`` looks like a
+    file path (a missing file is then said as such, not tried as a host name)."""
+    if not text or text.endswith(".py"):
+        return None
+    names = [part.strip() for part in text.split(",")]
+    if not all(names) or any(c.isspace() for n in names for c in n):
+        return None
+    if any("/" in n and not n.startswith("@") for n in names):  # a path, not a host
+        return None
+    return names
+
+
 def load_inventory(path: str, override_data: dict[str, Any] | None = None,
                    only: Sequence[str] | None = None) -> Any:
-    """A ``pyinfra.api.Inventory`` from an inventory file, as pyinfra's CLI reads one: module-level
-    lists (or ``(hosts, data)`` tuples) are groups, ``all`` is made if missing, the file's stem is
+    """A ``pyinfra.api.Inventory`` as pyinfra's CLI reads one: ``@local``, host names or a comma
+    list of them (``inventory_names``), or a file, where module-level lists (or ``(hosts,
+    data)`` tuples) are groups, ``all`` is made if missing, the file's stem is
     a group too, and ``group_data/<group>.py`` next to the inventory and in the current directory
     add group data (names bound by imports are not data). With ``only``, the inventory holds
     just those hosts (the hosts in play): a deploy that reads every host's settings then never
@@ -226,7 +260,14 @@ def load_inventory(path: str, override_data: dict[str, Any] | None = None,
 
     file = Path(path)
     if not file.is_file():
-        raise SpecfleetError(f"no inventory file {path}", fix="give a pyinfra inventory file")
+        names = inventory_names(path)
+        if names is None:
+            raise SpecfleetError(
+                f"no inventory file {path}",
+                fix="give a pyinfra inventory: a file, @local, a host name or a comma list of "
+                "host names (as pyinfra takes them)")
+        keep_names = [n for n in names if only is None or n in only]
+        return Inventory((keep_names, {}), override_data=override_data or {})
     attrs = _exec_python(file)
     groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
     all_data: dict[str, Any] = {}
@@ -283,6 +324,8 @@ class HostStep:
 
     status: str  # "ok", "changed", "failed", "unreachable", "not started"
     changed_ops: list[str] = field(default_factory=list)
+    # Dry: operations that change only if their condition holds at run time ("NAME (if ...)").
+    conditional_ops: list[str] = field(default_factory=list)
     error_ops: list[str] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
 
@@ -302,6 +345,23 @@ class StepRun:
 
 def _op_name(state: Any, op_hash: str) -> str:
     return ", ".join(sorted(state.op_meta[op_hash].names)) or "an operation"
+
+
+def _conditional_name(state: Any, op_hash: str, condition: Any) -> str:
+    """A conditional operation with its condition in words where it has them (``CONDITION_ATTR``,
+    ``operations.util.changed_if``)."""
+    conditions = condition if isinstance(condition, list) else [condition]
+    words = [getattr(c, CONDITION_ATTR, None) for c in conditions]
+    said = " and ".join(w for w in words if w) or "if its condition holds at run time"
+    return f"{_op_name(state, op_hash)} ({said})"
+
+
+def _on_changes_only(condition: Any) -> bool:
+    """Whether an ``_if`` holds only when other operations change: pyinfra's ``any_changed`` /
+    ``all_changed`` or specfleet's ``changed_if`` (a lambda of another kind may read anything)."""
+    conditions = condition if isinstance(condition, list) else [condition]
+    return all(getattr(c, CONDITION_ATTR, None) or getattr(c, "__qualname__", "").startswith(
+        ("any_changed.", "all_changed.")) for c in conditions)
 
 
 def failure_text(meta: Any) -> list[str]:
@@ -594,6 +654,7 @@ class Session:
     def _host_result(self, h: Any) -> HostStep:
         st = self.state
         step = HostStep(OK)
+        on_changes: list[str] = []  # conditional on other operations' changes alone
         planned = getattr(h, PLANNED_ERROR_ATTR, None) if self.dry else None
         if planned:  # a planning run that expects the host to fail says where and why
             setattr(h, PLANNED_ERROR_ATTR, None)
@@ -606,7 +667,14 @@ class Session:
             meta = data.operation_meta
             if self.dry:
                 if meta.will_change:
-                    step.changed_ops.append(_op_name(st, op_hash))
+                    condition = data.global_arguments.get("_if")
+                    if condition:
+                        named = _conditional_name(st, op_hash, condition)
+                        step.conditional_ops.append(named)
+                        if _on_changes_only(condition):
+                            on_changes.append(named)
+                    else:
+                        step.changed_ops.append(_op_name(st, op_hash))
                 continue
             if not meta.is_complete():
                 continue
@@ -627,6 +695,10 @@ class Session:
                 step.why = ["failed (pyinfra gave no reason)"]
         elif step.changed_ops:
             step.status = CHANGED
+        elif self.dry:
+            # Nothing on this host changes unconditionally, so no condition on a change upstream
+            # can hold at run time: those conditional operations are decided, unchanged.
+            step.conditional_ops = [c for c in step.conditional_ops if c not in on_changes]
         return step
 
     def close(self) -> None:

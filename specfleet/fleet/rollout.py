@@ -213,6 +213,8 @@ class HostReport:
     why: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     changed_ops: list[str] = field(default_factory=list)
+    # Dry: what changes only if its condition holds at run time, with the condition.
+    conditional_ops: list[str] = field(default_factory=list)
     unreachable: bool = False
     busy: bool = False
     hook_failed: bool = False
@@ -223,11 +225,28 @@ class HostReport:
         return self.status in (FAILED, ROLLED_BACK)
 
 
+def dry_status(res: Any) -> str:
+    """A host's result in a dry run, as pyinfra's ``--dry`` tells it: "would change" for an
+    unconditional change, "conditional" where only conditional operations would run (each
+    with its condition), else ok or what failed (pure)."""
+    if not res.passed:
+        return res.status
+    if res.changed_ops:
+        return "would change"
+    return "conditional" if res.conditional_ops else OK
+
+
+def _changes(r: HostReport) -> str:
+    parts = [", ".join(r.changed_ops)] if r.changed_ops else []
+    parts += [f"conditional: {c}" for c in r.conditional_ops]
+    return "; ".join(parts)
+
+
 def summary_table(reports: Iterable[HostReport]) -> str:
     rows = [["host", "batch", "result", *STEPS, "why"]]
     for r in reports:
         times = [f"{r.seconds[s]:.1f}s" if s in r.seconds else "-" for s in STEPS]
-        why = "; ".join(r.why) if r.why else (", ".join(r.changed_ops) if r.changed_ops else "")
+        why = "; ".join(r.why) if r.why else _changes(r)
         label = "canary" if r.batch == 0 else str(r.batch)
         rows.append([r.host, label, r.status, *times, why])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -392,15 +411,14 @@ class Rollout:
         step = self.runner(self.inventory, self.deploy, everyone, "dry run")
         for h in everyone:
             r, res = self.reports[h], step.results[h]
-            r.status = "would change" if res.changed_ops else (
-                OK if res.passed else res.status)
+            r.status = dry_status(res)
             r.changed_ops = res.changed_ops
+            r.conditional_ops = res.conditional_ops
             if not res.passed:
                 r.why = [f"would fail: {w}" for w in res.why]
             plan = getattr(self.session.host(h), PLAN_ATTR, None) if self.session else None
-            if plan:
+            if plan:  # printed by the deploy as it planned (operations.serving)
                 r.launch_plan = str(plan)
-                print(f"rollout: {h}: launch plan\n{plan}", file=sys.stderr, flush=True)
         return 0 if all(step.results[h].passed for h in everyone) else 1
 
     def _prefetch(self, ordered: list[str]) -> StepRun | None:

@@ -41,7 +41,12 @@ from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.fleet.bench import list_hosts, load_result, run_with_data
-from specfleet.fleet.pyinfra_run import deploy_path
+from specfleet.fleet.pyinfra_run import (
+    PyinfraOptions,
+    add_pyinfra_arguments,
+    deploy_path,
+    options_from_args,
+)
 
 try:  # matplotlib is optional on the control machine: the sweep runs without its report
     from specfleet.fleet import report
@@ -116,6 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--restore", choices=("best", "previous"), default="best")
     p.add_argument("--write-group-data", help="write the winning plan as this group data file")
     p.add_argument("--no-report", action="store_true", help="skip the PNG/HTML report")
+    add_pyinfra_arguments(p)
     return p.parse_args(argv)
 
 
@@ -147,7 +153,8 @@ class Sweep:
         data: dict[str, Any] = {"specfleet": {"plan": plan}} if plan else {}
         data.update(extra)
         return run_with_data(self.args.inventory, str(deploy_path(deploy)), [self.args.host],
-                             data, self.out / "logs" / f"{label}.log")
+                             data, self.out / "logs" / f"{label}.log",
+                             getattr(self.args, "connection", None))
 
     def run_point(self, key: str, n: int, total: int, allow_serving: bool) -> None:
         """One point, recorded; a host that refuses (serving) stops the sweep (SpecfleetError)."""
@@ -267,14 +274,16 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None) -> int:
+    """``specfleet sweep``: ``connection`` (pyinfra's options) over those of ``argv``."""
     args = parse_args(argv)
+    args.connection = connection or options_from_args(args)
     try:
         grid = grid_from_args(args)
         if args.max_minutes <= 0:
             raise SpecfleetError(f"--max-minutes {args.max_minutes} is not > 0",
                                  fix="give the sweep a time budget, e.g. --max-minutes 60")
-        if args.host not in list_hosts(args.inventory):
+        if args.host not in list_hosts(args.inventory, args.connection):
             raise SpecfleetError(f"no host {args.host} in {args.inventory}",
                                  fix="pass --host with a host name of the inventory")
         out = Path(args.out or f"sweep-{args.host}").resolve()

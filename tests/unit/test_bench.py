@@ -333,7 +333,7 @@ def test_speed_gate_step_benchmarks_the_batch_and_gates_each_host_on_its_previou
 def test_a_sweep_point_that_finds_the_run_lock_held_is_retried_not_failed(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run(inventory, deploy, hosts, data, log):
+    def fake_run(inventory, deploy, hosts, data, log, connection=None):
         calls.append(deploy)
         if len(calls) == 1:
             why = [f"in 'Hold the run lock': {sweep.LOCK_HELD}: root@vm (pid 1)"]

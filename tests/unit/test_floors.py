@@ -129,13 +129,18 @@ def test_imports_only_go_down(module):
     assert not wrong, f"{module} imports against the floor plan: {wrong}"
 
 
+# The console script imports each subcommand's modules when it runs: ``--help`` works anywhere
+# without pyinfra, gevent or matplotlib (tests/unit/test_cli.py). Its imports still only go down.
+LAZY_BY_DESIGN = ("specfleet.cli",)
+
+
 def test_no_function_level_imports_of_the_project():
     """Imports inside functions are how circles hide: none of the project's own modules."""
     hidden = [
         f"{module}:{line} {imported}"
         for module, imports in GRAPH.items()
         for imported, line, nested in imports
-        if nested and not floor(imported) == "hostside"
+        if nested and not floor(imported) == "hostside" and module not in LAZY_BY_DESIGN
     ]
     assert not hidden, hidden
 

@@ -148,3 +148,44 @@ def test_the_wheel_metadata_looks_maintained(wheel):
     assert "pyinfra" in (meta["Keywords"] or "")
     newest = re.search(r"^## (\d+\.\d+\.\d+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert newest and meta["Version"] == newest.group(1)
+
+
+SUBCOMMANDS = ("plan", "settings", "rollout", "fanout", "probe", "status", "remove", "bench",
+               "sweep", "monitoring", "logs")
+HEAVY = ("pyinfra", "gevent", "matplotlib", "paramiko")
+
+
+def test_installed_wheel_helps_with_every_subcommand_outside_a_checkout(wheel, tmp_path):
+    """``specfleet --version`` and each subcommand's ``--help`` from the wheel, in a folder with
+    no checkout: exit 0, specfleet's own usage, and none of pyinfra, gevent or matplotlib
+    imported to print it."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", str(wheel)], check=True)  # fmt: skip
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    env.pop("SPECFLEET_CHECKOUT", None)
+    script = env_dir / "bin" / "specfleet"
+    done = subprocess.run([script, "--version"], cwd=away, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "specfleet, version 0.5.0", done
+    for command in SUBCOMMANDS:
+        done = subprocess.run([script, command, "--help"], cwd=away, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+        assert done.stdout.startswith(f"Usage: specfleet {command} [OPTIONS]"), done.stdout
+        assert "Traceback" not in done.stdout + done.stderr
+    probe = (
+        "import json, sys\n"
+        "from specfleet import cli\n"
+        f"rcs = [cli.main([c, '--help']) for c in {SUBCOMMANDS!r}]\n"
+        f"print(json.dumps([rcs, sorted(m for m in {HEAVY!r} if m in sys.modules)]),"
+        " file=sys.stderr)\n"
+    )
+    done = subprocess.run([py, "-c", probe], cwd=away, env=env, capture_output=True, text=True,
+                          timeout=60)
+    rcs, heavy = json.loads(done.stderr.strip().splitlines()[-1])
+    assert rcs == [0] * len(SUBCOMMANDS) and heavy == [], done.stderr

@@ -1,17 +1,15 @@
-"""Removal's pure parts: the one footprint list, the leftovers fact's parser, `specfleet remove`'s
-pyinfra run, the removal settings. The removal itself runs on real hosts in
+"""Removal's pure parts: the one footprint list, the leftovers fact's parser, the removal settings
+(`specfleet remove`'s pyinfra run: tests/unit/test_cli.py). The removal itself runs on real hosts in
 tests/fleet/test_deploy_fleet.py (test_removal_then_deploy_converges_again)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
 
 from facts.removal import Leftovers, parse_leftovers, shell_glob
 from operations.removal import footprint
-from specfleet.cli import remove_argv
 from specfleet.core.errors import SettingsError
 from specfleet.core.settings import settings_from_dict
 
@@ -73,17 +71,6 @@ def test_leftovers_command_globs_only_the_trailing_star(tmp_path):
         "empty_dirs": [f"{tmp_path}/empty"],
         "venvs": {f"{tmp_path}/a b-2": {"created": False, "specfleet": False}},
     }
-
-
-def test_specfleet_remove_is_the_deploy_with_present_false():
-    argv = remove_argv(["inv.py", "--limit", "h1", "--weights"])
-    assert argv[:5] == ["-m", "pyinfra", "-y", "inv.py", "deploys/kimi_k26.py"]
-    assert argv[5:7] == ["--limit", "h1"]
-    key, _, data = argv[-1].partition("=")
-    assert argv[-2] == "--data" and key == "specfleet"
-    assert json.loads(data) == {"present": False, "removal": {"weights": True, "venv": False}}
-    # --dry shows the detected changes, which -y would skip.
-    assert "-y" not in remove_argv(["inv.py", "--dry"])
 
 
 def test_removal_settings():
