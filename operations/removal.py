@@ -14,7 +14,7 @@ from facts.removal import VENV_STATE_DIR, Leftovers
 from facts.sglang import PatchState
 from operations.fanout import control_dir
 from operations.sglang import patch_restore_steps
-from operations.util import fails_host, host_settings
+from operations.util import fails_host, host_settings, systemctl
 from specfleet.core import layout
 from specfleet.core.layout import lock_path, model_root, server_paths, watchdog_paths
 from specfleet.core.settings import Settings
@@ -71,10 +71,6 @@ def footprint(s: Settings) -> Footprint:
                      weights=weights, lock=lock_path(s))
 
 
-def _systemctl(*args: str) -> StringCommand:
-    return StringCommand("systemctl", *[QuoteString(a) for a in args])
-
-
 _RUNNING = ("active", "activating", "reloading", "deactivating")
 _ENABLED = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 
@@ -114,12 +110,12 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
     what: list[str] = []
     for unit, st in sorted(units.items()):
         if st["active"] in _RUNNING:
-            commands.append(_systemctl("stop", unit))
+            commands.append(systemctl("stop", unit))
             what.append(f"stops {unit}")
         if st["enabled"] in _ENABLED:
-            commands.append(_systemctl("disable", unit))
+            commands.append(systemctl("disable", unit))
         if st["active"] == "failed":
-            commands.append(_systemctl("reset-failed", unit))
+            commands.append(systemctl("reset-failed", unit))
     kept: list[str] = []
     for path, info in sorted(venvs.items()):
         configured = path == fp.venvs[0]
@@ -147,7 +143,7 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
                                                      else ""))
         return
     if units or any(p.endswith((".service", ".timer")) for p in paths):
-        commands.append(_systemctl("daemon-reload"))
+        commands.append(systemctl("daemon-reload"))
     commands.append(StringCommand("rmdir", "--ignore-fail-on-non-empty",
                                   *[QuoteString(d) for d in fp.dirs], "2>/dev/null", "||", "true"))
     host.log(f"removal: {'; '.join(what) or 'removes empty folders'}")

@@ -31,6 +31,8 @@ from operations.util import (  # noqa: F401 (render: callers read it here)
     per_host,
     read_secret_file,
     render,
+    systemctl,
+    unit_removal,
 )
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import (
@@ -96,10 +98,6 @@ def _marker_command(paths: ServerPaths, reason: str) -> StringCommand:
     return StringCommand(
         "sh", "-c", QuoteString(script), "specfleet", QuoteString(paths.marker), QuoteString(reason)
     )
-
-
-def _systemctl(*args: str) -> StringCommand:
-    return StringCommand("systemctl", *[QuoteString(a) for a in args])
 
 
 def _file_matches(st: dict[str, Any], path: str, text: str, mode: int) -> bool:
@@ -269,17 +267,8 @@ def _absent(paths: ServerPaths, st: dict[str, Any]):
     if not present and not loaded and st["restart_pending"] is None:
         host.noop(f"unit {paths.unit_name} is absent")
         return
-    if st["active_state"] in ("active", "activating", "reloading", "deactivating"):
-        yield _systemctl("stop", paths.unit_name)
-    if st["unit_file_state"] in ("enabled", "enabled-runtime", "linked"):
-        yield _systemctl("disable", paths.unit_name)
-    if st["active_state"] == "failed":
-        yield _systemctl("reset-failed", paths.unit_name)
-    yield StringCommand(
-        "rm", "-f", *[QuoteString(p) for p in (paths.unit, paths.env, paths.secret, paths.marker)]
-    )
-    yield StringCommand("rm", "-rf", QuoteString(paths.log_dir))
-    yield _systemctl("daemon-reload")
+    files_ = [paths.unit, paths.env, paths.secret, paths.marker]
+    yield from unit_removal(paths.unit_name, st, files_, [paths.log_dir])
 
 
 @operation()
@@ -359,7 +348,7 @@ def _group_restart(settings: Settings | None):
     if own["active_state"] in ("active", "activating", "reloading"):
         host.log(f"stopping {paths.unit_name}: serving group {g.name} restarts as one "
                  f"({', '.join(sorted(marked))} marked)", logger.info)  # fmt: skip
-        yield _systemctl("stop", paths.unit_name)
+        yield systemctl("stop", paths.unit_name)
     elif host.name in marked:
         host.noop(f"{paths.unit_name} is stopped and marked: serving group {g.name} starts as one")
 
@@ -416,11 +405,11 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
 
     commands: list[Any] = []
     if (pending and not waiting) or st["need_daemon_reload"] or st["load_state"] != "loaded":
-        commands.append(_systemctl("daemon-reload"))
+        commands.append(systemctl("daemon-reload"))
     if enabled is True and st["unit_file_state"] != "enabled":
-        commands.append(_systemctl("enable", paths.unit_name))
+        commands.append(systemctl("enable", paths.unit_name))
     elif enabled is False and st["unit_file_state"] == "enabled":
-        commands.append(_systemctl("disable", paths.unit_name))
+        commands.append(systemctl("disable", paths.unit_name))
 
     active = st["active_state"] in ("active", "activating", "reloading")
     if running:
@@ -439,15 +428,15 @@ def _service(settings: Settings | None, running: bool, enabled: bool | None, rea
                 verb = "starting" if state.is_executing else "will start"
                 host.log(f"{verb} {paths.unit_name}: {decision.why}", logger.info)
             if st["active_state"] == "failed" or st["result"] == "start-limit-hit":
-                commands.append(_systemctl("reset-failed", paths.unit_name))
-            commands.append(_systemctl(start, paths.unit_name))
+                commands.append(systemctl("reset-failed", paths.unit_name))
+            commands.append(systemctl(start, paths.unit_name))
             if start == "restart":
                 commands.append(_record_restart_command(paths, pending, fingerprint))
             if ready:
                 commands += list(_ready(settings=s))
             commands.append(StringCommand("rm", "-f", QuoteString(paths.marker)))
     elif active or st["active_state"] == "deactivating":
-        commands.append(_systemctl("stop", paths.unit_name))
+        commands.append(systemctl("stop", paths.unit_name))
 
     if not commands:
         host.noop(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.util import get_template
 from pyinfra.context import ctx_host
 from pyinfra.operations.util import any_changed
@@ -127,6 +127,27 @@ def record_failure(state: Any, host: Any, message: str, styled: bool = False) ->
     else:
         logger.error(message)
     return False
+
+
+def systemctl(*args: str) -> StringCommand:
+    return StringCommand("systemctl", *[QuoteString(a) for a in args])
+
+
+def unit_removal(unit_name: str, st: dict[str, Any], files: list[str],
+                 folders: list[str]) -> list[StringCommand]:
+    """Take a unit off the host, from its ``ServiceState``: stop it, disable it, clear a failed
+    state, delete its ``files`` and ``folders``, reload systemd."""
+    commands = []
+    if st["active_state"] in ("active", "activating", "reloading", "deactivating"):
+        commands.append(systemctl("stop", unit_name))
+    if st["unit_file_state"] in ("enabled", "enabled-runtime", "linked"):
+        commands.append(systemctl("disable", unit_name))
+    if st["active_state"] == "failed":
+        commands.append(systemctl("reset-failed", unit_name))
+    commands.append(StringCommand("rm", "-f", *[QuoteString(p) for p in files]))
+    commands.append(StringCommand("rm", "-rf", *[QuoteString(p) for p in folders]))
+    commands.append(systemctl("daemon-reload"))
+    return commands
 
 
 def check_command(function: Any, args: tuple, kwargs: dict | None = None) -> FunctionCommand:

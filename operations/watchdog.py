@@ -17,7 +17,7 @@ from facts.cache import cached_fact
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.server_facts import group_peers, host_address, service_state_args, unit_facts
-from operations.util import host_settings, per_host, render
+from operations.util import host_settings, per_host, render, systemctl, unit_removal
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import WatchdogPaths, model_root, server_paths, watchdog_paths
 from specfleet.core.monitoring import deploy_state, watchdog_config
@@ -81,10 +81,6 @@ def _write(path: str, text: str, mode: int) -> StringCommand:
                          str(mode), _stdin=text)  # fmt: skip
 
 
-def _systemctl(*args: str) -> StringCommand:
-    return StringCommand("systemctl", *[QuoteString(a) for a in args])
-
-
 @operation()
 def service(settings: Settings | None = None, present: bool = True):
     """
@@ -110,16 +106,16 @@ def _service(settings: Settings | None, present: bool):
     stale = {p: (t, m) for p, (t, m) in desired_files(s).items() if not _matches(st, p, t, m)}
     commands = [_write(p, t, m) for p, (t, m) in stale.items()]
     if paths.unit in stale or st["need_daemon_reload"] or st["load_state"] != "loaded":
-        commands.append(_systemctl("daemon-reload"))
+        commands.append(systemctl("daemon-reload"))
     if st["unit_file_state"] != "enabled":
-        commands.append(_systemctl("enable", paths.unit_name))
+        commands.append(systemctl("enable", paths.unit_name))
     if stale:
         names = ", ".join(posixpath.basename(p) for p in stale)
         host.log(f"watchdog {paths.unit_name}: {names} changed, restarting it")
-        commands.append(_systemctl("restart", paths.unit_name))
+        commands.append(systemctl("restart", paths.unit_name))
     elif st["active_state"] not in ("active", "activating", "reloading"):
-        commands.append(_systemctl("reset-failed", paths.unit_name))
-        commands.append(_systemctl("start", paths.unit_name))
+        commands.append(systemctl("reset-failed", paths.unit_name))
+        commands.append(systemctl("start", paths.unit_name))
     if not commands:
         host.noop(f"watchdog {paths.unit_name} is running and up to date")
         return
@@ -131,13 +127,7 @@ def _absent(paths: WatchdogPaths, st: dict[str, Any]):
     if not present and st["load_state"] in ("not-found", ""):
         host.noop(f"watchdog {paths.unit_name} is absent")
         return
-    if st["active_state"] in ("active", "activating", "reloading", "deactivating"):
-        yield _systemctl("stop", paths.unit_name)
-    if st["unit_file_state"] in ("enabled", "enabled-runtime", "linked"):
-        yield _systemctl("disable", paths.unit_name)
-    yield StringCommand("rm", "-f", *[QuoteString(p) for p in paths.files()])
-    yield StringCommand("rm", "-rf", QuoteString(paths.folder))
-    yield _systemctl("daemon-reload")
+    yield from unit_removal(paths.unit_name, st, paths.files(), [paths.folder])
 
 
 @operation()

@@ -17,6 +17,7 @@ from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, PlanError, make_plan
 from specfleet.core.plan.group import GroupMember, make_group_plan
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import Settings
+from specfleet.hostside.readiness_gate import argv_value
 
 UNIT_TEMPLATE = template_path("sglang.service.j2")
 
@@ -208,17 +209,6 @@ def secret_yaml(api_key: str) -> str:
         f"api-key: {json.dumps(api_key)}\n"
     )
 
-
-
-def argv_value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag`` in argv (``--flag V`` or ``--flag=V``), the last one winning."""
-    value = None
-    for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif word.startswith(flag + "="):
-            value = word[len(flag) + 1 :]
-    return value
 
 
 

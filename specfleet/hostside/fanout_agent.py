@@ -39,7 +39,6 @@ Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -297,10 +296,7 @@ def available(status: dict, wanted: dict[str, dict], expected_hash) -> list[str]
 
 def remove_parts(rev_dir: str) -> None:
     """Delete the files a killed pull left on their way (``PART_SUFFIX``)."""
-    for dirpath, _dirs, names in os.walk(rev_dir):
-        for name in names:
-            if name.endswith(PART_SUFFIX):
-                os.unlink(os.path.join(dirpath, name))
+    _weights_agent().remove_partial_files(rev_dir, PART_SUFFIX)
 
 
 def ssh_command(key_path: str, known_hosts: str, port: int, control_dir: str) -> list[str]:
@@ -672,8 +668,7 @@ class Pull:
         os.makedirs(os.path.dirname(local), exist_ok=True)
         part = os.path.join(os.path.dirname(local), f".{os.path.basename(local)}{PART_SUFFIX}")
         kind, _want = self.wa.expected_hash(f)
-        digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1(  # noqa: S324 - git id
-            b"blob %d\0" % size)
+        digest = self.wa.new_digest(kind, size)
         left = size
         try:
             with open(part, "wb") as out:

@@ -63,7 +63,9 @@ def cmdline(pid: str) -> list[str]:
     return [w.decode(errors="replace") for w in raw.split(b"\0")[:-1]]
 
 
-def flag(argv: list[str], name: str) -> str | None:
+def argv_value(argv: list[str], name: str) -> str | None:
+    """The value of ``name`` in argv (``--flag V`` or ``--flag=V``), the last one winning (as
+    argparse reads it): the one home of this rule, read by ``specfleet.core.unit`` too."""
     value = None
     for i, word in enumerate(argv):
         if word == name and i + 1 < len(argv):
@@ -213,14 +215,14 @@ def main() -> int:
             return fail(f"{args.unit} is {active} ({sub}); nothing is starting it")
 
         argv = cmdline(st.get("MainPID", "0")) if st.get("MainPID", "0") != "0" else []
-        host = flag(argv, "--host") or args.host
+        host = argv_value(argv, "--host") or args.host
         if host in ("0.0.0.0", "", "*"):
             host = "127.0.0.1"
         elif host in ("::", "[::]"):
             host = "::1"
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
-        port = int(flag(argv, "--port") or args.port)
+        port = int(argv_value(argv, "--port") or args.port)
         base = f"http://{host}:{port}"
 
         status = "process restarting" if sub == "auto-restart" or not argv else None
@@ -237,7 +239,7 @@ def main() -> int:
                 if info is None:
                     status = f"/get_model_info gave {code}: {body[:120]}"
                 else:
-                    want = args.model_path or flag(argv, "--model-path")
+                    want = args.model_path or argv_value(argv, "--model-path")
                     got = info.get("model_path")
                     owners = listener_pids(port)
                     if owners and not any(in_unit(pid, args.unit) for pid in owners):

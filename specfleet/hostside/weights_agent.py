@@ -354,12 +354,17 @@ def still_matches(rev_dir: str, entry: dict) -> bool:
     return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
 
 
+def new_digest(kind: str, size: int):
+    """A hash to feed a file's bytes: sha256 (``kind="sha256"``) or its git blob id
+    (``kind="git"``, which hashes a header with the size first). The fan-out agent's too."""
+    if kind == "sha256":
+        return hashlib.sha256()
+    return hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git object id
+
+
 def hash_file(path: str, kind: str, size: int, on_bytes=None) -> str:
     """sha256 (``kind="sha256"``) or git blob id (``kind="git"``) of a file, streamed."""
-    if kind == "sha256":
-        h = hashlib.sha256()
-    else:
-        h = hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git object id
+    h = new_digest(kind, size)
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK):
             h.update(chunk)
@@ -681,35 +686,45 @@ class Progress:
         write_json_atomic(self.path, self.data)
 
 
-def incomplete_bytes(rev_dir: str) -> int:
-    total = 0
-    base = os.path.join(rev_dir, ".cache", "huggingface", "download")
+def partial_files(base: str, suffix: str) -> list[tuple[str, int]]:
+    """(path, size) of every file under ``base`` whose name ends in ``suffix``: a download's
+    parts left by a killed process (huggingface_hub's ``.incomplete``, the fan-out's)."""
+    found = []
     for dirpath, _dirs, names in os.walk(base):
         for n in names:
-            if n.endswith(".incomplete"):
+            if n.endswith(suffix):
+                full = os.path.join(dirpath, n)
                 try:
-                    total += os.path.getsize(os.path.join(dirpath, n))
+                    found.append((full, os.path.getsize(full)))
                 except OSError:
                     pass
-    return total
+    return found
+
+
+def remove_partial_files(base: str, suffix: str) -> tuple[int, int]:
+    """Delete ``partial_files(base, suffix)``: (files, bytes freed)."""
+    count = freed = 0
+    for full, size in partial_files(base, suffix):
+        try:
+            os.unlink(full)
+        except OSError:
+            continue
+        count += 1
+        freed += size
+    return count, freed
+
+
+def _hub_partials(rev_dir: str) -> str:
+    return os.path.join(rev_dir, ".cache", "huggingface", "download")
+
+
+def incomplete_bytes(rev_dir: str) -> int:
+    return sum(size for _, size in partial_files(_hub_partials(rev_dir), ".incomplete"))
 
 
 def remove_incomplete(rev_dir: str) -> tuple[int, int]:
     """Delete huggingface_hub's partial downloads under a revision: (files, bytes freed)."""
-    count = freed = 0
-    base = os.path.join(rev_dir, ".cache", "huggingface", "download")
-    for dirpath, _dirs, names in os.walk(base):
-        for n in names:
-            if n.endswith(".incomplete"):
-                full = os.path.join(dirpath, n)
-                try:
-                    size = os.path.getsize(full)
-                    os.unlink(full)
-                except OSError:
-                    continue
-                count += 1
-                freed += size
-    return count, freed
+    return remove_partial_files(_hub_partials(rev_dir), ".incomplete")
 
 
 class ForkedFetch:
