@@ -249,6 +249,19 @@ def _sh(script: str) -> StringCommand:
 # there (and the unit it restores names the venv that ran).
 
 
+def _current_pins(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
+    """The venv's pins now (``RollbackState``'s ``current``); a failed ``pip freeze`` fails the
+    host: no rollback point is kept, or restored, from pins it could not read."""
+    cur = state["current"]
+    if cur["freeze_error"]:
+        raise SpecfleetError(
+            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
+            host=host.name,
+            fix=f"check that {venv_python(s.venv)} -m pip works",
+        )
+    return cur
+
+
 def rollback_state(settings: Settings | None = None) -> dict[str, Any]:
     """The host's ``RollbackState`` for these settings (call it in an op or a deploy file)."""
     return _state(host_settings(settings))
@@ -305,13 +318,7 @@ def checkpoint(settings: Settings | None = None, replace: bool = True):
     s = host_settings(settings)
     rp = rollback_paths(s)
     state = _state(s)
-    cur = state["current"]
-    if cur["freeze_error"]:
-        raise SpecfleetError(
-            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
-            host=host.name,
-            fix=f"check that {venv_python(s.venv)} -m pip works",
-        )
+    cur = _current_pins(s, state)
     if not replace and state["saved"] is not None:
         host.noop(f"rollback point {rp.directory} is kept: only a state that passed its gate "
                   "replaces it")
@@ -366,13 +373,7 @@ def pins(settings: Settings | None = None):
     s = host_settings(settings)
     state = _state(s)
     saved = _need_point(s, state)
-    cur = state["current"]
-    if cur["freeze_error"]:
-        raise SpecfleetError(
-            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
-            host=host.name,
-            fix=f"check that {venv_python(s.venv)} -m pip works",
-        )
+    cur = _current_pins(s, state)
     changes = pin_changes(saved["freeze"], cur["freeze"])
     if changes.empty:
         host.noop(f"the pins in {s.venv} are as kept")
