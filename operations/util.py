@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.util import get_template
 from pyinfra.context import ctx_host
@@ -205,33 +205,31 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
         try:
             yield from func(*args, **kwargs)
         except SpecfleetError as exc:
-            if not host.state.is_executing:
-                if raise_while_planning:
-                    raise
-                say_planned_failure(exc, "would fail")
-            yield fail_step(exc)
+            yield fail_this_host(exc, "would fail", raise_while_planning)
 
     return body
 
 
-def per_host(body: Iterator[Any]) -> Iterator[Any]:
-    """An op body whose ``SpecfleetError`` fails this one host, not the whole run.
+def fail_this_host(error: SpecfleetError, verb: str = "would fail",
+                   raise_while_planning: bool = False) -> FunctionCommand:
+    """The one way an operation fails one host: while planning, the problem said once
+    (``say_planned_failure``; raised instead with ``raise_while_planning``, so that ``--dry``
+    itself stops); the step that fails the host while executing (``fail_step``). The other
+    hosts go on: pyinfra would stop every host on an exception raised in an operation."""
+    if not host.state.is_executing:
+        if raise_while_planning:
+            raise error
+        say_planned_failure(error, verb)
+    return fail_step(error)
 
-    pyinfra 3.10 turns an ``OperationError`` raised in an op (at prepare or execute time) into
-    "Operation error" and stops every host. Here the error becomes a command that logs it and
-    fails, so the other hosts go on and ``--fail-percent`` decides; ``--dry`` shows it too.
-    """
+
+def per_host(body: Iterator[Any]) -> Iterator[Any]:
+    """An op body whose ``SpecfleetError`` fails this one host, not the whole run
+    (``fail_this_host``). The body runs to its end before any of its commands is given: a body
+    that fails gives none of them, only the failing step."""
     try:
         commands = list(body)
     except SpecfleetError as exc:
-        error = exc.for_host(host.name)
-        if not state.is_executing:
-            say_planned_failure(error, "will fail")
-        yield FunctionCommand(_report_host_error, (error.render(),), {})
+        yield fail_this_host(exc.for_host(host.name), "will fail")
         return
     yield from commands
-
-
-def _report_host_error(state, host, text: str) -> bool:
-    logger.error(f"{host.print_prefix}{text}" if not text.startswith(f"[{host.name}]") else text)
-    return False

@@ -34,7 +34,7 @@ from facts.weights import (
     job_command,
     parse_job,
 )
-from operations.util import fail_step, read_secret_file
+from operations.util import fail_this_host, read_secret_file
 from specfleet.core.errors import PROGRESS_ATTR, SpecfleetError
 from specfleet.core.layout import (
     TOOLS_PATH,
@@ -496,11 +496,9 @@ def _preflight(plan: dict, root: str, margin_percent: float,
 
 
 def _fail(problem: str, fix: str | None):
-    """Fail this host with a SpecfleetError: raised while planning (``--dry``, the prompt), a
-    failing step while executing, so that pyinfra fails the one host without a traceback."""
-    if not host.state.is_executing:
-        raise SpecfleetError(problem, host=host.name, fix=fix)
-    yield fail_step(SpecfleetError(problem, fix=fix))
+    """Fail this host (``fail_this_host``): raised while planning (``--dry``, the prompt)."""
+    yield fail_this_host(SpecfleetError(problem, host=host.name, fix=fix),
+                         raise_while_planning=True)
 
 
 def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
