@@ -378,20 +378,10 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
     """
     s = host_settings(settings)
     path = lock_path(s)
-    me = _me()
-    lease_s = lease_seconds()
     # Taking the lock also takes the run's probe (facts.cache), in the same command.
     specs = _probe_specs(s, path) if present and probe else []
     if not state.is_executing:
-        if present and specs:
-            cache.load(host, specs)
-        held = cached_fact(host, RunLock, path=path)
-        verdict, message = lock_verdict(held, me, _alive)
-        if verdict == runlock.BUSY:
-            raise SpecfleetError(message, host=host.name, fix=runlock.busy_fix(path))
-        if verdict in (runlock.STALE, runlock.EXPIRED):
-            host.log(f"would take over: {message}", logger.warning)
-        host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
+        _lock_planned(path, present, specs)
         return
     me_host = ctx_host.get() or host
     kept = _HELD.get(me_host)
@@ -410,9 +400,31 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
             _, output = host.run_shell_command(cache.command(specs), print_output=False,
                                                print_input=False, **args)
             cache.store(host, specs, output.stdout_lines)
-        host.noop(f"run lock {path} is held by this run")
-        yield from ()
-        return
+    else:
+        _take_lock(me_host, path, specs, keep, args)
+    host.noop(f"run lock {path} is held by this run")
+    yield from ()
+
+
+def _lock_planned(path: str, present: bool, specs: list) -> None:
+    """While planning: whether the lock could be taken (a live run's lock fails the host), and
+    the run's probe from the same command."""
+    if present and specs:
+        cache.load(host, specs)
+    held = cached_fact(host, RunLock, path=path)
+    verdict, message = lock_verdict(held, _me(), _alive)
+    if verdict == runlock.BUSY:
+        raise SpecfleetError(message, host=host.name, fix=runlock.busy_fix(path))
+    if verdict in (runlock.STALE, runlock.EXPIRED):
+        host.log(f"would take over: {message}", logger.warning)
+    host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
+
+
+def _take_lock(me_host: Any, path: str, specs: list, keep: bool, args: dict) -> None:
+    """Take the lock (with the probe) in one command; a stale lock by compare-and-swap; then
+    hold it (renewed from this process) and keep the probe's facts."""
+    me = _me()
+    lease_s = lease_seconds()
     me["token"] = uuid.uuid4().hex
     take = lock_command("take", path, lease_s, json.dumps(me))
     command = StringCommand(take, ";", cache.command(specs)) if specs else take
@@ -426,25 +438,7 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
             f"could not take the run lock {path}: {said or 'no answer'}", host=host.name,
             fix="check that the host has python3 and that the lock's folder is writable",
         )
-    status, value = result
-    if status == "held":
-        held = dict(value.get("held") or {"owner": "unknown"})
-        verdict, message = lock_verdict(held, me, _alive, value.get("now"))
-        if verdict == runlock.STALE:
-            # Replace it only if it is still the lock judged dead: a compare-and-swap.
-            seen = value.get("fingerprint") or ""
-            cas = lock_command("take", path, lease_s, json.dumps(me), seen)
-            _, again = host.run_shell_command(cas, print_output=False, print_input=False, **args)
-            result = parse_lock_output(again.stdout_lines) or ("held", value)
-            status, value = result
-            if status == "taken":
-                host.log(message, logger.warning)
-            else:  # another run took it first
-                held = dict(value.get("held") or held)
-                message = runlock.busy_message(held, value.get("now"), lease_s)
-        if status not in ("taken", "joined"):
-            raise SpecfleetError(message or runlock.busy_message(held, value.get("now"), lease_s),
-                                 host=host.name, fix=runlock.busy_fix(path))
+    status, value = _won(result, path, me, lease_s, args)
     if value.get("why") == "expired":
         prior = value.get("held") or {}
         host.log(f"a lock left by {runlock.holder(prior)} "
@@ -459,8 +453,31 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
         _HELD[me_host].kept = True
     if specs:
         cache.store(host, specs, lines[cut:])
-    host.noop(f"run lock {path} is held by this run")
-    yield from ()
+
+
+def _won(result: tuple[str, dict], path: str, me: dict, lease_s: float,
+         args: dict) -> tuple[str, dict]:
+    """The take's answer, a lock another run holds settled: a stale one replaced only if it is
+    still the lock judged dead (a compare-and-swap); a live one fails the host."""
+    status, value = result
+    if status != "held":
+        return status, value
+    held = dict(value.get("held") or {"owner": "unknown"})
+    verdict, message = lock_verdict(held, me, _alive, value.get("now"))
+    if verdict == runlock.STALE:
+        seen = value.get("fingerprint") or ""
+        cas = lock_command("take", path, lease_s, json.dumps(me), seen)
+        _, again = host.run_shell_command(cas, print_output=False, print_input=False, **args)
+        status, value = parse_lock_output(again.stdout_lines) or ("held", value)
+        if status == "taken":
+            host.log(message, logger.warning)
+        else:  # another run took it first
+            held = dict(value.get("held") or held)
+            message = runlock.busy_message(held, value.get("now"), lease_s)
+    if status not in ("taken", "joined"):
+        raise SpecfleetError(message or runlock.busy_message(held, value.get("now"), lease_s),
+                             host=host.name, fix=runlock.busy_fix(path))
+    return status, value
 
 
 def _probe_specs(s: Settings, path: str) -> list:

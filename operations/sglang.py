@@ -195,33 +195,7 @@ def installed(
         yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
         return
 
-    if git_url and not git_ref:
-        raise SpecfleetError(
-            "sglang.git_url is set without sglang.git_ref",
-            host=host.name,
-            fix="set sglang.git_ref to a branch, tag, refs/pull/N/head or commit",
-        )
-    if not git_url and not version:
-        raise SpecfleetError(
-            "no SGLang version to pin", host=host.name, fix="set sglang.version, e.g. '0.5.11'"
-        )
-
-    commit = None
-    if git_url and git_ref:
-        if is_commit(git_ref):
-            commit = git_ref.lower()
-        else:
-            repo, _ = split_git_url(git_url)
-            commit = parse_ls_remote(host.get_fact(GitRemoteRefs, url=repo, ref=git_ref), git_ref)
-            if commit is None:
-                raise SpecfleetError(
-                    f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host found "
-                    "nothing)",
-                    host=host.name,
-                    fix="check sglang.git_url and sglang.git_ref, that git is installed on the "
-                    "host and that the host reaches the repository",
-                )
-
+    commit = _pinned_commit(version, git_url, git_ref)
     decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
     if decision.action == "noop" and has_python:
         host.noop(decision.reason)
@@ -234,20 +208,8 @@ def installed(
         changes = _venv_changes(venv, requirement, source_args, allow_replacing)
 
     # Every reason is said before the first yield: ``--dry`` stops there.
-    if not has_python:
-        _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
-    else:
-        _say(f"reuses venv {venv}")
-    where = ""
-    if not git_url:
-        where = f" from {index_url}" if index_url else ""
-        where += f" (find-links {find_links})" if find_links else ""
-        where = where or " from PyPI"
-    _say(decision.reason + where + (" without dependencies (tests)" if no_deps else ""))
-    if changes:
-        _say(f"pip also changes {venv}: {changes}")
-    if marker:
-        _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
+    _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
+                 git_url, no_deps, changes, marker)
     if not has_python:
         # The marker says this venv is specfleet's: pip may replace packages in it.
         yield StringCommand(
@@ -261,6 +223,55 @@ def installed(
     yield StringCommand(
         *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
     )
+
+
+def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None) -> str | None:
+    """The commit a git install pins (``git_ref`` resolved on the host when it is not one);
+    None for an index install. Settings that pin nothing fail the host."""
+    if git_url and not git_ref:
+        raise SpecfleetError(
+            "sglang.git_url is set without sglang.git_ref",
+            host=host.name,
+            fix="set sglang.git_ref to a branch, tag, refs/pull/N/head or commit",
+        )
+    if not git_url and not version:
+        raise SpecfleetError(
+            "no SGLang version to pin", host=host.name, fix="set sglang.version, e.g. '0.5.11'"
+        )
+    if not (git_url and git_ref):
+        return None
+    if is_commit(git_ref):
+        return git_ref.lower()
+    repo, _ = split_git_url(git_url)
+    commit = parse_ls_remote(host.get_fact(GitRemoteRefs, url=repo, ref=git_ref), git_ref)
+    if commit is None:
+        raise SpecfleetError(
+            f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host found nothing)",
+            host=host.name,
+            fix="check sglang.git_url and sglang.git_ref, that git is installed on the host and "
+            "that the host reaches the repository",
+        )
+    return commit
+
+
+def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: str,
+                 index_url: str | None, find_links: str | None, git_url: str | None,
+                 no_deps: bool, changes: str | None, marker: Any) -> None:
+    """Every reason of an install, said before its first command (``--dry`` stops there)."""
+    if not has_python:
+        _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
+    else:
+        _say(f"reuses venv {venv}")
+    where = ""
+    if not git_url:
+        where = f" from {index_url}" if index_url else ""
+        where += f" (find-links {find_links})" if find_links else ""
+        where = where or " from PyPI"
+    _say(reason + where + (" without dependencies (tests)" if no_deps else ""))
+    if changes:
+        _say(f"pip also changes {venv}: {changes}")
+    if marker:
+        _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
 
 
 def _venv_changes(venv: str, requirement: str, source_args: list[str],
