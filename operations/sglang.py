@@ -447,6 +447,33 @@ def pr20547(
         yield from _predict_patch(source, sha256, opted_in, on_conflict, sglang_version)
         return
 
+    decision, port, patch = _pr20547_decision(venv, install, marker, source, sha256, present,
+                                              on_conflict)
+    if decision.noop:
+        host.noop(decision.reason)
+        return
+    if decision.row != KEEP_V1:
+        _say(decision.reason)
+    d = patch_state_dir(venv)
+    # Commands are gathered first so that every reason is said before the first yield (--dry).
+    commands: list[Any] = []
+    for step in decision.steps:
+        if step == "restore":
+            commands.append(script_command(restore_script(d)))
+        elif step == "drop-marker":
+            commands.append(script_command(forget_script(d)))
+        elif step == "apply":
+            commands += _apply_commands(venv, install, port, patch, on_conflict)
+    yield from commands
+
+
+def _pr20547_decision(venv: str, install: dict, marker: dict | None,
+                      source: str | list[str] | None, sha256: str | None, present: bool,
+                      on_conflict: str):
+    """``decide_pr20547`` for the installed SGLang, with the port that fits its tree (read only
+    when opted in and v2 is missing); a kept v1 is said at normal verbosity, or fails the host
+    under ``on_conflict="fail"``. Returns (decision, port, patch)."""
+    opted_in = bool(sha256)
     features = install.get("features") or {}
     release = None
     if marker and marker.get("partial") and load_port(install.get("version") or "?"):
@@ -465,22 +492,7 @@ def pr20547(
             raise SpecfleetError(decision.reason, host=host.name, fix=decision.fix)
         # Said at normal verbosity: the plan's "dflash-worker v1" has this reason.
         logger.info(f"{host.print_prefix}{decision.reason} (fix: {decision.fix})")
-    if decision.noop:
-        host.noop(decision.reason)
-        return
-    if decision.row != KEEP_V1:
-        _say(decision.reason)
-    d = patch_state_dir(venv)
-    # Commands are gathered first so that every reason is said before the first yield (--dry).
-    commands: list[Any] = []
-    for step in decision.steps:
-        if step == "restore":
-            commands.append(script_command(restore_script(d)))
-        elif step == "drop-marker":
-            commands.append(script_command(forget_script(d)))
-        elif step == "apply":
-            commands += _apply_commands(venv, install, port, patch, on_conflict)
-    yield from commands
+    return decision, port, patch
 
 
 def _upstream(port: Port, source: str | list[str] | None) -> UpstreamSources:
