@@ -152,7 +152,7 @@ def journal_tail(unit: str, since: float, lines: int, secrets: list) -> list[str
     return out or [f"(journalctl printed nothing: {res.stderr.strip() or 'no lines'})"]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--unit", required=True)
     p.add_argument("--host", default="127.0.0.1")
@@ -166,8 +166,63 @@ def main() -> int:
     p.add_argument("--journal-since", type=float, help="only print the journal tail since EPOCH")
     p.add_argument("--started-at", type=float,
                    help="the server's start (host EPOCH): the budget counts from then")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def unit_problem(unit: str, st: dict) -> str | None:
+    """Why the unit will not come up (systemd's word for it), or None while it may."""
+    active, sub, result = st.get("ActiveState"), st.get("SubState"), st.get("Result")
+    if st.get("LoadState") != "loaded":
+        return f"{unit} is not loaded ({st.get('LoadState')})"
+    if active == "failed" or result == "start-limit-hit":
+        return (f"systemd reports {unit} {active} (result {result}, exit status "
+                f"{st.get('ExecMainStatus')}, {st.get('NRestarts', '0')} restarts)")
+    if active in ("inactive", "deactivating"):
+        return f"{unit} is {active} ({sub}); nothing is starting it"
+    return None
+
+
+def server_base(host: str, port: int) -> str:
+    """The URL the gate reaches the server on, from the address it listens on."""
+    if host in ("0.0.0.0", "", "*"):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def check_server(base: str, key: str | None, argv: list[str], port: int, unit: str,
+                 model_path: str | None) -> tuple[str | None, str | None, str | None]:
+    """One look at the server: (status while it loads, the model it serves once ready, why it
+    fails). Ready means ``/health_generate`` answers and ``/get_model_info`` names the expected
+    model, served from inside the unit."""
+    code, body = http_get(base + "/health_generate", key, timeout=60)
+    if code != 200:
+        return f"/health_generate {code if code is not None else body}", None, None
+    code, body = http_get(base + "/get_model_info", key, timeout=30)
+    if code == 404:
+        code, body = http_get(base + "/model_info", key, timeout=30)
+    try:
+        info = json.loads(body) if code == 200 else None
+    except ValueError:
+        info = None
+    if info is None:
+        return f"/get_model_info gave {code}: {body[:120]}", None, None
+    want = model_path or argv_value(argv, "--model-path")
+    got = info.get("model_path")
+    owners = listener_pids(port)
+    if owners and not any(in_unit(pid, unit) for pid in owners):
+        return None, None, (f"port {port} is served by pid {sorted(owners)}, a process outside "
+                            f"{unit}; another server holds the port")
+    if want is not None and got != want:
+        return None, None, f"the server serves model_path {got!r}, expected {want!r}"
+    return None, got, None
+
+
+def main() -> int:
+    args = parse_args()
     # Every key of the key file, the admin key too, is kept out of the journal excerpt.
     secrets = read_secrets([args.secret_file])
     if args.journal_since is not None:
@@ -175,7 +230,11 @@ def main() -> int:
                                  secrets):
             print(f"| {line}", flush=True)
         return 0
+    return wait_ready(args, secrets)
 
+
+def wait_ready(args: argparse.Namespace, secrets: list[str]) -> int:
+    """Poll until the server serves (0), fails (1) or the budget runs out (2)."""
     since = time.time() - 3
     start = time.monotonic()
     key = read_api_key(args.secret_file)
@@ -202,60 +261,22 @@ def main() -> int:
     while True:
         elapsed = time.monotonic() - start
         st = unit_state(args.unit)
-        active, sub, result = st.get("ActiveState"), st.get("SubState"), st.get("Result")
-        restarts = st.get("NRestarts", "0")
-        if st.get("LoadState") != "loaded":
-            return fail(f"{args.unit} is not loaded ({st.get('LoadState')})")
-        if active == "failed" or result == "start-limit-hit":
-            return fail(
-                f"systemd reports {args.unit} {active} (result {result}, "
-                f"exit status {st.get('ExecMainStatus')}, {restarts} restarts)"
-            )
-        if active in ("inactive", "deactivating"):
-            return fail(f"{args.unit} is {active} ({sub}); nothing is starting it")
-
+        problem = unit_problem(args.unit, st)
+        if problem:
+            return fail(problem)
+        sub, restarts = st.get("SubState"), st.get("NRestarts", "0")
         argv = cmdline(st.get("MainPID", "0")) if st.get("MainPID", "0") != "0" else []
-        host = argv_value(argv, "--host") or args.host
-        if host in ("0.0.0.0", "", "*"):
-            host = "127.0.0.1"
-        elif host in ("::", "[::]"):
-            host = "::1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
         port = int(argv_value(argv, "--port") or args.port)
-        base = f"http://{host}:{port}"
-
+        base = server_base(argv_value(argv, "--host") or args.host, port)
         status = "process restarting" if sub == "auto-restart" or not argv else None
         if status is None:
-            code, body = http_get(base + "/health_generate", key, timeout=60)
-            if code == 200:
-                code, body = http_get(base + "/get_model_info", key, timeout=30)
-                if code == 404:
-                    code, body = http_get(base + "/model_info", key, timeout=30)
-                try:
-                    info = json.loads(body) if code == 200 else None
-                except ValueError:
-                    info = None
-                if info is None:
-                    status = f"/get_model_info gave {code}: {body[:120]}"
-                else:
-                    want = args.model_path or argv_value(argv, "--model-path")
-                    got = info.get("model_path")
-                    owners = listener_pids(port)
-                    if owners and not any(in_unit(pid, args.unit) for pid in owners):
-                        return fail(
-                            f"port {port} is served by pid {sorted(owners)}, a process outside "
-                            f"{args.unit}; another server holds the port"
-                        )
-                    if want is not None and got != want:
-                        return fail(f"the server serves model_path {got!r}, expected {want!r}")
-                    say(
-                        f"READY after {elapsed:.0f} s: {base} serves {got} "
-                        f"({restarts} restarts)"
-                    )
-                    return 0
-            else:
-                status = f"/health_generate {code if code is not None else body}"
+            status, served, problem = check_server(base, key, argv, port, args.unit,
+                                                   args.model_path)
+            if problem:
+                return fail(problem)
+            if served is not None or status is None:
+                say(f"READY after {elapsed:.0f} s: {base} serves {served} ({restarts} restarts)")
+                return 0
         if elapsed > args.timeout and args.started_at is not None:
             return fail(
                 f"still loading {elapsed:.0f} s after its start, past the budget of "
@@ -270,7 +291,8 @@ def main() -> int:
                 status=2,
             )
         if status != last_status or elapsed - last_report >= args.report_every:
-            say(f"{elapsed:4.0f} s: {args.unit} {active}/{sub}, {status}, {restarts} restarts")
+            say(f"{elapsed:4.0f} s: {args.unit} {st.get('ActiveState')}/{sub}, {status}, "
+                f"{restarts} restarts")
             last_report, last_status = elapsed, status
         time.sleep(args.poll)
 
