@@ -182,17 +182,11 @@ def installed(
     _check_venv_path(venv)
     state, packages = _venv_packages(venv)
     has_python = bool(state and state.get("python"))
-    current = package_version(packages, "sglang")
-    direct = direct_url(packages, "sglang")
+    current, direct = package_version(packages, "sglang"), direct_url(packages, "sglang")
     marker = cached_fact(host, PatchState, venv=venv) if has_python else None
 
     if not present:
-        if current is None:
-            host.noop(f"SGLang is not installed in {venv}")
-            return
-        _say(f"uninstalls SGLang {current} from {venv}")
-        yield from patch_restore_steps(venv, marker)
-        yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+        yield from _uninstalled(venv, current, marker)
         return
 
     commit = _pinned_commit(version, git_url, git_ref)
@@ -203,13 +197,28 @@ def installed(
 
     requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
     source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
-    changes = None
-    if has_python and not no_deps:
-        changes = _venv_changes(venv, requirement, source_args, allow_replacing)
+    changes = (_venv_changes(venv, requirement, source_args, allow_replacing)
+               if has_python and not no_deps else None)
 
     # Every reason is said before the first yield: ``--dry`` stops there.
     _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
                  git_url, no_deps, changes, marker)
+    yield from _install_commands(venv, python, has_python, marker, decision.action, source_args,
+                                 requirement)
+
+
+def _uninstalled(venv: str, current: str | None, marker: Any):
+    if current is None:
+        host.noop(f"SGLang is not installed in {venv}")
+        return
+    _say(f"uninstalls SGLang {current} from {venv}")
+    yield from patch_restore_steps(venv, marker)
+    yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+
+
+def _install_commands(venv: str, python: str, has_python: bool, marker: Any, action: str,
+                      source_args: list[str], requirement: str):
+    """A venv where none is (marked as specfleet's), the PR#20547 patch off, then pip."""
     if not has_python:
         # The marker says this venv is specfleet's: pip may replace packages in it.
         yield StringCommand(
@@ -218,7 +227,7 @@ def installed(
             QuoteString(created_marker(venv)),
         )
     yield from patch_restore_steps(venv, marker)
-    if decision.action == "reinstall":
+    if action == "reinstall":
         yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
     yield StringCommand(
         *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
@@ -427,7 +436,6 @@ def pr20547(
             host=host.name,
             fix="set patch.on_conflict to 'keep-v1' or 'fail'",
         )
-    opted_in = bool(sha256)
     py = venv_python(venv)
     state = cached_fact(host, Venv, path=venv)
     has_python = bool(state and state.get("python"))
@@ -435,16 +443,7 @@ def pr20547(
     marker = cached_fact(host, PatchState, venv=venv) if has_python else None
 
     if install is None:
-        if not present:
-            host.noop(f"SGLang is not installed in {venv}; there is no patch to remove")
-            return
-        if host.state.is_executing or not sglang_version:
-            raise SpecfleetError(
-                f"SGLang is not installed in {venv}",
-                host=host.name,
-                fix="run sglang.installed before sglang.pr20547",
-            )
-        yield from _predict_patch(source, sha256, opted_in, on_conflict, sglang_version)
+        yield from _without_sglang(venv, source, sha256, on_conflict, present, sglang_version)
         return
 
     decision, port, patch = _pr20547_decision(venv, install, marker, source, sha256, present,
@@ -465,6 +464,22 @@ def pr20547(
         elif step == "apply":
             commands += _apply_commands(venv, install, port, patch, on_conflict)
     yield from commands
+
+
+def _without_sglang(venv: str, source: str | list[str] | None, sha256: str | None,
+                    on_conflict: str, present: bool, sglang_version: str | None):
+    """No SGLang in the venv: nothing to remove; while planning (a fresh host under ``--dry``)
+    the decision predicted for the release about to be installed; else the host fails."""
+    if not present:
+        host.noop(f"SGLang is not installed in {venv}; there is no patch to remove")
+        return
+    if host.state.is_executing or not sglang_version:
+        raise SpecfleetError(
+            f"SGLang is not installed in {venv}",
+            host=host.name,
+            fix="run sglang.installed before sglang.pr20547",
+        )
+    yield from _predict_patch(source, sha256, bool(sha256), on_conflict, sglang_version)
 
 
 def _pr20547_decision(venv: str, install: dict, marker: dict | None,

@@ -337,7 +337,14 @@ def downloaded(
     }
     job["job_id"] = job_id(job)
 
-    state = cached_fact(host, WeightsState, path=root, in_use=prune)
+    yield from _fetch(job, paths, python, agent, verify, follow_branch, wait, poll_seconds)
+
+
+def _fetch(job: dict[str, Any], paths, python: str, agent: str, verify: str,
+           follow_branch: bool, wait: bool, poll_seconds: float):
+    """Converge, attach to the running download of this very job, or start one; then wait."""
+    root, repo_id, revision = job["root"], job["repo_id"], job["revision"]
+    state = cached_fact(host, WeightsState, path=root, in_use=job["prune"])
     running = cached_fact(host, WeightsJob, pattern=unit_pattern(root),
                           progress_path=paths.progress)
     active_units = own_units(root, running["units"])
