@@ -17,5 +17,8 @@ if settings is not None:
     sweep = host.data.get("specfleet_sweep") or {}
     bench.not_serving(name="Not serving (a sweep restarts the server)", settings=settings,
                       allow=bool(sweep.get("allow_serving")))
+    if settings.plan.ddtree_budget is not None:
+        bench.ddtree_available(name="DDTree in the installed SGLang (a budget axis)",
+                               settings=settings)
     kimi_k26(settings=settings)
     bench.locked_smoke(settings, host.data.get("specfleet_bench"), result="sweep")

@@ -15,6 +15,8 @@ from facts.hostpy import PythonJob, parse_printed, script_source
 from specfleet.core.layout import sglang_python
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
+from specfleet.core.tables import ddtree_designs
+from specfleet.core.tables import sglang_versions as versions
 
 # The interpreter of the default venv (``Settings.venv``).
 DEFAULT_PYTHON = sglang_python(Settings())
@@ -26,16 +28,25 @@ REGISTRY = "srt/layers/attention/attention_registry.py"
 
 # What the host sends back, paths relative to the package directory. The host only lists and
 # reads; every decision is made by ``parse_install`` here.
-DIRS = [SPEC, "srt/models", "srt/layers/quantization"]
+DIRS = [SPEC, "srt/models", "srt/layers/quantization", "srt/arg_groups", "srt/arg_groups/fields"]
 TEXTS = [f"{SPEC}/spec_info.py", REGISTRY]
+# Every spelling of DDTree in a line (the collector matches substrings, case and all).
+DDTREE_NEEDLES = ["ddtree", "DDTREE", "DDTree", "DDtree", "Ddtree"]
+# Where a tree declares its DDTree flags, fields and environment knobs.
+SERVER_ARGS = "srt/server_args.py"
+SPEC_FIELDS = "srt/arg_groups/fields/spec.py"
+ENVIRON = "srt/environ.py"
+SPEC_HOOK = "srt/arg_groups/speculative_hook.py"
 LINES = {
     "_version.py": ["__version__"],
     "version.py": ["__version__"],
-    "srt/environ.py": ["SGLANG_ENABLE_DFLASH_SPEC_V2", "DDTREE"],
+    ENVIRON: ["SGLANG_ENABLE_DFLASH_SPEC_V2", *DDTREE_NEEDLES],
     "srt/models/kimi_k25.py": ["class KimiK25ForConditionalGeneration"],
     "srt/models/deepseek_v2.py": ["class DeepseekV3ForCausalLM"],
     "srt/models/deepseek_v3.py": ["class DeepseekV3ForCausalLM"],
-    "srt/server_args.py": [V2_SWITCH],
+    SERVER_ARGS: [V2_SWITCH, *DDTREE_NEEDLES],
+    SPEC_FIELDS: DDTREE_NEEDLES,
+    SPEC_HOOK: DDTREE_NEEDLES,
 }
 # Where a v2 worker file is installed, the host also checks that it is wired in: the files below
 # compile, and the v2 modules' `from sglang... import NAME` resolve in the same tree. Detection by
@@ -57,6 +68,9 @@ V2_COMPILES = [
 # Prints the Python literal of what it found (``None`` without SGLang).
 COLLECT = script_source("sglang_install.py")
 
+_DDTREE_FIELD = re.compile(r"^\s*(\w*ddtree\w*)\s*:", re.IGNORECASE)
+_DDTREE_FLAG = re.compile(r"""["'](--[\w-]*ddtree[\w-]*)["']""", re.IGNORECASE)
+_DDTREE_ENV = re.compile(r"\b(SGLANG_\w*DDTREE\w*)\b")
 _DECORATOR = re.compile(r"""@register_attention_backend\(\s*["']([^"']+)["']""")
 # `__version__ = version = '0.5.11'` (vcs-versioning), or a plain literal assignment.
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:\w+\s*=\s*)?['"]([^'"]+)['"]\s*$""")
@@ -128,6 +142,7 @@ def parse_install(collected: dict | None) -> dict | None:
     speculative = dirs.get(SPEC) or []
     spec_info = texts.get(f"{SPEC}/spec_info.py") or ""
     algorithms = enum_members(spec_info, "SpeculativeAlgorithm")
+    ddtree = ddtree_declared(lines, algorithms, speculative)
     v1 = has(SPEC, "dflash_worker.py")
     wiring = v2_wiring(
         collected,
@@ -139,7 +154,7 @@ def parse_install(collected: dict | None) -> dict | None:
     features = {
         "dflash": "v2" if wired else "v1" if v1 else None,
         "dflash_pr20547": wired and wiring["switch"],
-        "ddtree": "DDTREE" in algorithms or any(name.startswith("ddtree") for name in speculative),
+        "ddtree": bool(ddtree),
         "kimi_k25_model": found("srt/models/kimi_k25.py", "class KimiK25ForConditionalGeneration"),
         "deepseek_v3_model": found("srt/models/deepseek_v2.py", "class DeepseekV3ForCausalLM")
         or found("srt/models/deepseek_v3.py", "class DeepseekV3ForCausalLM"),
@@ -148,13 +163,70 @@ def parse_install(collected: dict | None) -> dict | None:
     if wiring is not None and wiring["missing"]:
         # A v2 worker is installed but not wired in: what is missing, for the plan and status.
         features["dflash_v2_missing"] = wiring["missing"]
-    return {
+    out = {
         "version": version,
         "location": collected.get("location"),
         "features": features,
         "speculative_algorithms": algorithms,
         "attention_backends": attention_backends(texts.get(REGISTRY) or ""),
     }
+    if ddtree is not None:
+        out["ddtree"] = ddtree  # absent where nothing in the tree mentions DDTree
+    if versions.is_placeholder(version):
+        # A source build (setuptools-scm's fallback version): the release its files match.
+        def holds(rel: str) -> bool:
+            if rel.endswith("/"):
+                return bool(dirs.get(rel.rstrip("/")))
+            folder, _, name = rel.rpartition("/")
+            return has(folder, name)
+
+        found = versions.release_by_layout(holds)
+        out["layout_release"] = (
+            {"release": found[0], "marker": found[1]} if found is not None else None
+        )
+    return out
+
+
+def ddtree_declared(
+    lines: dict, algorithms: list[str], speculative_files: list[str]
+) -> dict | None:
+    """What the tree declares about DDTree (None: nothing mentions it), and the design row of
+    specfleet.core.tables.ddtree_designs those declarations match (``"unknown"`` for none).
+    Flags are the exact strings of the tree's add_argument calls, or (0.5.23-style field files)
+    derived from the field names as arg_utils._field_to_cli_name does."""
+    declared: set[str] = set()
+    mentions = []
+    for rel in (SERVER_ARGS, SPEC_FIELDS, ENVIRON, SPEC_HOOK):
+        found = lines.get(rel) or []
+        if found and any("ddtree" in line.lower() for line in found):
+            mentions.append(rel)
+        for line in found:
+            if rel in (SERVER_ARGS, SPEC_FIELDS):
+                declared |= {f"flag:{m}" for m in _DDTREE_FLAG.findall(line)}
+                field = _DDTREE_FIELD.match(line)
+                if field:
+                    declared.add(f"field:{field.group(1)}")
+                    if rel == SPEC_FIELDS:
+                        declared.add("flag:--" + field.group(1).replace("_", "-"))
+            if rel == ENVIRON:
+                declared |= {f"env:{m}" for m in _DDTREE_ENV.findall(line)}
+    declared |= {f"algorithm:{a}" for a in algorithms if "DDTREE" in a.upper()}
+    files = [f"{SPEC}/{n}" for n in speculative_files if "ddtree" in n.lower()]
+    declared |= {f"file:{f}" for f in files}
+    mentions += files
+    if not declared and not mentions:
+        return None
+    design = ddtree_designs.match_design(declared)
+    out: dict[str, Any] = {
+        "design": design.name if design else ddtree_designs.UNKNOWN,
+        "declared": sorted(declared),
+        "mentions": sorted(set(mentions)),
+    }
+    if design is not None:
+        out["flags"] = {"algorithm": design.algorithm, "switch": design.switch_flag,
+                        "budget": design.budget_flag}  # fmt: skip
+        out["env"] = sorted(k.env for k in design.knobs if k.env)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -229,6 +301,20 @@ class SGLangInstall(FactBase[dict | None]):
             },
             "speculative_algorithms": ["DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE"],
             "attention_backends": ["aiter", "ascend", ..., "trtllm_mla", "wave"],
+            # Only where the tree mentions DDTree: what it declares and the design row of
+            # specfleet.core.tables.ddtree_designs it matches ("unknown" for none).
+            "ddtree": {
+                "design": "dflash-switch (DB-Guo/sglang-ddtree-dev)",
+                "declared": ["field:speculative_dflash_enable_ddtree",
+                             "flag:--speculative-dflash-enable-ddtree"],
+                "mentions": ["srt/arg_groups/speculative_hook.py", "srt/server_args.py"],
+                "flags": {"algorithm": "DFLASH", "switch": "--speculative-dflash-enable-ddtree",
+                          "budget": "--speculative-num-draft-tokens"},
+                "env": [],
+            },
+            # Only for a placeholder version (a source build's 0.0.0.dev0): the release whose
+            # files the tree has (sglang_versions.LAYOUT_MARKERS).
+            "layout_release": {"release": "0.5.13", "marker": "srt/arg_groups/speculative_hook.py"},
         }
     """
 
@@ -360,6 +446,37 @@ class PatchState(FactBase[dict | None]):
                 out["conflict"].append(line[len("conflict:") :])
             elif line.startswith("rejected="):
                 out["rejected"] = line[len("rejected=") :].strip() or None
+        return out
+
+
+class SourceTree(FactBase[dict]):
+    """An SGLang source tree on the host (``sglang.source_path``): its pyproject.toml (None where
+    absent) and whether ``cargo`` is on the PATH (a Rust extension needs it to build).
+
+    .. code:: python
+
+        {"pyproject": "[build-system]\nrequires = [...]\n...", "cargo": False}
+    """
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path.rstrip("/") + "/pyproject.toml")
+        return (
+            f"if [ -f {p} ]; then echo '##pyproject'; cat {p}; echo; fi; "
+            "if command -v cargo >/dev/null 2>&1; then echo '##cargo=1'; fi; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        out: dict[str, Any] = {"pyproject": None, "cargo": False}
+        lines: list[str] | None = None
+        for line in output:
+            if line == "##pyproject":
+                lines = []
+            elif line == "##cargo=1":
+                out["cargo"] = True
+            elif lines is not None:
+                lines.append(line)
+        if lines is not None:
+            out["pyproject"] = "\n".join(lines)
         return out
 
 

@@ -17,8 +17,10 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import files
 
+from facts.cache import cached_fact
 from facts.gpu import Gpus
 from facts.serving import ServiceState
+from facts.sglang import SGLangInstall
 from operations import preflight
 from operations.server_facts import service_state_args
 from operations.util import fails_host, host_settings
@@ -26,7 +28,9 @@ from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import bench_dir, join, serve_path, server_paths, sglang_python
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings
+from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.sglang.install import venv_python
+from specfleet.core.tables import ddtree_designs
 from specfleet.core.unit import has_api_key
 
 CLIENT = "bench_client.py"
@@ -133,6 +137,32 @@ def not_serving(settings: Settings | None = None, allow: bool = False):
         "point and drops the requests in flight",
         host=host.name,
         fix="take the host out of service first, or pass --allow-serving",
+    )
+    yield  # unreached: it makes this a generator, as pyinfra runs operation bodies
+
+
+@operation()
+@fails_host
+def ddtree_available(settings: Settings | None = None):
+    """
+    Fail the host, before anything changes, when its installed SGLang has no DDTree design the
+    table knows: a sweep over DDTree budgets there would measure plain DFlash at every point.
+
+    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    """
+    s = effective_settings(settings if settings is not None else settings_for_host(host))
+    install = cached_fact(host, SGLangInstall, python=venv_python(s.venv)) or {}
+    found = install.get("ddtree")
+    design = ddtree_designs.design_named((found or {}).get("design"))
+    if design is not None:
+        host.noop(f"SGLang {install.get('version')} has {ddtree_designs.describe(found)}")
+        return
+    what = ddtree_designs.describe(found) if install else "no SGLang installed"
+    raise SpecfleetError(
+        f"a DDTree budget axis cannot be swept here: the SGLang in {s.venv} has {what}",
+        host=host.name,
+        fix="install an SGLang build with DDTree (sglang.kind 'source', e.g. the DDTree fork) "
+        "and deploy it first, or sweep without --ddtree-budgets",
     )
     yield  # unreached: it makes this a generator, as pyinfra runs operation bodies
 

@@ -33,6 +33,7 @@ from facts.probe import default_specs
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
+from operations.readiness import probe_spec
 from operations.server_facts import group_peers, host_address, service_state_args
 from operations.util import fails_host, host_settings, record_failure
 from operations.venvs import effective_settings
@@ -561,6 +562,10 @@ def checks(settings: Settings | None = None):
     interpreter or glibc. Warnings (low disk headroom) are printed and do not fail.
     """
     s = effective_settings(settings)
+    if s.probe.enable:
+        # The gate's probe file (control machine) is read here too: a malformed one fails the
+        # host before anything changes, not at the gate after a restart.
+        probe_spec(s.probe, host.name)
     specs = default_specs(
         python=sglang_python(s), models_path=s.models_root, token_path=s.weights.host_token_path
     )

@@ -5,8 +5,10 @@ journal, the serving group's members and the rollback of a PR#20547 port the gat
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 from paramiko import SSHException
@@ -20,6 +22,7 @@ from operations.util import record_failure
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import join
 from specfleet.core.resources import hostside_path
+from specfleet.core.settings import ProbeOptions, SettingsError, probe_from_file
 from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
 GATE_SCRIPT = hostside_path("readiness_gate.py")
@@ -29,6 +32,28 @@ def gate_source() -> str:
     """The readiness gate as the host runs it (from stdin): the redaction module's source ahead
     of the gate's, so that its journal excerpt is redacted by the one set of rules."""
     return ship_ahead_of(GATE_SCRIPT.read_text())
+
+
+def probe_spec(probe: ProbeOptions, host_name: str = "") -> dict[str, Any]:
+    """The gate's correctness probe (``--probe``): the settings' questions and thresholds, or a
+    probe file's (``probe.file`` on the control machine, read now, at deploy time)."""
+    if probe.file is not None:
+        path = os.path.expanduser(probe.file)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(
+                f"probe.file {probe.file} cannot be read on the control machine "
+                f"({getattr(exc, 'strerror', None) or exc})", host=host_name,
+                fix="point probe.file at a JSON probe file, or unset it for the default probe",
+            ) from None
+        probe = probe_from_file(probe, text, probe.file, host_name)
+    return {
+        "questions": [{"prompt": q.prompt, "answer": q.answer} for q in probe.questions],
+        "min_correct": probe.min_correct, "max_tokens": probe.max_tokens,
+        "concurrency": probe.concurrency, "min_accept_length": probe.min_accept_length,
+        "timeout_s": probe.timeout_s,
+    }
 
 
 JOURNAL_LINES = 30

@@ -6,6 +6,7 @@ README's examples and the tests read them); this module holds the operations.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyinfra import host, logger, state
@@ -13,7 +14,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.serving import STARTED_MARK, ServiceState
-from operations.readiness import GATE_SCRIPT, gate_source, run_gate  # noqa: F401
+from operations.readiness import GATE_SCRIPT, gate_source, probe_spec, run_gate  # noqa: F401
 from operations.server_facts import (  # noqa: F401 (callers read them here)
     current_plan,
     group_peers,
@@ -505,6 +506,8 @@ def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
         argv += ["--model-path", model_path]
     if started_at is not None:
         argv += ["--started-at", str(int(started_at))]
+    if s.probe.enable:
+        argv += ["--probe", json.dumps(probe_spec(s.probe, host.name))]
     group = None
     if s.group is not None:
         # Rank 0's gate proves the group; when it fails, say which members never joined.

@@ -13,7 +13,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cache import cached_fact
 from facts.python import Packages, PipInstallPlan
-from facts.sglang import FileHashes, GitRemoteRefs, PatchState, SGLangInstall, Venv
+from facts.sglang import FileHashes, GitRemoteRefs, PatchState, SGLangInstall, SourceTree, Venv
 from operations.sglang_commands import (
     apply_script,
     forget_script,
@@ -31,6 +31,7 @@ from specfleet.core.sglang.install import (
     created_marker,
     decide_compressed_tensors,
     decide_install,
+    decide_source_install,
     direct_url,
     git_requirement,
     has_v2_worker,
@@ -41,8 +42,10 @@ from specfleet.core.sglang.install import (
     patch_state_dir,
     planned_changes,
     refused_message,
+    rust_extensions,
     short,
     site_packages,
+    source_build_problem,
     split_git_url,
     venv_python,
 )
@@ -137,6 +140,7 @@ def installed(
     no_deps: bool = False,
     present: bool = True,
     allow_replacing: bool | list[str] = False,
+    source_path: str | None = None,
 ):
     """
     Install SGLang, pinned, into a venv; reuse the venv if it exists.
@@ -153,6 +157,10 @@ def installed(
     + present: whether SGLang should be installed
     + allow_replacing: packages (names or globs; ``True``: any) that an install into a venv this
       op did not create may replace besides SGLang and compressed-tensors
+    + source_path: install from this source tree on the host instead (an SGLang checkout's
+      ``python/`` folder); the folder pip recorded is the idempotence key, and a tree that needs a
+      toolchain or sources the host lacks (a Rust extension without ``cargo``) fails the host
+      before anything changes
 
     An install into an existing venv first asks pip what it would change there
     (``facts.python.PipInstallPlan``: ``pip install --dry-run --report`` on the host), says it
@@ -189,20 +197,19 @@ def installed(
         yield from _uninstalled(venv, current, marker)
         return
 
-    commit = _pinned_commit(version, git_url, git_ref)
-    decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
+    decision, requirement = _decide(current, direct, version, git_url, git_ref, source_path)
     if decision.action == "noop" and has_python:
         host.noop(decision.reason)
         return
-
-    requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
+    if source_path:
+        _check_source_tree(source_path)
     source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
     changes = (_venv_changes(venv, requirement, source_args, allow_replacing)
                if has_python and not no_deps else None)
 
     # Every reason is said before the first yield: ``--dry`` stops there.
     _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
-                 git_url, no_deps, changes, marker)
+                 not (git_url or source_path), no_deps, changes, marker)
     yield from _install_commands(venv, python, has_python, marker, decision.action, source_args,
                                  requirement)
 
@@ -232,6 +239,19 @@ def _install_commands(venv: str, python: str, has_python: bool, marker: Any, act
     yield StringCommand(
         *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
     )
+
+
+def _decide(current: str | None, direct: Any, version: str | None, git_url: str | None,
+            git_ref: str | None, source_path: str | None) -> tuple[Any, str]:
+    """What to do (``decide_install``, or ``decide_source_install`` for a tree on the host) and
+    the requirement pip is given."""
+    commit = _pinned_commit(version, git_url, git_ref)
+    if source_path:
+        return (decide_source_install(current, direct, source_path),
+                posixpath.normpath(source_path))  # fmt: skip
+    decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
+    return decision, (git_requirement(git_url, commit) if git_url and commit
+                      else f"sglang=={version}")  # fmt: skip
 
 
 def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None) -> str | None:
@@ -264,7 +284,7 @@ def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None
 
 
 def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: str,
-                 index_url: str | None, find_links: str | None, git_url: str | None,
+                 index_url: str | None, find_links: str | None, from_index: bool,
                  no_deps: bool, changes: str | None, marker: Any) -> None:
     """Every reason of an install, said before its first command (``--dry`` stops there)."""
     if not has_python:
@@ -272,7 +292,7 @@ def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: s
     else:
         _say(f"reuses venv {venv}")
     where = ""
-    if not git_url:
+    if from_index:
         where = f" from {index_url}" if index_url else ""
         where += f" (find-links {find_links})" if find_links else ""
         where = where or " from PyPI"
@@ -281,6 +301,22 @@ def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: s
         _say(f"pip also changes {venv}: {changes}")
     if marker:
         _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
+
+
+def _check_source_tree(source_path: str) -> None:
+    """Fail the host, before any change, where the tree cannot build here."""
+    tree = host.get_fact(SourceTree, path=source_path) or {}
+    pyproject = tree.get("pyproject")
+    missing: list[str] = []
+    rust = rust_extensions(pyproject or "")
+    if rust and tree.get("cargo"):
+        paths = tuple(r["path"] for r in rust if r.get("path"))
+        found = host.get_fact(FileHashes, directory=source_path, paths=paths) or {}
+        missing = [p for p in paths if found.get(p) is None]
+    problem = source_build_problem(source_path, pyproject, cargo=bool(tree.get("cargo")),
+                                   missing=missing)  # fmt: skip
+    if problem is not None:
+        raise SpecfleetError(problem[0], host=host.name, fix=problem[1])
 
 
 def _venv_changes(venv: str, requirement: str, source_args: list[str],
@@ -682,6 +718,7 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
     settings = effective_settings(settings)
     sg = settings.sglang
     git = sg.kind == "git"
+    source = sg.kind == "source"
     source = dict(
         index_url=sg.index_url,
         find_links=sg.find_links,
@@ -690,12 +727,14 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
     )
     metas = {}
     metas["installed"] = installed(
-        name=f"SGLang {sg.git_ref if git else sg.version} installed in {settings.venv}",
+        name=f"SGLang {sg.git_ref if git else sg.source_path if source else sg.version} "
+        f"installed in {settings.venv}",
         venv=settings.venv,
         version=sg.version,
         python=settings.python,
         git_url=sg.git_url if git else None,
         git_ref=sg.git_ref if git else None,
+        source_path=sg.source_path if source else None,
         allow_replacing=sg.allow_replacing,
         **source,
         **global_args,

@@ -12,7 +12,13 @@ from facts.python import Packages
 from facts.sglang import Venv
 from operations.util import host_settings
 from specfleet.core.settings import Settings
-from specfleet.core.sglang.install import VenvChoice, choose_venv, sibling_venv, venv_python
+from specfleet.core.sglang.install import (
+    VenvChoice,
+    choose_venv,
+    sibling_venv,
+    source_label,
+    venv_python,
+)
 
 _SAID: set[tuple[str, str]] = set()
 
@@ -30,7 +36,8 @@ def venv_choice(settings: Settings) -> VenvChoice:
     )
     sg = settings.sglang
     return choose_venv(
-        base, packages, version=sg.version, git=sg.kind == "git", side_by_side=sg.side_by_side
+        base, packages, version=sg.version, git=sg.kind == "git", side_by_side=sg.side_by_side,
+        source_path=sg.source_path if sg.kind == "source" else None,
     )
 
 
@@ -50,6 +57,9 @@ def effective_settings(settings: Settings | None = None) -> Settings:
 def candidate_venvs(settings: Settings) -> list[str]:
     """The venvs a probe asks about: the configured one and the one beside it for this release."""
     out = [settings.venv]
-    if settings.sglang.side_by_side and settings.sglang.kind != "git":
-        out.append(sibling_venv(settings.venv, settings.sglang.version))
+    sg = settings.sglang
+    if sg.side_by_side and sg.kind == "source" and sg.source_path:
+        out.append(sibling_venv(settings.venv, source_label(sg.source_path)))
+    elif sg.side_by_side and sg.kind != "git":
+        out.append(sibling_venv(settings.venv, sg.version))
     return out

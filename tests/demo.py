@@ -93,6 +93,17 @@ def drafter_files() -> dict[str, bytes]:
             "model.safetensors": random_bytes(1 << 20, "d1")}
 
 
+# The CT200-like host's own venv (it is reused in place, as on CT200).
+CT200_VENV = "/root/venv_sglang211"
+
+
+def standin_python(host: str) -> str:
+    """The interpreter of the host's SGLang venv, as the real server's ``VENV/bin/python -m
+    sglang.launch_server``: the stand-in then sees the SGLang tree the deploy installed (and
+    decides from it, e.g. a stale verify mask). Other hosts: the deploy's default venv."""
+    return f"{CT200_VENV if host == 'ct200' else '/opt/specfleet/sglang'}/bin/python"
+
+
 @dataclass
 class Demo:
     fleet: Fleet
@@ -100,6 +111,11 @@ class Demo:
     workdir: Path
     revisions: dict[str, str]
     inventory: Path = field(default=None)  # type: ignore[assignment]
+    # The stand-in server runs from the host's SGLang venv (``standin_python``), so it decides
+    # from the installed tree (a stale verify mask: wrong answers). Off: /usr/bin/python3, which
+    # sees no SGLang tree and answers right. TODO(coordinator): on for the whole demo once the
+    # port's verify-mask fix (issue 29) is merged; with today's port ct200 fails its probe.
+    standin_in_venv: bool = False
 
     def settings(self, host: str, **over) -> dict:
         data = {
@@ -113,12 +129,13 @@ class Demo:
             "weights": {"hf_endpoint": self.hub.url, "poll_seconds": 0.5,
                         "allow_http_hosts": [urllib.parse.urlsplit(self.hub.url).hostname]},
             "readiness_timeout_s": 120.0,
-            "launcher": ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json"],
+            "launcher": [standin_python(host) if self.standin_in_venv else "/usr/bin/python3",
+                         STANDIN, "--standin-record", "/run/standin.json"],
         }
         if host in GROUP["members"]:
             data["group"] = dict(GROUP)
         if host == "ct200":
-            data.update(venv="/root/venv_sglang211", models_root="/srv/models")
+            data.update(venv=CT200_VENV, models_root="/srv/models")
             if PR20547_TARBALL.is_file():
                 # As inventories/ct200.py (opted in by the pin), the sources from local mirrors.
                 data["patch"] = port_settings()
@@ -177,7 +194,7 @@ def prepare_hosts(fleet: Fleet) -> None:
 
 
 def up(name: str = "demo", hosts: list[HostSpec] | None = None,
-       workdir: Path | None = None) -> Demo:
+       workdir: Path | None = None, standin_in_venv: bool = False) -> Demo:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
     fleet = Fleet.up(name, hosts or HOSTS)
     mirrors = workdir / "mirrors"
@@ -188,7 +205,7 @@ def up(name: str = "demo", hosts: list[HostSpec] | None = None,
     hub.configure(gated={DRAFTER: [token_hash]})
     hub.wait(TARGET)
     prepare_hosts(fleet)
-    demo = Demo(fleet, hub, workdir, revisions)
+    demo = Demo(fleet, hub, workdir, revisions, standin_in_venv=standin_in_venv)
     demo.write_inventory()
     return demo
 

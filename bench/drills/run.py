@@ -1109,6 +1109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet", help="use this fleet of an earlier --keep run (not torn down)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args(argv)
+    from bench.drills.hostile import HOSTILE_DRILLS  # here: it imports this module
+
+    DRILLS.extend(d for d in HOSTILE_DRILLS if d.name not in {x.name for x in DRILLS})
     drills = [d for d in DRILLS if not a.only or d.name in a.only.split(",")]
     if a.list:
         for d in DRILLS:

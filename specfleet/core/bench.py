@@ -157,7 +157,9 @@ def speed_gate(new: Mapping[str, Any] | None, previous: Mapping[str, Any] | None
 # --------------------------------------------------------------------------------------------------
 
 # Grid axis name -> how a value becomes ``plan`` overrides (settings.PlanOverrides).
-AXES = ("num_draft_tokens", "draft_window", "draft_attention_backend", "attention_backend")
+AXES = ("num_draft_tokens", "ddtree_budget", "draft_window", "draft_attention_backend",
+        "attention_backend")
+INTEGER_AXES = ("num_draft_tokens", "ddtree_budget", "draft_window")
 NUM_DRAFT_TOKENS_FLAG = "--speculative-num-draft-tokens"
 
 
@@ -166,6 +168,8 @@ def point_overrides(point: Mapping[str, Any]) -> dict[str, Any]:
     plan: dict[str, Any] = {}
     if "num_draft_tokens" in point:
         plan["extra_args"] = {NUM_DRAFT_TOKENS_FLAG: str(point["num_draft_tokens"])}
+    if "ddtree_budget" in point:
+        plan["ddtree_budget"] = int(point["ddtree_budget"])
     if "draft_window" in point:
         plan["draft_window_size"] = int(point["draft_window"])
     if "draft_attention_backend" in point:
@@ -193,12 +197,23 @@ def parse_grid(spec: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         if len(set(map(str, values))) != len(values):
             raise SpecfleetError(f"sweep axis {k} repeats a value: {values}",
                                  fix="list each value once")
-        if k in ("num_draft_tokens", "draft_window"):
+        if k in INTEGER_AXES:
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise SpecfleetError(f"sweep axis {k} value {v!r} is not a positive integer",
                                          fix=f"give {k} as integers, e.g. 4,8,16")
-    return [dict(zip([k for k, _ in axes], combo, strict=False))
+    names = [k for k, _ in axes]
+    if "ddtree_budget" in names and "num_draft_tokens" in names:
+        raise SpecfleetError(
+            "the sweep has both a num_draft_tokens and a ddtree_budget axis: with DDTree the "
+            "plan sets the draft tokens from the budget (the fork's design carries the budget in "
+            "--speculative-num-draft-tokens)",
+            fix="sweep --ddtree-budgets alone (with --draft-window), or --num-draft-tokens alone",
+        )
+    if any(v < 2 for v in spec.get("ddtree_budget") or []):
+        raise SpecfleetError(f"sweep axis ddtree_budget {list(spec['ddtree_budget'])} has a "
+                             "value below 2", fix="give budgets such as 8,16,32,64,128")
+    return [dict(zip(names, combo, strict=False))
             for combo in itertools.product(*(v for _, v in axes))]
 
 

@@ -7,8 +7,10 @@ on a host: removal (``present=False``) and the operation read it, nothing else n
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
+from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import WatchdogPaths, lock_path, watchdog_paths  # noqa: F401
 from specfleet.core.runlock import DEFAULT_LEASE_S
 from specfleet.core.settings import Settings
@@ -78,14 +80,40 @@ def deploy_state(build: dict[str, str], plan_hash: str, weights_ok: dict[str, bo
 # --------------------------------------------------------------------------------------------------
 
 
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: reachable from the host itself only."""
+    if address.strip().lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def relay_target_problem(name: str, address: str, s: Settings) -> SpecfleetError | None:
+    """A relay that listens on the loopback, scraped from another machine: it would never
+    answer (the relay has no auth, so the loopback is its default)."""
+    if is_loopback(s.metrics.relay_listen) and not is_loopback(address):
+        return SpecfleetError(
+            f"the metrics relay listens on {s.metrics.relay_listen} (metrics.relay_listen), so "
+            f"Prometheus cannot scrape it at {address}:{s.metrics.relay_port}", host=name,
+            fix="set metrics.relay_listen to the host's fleet address (or '0.0.0.0' behind a "
+            "firewall that admits only the scraper) and deploy again; the relay has no auth")
+    return None
+
+
 def file_sd(hosts: list[tuple[str, str, Settings]]) -> dict[str, list[dict[str, Any]]]:
     """The file_sd target lists of a fleet: ``{job: [{"targets": [...], "labels": {...}}]}``
-    from ``(host name, address, settings)``. A host without a relay has no server target."""
+    from ``(host name, address, settings)``. A host without a relay has no server target; a
+    relay on the loopback of a host scraped from elsewhere is refused (``SpecfleetError``)."""
     sglang, node = [], []
     for name, address, s in hosts:
         addr = f"[{address}]" if ":" in address else address
         labels = {"host": name, "service": s.service_name}
         if s.metrics.enable and s.metrics.relay_port is not None:
+            problem = relay_target_problem(name, address, s)
+            if problem is not None:
+                raise problem
             sglang.append({"targets": [f"{addr}:{s.metrics.relay_port}"], "labels": labels})
         node.append({"targets": [f"{addr}:{s.metrics.node_exporter_port}"],
                      "labels": {"host": name}})  # fmt: skip

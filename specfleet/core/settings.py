@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import re
@@ -76,7 +77,10 @@ class SGLangSource:
 
     version: str = "0.5.23"
     # "index": pip from index_url / find_links.  "git": pip from git_url at git_ref.
-    kind: Literal["index", "git"] = "index"
+    # "source": pip from a source tree on the host (source_path: an SGLang checkout's python/
+    # folder, e.g. a DDTree fork), keyed by that folder; a Rust extension needs cargo there.
+    kind: Literal["index", "git", "source"] = "index"
+    source_path: str | None = None
     index_url: str | None = None
     find_links: str | None = None
     trusted_hosts: list[str] = field(default_factory=list)
@@ -146,6 +150,13 @@ class PlanOverrides:
     # model load with "Not enough memory", with too few tokens of KV cache to serve.
     min_kv_gib: float = 4.0
     draft_window_size: int = 4096
+    # DDTree where the installed SGLang has a design specfleet.core.tables.ddtree_designs knows:
+    # the tree budget (None: plain DFlash). A host without it serves DFlash and says so.
+    ddtree_budget: int | None = None
+    # The knobs of PR#29907's design (environment variables; None leaves SGLang's default).
+    ddtree_max_topk: int | None = None
+    ddtree_depth_bonus: float | None = None
+    ddtree_rank_probe: int | None = None
     # SM120 may choose flashinfer for the target instead of triton.
     sm120_target_backend: Literal["triton", "flashinfer"] = "triton"
     # Flags to add or replace: {"--context-length": "131072", "--enable-foo": True, "--bar": None}.
@@ -170,6 +181,10 @@ class RolloutOptions:
     # if the control machine never stops it: the fan-out's expected time plus a margin (595 GB at
     # 1 Gbit/s upstream is ~80 min). A receiver whose source stopped gets the rest upstream.
     fanout_serve_hours: float = 2.0
+    # The speed gate (off: None): each batch is benchmarked before the change and after its
+    # readiness gate; a host whose output tokens/s or acceptance length fell below this fraction
+    # of its own earlier figures fails (rolled back, counted against the batch's budget).
+    speed_gate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -234,11 +249,59 @@ class MetricsOptions:
     # The watchdog relays the server's /metrics (that path only) here, since the server listens
     # on the loopback; None: no relay.
     relay_port: int | None = 30091
-    relay_listen: str = "0.0.0.0"
+    # The relay has no auth: on the loopback unless opened to a scraper (the host's fleet
+    # address, or '0.0.0.0'); `specfleet monitoring` refuses a loopback relay as a remote target.
+    relay_listen: str = "127.0.0.1"
     # node-exporter's textfile collector folder (Debian's prometheus-node-exporter default).
     textfile_dir: str = "/var/lib/prometheus/node-exporter"
     # Where node-exporter listens on the host, for the generated scrape config.
     node_exporter_port: int = 9100
+
+
+@dataclass(frozen=True)
+class ProbeQuestion:
+    """One question of the readiness gate's correctness probe and the answer it must get."""
+
+    prompt: str
+    # A regular expression (Python ``re``, case-insensitive) the answer's text must contain.
+    answer: str
+
+
+# Short arithmetic and facts a 1T model answers right greedily, each checked by a regex that
+# accepts the usual ways to write the answer. The stand-in server knows them from its own table.
+DEFAULT_PROBE_QUESTIONS = (
+    ("What is 17 + 25? Answer with the number only.", r"(?<!\d)42(?!\d)"),
+    ("What is 12 * 12? Answer with the number only.", r"(?<!\d)144(?!\d)"),
+    ("What is 100 - 37? Answer with the number only.", r"(?<!\d)63(?!\d)"),
+    ("What is 9 * 8? Answer with the number only.", r"(?<!\d)72(?!\d)"),
+    ("What is the capital of France? Answer with one word.", r"\bParis\b"),
+    ("What is the chemical symbol for gold? Answer with the symbol only.", r"\bAu\b"),
+    ("How many days are in a week? Answer with the number only.", r"(?<!\d)7(?!\d)|\bseven\b"),
+    ("What is the largest planet in the solar system? Answer with one word.", r"\bJupiter\b"),
+)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """The readiness gate's correctness probe: after /health_generate, these questions at
+    temperature 0 must get their answers, with a plausible speculative acceptance length."""
+
+    enable: bool = True
+    questions: list[ProbeQuestion] = field(default_factory=lambda: [
+        ProbeQuestion(q, a) for q, a in DEFAULT_PROBE_QUESTIONS])
+    # Right answers needed (at most the number of questions).
+    min_correct: int = 7
+    # Output tokens per request (>= 64 makes speculative verify run for many steps).
+    max_tokens: int = 64
+    # Requests in flight at once (batched verify runs too).
+    concurrency: int = 8
+    # The mean acceptance length /generate reports must be at least this (upstream's DFlash
+    # test asks 2.8; a broken verify collapses it toward 1.0) and at most the block size.
+    min_accept_length: float = 2.0
+    timeout_s: float = 120.0
+    # A JSON file on the control machine with any of the keys above (questions, min_correct,
+    # ...): read at deploy time, its values replace these (a probe for another model).
+    file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +330,7 @@ class Settings:
     group: ServingGroup | None = None
     watchdog: WatchdogOptions = field(default_factory=WatchdogOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    probe: ProbeOptions = field(default_factory=ProbeOptions)
 
     service_name: str = "specfleet-sglang"
     listen_host: str = "127.0.0.1"
@@ -610,6 +674,7 @@ def validate(
         _check_group(settings, p)
     _check_watchdog(settings.watchdog, p)
     _check_metrics(settings.metrics, settings.port, p)
+    _check_probe(settings.probe, p)
     p.raise_any()
     return settings
 
@@ -737,6 +802,14 @@ def _check_sglang(sg: SGLangSource, p: _Problems, test_ok: bool) -> None:
     if sg.git_ref is not None:
         p.check("sglang.git_ref", sg.git_ref, git_ref_problem(sg.git_ref),
                 "set sglang.git_ref to a branch, tag or commit")  # fmt: skip
+    if sg.source_path is not None:
+        p.check("sglang.source_path", sg.source_path, abs_path_problem(sg.source_path),
+                "give the absolute path of an SGLang checkout's python/ folder on the host")
+    if sg.kind == "source" and not sg.source_path:
+        p.problem(
+            "settings key 'sglang.kind' is 'source' but 'sglang.source_path' is unset",
+            "set sglang.source_path to the python/ folder of an SGLang checkout on the host",
+        )
     if sg.kind == "git" and not (sg.git_url and sg.git_ref):
         p.problem(
             "settings key 'sglang.kind' is 'git' but 'sglang.git_url' or 'sglang.git_ref' is unset",
@@ -858,6 +931,22 @@ def _check_plan(plan: PlanOverrides, p: _Problems, has_api_key: bool) -> None:
     if plan.draft_window_size < 1:
         p.bad("plan.draft_window_size", str(plan.draft_window_size), ">= 1",
               "use e.g. 4096 (the default), at least the drafter's block size")
+    budget = plan.ddtree_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget < 2):
+        p.bad("plan.ddtree_budget", repr(budget), "a whole number >= 2 (tree nodes per step)",
+              "use e.g. 32, or leave it unset for plain DFlash")
+    for key in ("ddtree_max_topk", "ddtree_rank_probe"):
+        value = getattr(plan, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            p.bad(f"plan.{key}", repr(value), "a whole number >= 0",
+                  f"leave plan.{key} unset for SGLang's default")
+    bonus = plan.ddtree_depth_bonus
+    if bonus is not None and (isinstance(bonus, bool) or not isinstance(bonus, (int, float))
+                              or not math.isfinite(bonus)):
+        p.bad("plan.ddtree_depth_bonus", repr(bonus), "a finite number",
+              "leave plan.ddtree_depth_bonus unset for SGLang's default")
     for flag, value in plan.extra_args.items():
         key = f"plan.extra_args.{flag}"
         if not LONG_FLAG.fullmatch(flag):
@@ -899,6 +988,9 @@ def _check_rollout(r: RolloutOptions, p: _Problems) -> None:
              fix="set rollout.max_fail_percent to the share of hosts that may fail, e.g. 0")
     p.number("rollout.fanout_serve_hours", r.fanout_serve_hours, 0, None, low_open=True,
              fix="set rollout.fanout_serve_hours to the hours a fan-out may take, e.g. 2")
+    p.number("rollout.speed_gate", r.speed_gate, 0, 1, low_open=True,
+             fix="set rollout.speed_gate to the fraction of its earlier speed a host must keep, "
+             "e.g. 0.85, or unset it (no speed gate)")
     if r.batch_size is not None and r.batch_percent is not None:
         p.problem("settings keys 'rollout.batch_size' and 'rollout.batch_percent' are both set",
                   "set one of them")  # fmt: skip
@@ -988,9 +1080,85 @@ def _check_metrics(m: MetricsOptions, server_port: int, p: _Problems) -> None:
             "'/var/lib/prometheus/node-exporter'")  # fmt: skip
 
 
+def _check_probe(probe: ProbeOptions, p: _Problems, where: str = "probe") -> None:
+    """The probe's own values; ``where`` names them in errors (``probe``, or a probe file)."""
+
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where == "probe" else f"{where}: {name}"
+
+    if not probe.questions:
+        p.bad(key("questions"), "empty", "at least one question with its answer",
+              "list questions as {'prompt': ..., 'answer': REGEX}, or leave the defaults")
+    for i, q in enumerate(probe.questions):
+        if not q.prompt.strip():
+            p.bad(key(f"questions[{i}].prompt"), repr(q.prompt), "a question",
+                  "write the question the server must answer")
+        try:
+            re.compile(q.answer)
+            empty = re.fullmatch(q.answer, "") is not None
+        except re.error as exc:
+            p.bad(key(f"questions[{i}].answer"), repr(q.answer),
+                  f"a regular expression (Python re: {exc})", "fix the regex of that answer")
+            continue
+        if empty:
+            p.bad(key(f"questions[{i}].answer"), repr(q.answer),
+                  "a regex that an empty answer does not match", "match the answer's text")
+    p.number(key("min_correct"), probe.min_correct, 1, max(1, len(probe.questions)),
+             fix="set min_correct to the right answers needed, at most the number of questions")
+    p.number(key("max_tokens"), probe.max_tokens, 1, None,
+             fix="set max_tokens to the output tokens per request, e.g. 64")
+    p.number(key("concurrency"), probe.concurrency, 1, None,
+             fix="set concurrency to the requests in flight at once, e.g. 8")
+    p.number(key("min_accept_length"), probe.min_accept_length, 1, None,
+             fix="set min_accept_length to at least 1.0 (a verify step emits one token at least)")
+    p.number(key("timeout_s"), probe.timeout_s, 0, None, low_open=True,
+             fix="set timeout_s to the seconds one request may take, e.g. 120")
+    if probe.file is not None:
+        p.check(key("file"), probe.file, control_path_problem(probe.file),
+                "set probe.file to a JSON file on the control machine, e.g. '~/probe.json'")
+
+
 def _is_commit(rev: str) -> bool:
     return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev.lower())
 
 
 def settings_to_dict(settings: Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
+
+
+# The keys a probe file may set (``probe.file``): the probe itself, not where it comes from.
+PROBE_FILE_KEYS = ("questions", "min_correct", "max_tokens", "concurrency", "min_accept_length",
+                   "timeout_s")
+
+
+def probe_from_file(probe: ProbeOptions, text: str, path: str, host: str = "") -> ProbeOptions:
+    """``probe`` with the values of a probe file (``probe.file``'s JSON text) in place: a
+    malformed file is a SettingsError naming the file, the key and the fix."""
+    where = f"probe file {path}"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{where} is not JSON ({exc})", host=host,
+                            fix='write {"questions": [{"prompt": "...", "answer": "REGEX"}], '
+                            '"min_correct": N, ...}') from None
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{where} holds {type(data).__name__}, expected a JSON object",
+                            host=host, fix='write {"questions": [...], ...}')
+    unknown = sorted(set(data) - set(PROBE_FILE_KEYS))
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}", host=host,
+                            fix=f"use only {', '.join(PROBE_FILE_KEYS)}")
+    merged = {**dataclasses.asdict(probe), **data, "file": probe.file}
+    if isinstance(data.get("questions"), list) and "min_correct" not in data:
+        # Questions of its own without a count: the default share (7 of 8) of them.
+        merged["min_correct"] = max(1, math.ceil(len(data["questions"]) * 7 / 8))
+    try:
+        built = _build(ProbeOptions, merged, host, prefix=f"{where}: ")
+    except SettingsError as exc:
+        raise SettingsError(exc.problem, host=host,
+                            fix=f"fix that key in {path}: questions are objects "
+                            '{"prompt": "...", "answer": "REGEX"}') from None
+    p = _Problems(host)
+    _check_probe(built, p, where=where)
+    p.raise_any()
+    return built

@@ -96,21 +96,11 @@ def speed_gate_for(new: Path, fraction: float = core.GATE_FRACTION) -> core.Gate
     return core.speed_gate(result, (result or {}).get("previous"), fraction)
 
 
-def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
-                    fraction: float = core.GATE_FRACTION,
-                    data: Mapping[str, Any] | None = None,
-                    runner=run_with_data) -> dict[str, core.GateVerdict]:
-    """THE ROLLOUT'S HOOK: after a batch's readiness gate, benchmark its hosts (under their run
-    locks, ``deploys/bench_kimi.py``) and keep each host's figures within ``fraction`` of its
-    previous result. A host that fails it is a host the rollout treats as failed (rolls back, and
-    counts against the batch's budget). ``data``: ``specfleet_bench`` options (concurrency...).
-
-    The rollout calls it with the hosts that passed the gate, e.g.::
-
-        verdicts = bench.speed_gate_step(inventory, gate_hosts, report_dir / "bench", 0.85)
-        for h, v in verdicts.items():
-            if not v.passed: fail h with f"speed gate: {v.why}"
-    """
+def benchmark(inventory: str, hosts: Sequence[str], out: Path,
+              data: Mapping[str, Any] | None = None,
+              runner=run_with_data) -> dict[str, dict[str, Any] | None]:
+    """Benchmark ``hosts`` (under their run locks, ``deploys/bench_kimi.py``): each host's result
+    fetched to ``out/<host>.json``; a host whose benchmark failed gets ``{"error": why}``."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for h in hosts:
@@ -119,13 +109,42 @@ def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
             "result": "latest"}
     run = runner(inventory, str(deploy_path(BENCH_DEPLOY)), list(hosts),
                  {"specfleet_bench": opts}, out / "pyinfra.log")
-    verdicts = {}
+    results: dict[str, dict[str, Any] | None] = {}
     for h in hosts:
         step = run.results.get(h)
         if step is not None and not step.passed:
-            verdicts[h] = core.GateVerdict(False, "benchmark failed: " + "; ".join(step.why))
+            results[h] = {"error": "benchmark failed: " + "; ".join(step.why), "levels": []}
         else:
-            verdicts[h] = speed_gate_for(out / f"{h}.json", fraction)
+            results[h] = load_result(out / f"{h}.json")
+    return results
+
+
+def speed_gate_step(inventory: str, hosts: Sequence[str], out: Path,
+                    fraction: float = core.GATE_FRACTION,
+                    data: Mapping[str, Any] | None = None,
+                    runner=run_with_data,
+                    before: Mapping[str, Mapping[str, Any] | None] | None = None,
+                    ) -> dict[str, core.GateVerdict]:
+    """THE ROLLOUT'S SPEED GATE (``rollout --speed-gate F``): after a batch's readiness gate,
+    benchmark its hosts and keep each host's figures within ``fraction`` of ``before`` (the
+    same benchmark, taken by the rollout before it changed the batch); without ``before``, of the
+    host's previous result (``previous`` in its result file). A host with nothing to compare
+    with passes, saying so. ``data``: ``specfleet_bench`` options (concurrency...)."""
+    results = benchmark(inventory, hosts, out, data, runner)
+    verdicts = {}
+    for h in hosts:
+        new = results.get(h)
+        if before is not None:
+            earlier = before.get(h)
+            if earlier is None or earlier.get("error"):
+                why = (earlier or {}).get("error") or "no result"
+                verdict = core.speed_gate(new, None, fraction)
+                verdicts[h] = core.GateVerdict(verdict.passed, verdict.why + (
+                    f" (the benchmark before the change gave nothing to compare: {why})"))
+                continue
+        else:
+            earlier = (new or {}).get("previous")
+        verdicts[h] = core.speed_gate(new, earlier, fraction)
     return verdicts
 
 

@@ -4,7 +4,10 @@
   one line per grid point, each its own colour and marker, the legend beside the data;
 - ``accept_length.png``: the acceptance length the server reported, one horizontal bar per point;
 - ``heatmap.png``: output tokens/s at the top concurrency over the grid's first two axes (the
-  best over any further axes), the best cell outlined.
+  best over any further axes), the best cell outlined;
+- ``ddtree_budget.png`` (a sweep with a DDTree budget axis): acceptance length and output
+  tokens/s at the top concurrency against the budget, one line per setting of the other axes,
+  the best point marked.
 
 Importing this module needs matplotlib (``pip install 'specfleet[plots]'``); the sweep runs
 without it and says so.
@@ -25,7 +28,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from specfleet.core import bench as core  # noqa: E402
 
-SHORT = {"num_draft_tokens": "draft tokens", "draft_window": "draft window",
+SHORT = {"num_draft_tokens": "draft tokens", "ddtree_budget": "budget",
+         "draft_window": "draft window",
          "draft_attention_backend": "draft attn", "attention_backend": "attn"}
 
 
@@ -150,11 +154,51 @@ def plot_heatmap(state: Mapping[str, Any]) -> Figure:
     return fig
 
 
+def has_budget_axis(state: Mapping[str, Any]) -> bool:
+    return any("ddtree_budget" in p for p in state["grid"])
+
+
+def plot_budget(state: Mapping[str, Any]) -> Figure:
+    """Acceptance length and output tokens/s (top concurrency) against the DDTree budget."""
+    done = [(k, p, r) for k, p, r in _done(state) if "ddtree_budget" in p]
+    budgets = sorted({int(p["ddtree_budget"]) for p in state["grid"] if "ddtree_budget" in p})
+    lines: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+    for key, point, result in done:
+        rest = {k: v for k, v in point.items() if k != "ddtree_budget"}
+        lines.setdefault(_label(rest) or "budget", []).append(
+            (int(point["ddtree_budget"]), key, result))
+    fig, (acc, tps) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (label, seen), style in zip(sorted(lines.items()), _styles(len(lines)), strict=True):
+        seen.sort()
+        xs = [budgets.index(b) for b, _, _ in seen]
+        acc.plot(xs, [r.get("accept_length") or 0.0 for _, _, r in seen], label=label, **style)
+        tps.plot(xs, [core.top_tps(r) or 0.0 for _, _, r in seen], label=label, **style)
+        for b, key, r in seen:
+            if key == state.get("best"):
+                tps.plot([budgets.index(b)], [core.top_tps(r)], marker="*", markersize=18,
+                         color="tab:red", zorder=4, linestyle="none", label="BEST")
+    for ax, ylabel in ((acc, "acceptance length (tokens per verify step)"),
+                       (tps, "output tokens/s at the top concurrency")):
+        # Budgets are categories (8, 16, 32 ...: doublings), evenly spaced.
+        ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+        ax.set_xlabel("DDTree budget (tree nodes verified per step)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    _title(acc, state, "acceptance length vs DDTree budget")
+    _title(tps, state, "output tokens/s vs DDTree budget (star: best)")
+    if tps.lines:
+        tps.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    return fig
+
+
 def write_report(state: Mapping[str, Any], folder: Path) -> Path:
-    """The three PNGs and ``report.html`` in ``folder``; the HTML's path."""
+    """The PNGs and ``report.html`` in ``folder``; the HTML's path."""
     folder.mkdir(parents=True, exist_ok=True)
     pngs = {"tokens_per_s.png": plot_tokens, "accept_length.png": plot_accept,
             "heatmap.png": plot_heatmap}
+    if has_budget_axis(state):
+        pngs["ddtree_budget.png"] = plot_budget
     for name, plot in pngs.items():
         fig = plot(state)
         fig.savefig(folder / name, dpi=110, bbox_inches="tight")

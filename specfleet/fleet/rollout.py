@@ -36,6 +36,8 @@ import json
 import math
 import os
 import sys
+import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from typing import Any
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
+from specfleet.fleet import bench
 from specfleet.fleet.fanout import Interrupted, run_prefetch
 from specfleet.fleet.progress import progress_view
 from specfleet.fleet.pyinfra_run import (
@@ -62,6 +65,10 @@ from specfleet.fleet.pyinfra_run import (
 
 SNAPSHOT_DEPLOY = "rollout_snapshot.py"
 GATE_DEPLOY = "rollout_gate.py"
+# With the speed gate: the readiness gate without the rollback point, then the point once the
+# host kept its speed.
+GATE_HELD_DEPLOY = "rollout_gate_held.py"
+CHECKPOINT_DEPLOY = "rollout_checkpoint.py"
 RESTORE_DEPLOY = "rollout_restore.py"
 DEFAULT_PREFETCH = "weights_only.py"
 STEPS = ("prefetch", "snapshot", "deploy", "gate", "rollback")
@@ -83,7 +90,7 @@ def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Opti
     are an error, unless the flag is given.
     """
     names = ("canary", "order", "batch_size", "batch_percent", "max_fail_percent",
-             "prefetch_weights", "fanout")  # fmt: skip  (fanout_site is per host, by design)
+             "prefetch_weights", "fanout", "speed_gate")  # fmt: skip  (fanout_site: per host)
     values: dict[str, Any] = {}
     for name in names:
         if cli.get(name) is not None:
@@ -117,6 +124,9 @@ def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Opti
         raise SpecfleetError(
             f"rollout.max_fail_percent is {opts.max_fail_percent}", fix="use a number in [0, 100]"
         )
+    if opts.speed_gate is not None and not 0 < opts.speed_gate <= 1:
+        raise SpecfleetError(f"rollout.speed_gate is {opts.speed_gate}",
+                             fix="use a fraction in (0, 1], e.g. 0.85 (--speed-gate 0.85)")
     return opts
 
 
@@ -315,6 +325,10 @@ class Rollout:
     runner: Any = None
     # A serving group's members (host -> members in rank order): one unit in batches and rollback.
     groups: dict[str, list[str]] = field(default_factory=dict)
+    # The speed gate's benchmark runs: ``bench_runner(inventory, deploy, hosts, data, log_path)``
+    # (``specfleet.fleet.bench.run_with_data``; tests script it), results under ``bench_dir``.
+    bench_runner: Any = None
+    bench_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -335,7 +349,9 @@ class Rollout:
         plan = " | ".join(
             ("canary " if i == 0 else "") + ",".join(b) for i, b in enumerate(self.batches)
         )
-        say(f"batches: {plan}; max fail {o.max_fail_percent:g}% per batch")
+        say(f"batches: {plan}; max fail {o.max_fail_percent:g}% per batch"
+            + (f"; speed gate: keep {o.speed_gate:.0%} of each host's tokens/s and acceptance"
+               if o.speed_gate else ""))
 
     def run(self) -> int:
         o = self.options
@@ -490,6 +506,7 @@ class Rollout:
                 self._fail(r, res, "snapshot")
         if not touched:
             return
+        before = self._benchmark(touched, label, "before") if self.options.speed_gate else None
         dep = self.runner(self.inventory, self.deploy, touched, f"{label} deploy")
         gate_hosts, broken = [], []
         for h in touched:
@@ -504,7 +521,9 @@ class Rollout:
                 broken.append(h)
         passed = []
         if gate_hosts:
-            gate = self.run_deploy(GATE_DEPLOY, gate_hosts, f"{label} gate")
+            held = before is not None
+            gate = self.run_deploy(GATE_HELD_DEPLOY if held else GATE_DEPLOY, gate_hosts,
+                                   f"{label} gate")
             for h in gate_hosts:
                 r, res = self.reports[h], gate.results[h]
                 r.seconds["gate"] = gate.seconds
@@ -513,6 +532,15 @@ class Rollout:
                     broken.append(h)
                 else:
                     passed.append(h)
+            if held and passed:
+                slow = self._speed_gate(passed, before, label)
+                broken += slow
+                passed = [h for h in passed if h not in slow]
+                if passed:
+                    keep = self.run_deploy(CHECKPOINT_DEPLOY, passed, f"{label} checkpoint")
+                    for h in list(passed):
+                        if not keep.results[h].passed:
+                            self._fail(self.reports[h], keep.results[h], "checkpoint")
         for h in list(broken):
             # A serving group fails as one: every member rolls back with the broken one.
             for m in self.groups.get(h, ()):
@@ -544,6 +572,40 @@ class Rollout:
             r = self.reports[h]
             r.status = FAILED
             r.why.append(why)
+
+    def _bench_folder(self, label: str, when: str) -> Path:
+        if self.bench_dir is None:
+            self.bench_dir = Path(tempfile.mkdtemp(prefix="specfleet-speed-gate-"))
+        return self.bench_dir / label.replace(" ", "-").replace("/", "of") / when
+
+    def _benchmark(self, hosts: list[str], label: str, when: str) -> dict[str, Any]:
+        """The smoke benchmark of a batch's serving hosts (a serving group's rank 0 serves for
+        the group) before the change; a host that serves nothing yet has nothing to compare."""
+        serving = [h for h in hosts if self.groups.get(h, [h])[0] == h]
+        say(f"{label}: benchmarking {', '.join(serving)} {when} the change (speed gate)")
+        return bench.benchmark(self.inventory, serving, self._bench_folder(label, when),
+                               runner=self.bench_runner or bench.run_with_data)
+
+    def _speed_gate(self, passed: list[str], before: Mapping[str, Any], label: str) -> list[str]:
+        """Benchmark the hosts that passed the readiness gate again; those below the fraction
+        of their figures before the change fail (returned: the rollout rolls them back)."""
+        serving = [h for h in passed if self.groups.get(h, [h])[0] == h]
+        start = time.monotonic()
+        verdicts = bench.speed_gate_step(
+            self.inventory, serving, self._bench_folder(label, "after"),
+            float(self.options.speed_gate), runner=self.bench_runner or bench.run_with_data,
+            before=before)
+        slow = []
+        for h, verdict in verdicts.items():
+            r = self.reports[h]
+            r.seconds["speed"] = time.monotonic() - start
+            if verdict.passed:
+                say(f"{h}: speed gate passed: {verdict.why}")
+                continue
+            r.status = FAILED
+            r.why.append(f"speed gate: {verdict.why}")
+            slow.append(h)
+        return slow
 
     def report(self) -> dict[str, Any]:
         return {
@@ -621,6 +683,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     size.add_argument("--batch-percent", type=float, help="percent of the fleet per batch")
     p.add_argument("--max-fail-percent", type=float,
                    help="failures allowed per batch, in percent (more stops the rollout)")
+    p.add_argument("--speed-gate", type=float, metavar="FRACTION",
+                   help="benchmark each batch before and after the change; a host below this "
+                   "fraction of its earlier tokens/s or acceptance length fails (rolled back, "
+                   "counted); default: rollout.speed_gate, else off")
     p.add_argument("--no-prefetch", action="store_true", help="skip the weights prefetch stage")
     p.add_argument("--no-fanout", action="store_true",
                    help="prefetch with the weights-only deploy on each host, not host to host")
@@ -677,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_fail_percent": args.max_fail_percent,
                 "prefetch_weights": False if args.no_prefetch else None,
                 "fanout": False if args.no_fanout else None,
+                "speed_gate": args.speed_gate,
             }
             options = resolve_options(per_host, cli)
             groups = serving_groups(sess)

@@ -1,6 +1,7 @@
 """``specfleet sweep INVENTORY --host H``: tune DFlash's speculative settings on one host.
 
-    specfleet sweep INVENTORY --host H [--num-draft-tokens 4,8,16] [--draft-window 2048,4096]
+    specfleet sweep INVENTORY --host H [--num-draft-tokens 4,8,16 | --ddtree-budgets 8,16,32,64,128]
+        [--draft-window 2048,4096]
         [--draft-backends flashinfer,fa3] [--attention-backends triton,flashinfer]
         [--concurrency 1,4] [--requests N] [--max-tokens M] [--max-minutes 60]
         [--out DIR] [--allow-serving] [--write-group-data FILE] [--restore previous]
@@ -21,6 +22,9 @@ through the same path, or with ``--restore previous`` the inventory's own plan.
   ``--allow-serving``; a resumed sweep is allowed (it made the host serve).
 - **The winner becomes settings**: prints the ``plan`` overrides for that arch's group data, and
   writes them as a group data file with ``--write-group-data``.
+- **DDTree**: ``--ddtree-budgets`` sweeps ``plan.ddtree_budget`` (instead of the draft tokens,
+  which the budget sets); a host whose installed SGLang has no DDTree design the table knows
+  refuses it before anything changes (exit 3).
 - **Plots**: ``DIR/report.html`` with PNGs (``specfleet.fleet.report``) when matplotlib is there.
 
 Exit 0 (every point done, best restored), 1 (points failed or left, best restored), 2 (no point
@@ -106,8 +110,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="specfleet sweep", description=__doc__.split("\n")[0])
     p.add_argument("inventory")
     p.add_argument("--host", required=True)
-    p.add_argument("--num-draft-tokens", default="4,8,16",
-                   help="--speculative-num-draft-tokens values (DFlash's block size)")
+    p.add_argument("--num-draft-tokens", default=None,
+                   help="--speculative-num-draft-tokens values (DFlash's block size; default "
+                   "4,8,16 without --ddtree-budgets)")
+    p.add_argument("--ddtree-budgets", default="",
+                   help="plan.ddtree_budget values (DDTree's tree budget), e.g. 8,16,32,64,128")
     p.add_argument("--draft-window", default="2048,4096", help="plan.draft_window_size values")
     p.add_argument("--draft-backends", default="",
                    help="plan.draft_attention_backend values (default: the arch rule's)")
@@ -127,8 +134,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def grid_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     spec: dict[str, list[Any]] = {}
-    if args.num_draft_tokens:
-        spec["num_draft_tokens"] = core.parse_axis(args.num_draft_tokens, integer=True)
+    tokens = args.num_draft_tokens
+    if tokens is None and not args.ddtree_budgets:
+        tokens = "4,8,16"
+    if tokens:
+        spec["num_draft_tokens"] = core.parse_axis(tokens, integer=True)
+    if args.ddtree_budgets:
+        spec["ddtree_budget"] = core.parse_axis(args.ddtree_budgets, integer=True)
     if args.draft_window:
         spec["draft_window"] = core.parse_axis(args.draft_window, integer=True)
     if args.draft_backends:
@@ -189,13 +201,15 @@ class Sweep:
                 f"{result.get('accept_length')}")
         else:
             why = "; ".join(step.why) or f"pyinfra exited {run.rc}"
-            refused = any("is serving" in w for w in step.why)
+            refused = any("is serving" in w or "cannot be swept here" in w for w in step.why)
             if refused:
                 rec.update(status="pending")
                 self.state.data["current"] = before  # refused before anything changed
                 self.state.save()
-                raise SpecfleetError(f"{self.args.host}: {why}",
-                                     fix="take the host out of service, or pass --allow-serving")
+                fix = ("install a DDTree build there, or sweep without --ddtree-budgets"
+                       if "cannot be swept here" in why
+                       else "take the host out of service, or pass --allow-serving")
+                raise SpecfleetError(f"{self.args.host}: {why}", fix=fix)
             rec.update(status="failed", why=why)
             say(f"  {key}: FAILED: {why}")
         self.state.save()

@@ -148,6 +148,30 @@ def parse_served(specs: list[str]) -> dict[str, str | None]:
     return out
 
 
+# What of a peer's string is shown in a note (its journal line and the pull's progress).
+SHOWN_MAX = 200
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def shown(value) -> str:
+    """A string that came from a peer (a file name, an error), safe to print: control characters
+    escaped (no terminal escape, no forged journal line), cut at ``SHOWN_MAX``; anything but a
+    string as its ``repr``."""
+    text = value if isinstance(value, str) else repr(value)
+    text = _CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX] + "..."
+
+
+def bad_path(path) -> str | None:
+    """Why a requested path is not even a name (None: it is a string to check further): a NUL
+    byte or another control character, or no string at all."""
+    if not isinstance(path, str):
+        return "not a path"
+    if _CONTROL_RE.search(path):
+        return f"{shown(path)} holds a control character"
+    return None
+
+
 class Refused(Exception):
     """A request the serving side does not answer (the message goes to the client)."""
 
@@ -188,20 +212,41 @@ class ServeChannel:
         for line in lines:
             try:
                 out.append(json.loads(line))
-            except ValueError:
-                out.append(None)
+            except (ValueError, RecursionError):
+                out.append(None)  # not JSON, or nested past the parser's depth: not a request
         return out
 
 
-def send_file(folder: str, path: str, channel: ServeChannel) -> bool:
-    """Send ``path`` (under ``folder``, checked by ``served_folder``): a JSON line ``{"file",
-    "size"}``, then exactly that many bytes (``sendfile``: no copy through Python); a path that
-    is not a regular file right there (a symlink is not followed) gets ``{"file", "error"}``
-    instead. False if the file shrank while it was sent: the channel is out of step."""
+def open_under(root: str, parts: list[str]) -> int:
+    """An fd of ``root/parts...`` read-only, each component opened from its parent's fd with
+    ``O_NOFOLLOW`` (folders also ``O_DIRECTORY``): a symlink anywhere on the way, swapped in
+    after any check, is refused (``ELOOP``/``ENOTDIR``), never followed. ``root`` itself is the
+    trusted models root. ``O_NONBLOCK``: a FIFO does not hang the open."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(os.path.join(folder, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        for name in parts[:-1]:
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        last = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
+    finally:
+        os.close(fd)
+    return last
+
+
+def send_file(root: str, parts: list[str], path: str, channel: ServeChannel) -> bool:
+    """Send ``path`` (``root/parts...``: the models root, then DIR, REVISION and each component
+    of the path, checked by ``served_folder``): a JSON line ``{"file", "size"}``, then exactly
+    that many bytes (``sendfile``: no copy through Python); a path that is not a regular file
+    reached through folders only (``open_under``: no symlink followed) gets ``{"file",
+    "error"}`` instead. False if the file shrank while it was sent: the channel is out of
+    step."""
+    try:
+        fd = open_under(root, parts)
     except OSError as e:
-        channel.write(_line(file=path, error=e.strerror))
+        channel.write(_line(file=path, error=e.strerror or "cannot open"))
         return True
     try:
         st = os.fstat(fd)
@@ -391,12 +436,17 @@ def stream_status(models_root: str, state_dir: str, req: StatusRequest, channel:
 def request_sender(folder: str, dir_name: str, revision: str, served: dict[str, str | None],
                    resolved: dict[str, set[str]], channel: ServeChannel):
     """``send(request)`` for ``stream_status``: ``{"send": [PATH, ...]}``, each path under the
-    revision folder (``served_folder``), none while the folder holds a symlink out of it."""
+    revision folder (``served_folder``), none while the folder holds a symlink out of it. The
+    file is then opened component by component from the models root (``open_under``), so a
+    folder swapped for a symlink after this check is not followed either."""
+    models_root = os.path.dirname(os.path.dirname(folder.rstrip("/")))
 
     def send(request) -> bool:
         paths = request.get("send") if isinstance(request, dict) else None
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            channel.write(_line(file=None, error='not a request: {"send": [PATH, ...]}'))
+        if not isinstance(paths, list) or any(bad_path(p) for p in paths):
+            why = next((bad_path(p) for p in paths or [] if bad_path(p)), None)
+            channel.write(_line(file=None, error='not a request: {"send": [PATH, ...]}'
+                                + (f" ({why})" if why else "")))
             return True
         plain = os.path.isdir(folder) and not os.path.islink(folder)
         link = symlink_out(folder) if plain else None
@@ -407,11 +457,14 @@ def request_sender(folder: str, dir_name: str, revision: str, served: dict[str, 
                 if link is not None:
                     raise Refused(f"{dir_name}/{revision} is not served: it holds a symlink out "
                                   f"of it ({link[0]} -> {link[1]})")
-                served_folder(f"{dir_name}/{revision}/{path}", served, resolved)
+                _d, _rev, tail = served_folder(f"{dir_name}/{revision}/{path}", served, resolved)
+                if tail == ".":
+                    raise Refused(f"{dir_name}/{revision} is a folder, not a file")
             except Refused as e:
                 channel.write(_line(file=path, error=str(e)))
                 continue
-            if not send_file(folder, path, channel):
+            parts = [dir_name, revision, *tail.split("/")]  # as sent: what the old open took
+            if not send_file(models_root, parts, path, channel):
                 return False
         return True
 
@@ -463,13 +516,27 @@ def now() -> float:
     return round(time.time(), 3)
 
 
+class Received(NamedTuple):
+    """One answer of a source to a file asked for, as ``Pull.receive`` took it."""
+
+    path: str  # the path asked for (as shown, for an answer to nothing asked)
+    entry: dict | None  # for verified.jsonl: size, mtime_ns, ino of the file written, its hash
+    problem: str = ""  # why it was not taken ("" when ``entry``)
+    broken: bool = False  # the channel is out of step: nothing after it can be read
+    corrupt: bool = False  # it came whole with other bytes than the Hub's: upstream's
+    hostile: bool = False  # an answer to nothing asked (or a second one): take nothing more
+
+
 class SourceChannel:
     """A receiver's end of a source's ``stream_status``: the ssh client, and a thread that reads
     what comes on it: statuses, and the files asked for with ``send`` (each handed to
-    ``receive(stream, header)`` as it comes, which writes it and gives ``(path, digest,
-    problem, broken)``)."""
+    ``receive(stream, header, asked)`` as it comes, which writes it and gives a ``Received``).
+    ``asked``: the files asked for on this channel and not answered yet, ``{path: Hub entry}``;
+    an answer for anything else means the source is out of step or hostile (``hostile``)."""
 
     def __init__(self, argv: list[str], receive):
+        self.asked: dict[str, dict] = {}
+        self.hostile = ""
         self._err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._err)
@@ -484,16 +551,18 @@ class SourceChannel:
             while line := self.proc.stdout.readline(1 << 20):
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     break  # out of step: nothing after it can be trusted
                 if not isinstance(msg, dict):
                     break
                 if "file" not in msg:
                     self._statuses.put(msg)
                     continue
-                event = self._receive(self.proc.stdout, msg)
+                event = self._receive(self.proc.stdout, msg, self.asked)
+                if event.hostile:
+                    self.hostile = event.problem
                 self._files.put(event)
-                if event[3]:
+                if event.broken:
                     break
         except (OSError, ValueError):
             pass
@@ -561,7 +630,6 @@ class Pull:
         self.wa = _weights_agent()
         self.path = job["progress_path"]
         self.started = now()
-        self._asked: dict[str, dict] = {}  # what was asked of a source: its Hub entry
         self.data = {
             "schema": SCHEMA, "rollout_id": job["rollout_id"], "repo_id": job["repo_id"],
             "requested": job["revision"], "revision": None, "state": "starting",
@@ -592,7 +660,8 @@ class Pull:
         each change (``stream_status``), and the files this pull asks for."""
         request = f"{STATUS_VERB} {dir_name} {revision} 0 {STATUS_WAIT:g} {STREAM_WORD}"
         return SourceChannel(self.ssh(source) + [f"root@{source['address']}", request],
-                             lambda stream, head: self.receive(stream, head, rev_dir))
+                             lambda stream, head, asked: self.receive(stream, head, rev_dir,
+                                                                      asked))
 
     def copy(self, channel: SourceChannel, source: dict, paths: list[str], rev_dir: str,
              wanted: dict[str, dict], timeout: float) -> tuple[int, list[str], str]:
@@ -600,7 +669,7 @@ class Pull:
         the next one comes): (files recorded, paths it could not give, what broke the
         channel or "")."""
         for p in paths:
-            self._asked[p] = wanted[p]
+            channel.asked[p] = wanted[p]
         if not channel.send(paths):
             return 0, [], channel.error()
         got, failed = 0, []
@@ -608,53 +677,81 @@ class Pull:
             event = channel.next_file(timeout)
             if event is None:
                 return got, failed, channel.error()
-            path, digest, problem, broken = event
-            if problem:
-                self.note(f"{path}: from {source['host']}: {problem}")
-                failed.append(path)
-                if broken:
-                    return got, failed, problem
+            if event.problem:
+                self.note(f"{shown(event.path)}: from {source['host']}: {event.problem}")
+                if event.corrupt:
+                    wanted.pop(event.path, None)
+                    self.data["corrupt"].append(event.path)
+                elif event.path in wanted and not event.hostile:
+                    failed.append(event.path)
+                if event.broken:
+                    return got, failed, event.problem
                 continue
-            got += self.check(source, [path], rev_dir, wanted, {path: digest})
+            got += self.record(source, event, rev_dir, wanted)
         return got, failed, ""
 
-    def receive(self, stream, head: dict, rev_dir: str) -> tuple[str, str | None, str, bool]:
-        """One file on a channel (in its reading thread): written under a temporary name and
-        hashed as it comes (one pass), renamed into place when whole. Nothing of the peer is
-        kept but names and bytes: no owner, mode, device or link."""
+    def receive(self, stream, head: dict, rev_dir: str, asked: dict[str, dict]) -> Received:
+        """One file on a channel (in its reading thread), only one asked for on it and not
+        answered yet (it is answered now: a second copy is refused). Written under a temporary
+        name of its own (created exclusively), hashed as it comes (one pass), synced, and
+        renamed into place only when its hash is the Hub's; what verified.jsonl gets (size,
+        mtime, inode) is read from that same open file, never from the path again. Nothing of
+        the peer is kept but names and bytes: no owner, mode, device or link."""
         path = head.get("file")
+        f = asked.pop(path, None) if isinstance(path, str) else None
+        if f is None:
+            return Received(shown(path), None, "sent a file it was not asked for (or a second "
+                            "copy of one); nothing more is taken from this source", True,
+                            hostile=True)
         if "error" in head:
-            return path, None, f"not sent ({head['error']})", False
+            return Received(path, None, f"not sent ({shown(head['error'])})")
         size = head.get("size")
-        if not isinstance(size, int) or size < 0:
-            return path, None, "an unreadable answer", True
-        f = self._asked.get(path)
-        if f is None or f["size"] != size:
-            listed = f["size"] if f else "nothing"
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return Received(path, None, "an unreadable answer", True)
+        if f["size"] != size:
             left = size  # read past it: the channel stays in step
             while left and (chunk := stream.read(min(RECEIVE_CHUNK, left))):
                 left -= len(chunk)
-            return path, None, f"{size} bytes sent, the Hub lists {listed}", bool(left)
-        local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        part = os.path.join(os.path.dirname(local), f".{os.path.basename(local)}{PART_SUFFIX}")
-        kind, _want = self.wa.expected_hash(f)
-        digest = self.wa.new_digest(kind, size)
-        left = size
+            return Received(path, None, f"{size} bytes sent, the Hub lists {f['size']}",
+                            bool(left))
         try:
-            with open(part, "wb") as out:
+            local = self.wa.local_path(rev_dir, path, self.job["repo_id"])
+        except self.wa.UnsafeName as e:  # never after run()'s check; nothing is written
+            left = size  # read past it: the channel stays in step
+            while left and (chunk := stream.read(min(RECEIVE_CHUNK, left))):
+                left -= len(chunk)
+            return Received(path, None, f"{e}; not taken", bool(left))
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        kind, want = self.wa.expected_hash(f)
+        digest = self.wa.new_digest(kind, size)
+        # mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW, a name no one else has.
+        fd, part = tempfile.mkstemp(prefix=f".{os.path.basename(local)}.",
+                                    suffix=PART_SUFFIX, dir=os.path.dirname(local))
+        try:
+            with os.fdopen(fd, "wb") as out:
+                left = size
                 while left:
                     chunk = stream.read(min(RECEIVE_CHUNK, left))
                     if not chunk:
-                        return path, None, "the channel ended in the middle of it", True
+                        return Received(path, None, "the channel ended in the middle of it", True)
                     out.write(chunk)
                     digest.update(chunk)
                     left -= len(chunk)
+                got = digest.hexdigest()
+                if got != want:
+                    return Received(path, None, f"does not match the Hub's {kind} ({got[:16]} "
+                                    f"!= {want[:16]}); left for upstream", corrupt=True)
+                out.flush()
+                os.fchmod(out.fileno(), 0o644)
+                os.fsync(out.fileno())
+                st = os.fstat(out.fileno())
             os.replace(part, local)
+            part = ""
         finally:
-            if os.path.exists(part):
+            if part:
                 os.unlink(part)
-        return path, digest.hexdigest(), "", False
+        return Received(path, {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                               "ino": st.st_ino, "hash_kind": kind, "hash": got})
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -761,6 +858,10 @@ class Pull:
                     got, failed, broke = self.copy(channel, source, paths, rev_dir, wanted,
                                                    stall_s)
                     not_given.update(failed)
+                    if channel.hostile:
+                        self.note(f"{source['host']} answered what was not asked of it; "
+                                  "trying the next source")
+                        return
                     if not got and (broke or failed):
                         self.note(f"the copy from {source['host']} failed "
                                   f"({broke or 'nothing came'}); trying the next source")
@@ -780,51 +881,26 @@ class Pull:
             if channel is not None:
                 channel.close()
 
-    def check(self, source: dict, paths: list[str], rev_dir: str,
-              wanted: dict[str, dict], digests: dict[str, str] | None = None) -> int:
-        """Hash each copied file (``digests``: hashed as it came); record the good ones, delete
-        the bad (upstream gets them)."""
+    def record(self, source: dict, event: Received, rev_dir: str,
+               wanted: dict[str, dict]) -> int:
+        """Record a file ``receive`` took whole, hashed and renamed into place: what it read of
+        the file it wrote (the path is not looked at again: a file put there since does not
+        match the inode, and no fast check trusts it)."""
         wa = self.wa
-        vpath = os.path.join(rev_dir, wa.STATE_DIR, wa.VERIFIED)
-        good = 0
-        for p in paths:
-            f = wanted[p]
-            try:
-                local = wa.local_path(rev_dir, p, self.job["repo_id"])
-            except wa.UnsafeName as e:  # never after run()'s check; nothing is deleted
-                del wanted[p]
-                self.note(f"{e}; not checked")
-                continue
-            kind, want = wa.expected_hash(f)
-            try:
-                size = os.path.getsize(local)
-                got = (f"size {size}" if size != f["size"] else (digests or {}).get(p)
-                       or wa.hash_file(local, kind, f["size"]))
-            except OSError:
-                continue  # not copied; stays wanted
-            if got != want:
-                os.unlink(local)
-                del wanted[p]
-                self.data["corrupt"].append(p)
-                self.note(f"{p} from {source['host']} does not match the Hub's {kind} "
-                          f"({got[:16]} != {want[:16]}); deleted, left for upstream")
-                continue
-            st = os.stat(local)
-            entry = {"path": p, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                     "hash_kind": kind, "hash": want, "at": now(), "from": source["host"]}
-            with open(vpath, "a") as out:
-                out.write(json.dumps(entry) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            del wanted[p]
-            good += 1
-            self.data["files_done"] += 1
-            self.data["files_from_peers"] += 1
-            self.data["bytes_from_peers"] += st.st_size
-            by = self.data["by_source"]
-            by[source["host"]] = by.get(source["host"], 0) + st.st_size
+        p, e = event.path, event.entry
+        entry = {"path": p, **e, "at": now(), "from": source["host"]}
+        with open(os.path.join(rev_dir, wa.STATE_DIR, wa.VERIFIED), "a") as out:
+            out.write(json.dumps(entry) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        wanted.pop(p, None)
+        self.data["files_done"] += 1
+        self.data["files_from_peers"] += 1
+        self.data["bytes_from_peers"] += e["size"]
+        by = self.data["by_source"]
+        by[source["host"]] = by.get(source["host"], 0) + e["size"]
         self.write()
-        return good
+        return 1
 
     def close(self) -> None:
         j = self.job

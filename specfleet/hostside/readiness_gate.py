@@ -10,7 +10,15 @@ N lines of the unit's journal since the gate began (API keys redacted), each sta
 With --started-at EPOCH (a server an earlier run restarted, waited on now instead of restarted
 again) the budget counts from the server's start, not from the gate's, and the journal from then.
 
-Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage.
+With --probe JSON, a healthy server must then also answer right: the correctness probe sends each
+question at temperature 0, several at once, to /v1/chat/completions (thinking off, the answer is
+`content`) and to SGLang's native /generate (at least max_tokens output tokens, so speculative
+verify runs, batched; its meta_info gives each request's acceptance length). It passes when at
+least min_correct answers match their regex and the mean acceptance length is within
+[min_accept_length, the server's --speculative-num-draft-tokens].
+
+Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage;
+4 the server serves, but the probe found wrong answers or a wrong acceptance length.
 Every other line starts with "gate:"; the first says "since @EPOCH", the host time the gate began
 (with --started-at: a little before the server's start).
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -101,6 +110,130 @@ def http_get(url: str, key: str | None, timeout: float) -> tuple[int | None, str
         return None, str(reason)
 
 
+def http_post(url: str, body: dict, key: str | None, timeout: float) -> tuple[int | None, object]:
+    """POST ``body`` as JSON; (status, parsed JSON or the error text)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback)
+            raw = resp.read(1 << 20).decode(errors="replace")
+            code = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(4096).decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return None, str(getattr(exc, "reason", exc))
+    try:
+        return code, json.loads(raw)
+    except ValueError:
+        return code, raw[:200]
+
+
+def ask(base: str, key: str | None, question: dict, spec: dict) -> dict:
+    """One question, twice: the chat API for the answer (thinking off; SGLang's chat template
+    kwargs), the native /generate for the acceptance length (ignore_eos: max_tokens tokens)."""
+    timeout = float(spec["timeout_s"])
+    out: dict = {"prompt": question["prompt"], "answer": question["answer"]}
+    code, body = http_post(base + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": question["prompt"]}],
+        "temperature": 0, "max_tokens": int(spec["max_tokens"]),
+        "chat_template_kwargs": {"thinking": False},
+    }, key, timeout)
+    try:
+        out["content"] = body["choices"][0]["message"]["content"] or ""  # type: ignore[index]
+    except (TypeError, KeyError, IndexError):
+        out["error"] = f"/v1/chat/completions gave {code}: {str(body)[:120]}"
+    code, body = http_post(base + "/generate", {
+        "text": question["prompt"],
+        "sampling_params": {"temperature": 0, "max_new_tokens": int(spec["max_tokens"]),
+                            "ignore_eos": True},
+    }, key, timeout)
+    meta = body.get("meta_info") if isinstance(body, dict) else None
+    if isinstance(meta, dict):
+        out["meta"] = {k: meta[k] for k in ("spec_accept_length", "spec_accepted_drafts",
+                                            "spec_proposed_drafts", "completion_tokens")
+                       if k in meta}
+    else:
+        out.setdefault("error", f"/generate gave {code}: {str(body)[:120]}")
+    return out
+
+
+def judge(answers: list, spec: dict, speculative: bool,
+          block: int | None) -> tuple[bool, list[str]]:
+    """The probe's verdict on the answers (pure): (passed, lines to print; on failure the last
+    one starts "probe FAILED: "). ``speculative``: the server decodes speculatively; ``block``:
+    its --speculative-num-draft-tokens (None: not on its command line, no upper bound)."""
+    right, wrong = 0, []
+    for a in answers:
+        content = a.get("content")
+        if content is not None and re.search(a["answer"], content, re.I | re.S):
+            right += 1
+        else:
+            got = a.get("error") or f"said {shorten(content or '')!r}"
+            wrong.append(f"{a['prompt']!r} (expected /{a['answer']}/): {got}")
+    need = int(spec["min_correct"])
+    lines = [f"probe: {right}/{len(answers)} answers right (need {need})"]
+    problems = []
+    if right < need:
+        more = f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        problems.append(f"{right}/{len(answers)} answers right (need {need}); wrong: "
+                        + "; ".join(wrong[:3]) + more)
+    elif wrong:
+        lines.append("probe: wrong, within the allowance: " + "; ".join(wrong))
+    if not speculative:
+        lines.append("probe: no speculative decoding on this server: acceptance not checked")
+        return _verdict(lines, problems)
+    metas = [a.get("meta") or {} for a in answers]
+    lengths = [m["spec_accept_length"] for m in metas if "spec_accept_length" in m]
+    if not lengths:
+        problems.append("/generate reported no spec_accept_length (meta_info) for any question")
+        return _verdict(lines, problems)
+    mean = sum(lengths) / len(lengths)
+    low = float(spec["min_accept_length"])
+    seen = (f"mean acceptance length {mean:.2f} (per question: "
+            + ", ".join(f"{x:.2f}" for x in lengths) + ")")
+    if mean < low:
+        problems.append(f"{seen} is below probe.min_accept_length {low:g}")
+    elif block is not None and mean > block + 1e-6:
+        problems.append(f"{seen} is above the block size {block}: not a real acceptance")
+    elif problems:
+        problems.append(seen)
+    else:
+        lines.append(f"probe: {seen}, within [{low:g}, {block if block else 'block size'}]")
+    all_accepted = len(lengths) == len(metas) and all(
+        m.get("spec_proposed_drafts") and m.get("spec_accepted_drafts")
+        == m.get("spec_proposed_drafts") for m in metas)
+    if all_accepted and (block is None or mean >= block - 1e-6):
+        note = ("SUSPICIOUS: every draft token was accepted on every question (the length is "
+                "the block size): a verify that does not check the drafts, such as one reading "
+                "a stale attention mask, looks like this")
+        (problems if problems else lines).append(note if problems else f"probe: {note}")
+    return _verdict(lines, problems)
+
+
+def _verdict(lines: list[str], problems: list[str]) -> tuple[bool, list[str]]:
+    if problems:
+        return False, lines + ["probe FAILED: " + " | ".join(problems)]
+    return True, lines
+
+
+def shorten(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def run_probe(base: str, key: str | None, spec: dict, speculative: bool,
+              block: int | None) -> tuple[bool, list]:
+    """Every question at once, ``concurrency`` in flight; then ``judge``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = spec["questions"]
+    with ThreadPoolExecutor(max_workers=max(1, int(spec["concurrency"]))) as pool:
+        answers = list(pool.map(lambda q: ask(base, key, q, spec), questions))
+    return judge(answers, spec, speculative, block)
+
+
 def listener_pids(port: int) -> set[int]:
     """The pids holding a listening TCP socket on ``port`` (read from /proc, no ss needed)."""
     inodes = set()
@@ -166,6 +299,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--journal-since", type=float, help="only print the journal tail since EPOCH")
     p.add_argument("--started-at", type=float,
                    help="the server's start (host EPOCH): the budget counts from then")
+    p.add_argument("--probe", help="the correctness probe as JSON (questions, thresholds)")
     return p.parse_args()
 
 
@@ -230,10 +364,34 @@ def main() -> int:
                                  secrets):
             print(f"| {line}", flush=True)
         return 0
-    return wait_ready(args, secrets)
+    try:
+        probe = json.loads(args.probe) if args.probe else None
+    except ValueError as exc:
+        say(f"bad --probe JSON: {exc}")
+        return 3
+    return wait_ready(args, secrets, probe)
 
 
-def wait_ready(args: argparse.Namespace, secrets: list[str]) -> int:
+def probe_server(base: str, key: str | None, probe: dict, argv: list[str], served: str | None,
+                 elapsed: float) -> str | None:
+    """The correctness probe on a healthy server: why it failed, or None when it passed."""
+    say(f"healthy after {elapsed:.0f} s; probing {len(probe['questions'])} "
+        f"questions, {probe['concurrency']} at once")
+    began = time.monotonic()
+    block = argv_value(argv, "--speculative-num-draft-tokens")
+    speculative = argv_value(argv, "--speculative-algorithm") is not None
+    passed, lines = run_probe(base, key, probe, speculative,
+                              int(block) if block and block.isdigit() else None)
+    for line in lines[:-1] if not passed else lines:
+        say(line)
+    if not passed:
+        return (f"{base} serves {served}, but the correctness probe "
+                f"({time.monotonic() - began:.1f} s) failed: {lines[-1][len('probe FAILED: '):]}")
+    say(f"probe passed in {time.monotonic() - began:.1f} s")
+    return None
+
+
+def wait_ready(args: argparse.Namespace, secrets: list[str], probe: dict | None = None) -> int:
     """Poll until the server serves (0), fails (1) or the budget runs out (2)."""
     since = time.time() - 3
     start = time.monotonic()
@@ -275,7 +433,11 @@ def wait_ready(args: argparse.Namespace, secrets: list[str]) -> int:
             if problem:
                 return fail(problem)
             if served is not None or status is None:
-                say(f"READY after {elapsed:.0f} s: {base} serves {served} ({restarts} restarts)")
+                problem = probe_server(base, key, probe, argv, served, elapsed) if probe else None
+                if problem:
+                    return fail(problem, status=4)
+                say(f"READY after {time.monotonic() - start:.0f} s: {base} serves {served} "
+                    f"({restarts} restarts)")
                 return 0
         if elapsed > args.timeout and args.started_at is not None:
             return fail(

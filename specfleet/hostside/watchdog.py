@@ -22,8 +22,10 @@ Each restart is one line in the journal (``restarting UNIT: REASON``) and counte
 file, which outlives the watchdog. Every tick it writes a node-exporter textfile (``textfile``)
 with its counters, the server's readiness, the run lock's holder and what the deploy recorded
 (``deploy_state``: versions, revisions, plan hash, weights check). With ``relay`` set it also
-serves the server's ``/metrics`` (that path only, read-only) on the fleet interface, since the
-server itself listens on 127.0.0.1.
+serves the server's ``/metrics`` (that path only, read-only, no auth) on ``relay.listen``
+(127.0.0.1 unless the settings open it to a scraper), since the server itself listens on
+127.0.0.1; each connection has ``RELAY_CONNECTION_TIMEOUT_S`` and there are at most
+``RELAY_MAX_CONNECTIONS`` at once, so a flood cannot take the watchdog's threads.
 
 Stdlib only; it imports nothing of specfleet. ``decide`` is pure: the unit tests drive it.
 """
@@ -265,7 +267,49 @@ def textfile(cfg: dict, st: dict, ready: bool, lock: str | None, deployed: dict,
 # --------------------------------------------------------------------------------------------------
 
 
-def serve_relay(listen: str, port: int, base: str, timeout: float) -> ThreadingHTTPServer:
+# A scraper's request must be whole within this many seconds, and the answer taken: a
+# connection that sends half a request (or reads nothing) holds a thread no longer than that.
+RELAY_CONNECTION_TIMEOUT_S = 10.0
+# The most connections the relay serves at once (one thread each); more are closed at once.
+# A Prometheus or two scrape one at a time: a flood cannot hold the watchdog's task budget,
+# which its own probes and ``systemctl`` need.
+RELAY_MAX_CONNECTIONS = 16
+
+
+class BoundedRelayServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with at most ``max_connections`` threads: a connection over the
+    cap is closed unanswered (a scraper tries again at its next interval)."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address, handler, max_connections: int = RELAY_MAX_CONNECTIONS):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:  # noqa: BLE001 - no thread to be had: this connection only
+            self._slots.release()
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a scraper that hung up or timed out is not news for the journal
+
+
+def serve_relay(listen: str, port: int, base: str, timeout: float,
+                max_connections: int = RELAY_MAX_CONNECTIONS,
+                connection_timeout: float = RELAY_CONNECTION_TIMEOUT_S) -> ThreadingHTTPServer:
     class Relay(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?", 1)[0] != "/metrics":
@@ -286,7 +330,8 @@ def serve_relay(listen: str, port: int, base: str, timeout: float) -> ThreadingH
         def log_message(self, fmt: str, *args: object) -> None:
             pass  # a scrape every few seconds is not news
 
-    server = ThreadingHTTPServer((listen, port), Relay)
+    Relay.timeout = connection_timeout  # StreamRequestHandler: the socket's timeout
+    server = BoundedRelayServer((listen, port), Relay, max_connections)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -366,8 +411,20 @@ def main(argv: list[str]) -> int:
         f"(restart after {cfg['failures']} failed probes)")  # fmt: skip
     while True:
         started = time.monotonic()
-        st = tick(cfg, st, run_lock)
+        st = safe_tick(cfg, st, run_lock)
         time.sleep(max(0.0, cfg["interval_s"] - (time.monotonic() - started)))
+
+
+def safe_tick(cfg: dict, st: dict, run_lock, tick=tick) -> dict:
+    """One tick; an error in it (no fork at the unit's task limit, a full disk for the state
+    file) is one journal line, and the watchdog goes on with what it knew: a watchdog that
+    dies stops restarting a stuck server."""
+    try:
+        return tick(cfg, st, run_lock)
+    except Exception as exc:  # noqa: BLE001 - the next tick tries again
+        say(f"{cfg['unit']}: this check failed ({type(exc).__name__}: {exc}); "
+            "the watchdog goes on")
+        return st
 
 
 if __name__ == "__main__":

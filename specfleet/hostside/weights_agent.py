@@ -347,11 +347,16 @@ def read_verified(rev_dir: str, since: float = 0.0) -> dict[str, dict]:
 
 
 def still_matches(rev_dir: str, entry: dict) -> bool:
+    """The fast rule: the file verified is still there, unchanged, as far as its stat tells:
+    same size and mtime, and the same inode (a file put in its place, whatever its size and
+    mtime, is another file). An entry recorded before inodes were (no ``ino``) is held to
+    size and mtime."""
     try:
         st = os.stat(os.path.join(rev_dir, entry["path"]))
     except OSError:
         return False
-    return st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+    return (st.st_size == entry["size"] and st.st_mtime_ns == entry["mtime_ns"]
+            and entry.get("ino", st.st_ino) == st.st_ino)
 
 
 def new_digest(kind: str, size: int):
@@ -599,7 +604,7 @@ class Fetcher:
     def record(self, f: dict, kind: str, digest: str) -> None:
         st = os.stat(os.path.join(self.rev_dir, f["path"]))
         entry = {"path": f["path"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                 "hash_kind": kind, "hash": digest, "at": now()}
+                 "ino": st.st_ino, "hash_kind": kind, "hash": digest, "at": now()}
         with self.vlock, open(self.vpath, "a") as out:
             out.write(json.dumps(entry) + "\n")
             out.flush()
@@ -1078,7 +1083,8 @@ def write_manifest(job: dict, p: dict, rev_dir: str) -> dict | None:
         if v is None or not still_matches(rev_dir, v) or v["hash"] != expected_hash(f)[1]:
             return {"kind": "checksum", "message": f"{f['path']} changed while verifying",
                     "fix": "re-run; nothing else should write under the models root"}
-        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "hash_kind", "hash")}
+        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "ino", "hash_kind",
+                                                        "hash") if k in v}
     write_json_atomic(os.path.join(rev_dir, STATE_DIR, MANIFEST), {
         "schema": SCHEMA, "repo_id": job["repo_id"], "revision": p["revision"],
         "requested": job["revision"], "endpoint": endpoint_of(job), "complete": True,

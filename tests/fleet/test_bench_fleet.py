@@ -26,6 +26,11 @@ from specfleet.core import bench as core
 from tests.demo import DEMO_TOKEN, REPO_ROOT, STANDIN, TEST_ENV, up
 from tests.harness import HostSpec
 from tests.harness import standin_perf as perf
+from tests.harness.sources import (
+    DDTREE_FORK_HOST_SRC,
+    DDTREE_FORK_TARBALL,
+    ddtree_fork_host_script,
+)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -202,3 +207,105 @@ def test_sweep_resumes_after_a_kill_and_leaves_the_host_on_the_best_point(demo):
     assert "<img src=\"heatmap.png\"" in (out / "report.html").read_text()
     for png in ("tokens_per_s.png", "accept_length.png", "heatmap.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+# -- DDTree: the fork's tree on h1, planned at a budget, swept by budget, rolled out ---------------
+
+DDTREE_VENV = "/opt/specfleet/ddtree"
+BUDGETS = perf.BUDGETS  # 8,16,32,64,128: the stand-in's best is an inner one
+FIRST_BUDGET = 32
+
+
+def ddtree_settings(plan: dict) -> dict:
+    """h1 on the DDTree fork's tree (tests/harness/sources.py lays it in, named as such): a
+    source install keyed by its folder, beside the release venv; the stand-in started by the
+    venv's own python runs the fork's parser and rules (sglang_rules.py)."""
+    return {
+        "venv": DDTREE_VENV,
+        "sglang": {"kind": "source", "source_path": DDTREE_FORK_HOST_SRC},
+        "launcher": [f"{DDTREE_VENV}/bin/python", STANDIN, "--standin-record",
+                     "/run/standin.json", "--standin-perf-seed", str(SEED)],
+        "plan": plan,
+    }
+
+
+def standin_argv(demo, host: str) -> list[str]:
+    return json.loads(demo.fleet.run(host, "cat /run/standin.json", check=True).stdout)["argv"]
+
+
+def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
+    demo.fleet.put("h1", DDTREE_FORK_TARBALL, "/tmp/sglang-ddtree-fork.tar.gz")
+    demo.fleet.run("h1", ddtree_fork_host_script("/tmp/sglang-ddtree-fork.tar.gz", DDTREE_VENV),
+                   check=True, timeout=300)  # fmt: skip
+    # Building that tree on the host (a fresh venv): its Rust extension needs cargo, which the
+    # host lacks, and its rust/ sources, which the tarball lacks: refused before anything changes.
+    build = {**ddtree_settings({"ddtree_budget": FIRST_BUDGET}), "venv": DDTREE_VENV + "-build"}
+    inv = demo.write_inventory(demo.workdir / "ddtree_build_inventory.py", h1=build)
+    before = unit_sha(demo, "h1")
+    res = demo.pyinfra("-y", "--limit", "h1", inventory=inv)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0, text[-4000:]
+    assert "sglang.srt.grpc._core" in text and "no Rust toolchain (cargo not found)" in text, (
+        text[-4000:])
+    assert demo.fleet.run("h1", f"test -e {DDTREE_VENV}-build").returncode != 0
+    assert unit_sha(demo, "h1") == before
+
+    inv = demo.write_inventory(demo.workdir / "ddtree_inventory.py",
+                               h1=ddtree_settings({"ddtree_budget": FIRST_BUDGET}))
+
+    # Planned with DDTree at the budget, the stand-in started with the fork's exact flags, the
+    # readiness gate passed; a second run changes nothing.
+    res = demo.pyinfra("-y", "--limit", "h1", inventory=inv)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-4000:]
+    argv = standin_argv(demo, "h1")
+    assert argv[0] == f"{DDTREE_VENV}/bin/python"
+    assert "--speculative-dflash-enable-ddtree" in argv
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(FIRST_BUDGET)
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
+    before = unit_sha(demo, "h1")
+    res = demo.pyinfra("-y", "--limit", "h1", inventory=inv)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert unit_sha(demo, "h1") == before
+    assert standin_argv(demo, "h1") == argv
+
+    # The budget sweep finds the stand-in's best budget and writes its plots.
+    out = demo.workdir / "sweep-ddtree"
+    gd = demo.workdir / "group_data_ddtree"
+    gd.mkdir()
+    grid = ["--ddtree-budgets", ",".join(map(str, BUDGETS)), "--draft-window", "4096",
+            "--concurrency", "1", "--max-tokens", "32", "--out", str(out)]
+    res = specfleet("sweep", str(inv), "--host", "h1", "--allow-serving", *grid,
+                    "--write-group-data", str(gd / "h200x2.py"))
+    text = res.stdout + res.stderr
+    print(res.stdout)  # the sweep's table (pytest -s shows it)
+    assert res.returncode == 0, text[-4000:]
+    state = json.loads((out / "state.json").read_text())
+    best = core.point_key({"ddtree_budget": perf.best_budget(SEED), "draft_window": 4096})
+    assert state["best"] == best, text
+    assert perf.best_budget(SEED) not in (BUDGETS[0], BUDGETS[-1])
+    assert (out / "ddtree_budget.png").read_bytes()[:4] == b"\x89PNG"
+    assert 'src="ddtree_budget.png"' in (out / "report.html").read_text()
+    accepts = [state["points"][core.point_key({"ddtree_budget": b, "draft_window": 4096})]
+               ["result"]["accept_length"] for b in BUDGETS]  # fmt: skip
+    assert accepts == sorted(accepts), accepts
+
+    # The winner rolls out through group data: the inventory's h1 names no budget, the group
+    # data file the sweep wrote does; the host (restored to the best point) has nothing to change.
+    assert runpy.run_path(str(gd / "h200x2.py"))["specfleet"]["plan"]["ddtree_budget"] == (
+        perf.best_budget(SEED))
+    inv = demo.write_inventory(demo.workdir / "ddtree_inventory.py", h1=ddtree_settings({}))
+    before = unit_sha(demo, "h1")
+    res = demo.pyinfra("-y", "--limit", "h1", "--group-data", str(gd), inventory=inv)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert unit_sha(demo, "h1") == before
+    now = standin_argv(demo, "h1")
+    assert now[now.index("--speculative-num-draft-tokens") + 1] == str(perf.best_budget(SEED))
+
+    # A host without DDTree (h2: the 0.5.11 release) refuses a budget axis, changing nothing.
+    before = unit_sha(demo, "h2")
+    res = specfleet("sweep", str(inv), "--host", "h2", "--allow-serving", "--ddtree-budgets",
+                    "16,32", "--out", str(demo.workdir / "sweep-no-ddtree"))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "cannot be swept here" in res.stderr and "no DDTree" in res.stderr, res.stderr
+    assert unit_sha(demo, "h2") == before

@@ -56,7 +56,8 @@ def settings_data(load_s: float = 0, **watch) -> dict:
         "plan": {"extra_env": {"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}},
         "watchdog": {"interval_s": 1, "probe_timeout_s": 4, "failures": 3, "backoff_s": 1,
                      "backoff_max_s": 2, "load_grace_s": 30, **watch},
-        "metrics": {"relay_port": RELAY_PORT},
+        # Opened: the Prometheus of these tests scrapes it from the control machine.
+        "metrics": {"relay_port": RELAY_PORT, "relay_listen": "0.0.0.0"},
     }  # fmt: skip
 
 
@@ -188,6 +189,77 @@ def test_a_run_holding_the_lock_is_not_disturbed(wd):
     # The same hang without the lock is restarted: the lock was what held it back.
     wait_for("a restart once the lock is gone", lambda: main_pid(wd) not in (pid, "0"))
     assert len(restarts_in_journal(wd)) == before + 1
+
+
+# On the host: keep FLOOD_CONNECTIONS connections to the relay open, each with half a request,
+# opening a new one for each the relay closes (a peer that floods it, or a slowloris).
+FLOODER = """
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = []
+while True:
+    socks = [s for s in socks if s.fileno() >= 0]
+    alive = []
+    for s in socks:
+        try:
+            s.setblocking(False)
+            if s.recv(1) == b"":
+                s.close()
+                continue
+        except BlockingIOError:
+            pass
+        except OSError:
+            s.close()
+            continue
+        alive.append(s)
+    socks = alive
+    while len(socks) < n:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1)
+            s.sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n")  # never ends
+        except OSError:
+            break
+        socks.append(s)
+    time.sleep(0.05)
+"""
+FLOOD_CONNECTIONS = 1500
+
+
+def test_a_flooded_relay_does_not_stop_the_watchdog(wd):
+    """1500 half-open connections to the relay, kept up, with the watchdog at a task limit of 64
+    and 64 open files: the relay holds at most its cap of them, the watchdog goes on probing
+    and restarts a hung server (before: a thread and a file per connection for good, and the
+    watchdog died when its tick could not open a pipe or fork)."""
+    wait_ready(wd)
+    before, pid = len(restarts_in_journal(wd)), main_pid(wd)
+    watchdog_unit = f"{NAME}-watchdog.service"
+    # The unit's budget, small: a task limit (where the container's cgroup enforces one) and
+    # 64 open files (each connection held is one; the tick's systemctl needs a few).
+    sh(wd, f"systemctl set-property --runtime {watchdog_unit} TasksMax=64 && prlimit --pid "
+           f"$(systemctl show -p MainPID --value {watchdog_unit}) --nofile=64:64")
+    res = wd.run("h1", "cat > /run/standin/flooder.py", input=FLOODER)
+    assert res.returncode == 0, res.stderr
+    sh(wd, "systemd-run --quiet --collect --unit=sf-relay-flood -p LimitNOFILE=8192 "
+           f"/usr/bin/python3 /run/standin/flooder.py {RELAY_PORT} {FLOOD_CONNECTIONS}")
+    try:
+        wait_for("the flood on its way", lambda: int(sh(
+            wd, f"ss -Htn state established '( dport = :{RELAY_PORT} )' | wc -l")) >= 16)
+        time.sleep(5)  # the relay has taken what it takes of the flood
+        wpid = sh(wd, f"systemctl show -p MainPID --value {watchdog_unit}").strip()
+        sh(wd, f"echo {pid} > {HANG}")
+        wait_for("a restart by the watchdog under the flood",
+                 lambda: main_pid(wd) not in (pid, "0"), timeout=60)
+        assert len(restarts_in_journal(wd)) == before + 1
+        assert sh(wd, f"systemctl show -p MainPID --value {watchdog_unit}").strip() == wpid
+        threads = int(sh(wd, f"ls /proc/{wpid}/task | wc -l"))
+        assert threads <= 20, threads  # its own, and the relay's cap of connections
+    finally:
+        wd.run("h1", "systemctl stop sf-relay-flood; rm -f /run/standin/flooder.py")
+        wd.run("h1", f"systemctl set-property --runtime {watchdog_unit} TasksMax=infinity")
+        # A fresh watchdog: its limits back, and its restart window (max_restarts) empty again
+        # for the tests after this one.
+        wd.run("h1", f"systemctl restart {watchdog_unit}")
+    wait_ready(wd)
 
 
 def watchdog_paths_textfile() -> str:

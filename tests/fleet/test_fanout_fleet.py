@@ -478,3 +478,100 @@ def test_sigterm_to_the_controller_stops_every_sshd_and_removes_every_key(env, t
         hub.configure()
         for h in HOSTS:  # the seed's own download goes on detached, by design: stop it here
             fleet.run(h, "systemctl stop 'specfleet-weights-*' 'specfleet-fanout-*'")
+
+
+# A compromised source: its fan-out agent sends each file asked for, then, for the tokenizer
+# (the last one asked), a second copy of the same size with other bytes, at once: the race the
+# receiver must not lose (the second copy renamed over the first after its hash was checked).
+EVIL_TOKENIZER = b'{"vocab":"x"}'
+EVIL_PATCH = f'''
+_real_send_file = send_file
+
+
+def send_file(*args):
+    ok = _real_send_file(*args)
+    path, channel = args[-2], args[-1]
+    if path == "sub/tokenizer.json":
+        channel.write(_line(file=path, size={len(EVIL_TOKENIZER)}))
+        channel.write({EVIL_TOKENIZER!r})
+    return ok
+
+
+'''
+TOOLS = "/opt/specfleet/tools"
+
+
+def recorded_but_not_what_was_hashed(env, host: str) -> list[str]:
+    """The files of the target's verified.jsonl on ``host`` whose bytes now are not the Hub's
+    while the fast rule (size, mtime, and inode where recorded) still trusts them."""
+    rev = env["revs"][TARGET]
+    script = (
+        "import hashlib, json, os, sys\n"
+        f"d = '/srv/models/fo--target/{rev}'\n"
+        "out = {}\n"
+        "for line in open(d + '/.specfleet/verified.jsonl'):\n"
+        "    e = json.loads(line); p = os.path.join(d, e['path'])\n"
+        "    try: st = os.stat(p)\n"
+        "    except OSError: continue\n"
+        "    trusted = st.st_size == e['size'] and st.st_mtime_ns == e['mtime_ns'] and "
+        "e.get('ino', st.st_ino) == st.st_ino\n"
+        "    if trusted: out[e['path']] = hashlib.sha256(open(p, 'rb').read()).hexdigest()\n"
+        "print(json.dumps(out))\n")
+    got = json.loads(env["fleet"].run(host, "python3 -", input=script, check=True).stdout)
+    want = expected(env, TARGET)
+    return sorted(p for p, digest in got.items() if digest != want[p])
+
+
+def test_a_source_that_sends_a_second_altered_copy_plants_nothing(env, tmp_path):
+    """A compromised seed sends the tokenizer asked for, then a second copy with other bytes:
+    the receiver records only what it hashed (the second copy is refused, the seed given up),
+    and the fan-out run after it, its weights check a fast one, ends with the Hub's bytes."""
+    from operations.fanout import model_job
+    from specfleet.fleet.monitoring import load_hosts
+
+    fleet = env["fleet"]
+    r, _ = fanout(env)  # every host converged (the test before wiped them)
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    h1, rev = fleet.hosts["h1"], env["revs"][TARGET]
+    private, public = make_keypair("specfleet-fanout-evil")
+    host_private, host_public = make_keypair("specfleet-fanout-evil-host")
+    spec = {"public_key": public, "host_private_key": host_private,
+            "receivers": [fleet.hosts["h2"]], "rollout_id": "evil", "port": 22113,
+            "models": {"fo--target": rev}}
+    settings = {name: s for name, _data, s in load_hosts(str(env["inv"]))}
+    job = model_job(settings["h2"], "target", rollout_id="evil", port=22113, token_path=None,
+                    sources=[{"host": "h1", "address": h1}], host_name="h2")
+    job_path = "/var/lib/specfleet/fanout/evil-pull-job.json"
+    genuine = (REPO_ROOT / "specfleet" / "hostside" / "fanout_agent.py").read_text()
+    serve_deploy(env, tmp_path, spec, True)
+    try:
+        main = 'if __name__ == "__main__":'
+        fleet.run("h1", f"cat > {TOOLS}/fanout_agent.py", check=True,
+                  input=genuine.replace(main, EVIL_PATCH + main))
+        fleet.run("h2", f"mkdir -p -m 700 /var/lib/specfleet/fanout {job['control_dir']}",
+                  check=True)
+        fleet.run("h2", f"cat > {job_path}", input=json.dumps(job), check=True)
+        fleet.run("h2", f"cat > {job['known_hosts']}", input=f"[{h1}]:22113 {host_public}\n",
+                  check=True)
+        for trial in range(3):  # the race, run again: not one trial may record the second copy
+            wipe(env, ("h2",))
+            fleet.run("h2", f"umask 077; cat > {job['key_path']}", input=private, check=True)
+            pull = fleet.run("h2", f"{TOOLS}/bin/python {TOOLS}/fanout_agent.py pull {job_path}",
+                             timeout=300)
+            assert pull.returncode == 0, pull.stdout + pull.stderr
+            assert recorded_but_not_what_was_hashed(env, "h2") == [], (trial, pull.stdout)
+            tok = fleet.run("h2", f"cat /srv/models/fo--target/{rev}/sub/tokenizer.json").stdout
+            assert tok.encode() != EVIL_TOKENIZER, trial
+    finally:
+        fleet.run("h1", f"cat > {TOOLS}/fanout_agent.py", input=genuine, check=True)
+        serve_deploy(env, tmp_path, spec, False)
+        fleet.run("h2", f"rm -f {job_path} {job['key_path']} {job['known_hosts']}")
+    # The fan-out after it (the genuine agent, its weights step verify: fast) ends right.
+    mark = len(env["hub"].log_lines())
+    r, _ = fanout(env)
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert host_files(env, "h2", TARGET) == expected(env, TARGET)
+    assert manifest(env, "h2", TARGET)["complete"]
+    assert recorded_but_not_what_was_hashed(env, "h2") == []
+    assert set(gets(env, mark)) <= {f"{TARGET}/{p}" for p in env["files"][TARGET]}
+    assert_no_keys_left(env)

@@ -3,6 +3,8 @@
 - ``sglang_wheel(V)``: the PyPI wheel of sglang V, from the one wheel cache
   (``tests.harness.wheelhouse``: filled from PyPI by the test command, ``python -m tests.fleet
   prepare``, or here on first use);
+- ``lay_ddtree_fork(site)`` / ``ddtree_fork_site()``: the DDTree fork's tree from
+  ``../shared/fixtures/sglang-ddtree-fork/``, laid into a site-packages as its README says;
 - ``pr20547_tree()``: the PR#20547 head's Python package (``modal-labs/sglang`` e67a0d488), read
   from ``../shared/fixtures/sglang-pr20547/`` (no network; ``SPECFLEET_SHARED`` overrides).
 
@@ -84,3 +86,80 @@ def pr20547_diff() -> bytes:
     if hashlib.sha256(data).hexdigest() != PR20547_DIFF_SHA256:
         raise ValueError(f"{PR20547_DIFF} does not have the recorded sha256 {PR20547_DIFF_SHA256}")
     return data
+
+
+# --------------------------------------------------------------------------------------------------
+# The DDTree fork's tree (DB-Guo/sglang-ddtree-dev 514ea1f3e), as its fixture README lays it in
+# --------------------------------------------------------------------------------------------------
+
+DDTREE_FORK_DIR = SHARED / "fixtures" / "sglang-ddtree-fork"
+DDTREE_FORK_COMMIT = "514ea1f3e"
+DDTREE_FORK_TARBALL = DDTREE_FORK_DIR / f"sglang-ddtree-fork-{DDTREE_FORK_COMMIT}-python.tar.gz"
+DDTREE_FORK_SHA256 = "926db23068f3fc5764bfddae6f7ed02cd3ba1f67943689f097c38fdcb12f48f4"
+# setuptools-scm's fallback: the version a source build of this tree reports.
+DDTREE_FORK_VERSION = "0.0.0.dev0"
+
+
+def lay_ddtree_fork(site: Path) -> Path:
+    """Lay the fork's ``python/sglang`` into the folder ``site`` (a site-packages) as a source
+    install looks, with a ``sglang-0.0.0.dev0.dist-info`` (its pyproject needs a Rust extension
+    and git, so pip cannot build it here; see the fixture README). Returns the ``sglang`` folder."""
+    data = _need(DDTREE_FORK_TARBALL).read_bytes()
+    if hashlib.sha256(data).hexdigest() != DDTREE_FORK_SHA256:
+        raise ValueError(f"{DDTREE_FORK_TARBALL} does not have the recorded sha256")
+    site.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(DDTREE_FORK_TARBALL) as tar:
+        # Regular files and folders: a few links point into the repository outside python/.
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith("python/sglang/") and (m.isfile() or m.isdir())]
+        for m in members:
+            m.name = m.name[len("python/"):]
+        tar.extractall(site, members=members, filter="data")
+    info = site / f"sglang-{DDTREE_FORK_VERSION}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: sglang\nVersion: {DDTREE_FORK_VERSION}\n"
+    )
+    (info / "INSTALLER").write_text("specfleet-tests (the DDTree fork's tree, laid in)\n")
+    return site / "sglang"
+
+
+@cache
+def ddtree_fork_site() -> Path:
+    """One laid-in copy of the fork per test process, in a temporary folder removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    site = Path(tempfile.mkdtemp(prefix="specfleet-ddtree-fork-"))
+    atexit.register(shutil.rmtree, site, ignore_errors=True)
+    lay_ddtree_fork(site)
+    return site
+
+
+# Where the fleet tests and the demo lay the fork's tree on a host: its python/ folder as a
+# checkout's, and a venv holding it as a source install of that folder looks (pip's
+# direct_url.json names the folder: specfleet's sglang.kind "source" key).
+DDTREE_FORK_HOST_SRC = "/opt/src/sglang-ddtree-fork/python"
+
+
+def ddtree_fork_host_script(tarball: str, venv: str, src: str = DDTREE_FORK_HOST_SRC) -> str:
+    """The shell that lays the fork's tree (the tarball, already copied to ``tarball`` on the
+    host) into ``src`` and into a new ``venv`` as its fixture README says; idempotent."""
+    parent = src.rsplit("/", 1)[0]
+    return "\n".join([
+        "set -e",
+        f"mkdir -p {parent}",
+        f"[ -d {src}/sglang ] || tar xzf {tarball} -C {parent} python/",
+        f"[ -x {venv}/bin/python ] || python3 -m venv {venv}",
+        f"site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
+        # Regular files only: a few links in the tree point outside python/.
+        f'[ -d "$site/sglang" ] || (cp -a {src}/sglang "$site/" && '
+        'find "$site/sglang" -type l -delete)',
+        f'info="$site/sglang-{DDTREE_FORK_VERSION}.dist-info"',
+        'mkdir -p "$info"',
+        f'printf "Metadata-Version: 2.1\\nName: sglang\\nVersion: {DDTREE_FORK_VERSION}\\n" '
+        '> "$info/METADATA"',
+        'printf "specfleet-tests (the DDTree fork\'s tree, laid in)\\n" > "$info/INSTALLER"',
+        f'printf \'{{"url": "file://{src}", "dir_info": {{}}}}\\n\' > "$info/direct_url.json"',
+    ])

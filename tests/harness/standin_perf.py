@@ -134,6 +134,10 @@ class Perf:
             seed = int(os.environ.get(SEED_ENV, "0") or 0)
         self.seed = seed
         self.point = point_from_argv(argv)
+        # --standin-slowdown F: this server decodes F times slower (a host made slow, for the
+        # rollout's speed gate).
+        self.slowdown = float(flag_value(argv, "--standin-slowdown") or 1.0)
+        self.ddtree = ddtree_from_argv(argv)
         self.metrics_enabled = "--enable-metrics" in argv
         self.model = served_model
         self.lock = threading.Lock()
@@ -160,6 +164,7 @@ class Perf:
             "speculative_draft_attention_backend": p.draft_backend,
             "attention_backend": p.attention_backend,
             "internal_states": [self.internal_state()],
+            **ddtree_server_info(self.ddtree),
         }
 
     def metrics_text(self) -> str:
@@ -181,7 +186,8 @@ class Perf:
     def stream(self, max_tokens: int, prompt_tokens: int):
         """Yield chunks of generated words, as a speculative decode step yields its accepted
         tokens, each after the time the model gives that step."""
-        accept = accept_length(self.point, self.seed)
+        accept = (ddtree_accept_length(self.ddtree, self.seed) if self.ddtree
+                  else accept_length(self.point, self.seed))
         with self.lock:
             self.active += 1
         try:
@@ -194,7 +200,9 @@ class Perf:
                 carry -= step
                 with self.lock:
                     busy = max(1, self.active)
-                rate = single_tps(self.point, self.seed) / (1 + CONTENTION * (busy - 1))
+                alone = (ddtree_single_tps(self.point, self.ddtree, self.seed) if self.ddtree
+                         else single_tps(self.point, self.seed))
+                rate = alone / (1 + CONTENTION * (busy - 1)) / self.slowdown
                 time.sleep(step / rate)
                 with self.lock:
                     self.accepted += step
@@ -205,6 +213,103 @@ class Perf:
         finally:
             with self.lock:
                 self.active -= 1
+
+
+# --------------------------------------------------------------------------------------------------
+# DDTree (STAND-IN): acceptance and speed against the tree budget
+# --------------------------------------------------------------------------------------------------
+# From the published results and the designs' own code, not from any GPU:
+# - acceptance rises with the budget with diminishing returns (DDTree, arXiv 2604.12989: a
+#   best-first tree under a node budget; "2.13x on top of DFlash" at its best, sglang #22887):
+#   1 + ACCEPT_GAIN * (1 - 2^(-budget / (best / 2))), at most the budget;
+# - each step costs a plain DFlash step plus the verify of the whole tree, growing faster than
+#   linearly in the budget (ancestor-only mask, attention over every node: VERIFY_POWER), plus the
+#   draft: in the fork's design the drafter runs over the whole budget (dflash_worker.py sets
+#   block_size = num_draft_tokens: DRAFT_PER_TOKEN x budget), in PR#29907's over its block;
+# - the verify cost's scale is solved per run so that the best budget is one of the INNER values
+#   of BUDGETS, drawn from the seed: never a corner of a sweep over them; its neighbours are
+#   more than 10 % slower.
+BUDGETS = (8, 16, 32, 64, 128)
+ACCEPT_GAIN = 6.0
+VERIFY_POWER = 1.5
+DRAFT_PER_TOKEN = 0.004
+# The best DDTree budget's speed over the best plain DFlash point's (below the paper's 2.13x).
+DDTREE_SPEEDUP = 1.5
+FORK_SWITCH = "--speculative-dflash-enable-ddtree"
+PR29907_BUDGET = "--speculative-ddtree-budget"
+
+
+@dataclass(frozen=True)
+class DDTreeRun:
+    design: str  # "fork" (the DFLASH switch) or "pr29907" (algorithm DDTREE)
+    budget: int
+    block: int  # the drafter's positions per step outside the tree (PR#29907)
+
+
+def ddtree_from_argv(argv: list[str]) -> DDTreeRun | None:
+    """DDTree as the server was started: the fork's switch (the budget is the draft tokens) or
+    PR#29907's algorithm with its budget flag; None for plain DFlash."""
+    tokens = flag_value(argv, "--speculative-num-draft-tokens")
+    try:
+        if FORK_SWITCH in argv:
+            return DDTreeRun("fork", int(tokens or 16), int(tokens or 16))
+        if flag_value(argv, "--speculative-algorithm") == "DDTREE":
+            return DDTreeRun("pr29907", int(flag_value(argv, PR29907_BUDGET) or 64),
+                             int(tokens or 16))
+    except ValueError:
+        return None
+    return None
+
+
+def best_budget(seed: int) -> int:
+    return random.Random(f"specfleet-standin-ddtree-{seed}").choice(BUDGETS[1:-1])
+
+
+def _ddtree_accept(budget: int, best: int) -> float:
+    return min(float(budget), 1 + ACCEPT_GAIN * (1 - 2 ** (-budget / (best / 2))))
+
+
+def _ddtree_cost(run: DDTreeRun, budget: int, verify: float) -> float:
+    drafted = budget if run.design == "fork" else run.block
+    return 1 + verify * budget**VERIFY_POWER + DRAFT_PER_TOKEN * drafted
+
+
+def _ddtree_rate(run: DDTreeRun, budget: int, best: int, verify: float) -> float:
+    return _ddtree_accept(budget, best) / _ddtree_cost(run, budget, verify)
+
+
+def ddtree_verify_scale(run: DDTreeRun, best: int) -> float:
+    """The verify cost's scale that puts the optimum of accept/cost at ``best`` (bisection on
+    the sign of the slope there)."""
+    lo, hi, eps = 1e-9, 1.0, best * 1e-3
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        rising = _ddtree_rate(run, best + eps, best, mid) > _ddtree_rate(run, best - eps, best, mid)
+        lo, hi = (mid, hi) if rising else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ddtree_accept_length(run: DDTreeRun, seed: int) -> float:
+    return _ddtree_accept(run.budget, best_budget(seed))
+
+
+def ddtree_single_tps(point: Point, run: DDTreeRun, seed: int) -> float:
+    """Output tokens/s of one request alone with DDTree at ``run.budget``: DDTREE_SPEEDUP x the
+    best DFlash speed at the stand-in's best budget, scaled by accept/cost elsewhere (the rest of
+    the point, window and backends, costs as for DFlash)."""
+    best = best_budget(seed)
+    verify = ddtree_verify_scale(run, best)
+    dflash = single_tps(Point(point.algorithm or "DFLASH", best_point(seed).block, point.window,
+                              point.draft_backend, point.attention_backend), seed)
+    return (DDTREE_SPEEDUP * dflash * _ddtree_rate(run, run.budget, best, verify)
+            / _ddtree_rate(run, best, best, verify))
+
+
+def ddtree_server_info(run: DDTreeRun | None) -> dict:
+    if run is None:
+        return {}
+    return {"speculative_ddtree_design": run.design, "speculative_ddtree_budget": run.budget,
+            "standin": "DDTree modelled by tests/harness/standin_perf.py, not measured"}
 
 
 def _prompt_tokens(body: dict) -> int:

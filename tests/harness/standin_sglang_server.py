@@ -43,6 +43,14 @@ It refuses to start where the installed SGLang would (sglang_refusal below): the
 interpreter would import runs its own parser and rule methods on the flags (sglang_rules.py,
 uploaded beside this file), and "Not enough memory" is modelled from the fraction that code chose,
 nvidia-smi's GPU memory and the model folders' weights. No tree (or no sglang_rules.py): no check.
+
+The readiness gate's correctness probe gets SGLang's native /generate (meta_info with the
+per-request acceptance length) and non-streaming /v1/chat/completions answers from this stand-in's
+own table (STANDIN_ANSWERS, never the gate's expected answers). On a tree where the target's
+verify would read a stale custom mask (stale_verify_mask: decided from the installed SGLang files
+this interpreter would import, the process's flags and environment, as 0.5.11 with the unfixed
+PR#20547 port, triton and CUDA graphs) every draft is "accepted" and the answers are wrong.
+  --standin-slowdown F    decode F times slower (standin_perf.py; a host made slow)
 """
 
 from __future__ import annotations
@@ -320,6 +328,245 @@ def sglang_refusal(argv: list) -> str | None:
     return sglang_rules.tree_refusal(tree, flags, machine)
 
 
+# --------------------------------------------------------------------------------------------------
+# Answers: what the readiness gate's correctness probe sees (SGLang's /generate and
+# /v1/chat/completions), right on a healthy tree, wrong where the verify mask would be stale
+# --------------------------------------------------------------------------------------------------
+
+# The stand-in's own answers, keyed by the question (lower case, spaces collapsed). Never the
+# gate's expected answers: those are regexes in specfleet's settings, this is what "the model" says.
+STANDIN_ANSWERS = {
+    "what is 17 + 25? answer with the number only.": "42",
+    "what is 12 * 12? answer with the number only.": "144",
+    "what is 100 - 37? answer with the number only.": "63",
+    "what is 9 * 8? answer with the number only.": "72",
+    "what is the capital of france? answer with one word.": "Paris",
+    "what is the chemical symbol for gold? answer with the symbol only.": "Au",
+    "how many days are in a week? answer with the number only.": "7",
+    "what is the largest planet in the solar system? answer with one word.": "Jupiter",
+    # Beyond the gate's defaults: a user's own probe file in the tests asks these.
+    "what is 6 * 7? answer with the number only.": "42",
+    "what colour is the sky on a clear day? answer with one word.": "Blue",
+    "what is the capital of japan? answer with one word.": "Tokyo",
+}
+# What a verify step with a stale mask emits: the drafter's own guesses, every one "accepted".
+STALE_TOKENS = ("the", "the", "of", "1", "1", "and", ",", "the")
+V2_SWITCHES = ("SGLANG_ENABLE_SPEC_V2", "SGLANG_ENABLE_DFLASH_SPEC_V2")
+
+
+def _module_source(tree: str, relpath: str):
+    """The source of ``sglang/<relpath>`` in the installed tree, parsed, or None."""
+    import ast
+
+    try:
+        with open(os.path.join(tree, relpath), encoding="utf-8") as f:
+            return ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _assigned_strings(module, name: str):
+    """The string constants of ``name = frozenset({...})`` (or a set/tuple/list) in a module."""
+    import ast
+
+    for node in getattr(module, "body", []):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return {n.value for n in ast.walk(node.value)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return None
+
+
+def _env_bool_defaults(module) -> dict:
+    """``NAME = EnvBool(DEFAULT)`` of SGLang's srt/environ.py ``Envs`` class."""
+    import ast
+
+    out = {}
+    for node in ast.walk(module) if module is not None else ():
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "EnvBool" and node.value.args
+                and isinstance(node.value.args[0], ast.Constant)):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = bool(node.value.args[0].value)
+    return out
+
+
+def _env_bool(name: str, default: bool, environ) -> bool:
+    """SGLang's EnvBool.parse: true/1/yes/y, false/0/no/n; unset: the default."""
+    value = environ.get(name)
+    if value is None:
+        return default
+    return value.lower() in ("true", "1", "yes", "y")
+
+
+def _backend_classes(registry, name: str) -> set:
+    """The classes SGLang's attention registry's function for ``name`` returns (by name)."""
+    import ast
+
+    for node in getattr(registry, "body", []):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for deco in node.decorator_list:
+            if (isinstance(deco, ast.Call) and getattr(deco.func, "id", None)
+                    == "register_attention_backend" and deco.args
+                    and isinstance(deco.args[0], ast.Constant) and deco.args[0].value == name):
+                return {r.value.func.id for r in ast.walk(node) if isinstance(r, ast.Return)
+                        and isinstance(r.value, ast.Call) and isinstance(r.value.func, ast.Name)}
+    return set()
+
+
+def installed_sglang_tree():
+    """The folder of the ``sglang`` package this interpreter would import (not imported: the
+    real server runs from its venv's interpreter, and so does the stand-in in a venv)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return locations[0] if locations else None
+
+
+def stale_verify_mask(argv: list, environ, tree) -> str | None:
+    """Why the target's verify would read a stale custom mask on this tree, or None.
+
+    As SGLang 0.5.11 with PR#20547's v2 worker (sgl-project/sglang#20547; specfleet issue 29):
+    the CUDA-graph runner captures the verify graph in custom-mask mode for every attention
+    backend class outside ``_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS`` (srt/speculative/
+    dflash_utils.py), and the v2 worker verifies with ``custom_mask=None``, so a replay reads
+    the buffer captured at start. Everything is read from the installed files and the process's
+    flags and environment: the v2 worker, the switches and their defaults (srt/environ.py), the
+    backend's class (srt/layers/attention/attention_registry.py), the skip set, and whether
+    CUDA graphs run (``--disable-cuda-graph``)."""
+    if tree is None:
+        return None
+    if _argv_value(argv, "--speculative-algorithm") != "DFLASH" or "--disable-cuda-graph" in argv:
+        return None
+    if not os.path.exists(os.path.join(tree, "srt/speculative/dflash_worker_v2.py")):
+        return None
+    defaults = _env_bool_defaults(_module_source(tree, "srt/environ.py"))
+    if not all(_env_bool(n, defaults.get(n, False), environ) for n in V2_SWITCHES):
+        return None
+    skip = _assigned_strings(_module_source(tree, "srt/speculative/dflash_utils.py"),
+                             "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS")
+    classes = _backend_classes(_module_source(tree, "srt/layers/attention/attention_registry.py"),
+                               _argv_value(argv, "--attention-backend") or "")
+    if skip is None or not classes or classes & skip:
+        return None
+    return (f"DFLASH v2 verify with CUDA graphs on {'/'.join(sorted(classes))}, which "
+            "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS leaves out: the captured mask is stale")
+
+
+def _argv_value(argv: list, name: str):
+    value = None
+    for i, word in enumerate(argv):
+        if word == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith(name + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def _question(body: dict) -> str:
+    if "messages" in body:
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages") or []
+                        if m.get("role") == "user")
+    else:
+        text = body.get("text", "")
+        text = text[0] if isinstance(text, list) and text else str(text)
+    return " ".join(str(text).lower().split())
+
+
+def answer_tokens(body: dict, max_tokens: int, stale: bool) -> list:
+    """The words "the model" writes: its answer then an end (healthy), or the drafter's guesses
+    (stale mask); never more than ``max_tokens``."""
+    if stale:
+        return [STALE_TOKENS[i % len(STALE_TOKENS)] for i in range(max_tokens)]
+    answer = STANDIN_ANSWERS.get(_question(body), "I do not know.")
+    return answer.split()[:max_tokens]
+
+
+def decode_answer(perf, words: list, max_tokens: int, block: int, stale: bool,
+                  ignore_eos: bool) -> tuple:
+    """Decode as a speculative server does, in verify steps: returns (text, completion tokens,
+    verify steps, accepted drafts). A stale mask accepts every draft of each block."""
+    total = max_tokens if ignore_eos else len(words) + 1  # + the end-of-sequence token
+    total = max(1, min(total, max_tokens))
+    accept = float(block) if stale else (
+        perf_module.accept_length(perf.point, perf.seed) if perf is not None else 3.0)
+    rate = perf_module.single_tps(perf.point, perf.seed) if perf is not None else 160.0
+    done, steps, carry = 0, 0, 0.0
+    while done < total:
+        carry += accept
+        step = min(max(1, int(carry)), total - done)
+        carry -= step
+        time.sleep(step / max(rate, 1.0))
+        done, steps = done + step, steps + 1
+    # The end-of-sequence token is counted, never written; past the answer (ignore_eos), filler.
+    filler = words + ["tok"] * max(0, total - len(words)) if ignore_eos else words
+    return " ".join(filler[:total]), total, steps, total - steps
+
+
+def handle_answer_post(handler, path: str, argv: list, perf, served: str) -> bool:
+    """SGLang's native ``/generate`` (0.5.11 srt/entrypoints/http_server.py; the per-request
+    ``meta_info`` of srt/managers/tokenizer_manager.py ``_calculate_spec_decoding_metrics``) and a
+    non-streaming ``/v1/chat/completions``; False for anything else (streams stay perf's)."""
+    if path not in ("/generate", "/v1/chat/completions"):
+        return False
+    import io
+
+    raw = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        handler._send(400, {"object": "error", "message": "invalid JSON body", "code": 400})
+        return True
+    if not hasattr(handler.server, "stale_reason"):
+        handler.server.stale_reason = stale_verify_mask(argv, os.environ, installed_sglang_tree())
+    stale = handler.server.stale_reason is not None
+    chat = path.endswith("completions")
+    if chat and (body.get("stream") or not (stale or _question(body) in STANDIN_ANSWERS)):
+        handler.rfile = io.BytesIO(raw)  # perf's completions read the body again
+        return False
+    try:
+        block = int(_argv_value(argv, "--speculative-num-draft-tokens") or 8)
+    except ValueError:
+        block = 8
+    speculative = _argv_value(argv, "--speculative-algorithm") is not None
+    params = body.get("sampling_params") or {}
+    max_tokens = int(params.get("max_new_tokens") or body.get("max_tokens") or 16)
+    words = answer_tokens(body, max_tokens, stale)
+    text, completion, steps, accepted = decode_answer(
+        perf, words, max_tokens, block, stale, bool(params.get("ignore_eos")))
+    prompt_tokens = max(1, len(_question(body).split()))
+    if path == "/generate":
+        meta = {"id": os.urandom(8).hex(), "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "finish_reason": {"type": "length", "length": completion}}
+        proposed = steps * (block - 1)
+        if speculative and proposed > 0:
+            meta.update(spec_accept_rate=accepted / proposed,
+                        spec_accept_length=completion / steps, spec_accepted_drafts=accepted,
+                        spec_proposed_drafts=proposed, spec_verify_ct=steps)
+        handler._send(200, {"text": text, "output_ids": list(range(completion)),
+                            "meta_info": meta})
+        return True
+    handler._send(200, {
+        "id": os.urandom(8).hex(), "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model") or served,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                                             "reasoning_content": None, "tool_calls": None},
+                     "finish_reason": "length" if completion >= max_tokens else "stop",
+                     "matched_stop": None}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                  "total_tokens": prompt_tokens + completion},
+    })
+    return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="standin_sglang_server")
     p.add_argument("--standin-record")
@@ -473,6 +720,8 @@ def main() -> int:
                 return self._send(401, {"error": "Unauthorized"})
             if time.monotonic() - started < args.standin_load_s:
                 return self._send(503, {"detail": "the server is loading"})
+            if handle_answer_post(self, path, exact_argv(), perf, served):
+                return None
             if perf is None or not perf_module.handle_post(self, path, perf):
                 self._send(404, {"detail": "Not Found"})
 

@@ -19,7 +19,18 @@ from pyinfra.api import StringCommand
 from pyinfra_testing.util import get_command_string
 
 from facts import sglang
-from tests.harness.sources import pr20547_files, sglang_wheel
+from specfleet.core.tables import ddtree_designs
+from specfleet.core.tables import sglang_versions as versions
+from tests.harness.sources import (
+    DDTREE_FORK_VERSION,
+    ddtree_fork_site,
+    pr20547_files,
+    sglang_wheel,
+)
+from tests.harness.wheelhouse import DOWNLOADS
+
+# Every release wheel of the wheelhouse (the version table's releases).
+RELEASES = [r.split("==")[1] for reqs, _ in DOWNLOADS for r in reqs if r.startswith("sglang==")]
 
 ROOT = Path(__file__).resolve().parents[2]
 PR20547_COMMIT = "e67a0d488"
@@ -340,3 +351,97 @@ def test_command_in_a_venv_and_absent_interpreter(tmp_path, wheel_trees):
     assert value["features"]["dflash"] == "v1"
     missing = get_command_string(StringCommand(fact.command(python=str(tmp_path / "no" / "py"))))
     assert run(missing) is None
+
+
+# --- DDTree: the fork's real tree, every release wheel, authored designs ----------------------
+
+
+def test_ddtree_fork_tree_from_the_shared_tarball():
+    """The fork's whole tree (DB-Guo/sglang-ddtree-dev 514ea1f3e), laid in as a source install:
+    DDTree, its design, its exact flags, and a placeholder version mapped by its files."""
+    site = ddtree_fork_site()
+    value = collect(site)
+    assert value["version"] == DDTREE_FORK_VERSION
+    assert value["features"]["ddtree"] is True
+    assert value["features"]["dflash"] == "v1"  # "DFLASH does not support overlap scheduling"
+    ddtree = value["ddtree"]
+    assert ddtree["design"] == ddtree_designs.FORK_DFLASH_SWITCH.name
+    assert ddtree["declared"] == [
+        "field:speculative_dflash_enable_ddtree", "flag:--speculative-dflash-enable-ddtree",
+    ]  # fmt: skip
+    assert ddtree["flags"] == {
+        "algorithm": "DFLASH",
+        "switch": "--speculative-dflash-enable-ddtree",
+        "budget": "--speculative-num-draft-tokens",
+    }
+    assert "srt/arg_groups/speculative_hook.py" in ddtree["mentions"]
+    # The flag the design row names is the tree's own add_argument string.
+    server_args = (site / "sglang" / "srt" / "server_args.py").read_text()
+    assert f'"{ddtree["flags"]["switch"]}"' in server_args
+    assert value["layout_release"] == {
+        "release": "0.5.13", "marker": "srt/arg_groups/speculative_hook.py",
+    }  # fmt: skip
+    assert ddtree_designs.describe(ddtree).startswith("DDTree, design dflash-switch")
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_no_release_in_the_version_table_has_ddtree(version, tmp_path):
+    with zipfile.ZipFile(wheel_path(version)) as wheel:
+        wheel.extractall(tmp_path, [
+            n for n in wheel.namelist()
+            if n.startswith(NEEDED_PREFIXES) or n.split("/")[0].endswith(".dist-info")
+        ])  # fmt: skip
+    value = collect(tmp_path)
+    assert value["version"] == version
+    assert value["features"]["ddtree"] is False
+    assert "ddtree" not in value and "layout_release" not in value
+    assert ddtree_designs.describe(value.get("ddtree")) == "no DDTree"
+
+
+def test_each_release_maps_to_its_own_row_by_its_files(tmp_path):
+    """The placeholder mapping, checked on the real wheels: each release's files pick its row."""
+    for version in RELEASES:
+        with zipfile.ZipFile(wheel_path(version)) as wheel:
+            names = {n[len("sglang/"):] for n in wheel.namelist() if n.startswith("sglang/")}
+        folders = {n.rsplit("/", 1)[0] + "/" for n in names if "/" in n}
+        found = versions.release_by_layout(lambda rel, names=names, folders=folders: (
+            rel in folders if rel.endswith("/") else rel in names))  # fmt: skip
+        assert versions.version_row(found[0]) is versions.version_row(version), version
+
+
+def test_pr29907_design_authored(tmp_path):
+    """PR#29907 (code not available: authored from its description) in a 0.5.23-style tree."""
+    tree = write_tree(tmp_path, {
+        "__init__.py": POISON,
+        "srt/speculative/spec_info.py": (
+            "from enum import Enum, auto\nclass SpeculativeAlgorithm(Enum):\n"
+            "    DFLASH = auto()\n    DDTREE = auto()\n    NONE = auto()\n"
+        ),
+        "srt/arg_groups/fields/spec.py": (
+            "@dataclass\nclass SpecArgs:\n    speculative_ddtree_budget: Optional[int] = None\n"
+        ),
+        "srt/environ.py": "class Envs:\n    SGLANG_DDTREE_MAX_TOPK = EnvInt(8)\n",
+    })  # fmt: skip
+    ddtree = collect(tree)["ddtree"]
+    assert ddtree["design"] == ddtree_designs.PR29907_ALGORITHM.name
+    assert ddtree["flags"]["budget"] == "--speculative-ddtree-budget"
+    assert "env:SGLANG_DDTREE_MAX_TOPK" in ddtree["declared"]
+    assert ddtree["env"] == [
+        "SGLANG_DDTREE_DEPTH_BONUS", "SGLANG_DDTREE_MAX_TOPK", "SGLANG_DDTREE_RANK_PROBE",
+    ]  # fmt: skip
+
+
+def test_ddtree_unknown_design(tmp_path):
+    tree = write_tree(tmp_path, {
+        "__init__.py": "",
+        "srt/server_args.py": (
+            "class ServerArgs:\n    speculative_tree_ddtree_mode: str = 'off'\n"
+            "def add(parser):\n    parser.add_argument('--speculative-tree-ddtree-mode')\n"
+        ),
+    })  # fmt: skip
+    ddtree = collect(tree)["ddtree"]
+    assert ddtree["design"] == ddtree_designs.UNKNOWN and "flags" not in ddtree
+    assert ddtree_designs.describe(ddtree) == (
+        "DDTree present, unknown design (field:speculative_tree_ddtree_mode, "
+        "flag:--speculative-tree-ddtree-mode)"
+    )

@@ -337,14 +337,14 @@ def test_status_stream_through_the_forced_command_and_the_receivers_end(tmp_path
 
     lines = "".join(f"print({json.dumps(json.dumps({'n': n}))}, flush=True);" for n in (1, 2))
     channel = SourceChannel([sys.executable, "-c", f"{lines} import time; time.sleep(0.3)"],
-                            lambda stream, head: None)
+                            lambda stream, head, asked: None)
     time.sleep(0.2)
     assert channel.latest(5) == {"n": 2}  # the newest of what came
     assert channel.latest(5) is None and "exit 0" in channel.error()  # the channel ended
     assert channel.next_file(1) is None and not channel.send(["x"])
     channel.close()
     channel = SourceChannel([sys.executable, "-c", "import time; time.sleep(30)"],
-                            lambda stream, head: None)
+                            lambda stream, head, asked: None)
     assert channel.latest(0.3) is None and "no answer for" in channel.error()
     channel.close()
 

@@ -230,14 +230,19 @@ def test_pull_refuses_a_symlink_in_the_way(tmp_path, monkeypatch):
     assert "symlink" in pull.data["error"]["message"]
 
 
-def test_pull_check_never_deletes_outside_the_revision(tmp_path, monkeypatch):
-    """Even called with a bad name (it never is), the hash check deletes nothing outside."""
+def test_pull_receive_never_writes_outside_the_revision(tmp_path, monkeypatch):
+    """Even asked for a bad name (it never is), the receiver writes nothing outside."""
+    import io
+
     root = models(tmp_path)
     victim = tmp_path / "models" / "victim.bin"
     victim.write_bytes(b"x" * len(DATA))
     pull = fanout_agent.Pull(pull_job(tmp_path, root))
     rev_dir = root / NEW
     (rev_dir / ".specfleet").mkdir(parents=True)
-    wanted = {p: f for f in listing("../../victim.bin") for p in [f["path"]]}
-    pull.check({"host": "h1"}, ["../../victim.bin"], str(rev_dir), wanted)
-    assert victim.exists()
+    asked = {p: f for f in listing("../../victim.bin") for p in [f["path"]]}
+    got = pull.receive(io.BytesIO(DATA), {"file": "../../victim.bin", "size": len(DATA)},
+                       str(rev_dir), asked)
+    assert got.entry is None and "not taken" in got.problem and not got.broken
+    assert victim.read_bytes() == b"x" * len(DATA)
+    assert list(tmp_path.joinpath("models").glob("*.sf-part")) == []

@@ -135,7 +135,9 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 
 
 def test_generated_config_and_rules_pass_promtool(tmp_path):
-    hosts = [("h1", "10.0.0.1", _settings()), ("h2", "10.0.0.2", _settings(port=30001))]
+    opened = {"relay_listen": "0.0.0.0"}
+    hosts = [("h1", "10.0.0.1", _settings(metrics=opened)),
+             ("h2", "10.0.0.2", _settings(port=30001, metrics=opened))]
     write_monitoring(hosts, tmp_path)
     res = promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -301,3 +303,21 @@ def test_dashboard_has_a_host_variable_and_real_units():
     assert all(p["fieldConfig"]["defaults"]["custom"]["axisLabel"] for p in board["panels"])
     # Every query follows the host picker.
     assert all('host=~"$host"' in expr for _, expr in panel_queries(board))
+
+
+def test_a_loopback_relay_is_refused_as_a_remote_target_with_the_fix(tmp_path):
+    """The relay has no auth, so it listens on the loopback unless the settings open it; a
+    scrape config that would point a remote Prometheus at it is refused, naming host and fix."""
+    from specfleet.core.errors import SpecfleetError
+
+    assert _settings().metrics.relay_listen == "127.0.0.1"
+    with pytest.raises(SpecfleetError) as err:
+        write_monitoring([("h1", "10.0.0.1", _settings())], tmp_path)
+    text = str(err.value)
+    assert "h1" in text and "127.0.0.1" in text and "metrics.relay_listen" in text
+    assert "fix" in text and not (tmp_path / "prometheus.yml").exists()
+    # Scraped on the host itself, or with the relay opened: written.
+    write_monitoring([("h1", "127.0.0.1", _settings())], tmp_path / "local")
+    write_monitoring([("h1", "10.0.0.1", _settings(metrics={"relay_listen": "10.0.0.1"}))],
+                     tmp_path / "open")
+    assert (tmp_path / "open" / "prometheus.yml").exists()

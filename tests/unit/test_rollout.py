@@ -4,6 +4,7 @@ scripted runner, and the rollback decisions (pins, files, wheel cache, drift).""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -477,3 +478,71 @@ def test_the_canarys_group_is_the_canary_in_rank_order():
 def test_without_groups_the_batches_are_as_before():
     hosts = ["a", "b", "c", "d", "e"]
     assert make_batches(hosts, batch_size=2) == [["a"], ["b", "c"], ["d", "e"]]
+
+
+# --------------------------------------------------------------------------------------------------
+# The speed gate (rollout.speed_gate / --speed-gate): each batch benchmarked before and after
+
+
+class Bench:
+    """A scripted ``bench_runner``: each host's tokens/s and acceptance length, before the
+    change (the first benchmark of a host) and after it (the second), written as the bench
+    client's result files where ``fetch_to`` says."""
+
+    def __init__(self, after: dict[str, tuple[float, float]] | None = None):
+        self.after = after or {}
+        self.seen: dict[str, int] = {}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, inventory, deploy, hosts, data, log_path):
+        from specfleet.fleet.bench import DataRun
+
+        assert Path(deploy).name == "bench_kimi.py"
+        self.calls.append(list(hosts))
+        out = Path(data["specfleet_bench"]["fetch_to"])
+        for h in hosts:
+            n = self.seen[h] = self.seen.get(h, 0) + 1
+            tps, accept = (100.0, 3.0) if n == 1 else self.after.get(h, (99.0, 3.0))
+            (out / f"{h}.json").write_text(json.dumps({
+                "levels": [{"concurrency": 4, "completed": 2, "output_tokens_per_s": tps}],
+                "accept_length": accept}))
+        return DataRun(0, 0.01, {h: HostStep("ok") for h in hosts}, "")
+
+
+def test_the_speed_gate_holds_back_a_slow_host_rolls_it_back_and_counts_it(tmp_path):
+    script, bench = Script(), Bench({"h2": (60.0, 3.0)})
+    r = Rollout("inv.py", "deploy.py", H4, Options(batch_size=2, max_fail_percent=50,
+                                                  speed_gate=0.85), "prefetch.py",
+                runner=script, bench_runner=bench, bench_dir=tmp_path)
+    assert r.run() == 1
+    assert bench.calls == [["h1"], ["h1"], ["h2", "h3"], ["h2", "h3"], ["h4"], ["h4"]]
+    kinds = [kind for kind, _ in script.calls]
+    assert "gate" not in kinds  # the gate that keeps the rollback point at once is not used
+    assert ("rollback", ["h2"]) in script.calls
+    assert r.reports["h2"].status == "rolled back"
+    assert any("speed gate: 60.0 tok/s is 60% of the earlier 100.0" in w
+               for w in r.reports["h2"].why)
+    assert {h: r.reports[h].status for h in ("h1", "h3", "h4")} == {
+        h: "changed" for h in ("h1", "h3", "h4")}
+    # Over the budget, the slow host stops the rollout like a failed gate.
+    stop = Rollout("inv.py", "deploy.py", H4, Options(batch_size=2, max_fail_percent=0,
+                                                     speed_gate=0.85), "prefetch.py",
+                   runner=Script(), bench_runner=Bench({"h3": (100.0, 1.2)}),
+                   bench_dir=tmp_path / "2")
+    assert stop.run() == 2
+    assert "accept length 1.20 is 40% of the earlier 3.00" in " ".join(stop.reports["h3"].why)
+    assert stop.reports["h4"].status == "not started"
+
+
+def test_without_the_speed_gate_nothing_is_benchmarked():
+    script, bench = Script(), Bench({"h2": (1.0, 1.0)})
+    r = Rollout("inv.py", "deploy.py", H4, Options(batch_size=2), "prefetch.py",
+                runner=script, bench_runner=bench)
+    assert r.run() == 0 and bench.calls == []
+    assert ("gate", ["h1"]) in script.calls
+
+
+def test_the_speed_gate_option_is_a_fraction():
+    with pytest.raises(SpecfleetError, match="rollout.speed_gate is 1.5"):
+        resolve_options({}, {"speed_gate": 1.5})
+    assert resolve_options({}, {"speed_gate": 0.85}).speed_gate == 0.85

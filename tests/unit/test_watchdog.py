@@ -115,3 +115,66 @@ def test_textfile_passes_promtool_check_metrics():
 )
 def test_metric_sum(text, value):
     assert w.metric_sum(text, w.TOKENS_METRIC) == value
+
+
+def test_a_flood_of_half_open_connections_holds_no_more_than_the_cap(capsys):
+    """The relay, for real on the loopback, before a stand-in server: 60 connections that send
+    half a request hold at most the cap of threads, each for at most the connection timeout;
+    a scrape after that is answered."""
+    import http.server
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    class Server(http.server.BaseHTTPRequestHandler):  # stand-in for SGLang's /metrics
+        def do_GET(self):  # noqa: N802
+            body = b"sglang:generation_tokens_total 7\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    upstream = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{upstream.server_address[1]}"
+    before = threading.active_count()
+    relay = w.serve_relay("127.0.0.1", 0, base, 2.0, max_connections=4, connection_timeout=1.0)
+    port = relay.server_address[1]
+    socks = []
+    try:
+        for _ in range(60):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET /metr")  # half a request, never finished
+            socks.append(s)
+        time.sleep(0.3)
+        assert threading.active_count() - before <= 1 + 4  # serve_forever + the cap
+        time.sleep(1.5)  # the connection timeout has closed every half-open one
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert r.read() == b"sglang:generation_tokens_total 7\n"
+    finally:
+        for s in socks:
+            s.close()
+        relay.shutdown()
+        upstream.shutdown()
+
+
+def test_an_error_in_one_tick_is_logged_and_the_watchdog_goes_on(capsys):
+    """A tick that raises (no fork at the unit's task limit) is one journal line; the state
+    is kept and the next tick runs."""
+    cfg = {"unit": "sf.service"}
+    calls = []
+
+    def tick(cfg, st, run_lock):
+        calls.append(st)
+        if len(calls) == 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return dict(st, ticked=True)
+
+    st = w.safe_tick(cfg, {"failures": 2}, None, tick)
+    assert st == {"failures": 2}
+    assert "sf.service: this check failed (BlockingIOError" in capsys.readouterr().out
+    assert w.safe_tick(cfg, st, None, tick) == {"failures": 2, "ticked": True}

@@ -52,6 +52,12 @@ def plan_attention(c: PlanContext) -> None:
         else:
             b.why("attention-backend", att, rule.target_why, c.src)
     b.flag("--attention-backend", att)
+    if "--page-size" in c.overrides.extra_args:
+        return
     forced = PAGE_SIZE_SET_BY_SGLANG.get(att)
-    if forced is not None and "--page-size" not in c.overrides.extra_args:
+    if forced is not None:
         b.why("page-size", forced, f"left to SGLang {c.version}: {att} {PAGE_SIZE_WHY}")
+    else:
+        # server_args.py: page_size None becomes 1 when no backend rule sets it (seen on a real
+        # GPU with 0.5.11, tests/fixtures/real_gpu/).
+        b.why("page-size", 1, f"left to SGLang {c.version}: its default; {att} sets none")

@@ -7,6 +7,7 @@ from typing import Any
 
 from specfleet.core.layout import serve_path
 from specfleet.core.plan.context import PlanContext
+from specfleet.core.plan.ddtree import apply_ddtree, choose_ddtree
 from specfleet.core.plan.model import PlanError, ReasonKind
 from specfleet.core.tables import sglang_versions as versions
 from specfleet.core.tables.models import DEFAULT_BLOCK_SIZE
@@ -17,13 +18,17 @@ DEFAULT_DRAFT_WINDOW = 4096
 def plan_dflash(c: PlanContext) -> None:
     b, ov, rule, row, s = c.b, c.overrides, c.rule, c.row, c.settings
     drafter_dir = serve_path(s, "drafter")
-    b.flag("--speculative-algorithm", "DFLASH")
-    b.flag("--speculative-draft-model-path", drafter_dir)
     block, block_kind, block_why = block_size(c.drafter_config)
-    b.flag("--speculative-num-draft-tokens", block)
-    b.why("speculative-algorithm", "DFLASH", f"drafter {s.drafter.repo_id} at {drafter_dir}")
+    ddtree = choose_ddtree(c, block)
+    algorithm = ddtree.design.algorithm if ddtree else "DFLASH"
+    # The draft tokens: the drafter's block, or the tree budget where the design carries it there.
+    tokens = ddtree.budget if ddtree and ddtree.design.budget_is_draft_tokens else block
+    b.flag("--speculative-algorithm", algorithm)
+    b.flag("--speculative-draft-model-path", drafter_dir)
+    b.flag("--speculative-num-draft-tokens", tokens)
+    b.why("speculative-algorithm", algorithm, f"drafter {s.drafter.repo_id} at {drafter_dir}")
     b.why("block-size", block, block_why, block_kind)
-    c.block = block
+    c.block = tokens
 
     if ov.draft_attention_backend:
         datt = ov.draft_attention_backend
@@ -56,10 +61,11 @@ def plan_dflash(c: PlanContext) -> None:
 
     window = ov.draft_window_size
     window_flag = row.draft_window_flag or versions.DRAFT_WINDOW_FLAG
-    if window < block:
+    if window < tokens:
+        what = "the block size" if tokens == block else "the DDTree budget (draft tokens)"
         raise b.error(
-            f"draft window {window} is smaller than the block size {block}",
-            f"set plan.draft_window_size to at least {block} (default {DEFAULT_DRAFT_WINDOW})",
+            f"draft window {window} is smaller than {what} {tokens}",
+            f"set plan.draft_window_size to at least {tokens} (default {DEFAULT_DRAFT_WINDOW})",
         )
     b.flag(window_flag, window)
     default = window == DEFAULT_DRAFT_WINDOW
@@ -72,9 +78,12 @@ def plan_dflash(c: PlanContext) -> None:
             if default
             else f"plan.draft_window_size (default {DEFAULT_DRAFT_WINDOW})"
         )
-        + f", >= block size {block}; flag name for SGLang {c.version}",
+        + f", >= {'block size' if tokens == block else 'draft tokens'} {tokens}; flag name for "
+        f"SGLang {c.version}",
         window_kind,
     )
+    if ddtree:
+        apply_ddtree(c, ddtree)
     _worker(c)
 
 
@@ -108,14 +117,6 @@ def _worker(c: PlanContext) -> None:
         if missing:
             why += f"; a v2 worker is installed but not wired in ({missing[0]})"
         b.why("dflash-worker", dflash, why, c.src)
-    if c.features.get("ddtree"):
-        b.why(
-            "ddtree",
-            "present, not enabled",
-            "DDTree code is installed but its flag names differ between the open PRs; a "
-            "guessed flag would crash-loop the server, so nothing is added",
-            "info",
-        )
 
 
 def block_size(drafter_config: Mapping[str, Any] | None) -> tuple[int, ReasonKind, str]:

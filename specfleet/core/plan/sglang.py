@@ -105,6 +105,19 @@ def _install(c: PlanContext) -> tuple[dict[str, Any], versions.VersionRow, bool]
             ) from None
     if pr:
         return dict(install), versions.PR20547, False
+    layout = install.get("layout_release")
+    if versions.is_placeholder(version) and isinstance(layout, Mapping):
+        # A source build (setuptools-scm's fallback version): the row of the release whose files
+        # it has, never a refusal and never the oldest row its placeholder would sort into.
+        c.b.why(
+            "version-table",
+            f"SGLang {layout['release']} row",
+            f"the install reports the placeholder version {version} (a source build); its files "
+            f"match SGLang {layout['release']} ({layout['marker']}), so that release's flags are "
+            "used",
+            "assumed",
+        )
+        return dict(install), versions.version_row(layout["release"]), False
     if version is None:
         # An install whose version file is absent (a source tree without _version.py): plan
         # with the row of a release that has the same DFLASH worker, and say so.

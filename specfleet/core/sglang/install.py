@@ -215,6 +215,16 @@ def has_v2_worker(features: dict | None) -> bool:
     return features.get("dflash") == "v2" or bool(features.get("dflash_pr20547"))
 
 
+def source_label(source_path: str) -> str:
+    """A source tree's name for its venv beside the base: the checkout's folder
+    (``/opt/src/sglang-ddtree-fork/python`` -> ``src-sglang-ddtree-fork``)."""
+    parts = [p for p in posixpath.normpath(source_path).split("/") if p]
+    if len(parts) > 1 and parts[-1] == "python":
+        parts = parts[:-1]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", parts[-1] if parts else "tree")
+    return f"src-{name}"
+
+
 def sibling_venv(base: str, version: str) -> str:
     """Where SGLang ``version`` goes beside the venv ``base``: ``/root/venv-sglang-0.5.14``."""
     return f"{base.rstrip('/')}-sglang-{version}"
@@ -234,13 +244,23 @@ def choose_venv(
     version: str | None,
     git: bool,
     side_by_side: bool,
+    source_path: str | None = None,
 ) -> VenvChoice:
     """The venv this run installs into and the unit runs from. ``base`` (settings ``venv``) while
     it has no SGLang or holds the wanted release; else, with ``side_by_side``, a venv beside it
     for that release, so that the user's venv is never changed under them (pip would replace
     torch in it) and stays there to roll back to. Git installs stay in ``base``."""
     current = package_version(base_packages, "sglang")
-    if not side_by_side or git or not version or current is None:
+    if source_path and side_by_side and current is not None:
+        if (direct_url(base_packages, "sglang") or {}).get("url") == source_url(source_path):
+            return VenvChoice(base)
+        sibling = sibling_venv(base, source_label(source_path))
+        return VenvChoice(
+            sibling,
+            f"{base} holds SGLang {current}: the tree {source_path} goes into {sibling} beside "
+            f"it and the unit switches to it; {base} is kept as it is, for rollback",
+        )
+    if not side_by_side or git or source_path or not version or current is None:
         return VenvChoice(base)
     if _pin_matches(current, version) and direct_url(base_packages, "sglang") is None:
         return VenvChoice(base)
@@ -346,3 +366,83 @@ def refused_message(venv: str, requirement: str, verdict: VenvChanges) -> tuple[
         "any package)"
     )
     return problem, fix
+
+
+# --------------------------------------------------------------------------------------------------
+# A source tree on the host (a DDTree fork's checkout, a git ref checked out by hand)
+# --------------------------------------------------------------------------------------------------
+
+_RUST_TABLE = re.compile(r"^\[\[tool\.setuptools-rust\.ext-modules\]\]\s*$")
+_TOML_STRING = re.compile(r"""^(\w+)\s*=\s*["']([^"']*)["']\s*$""")
+
+
+def source_url(source_path: str) -> str:
+    """The ``direct_url.json`` url pip records for an install of the folder ``source_path``."""
+    return "file://" + posixpath.normpath(source_path)
+
+
+def rust_extensions(pyproject: str) -> list[dict[str, str]]:
+    """The ``[[tool.setuptools-rust.ext-modules]]`` tables of a pyproject.toml (``target``,
+    ``path`` of its Cargo.toml relative to the pyproject's folder): a build of such a tree needs
+    a Rust toolchain and those sources. Read line by line (no TOML parser on Python 3.10)."""
+    found: list[dict[str, str]] = []
+    current: dict[str, str] | None = None
+    for raw in pyproject.splitlines():
+        line = raw.strip()
+        if _RUST_TABLE.match(line):
+            current = {}
+            found.append(current)
+        elif line.startswith("["):
+            current = None
+        elif current is not None:
+            m = _TOML_STRING.match(line)
+            if m:
+                current[m.group(1)] = m.group(2)
+    return found
+
+
+def source_build_problem(
+    source_path: str, pyproject: str | None, *, cargo: bool, missing: list[str]
+) -> tuple[str, str] | None:
+    """Why ``pip install SOURCE_PATH`` cannot build on this host (problem, fix), or None: no
+    pyproject.toml there, or a Rust extension without ``cargo`` on the host or without its
+    sources (``missing``: the Cargo.toml paths the host does not have). Said before anything
+    changes."""
+    if pyproject is None:
+        return (
+            f"{source_path} has no pyproject.toml: not an SGLang source tree (its python/ folder)",
+            "set sglang.source_path to the python/ folder of an SGLang checkout on the host",
+        )
+    rust = rust_extensions(pyproject)
+    if not rust:
+        return None
+    targets = ", ".join(r.get("target", "?") for r in rust)
+    if not cargo:
+        return (
+            f"the SGLang tree at {source_path} builds a Rust extension ({targets}, "
+            "setuptools-rust) and the host has no Rust toolchain (cargo not found); nothing "
+            "was changed",
+            "install a Rust toolchain on the host (rustup, or the distribution's cargo), or use "
+            "a build of that tree made elsewhere (a wheel via sglang.find_links)",
+        )
+    if missing:
+        return (
+            f"the SGLang tree at {source_path} builds {targets} from {', '.join(missing)}, "
+            "which is not on the host (a python/ folder alone, without the rest of the "
+            "repository); nothing was changed",
+            "check out the whole repository on the host and point sglang.source_path at its "
+            "python/ folder",
+        )
+    return None
+
+
+def decide_source_install(installed: str | None, direct: dict | None, source_path: str) -> Decision:
+    """From a source tree the key is the folder pip recorded (``direct_url.json``): a source
+    build's version is a placeholder (``0.0.0.dev0``) and says nothing about the tree."""
+    url = source_url(source_path)
+    if installed is None:
+        return Decision("install", f"SGLang is not installed; installs it from {source_path}")
+    if (direct or {}).get("url") == url:
+        return Decision("noop", f"SGLang {installed} is installed from the tree {source_path}")
+    return Decision("reinstall",
+                    f"SGLang {installed} is not the tree {source_path}; installs it from there")

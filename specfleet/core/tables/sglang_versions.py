@@ -474,6 +474,35 @@ V2_BUILTIN_SINCE = "0.5.14"
 RELEASE_FOR_WORKER = {"v1": "0.5.11", "v2": "0.5.14"}
 
 
+# A source build whose version is a placeholder (setuptools-scm's fallback ``0.0.0.dev0``, as in
+# the DDTree fork's tree) is planned with the row of the release whose files it has: the first
+# marker (a path under the sglang package; a trailing "/" a folder) the tree holds, newest first.
+# Read from the wheels: srt/arg_groups/ appears in 0.5.12, speculative_hook.py in 0.5.13,
+# arg_utils.py in 0.5.14, the fields/ folder in 0.5.23; the fork's arg_groups/ is 0.5.13's file
+# for file, with the v1 DFLASH worker, as 0.5.13.
+LAYOUT_MARKERS: tuple[tuple[str, str], ...] = (
+    ("srt/arg_groups/fields/", "0.5.23"),
+    ("srt/arg_groups/arg_utils.py", "0.5.14"),
+    ("srt/arg_groups/speculative_hook.py", "0.5.13"),
+    ("srt/arg_groups/", "0.5.12"),
+    ("srt/speculative/dflash_worker.py", "0.5.11"),
+)
+# Versions no release has: setuptools-scm's fallback and friends.
+PLACEHOLDER_BELOW = Version("0.0.1")
+
+
+def is_placeholder(version: str | Version | None) -> bool:
+    try:
+        return version is not None and parse_version(version) < PLACEHOLDER_BELOW
+    except ValueError:
+        return False
+
+
+def release_by_layout(has_path) -> tuple[str, str] | None:
+    """(release, the marker found) for a tree, ``has_path(rel)`` saying what it holds."""
+    return next(((rel, marker) for marker, rel in LAYOUT_MARKERS if has_path(marker)), None)
+
+
 def row_for_worker(worker: str | None) -> VersionRow:
     """The row for an install known only by its DFLASH worker (``features.dflash``)."""
     return version_row(RELEASE_FOR_WORKER.get(worker or "", "0"))

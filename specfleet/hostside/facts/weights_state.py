@@ -39,7 +39,8 @@ if os.path.isdir(root):
                 except OSError:
                     rev["missing"].append(p)
                     continue
-                if st.st_size != e.get("size") or st.st_mtime_ns != e.get("mtime_ns"):
+                if (st.st_size != e.get("size") or st.st_mtime_ns != e.get("mtime_ns")
+                        or e.get("ino", st.st_ino) != st.st_ino):
                     rev["changed"].append(p)
         out["revisions"][name] = rev
 print(json.dumps(out))

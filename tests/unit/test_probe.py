@@ -1,0 +1,218 @@
+"""The readiness gate's correctness probe: its verdict (``readiness_gate.judge``, pure), its settings
+and a user's probe file, and the stand-in server's broken-verify state decided from a real tree
+(the 0.5.11 wheel with the PR#20547 port as main applies it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import zipfile
+
+import pytest
+
+from operations.serving import probe_spec
+from specfleet.core.errors import SettingsError
+from specfleet.core.resources import hostside_path
+from specfleet.core.settings import probe_from_file, settings_from_dict
+from specfleet.core.sglang.port import load_ports, port_patches, read_port_file
+from tests.harness.sources import pr20547_diff, sglang_wheel
+
+
+def _load(name: str, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gate = _load("readiness_gate_under_test", hostside_path("readiness_gate.py"))
+standin = _load("standin_server_under_test",
+                __import__("pathlib").Path(__file__).parents[1] / "harness"
+                / "standin_sglang_server.py")
+
+SPEC = probe_spec(settings_from_dict({}).probe)
+
+
+def answers(right: int, accept: float, block: int = 8, all_accepted: bool = False) -> list:
+    out = []
+    for i, q in enumerate(SPEC["questions"]):
+        steps = 16
+        proposed = steps * (block - 1)
+        accepted = proposed if all_accepted else int(round(accept * steps)) - steps
+        out.append({**q, "content": "Paris 42 144 63 72 Au 7 Jupiter" if i < right else "no idea",
+                    "meta": {"spec_accept_length": accept, "spec_accepted_drafts": accepted,
+                             "spec_proposed_drafts": proposed}})
+    return out
+
+
+def test_defaults_are_eight_questions_seven_right_and_accept_two():
+    assert len(SPEC["questions"]) == 8
+    assert (SPEC["min_correct"], SPEC["max_tokens"], SPEC["min_accept_length"]) == (7, 64, 2.0)
+    assert SPEC["concurrency"] > 1
+
+
+def test_a_right_server_passes_and_says_its_acceptance_length():
+    passed, lines = gate.judge(answers(8, 3.2), SPEC, True, 8)
+    assert passed, lines
+    assert "8/8 answers right" in lines[0]
+    assert "mean acceptance length 3.20" in lines[-1]
+
+
+def test_seven_of_eight_pass_six_fail_naming_the_wrong_answers_and_the_acceptance():
+    assert gate.judge(answers(7, 3.0), SPEC, True, 8)[0]
+    passed, lines = gate.judge(answers(6, 3.0), SPEC, True, 8)
+    assert not passed
+    assert lines[-1].startswith("probe FAILED: 6/8 answers right (need 7)")
+    assert "How many days are in a week?" in lines[-1] and "said 'no idea'" in lines[-1]
+    assert "mean acceptance length 3.00" in lines[-1]
+
+
+def test_acceptance_below_the_floor_or_above_the_block_fails():
+    passed, lines = gate.judge(answers(8, 1.1), SPEC, True, 8)
+    assert not passed and "below probe.min_accept_length 2" in lines[-1]
+    passed, lines = gate.judge(answers(8, 9.0), SPEC, True, 8)
+    assert not passed and "above the block size 8" in lines[-1]
+
+
+def test_every_draft_accepted_everywhere_is_reported_as_suspicious():
+    passed, lines = gate.judge(answers(8, 8.0, all_accepted=True), SPEC, True, 8)
+    assert passed and "SUSPICIOUS" in lines[-1]
+    passed, lines = gate.judge(answers(0, 8.0, all_accepted=True), SPEC, True, 8)
+    assert not passed and "SUSPICIOUS" in lines[-1] and "0/8 answers right" in lines[-1]
+    # One question with a rejected draft: a real acceptance, nothing to report.
+    mixed = answers(8, 8.0, all_accepted=True)
+    mixed[3]["meta"]["spec_accepted_drafts"] -= 1
+    assert "SUSPICIOUS" not in " ".join(gate.judge(mixed, SPEC, True, 8)[1])
+
+
+def test_no_acceptance_reported_fails_and_no_speculation_skips_the_check():
+    bare = [{**a, "meta": {}} for a in answers(8, 3.0)]
+    passed, lines = gate.judge(bare, SPEC, True, 8)
+    assert not passed and "no spec_accept_length" in lines[-1]
+    assert gate.judge(bare, SPEC, False, None)[0]
+
+
+def test_bad_probe_settings_name_each_key():
+    with pytest.raises(SettingsError) as exc:
+        settings_from_dict({"probe": {"min_correct": 9, "min_accept_length": 0.5,
+                                      "questions": [{"prompt": "2+2?", "answer": "("},
+                                                    {"prompt": "3+3?", "answer": ".*"}]}}, "h1")
+    text = exc.value.render()
+    for key in ("probe.questions[0].answer", "probe.questions[1].answer", "probe.min_correct",
+                "probe.min_accept_length"):
+        assert key in text
+    assert "[h1]" in text and "Traceback" not in text
+
+
+def test_a_probe_file_replaces_the_defaults(tmp_path):
+    mine = {"questions": [{"prompt": "What is 6 * 7?", "answer": r"\b42\b"},
+                          {"prompt": "What is the capital of Japan?", "answer": "Tokyo"}],
+            "min_correct": 2, "min_accept_length": 1.5}
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(mine))
+    spec = probe_spec(settings_from_dict({"probe": {"file": str(path)}}).probe)
+    assert spec["questions"] == mine["questions"]
+    assert (spec["min_correct"], spec["min_accept_length"], spec["max_tokens"]) == (2, 1.5, 64)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "is not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"questions": [], "extra": 1}', "unknown key(s) 'extra'"),
+    ('{"questions": [{"prompt": "x"}]}', "questions[0].answer' is required"),
+    ('{"questions": [{"prompt": "x", "answer": "y"}], "min_correct": 3}', "min_correct"),
+])
+def test_a_malformed_probe_file_is_a_settings_error(tmp_path, text, words):
+    probe = settings_from_dict({}).probe
+    with pytest.raises(SettingsError) as exc:
+        probe_from_file(probe, text, "/srv/probe.json", "h1")
+    assert words in exc.value.render() and "/srv/probe.json" in exc.value.render()
+    assert exc.value.fix
+
+
+def test_a_missing_probe_file_is_a_settings_error(tmp_path):
+    probe = settings_from_dict({"probe": {"file": str(tmp_path / "none.json")}}).probe
+    with pytest.raises(SettingsError, match="cannot be read on the control machine"):
+        probe_spec(probe)
+
+
+# --------------------------------------------------------------------------------------------------
+# The stand-in's broken-verify state, from the installed tree
+# --------------------------------------------------------------------------------------------------
+
+NAME = "pr20547/sglang-0.5.11"
+ARGV = ["python", "-m", "sglang.launch_server", "--speculative-algorithm", "DFLASH",
+        "--speculative-num-draft-tokens", "8", "--attention-backend", "triton"]
+SWITCHES = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    """The 0.5.11 wheel as released, and with the PR#20547 port main applies (GNU patch)."""
+    root = tmp_path_factory.mktemp("trees")
+    with zipfile.ZipFile(sglang_wheel("0.5.11")) as zf:
+        zf.extractall(root / "v1", [n for n in zf.namelist() if n.startswith("sglang/")])
+    shutil.copytree(root / "v1", root / "ported")
+    port = load_ports()[NAME]
+    for text in port_patches(pr20547_diff().decode(), port,
+                             read_port_file(NAME, "adaptation.diff")):
+        done = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-d",
+                               str(root / "ported")], input=text, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return {k: str(root / k / "sglang") for k in ("v1", "ported")}
+
+
+def test_the_unfixed_port_with_triton_and_cuda_graphs_serves_a_stale_mask(trees):
+    why = standin.stale_verify_mask(ARGV, SWITCHES, trees["ported"])
+    assert why is not None and "TritonAttnBackend" in why
+
+
+@pytest.mark.parametrize("change", ["v1 tree", "no graphs", "flashinfer", "switch off",
+                                    "switch unset", "no tree"])
+def test_no_stale_mask_where_the_tree_or_flags_say_otherwise(trees, change):
+    argv, env, tree = list(ARGV), dict(SWITCHES), trees["ported"]
+    if change == "v1 tree":
+        tree = trees["v1"]
+    elif change == "no graphs":
+        argv.append("--disable-cuda-graph")
+    elif change == "flashinfer":
+        argv[-1] = "flashinfer"
+    elif change == "switch off":
+        env["SGLANG_ENABLE_DFLASH_SPEC_V2"] = "0"
+    elif change == "switch unset":
+        del env["SGLANG_ENABLE_DFLASH_SPEC_V2"]  # the patched environ.py's default: off
+    else:
+        tree = None
+    assert standin.stale_verify_mask(argv, env, tree) is None
+
+
+def test_the_skip_set_with_triton_as_0_5_14_has_it_fixes_the_mask(trees, tmp_path):
+    with zipfile.ZipFile(sglang_wheel("0.5.14")) as zf:
+        newer = zf.read("sglang/srt/speculative/dflash_utils.py").decode()
+    import ast
+
+    assert "TritonAttnBackend" in standin._assigned_strings(
+        ast.parse(newer), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS")
+    fixed = tmp_path / "sglang"
+    shutil.copytree(trees["ported"], fixed)
+    utils = fixed / "srt" / "speculative" / "dflash_utils.py"
+    utils.write_text(utils.read_text().replace('"TRTLLMMLABackend",',
+                                               '"TRTLLMMLABackend",\n        "TritonAttnBackend",'))
+    assert standin.stale_verify_mask(ARGV, SWITCHES, str(fixed)) is None
+
+
+def test_the_standin_answers_from_its_own_table_and_wrong_when_stale():
+    body = {"messages": [{"role": "user", "content": SPEC["questions"][4]["prompt"]}]}
+    assert standin.answer_tokens(body, 64, stale=False) == ["Paris"]
+    assert "Paris" not in standin.answer_tokens(body, 64, stale=True)
+    assert len(standin.answer_tokens(body, 64, stale=True)) == 64
+
+
+def test_a_probe_files_own_questions_without_a_count_need_seven_eighths_of_them():
+    probe = settings_from_dict({}).probe
+    text = json.dumps({"questions": [{"prompt": f"q{i}", "answer": "a"} for i in range(3)]})
+    assert probe_from_file(probe, text, "/p.json").min_correct == 3
+    text = json.dumps({"questions": [{"prompt": f"q{i}", "answer": "a"} for i in range(16)]})
+    assert probe_from_file(probe, text, "/p.json").min_correct == 14
