@@ -192,11 +192,9 @@ def installed(
     has_python = bool(state and state.get("python"))
     current, direct = package_version(packages, "sglang"), direct_url(packages, "sglang")
     marker = cached_fact(host, PatchState, venv=venv) if has_python else None
-
     if not present:
         yield from _uninstalled(venv, current, marker)
         return
-
     decision, requirement = _decide(current, direct, version, git_url, git_ref, source_path)
     if decision.action == "noop" and has_python:
         host.noop(decision.reason)
@@ -206,8 +204,6 @@ def installed(
     source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
     changes = (_venv_changes(venv, requirement, source_args, allow_replacing)
                if has_python and not no_deps else None)
-
-    # Every reason is said before the first yield: ``--dry`` stops there.
     _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
                  not (git_url or source_path), no_deps, changes, marker)
     yield from _install_commands(venv, python, has_python, marker, decision.action, source_args,
@@ -286,7 +282,7 @@ def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None
 def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: str,
                  index_url: str | None, find_links: str | None, from_index: bool,
                  no_deps: bool, changes: str | None, marker: Any) -> None:
-    """Every reason of an install, said before its first command (``--dry`` stops there)."""
+    """Every reason of an install, said before its first command: ``--dry`` stops there."""
     if not has_python:
         _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
     else:

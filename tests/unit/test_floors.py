@@ -307,3 +307,20 @@ def test_the_checker_sees_private_imports_and_facts_by_name(tmp_path):
     by_name = facts_named_by_strings(bad)
     assert len(privates) == 2, privates
     assert len(by_name) == 2, by_name
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_in_operations_or_hostside_is_over_80_lines():
+    """A function that long does several jobs: split it along them (a pure decision, then the
+    commands), as pyinfra's operations read. Docstrings count: they are read too."""
+    long = []
+    for folder in (ROOT / "operations", ROOT / "specfleet" / "hostside"):
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{_rel(path)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
