@@ -171,8 +171,15 @@ def lock_path(settings: Settings) -> str:
     return join(settings.state_dir, "run.lock")
 
 
+def bench_dir(settings: Settings) -> str:
+    """The smoke benchmark's client and its results."""
+    return join(settings.state_dir, "bench")
+
+
 @dataclass(frozen=True)
 class RollbackPaths:
+    """A server's rollback point (its unit, pins and patch), and the wheels kept for it."""
+
     directory: str
     wheels: str
 
@@ -194,10 +201,6 @@ def fanout_dir(state_dir: str) -> str:
 def serve_dir(state_dir: str) -> str:
     """The ephemeral sshd's config, host key and authorized keys."""
     return join(fanout_dir(state_dir), "sshd")
-
-
-def bench_dir(settings: Settings) -> str:
-    return join(settings.state_dir, "bench")
 
 
 # --- the watchdog ---------------------------------------------------------------------------------
