@@ -5,7 +5,7 @@
 The steps are ``operations.kimi_k26.kimi_k26``: preflight under a per-host run lock, SGLang and
 compressed-tensors pinned, PR#20547 where missing, the weights, the unit from the launch plan,
 restart only on change, the readiness gate. Every option comes from the host's ``specfleet`` data
-(``specfleet/core/settings.py``); ``present: False`` there removes the deploy instead
+(``specfleet/core/settings/schema.py``); ``present: False`` there removes the deploy instead
 (``specfleet remove``). Settings are read for the hosts in play only: a host with bad ones fails
 alone, with its error, and the others go on.
 """

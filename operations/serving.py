@@ -164,8 +164,8 @@ def unit(settings: Settings | None = None, present: bool = True):
     never appears in an argv, the unit or a diff. SGLang logs it with its ServerArgs at start, so
     the server's logging is configured by a file of its own (``SGLANG_LOGGING_CONFIG_PATH``, with
     its formatter module on ``PYTHONPATH``, in a 0700 folder beside the env file) whose formatter
-    redacts API keys: the journal never holds it either. A ``SGLANG_LOGGING_CONFIG_PATH`` in
-    ``plan.extra_env`` wins over it (and must then redact the key itself).
+    redacts API keys: the journal never holds it either (the settings refuse
+    ``SGLANG_LOGGING_CONFIG_PATH`` and ``PYTHONPATH`` in ``plan.extra_env``).
 
     When any of these files changes, a restart-pending marker is written on the host *before* the
     files, so a run that fails between here and the restart still restarts on the next run.

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from pyinfra import host, logger
 
 from facts.cache import cached_fact
@@ -51,7 +49,7 @@ def effective_settings(settings: Settings | None = None) -> Settings:
     if (host.name, choice.venv) not in _SAID:
         _SAID.add((host.name, choice.venv))
         logger.info(f"{host.print_prefix}{choice.reason}")
-    return dataclasses.replace(s, venv=choice.venv)
+    return s.model_copy(update={"venv": choice.venv})
 
 
 def candidate_venvs(settings: Settings) -> list[str]:

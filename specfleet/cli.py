@@ -171,9 +171,9 @@ def check_inventory(inventory: str, options: Any) -> Any:
 
 def check_settings(inventory: Any) -> Any:
     """The one call of the settings checker (every bad key of every host, one error)."""
-    from specfleet.core.settings import settings_for_all_hosts
+    from specfleet.core.settings import check_inventory_settings
 
-    return settings_for_all_hosts(inventory)
+    return check_inventory_settings(inventory)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specfleet.core.settings import Settings, settings_for_host, settings_to_dict
+from specfleet.core.settings import Settings, settings_for_host
 from specfleet.fleet.pyinfra_run import session
 
 # The one secret a Settings may hold by value; the others are references already.
@@ -36,7 +36,7 @@ def secret_references(s: Settings) -> dict[str, str]:
 def settings_view(s: Settings) -> dict[str, Any]:
     """A host's settings as plain data with every secret value replaced by ``HIDDEN`` and the
     references listed under ``secrets`` (pure)."""
-    data = settings_to_dict(s)
+    data = s.model_dump()
     if data.get("api_key") is not None:
         data["api_key"] = HIDDEN
     data["secrets"] = secret_references(s)

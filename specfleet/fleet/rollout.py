@@ -108,7 +108,8 @@ def resolve_options(per_host: Mapping[str, Any], cli: Mapping[str, Any]) -> Opti
             )
         if seen:
             values[name] = json.loads(next(iter(seen)))
-    opts = Options(**values)
+    # The hosts' values were checked with their settings; the flags' are checked below.
+    opts = Options.model_construct(**values)
     if opts.batch_size is not None and opts.batch_percent is not None:
         raise SpecfleetError(
             "both rollout.batch_size and rollout.batch_percent are set",
@@ -612,7 +613,7 @@ class Rollout:
             "run_id": self.run_id,
             "dry": self.dry,
             "batches": self.batches,
-            "options": asdict(self.options),
+            "options": self.options.model_dump(),
             "stopped": self.stopped,
             "hosts": {h: asdict(r) for h, r in self.reports.items()},
         }

@@ -607,6 +607,12 @@ class SourceChannel:
 
     def error(self) -> str:
         """Why the channel ended or went silent, from the ssh client."""
+        if self._ended:
+            # Its output closed: the client's exit follows at once, but may not be reaped yet.
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             return f"no answer for {STATUS_SILENT_SECONDS:g} s"
         self._err.seek(0)

@@ -101,7 +101,7 @@ def test_the_plan_turns_metrics_on_unless_a_setting_says_no():
     "over,problem",
     [
         ({"watchdog": {"failures": 0}}, "'watchdog.failures' is 0, expected >= 1"),
-        ({"watchdog": {"interval_s": -1}}, "'watchdog.interval_s' is -1.0"),
+        ({"watchdog": {"interval_s": -1}}, "'watchdog.interval_s' is -1, expected a number in (0, 3600]"),
         ({"watchdog": {"backoff_s": 60, "backoff_max_s": 10}}, "below 'watchdog.backoff_s'"),
         ({"metrics": {"relay_port": 30000}}, "is the server's port 30000"),
         ({"metrics": {"textfile_dir": "var/x"}}, "'metrics.textfile_dir'"),

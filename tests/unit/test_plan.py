@@ -14,7 +14,6 @@ the same number of GPUs, and says so in its id ("topo-from-<profile>").
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -892,8 +891,8 @@ def test_ct200_plan():
     assert dry.reason("sglang").choice == "0.5.11 + this project's PR#20547 port"
     # Backing out of v2 with the flag alone (#29): the port honours it, the plan says v1.
     off = ct200_settings()
-    off = dataclasses.replace(off, plan=dataclasses.replace(
-        off.plan, extra_args={"--disable-overlap-schedule": True}))
+    off = off.model_copy(update={"plan": off.plan.model_copy(
+        update={"extra_args": {"--disable-overlap-schedule": True}})})
     dry_off = make_plan(host_facts("rtx6000x8", sglang=None), off, predicted=True)
     assert dry_off.env == BASE_ENV
     assert dry_off.reason("dflash-worker").choice == "v1 (--disable-overlap-schedule)"

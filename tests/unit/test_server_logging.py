@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from operations import serving
+from specfleet.core.errors import SettingsError
 from specfleet.core.plan import make_plan
 from tests.unit.test_server_render import _facts, _settings
 
@@ -202,7 +203,12 @@ def test_the_formatter_keeps_the_schedulers_prefix(monkeypatch):
 
 
 def test_the_server_env_points_at_the_config_and_keeps_the_plans_pythonpath():
-    s = _settings(plan={"extra_env": {"PYTHONPATH": "/opt/mine"}})
+    # The settings refuse PYTHONPATH and SGLANG_LOGGING_CONFIG_PATH in plan.extra_env (they would
+    # take the redacting config away); a plan's env that has one still gets the config first.
+    for name in ("PYTHONPATH", "SGLANG_LOGGING_CONFIG_PATH"):
+        with pytest.raises(SettingsError, match=f"plan.extra_env.{name}"):
+            _settings(plan={"extra_env": {name: "/opt/mine"}})
+    s = _settings()
     paths = serving.server_paths(s)
     env = serving.server_env({"PYTHONPATH": "/opt/mine"}, s)
     assert env["PYTHONPATH"] == f"{paths.log_dir}:/opt/mine"

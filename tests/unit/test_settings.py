@@ -165,6 +165,28 @@ BAD_VALUES = [
     ("git_url over ftp", {"sglang": {"kind": "git", "git_url": "ftp://x/y", "git_ref": "main"}}, "sglang.git_url", "a URL with scheme"),
     ("bad allow_http_hosts", {"weights": {"allow_http_hosts": ["not a host!"]}}, "weights.allow_http_hosts[0]", "a host name or IP address"),
     ("bad trusted host", {"sglang": {"trusted_hosts": ["bad host"]}}, "sglang.trusted_hosts[0]", "a host name or IP address"),
+    # Accepted before #33, dangerous: refused with the key and a fix.
+    ("version with a newline", {"sglang": {"version": "0.5.23\n"}}, "sglang.version", "without spaces or newlines"),
+    ("version with a space", {"sglang": {"version": " 0.5.23"}}, "sglang.version", "without spaces or newlines"),
+    ("models_root in state_dir", {"models_root": "/var/lib/specfleet/models"}, "models_root", "apart from state_dir"),
+    ("state_dir in models_root", {"state_dir": "/srv/models/state"}, "models_root", "neither inside the other"),
+    ("models_root is state_dir", {"models_root": "/var/lib/specfleet/"}, "models_root", "apart from state_dir"),
+    ("fan-out sshd for ever", {"rollout": {"fanout_serve_hours": 1e6}}, "rollout.fanout_serve_hours", "a number in (0, 24]"),
+    ("watchdog that never probes", {"watchdog": {"interval_s": 1e9}}, "watchdog.interval_s", "a number in (0, 3600]"),
+    ("git url option injection", {"sglang": {"kind": "git", "git_url": "git+ssh://-oProxyCommand=id/x", "git_ref": "main"}}, "sglang.git_url", "host is a host name or IP address"),
+    ("git url injection with user", {"sglang": {"kind": "git", "git_url": "ssh://git@-oProxyCommand=id/x", "git_ref": "main"}}, "sglang.git_url", "host is a host name"),
+    ("logging config in extra_env", {"plan": {"extra_env": {"SGLANG_LOGGING_CONFIG_PATH": "/tmp/l.json"}}}, "plan.extra_env.SGLANG_LOGGING_CONFIG_PATH", "how it logs"),
+    ("LD_PRELOAD in extra_env", {"plan": {"extra_env": {"LD_PRELOAD": "/tmp/x.so"}}}, "plan.extra_env.LD_PRELOAD", "changes what code the server runs"),
+    ("LD_LIBRARY_PATH in extra_env", {"plan": {"extra_env": {"LD_LIBRARY_PATH": "/tmp"}}}, "plan.extra_env.LD_LIBRARY_PATH", "changes what code"),
+    ("PYTHONPATH in extra_env", {"plan": {"extra_env": {"PYTHONPATH": "/tmp"}}}, "plan.extra_env.PYTHONPATH", "changes what code"),
+    ("PYTHONSTARTUP in extra_env", {"plan": {"extra_env": {"PYTHONSTARTUP": "/tmp/x.py"}}}, "plan.extra_env.PYTHONSTARTUP", "changes what code"),
+    ("hf_endpoint backslash", {"weights": {"hf_endpoint": "http://evil.example\\@127.0.0.1/"}}, "weights.hf_endpoint", "without backslashes"),
+    ("hf_endpoint userinfo", {"weights": {"hf_endpoint": "https://evil.example@hf.co/"}}, "weights.hf_endpoint", "without user or password"),
+    ("hf_endpoint percent host", {"weights": {"hf_endpoint": "https://127.0.0.1%2f.evil.example/"}}, "weights.hf_endpoint", "without percent-encoding"),
+    ("hf_endpoint numeric name", {"weights": {"hf_endpoint": "https://127.1:8080/"}}, "weights.hf_endpoint", "host is a host name or IP address"),
+    ("index_url with password", {"sglang": {"index_url": "https://user:pw@pypi.internal/simple"}}, "sglang.index_url", "without user or password"),
+    ("find_links with user", {"sglang": {"find_links": "https://u@10.0.0.5/w"}}, "sglang.find_links", "without user or password"),
+    ("patch URL backslash", {"patch": {"source": "https://a.example\\@b.example/p.diff", "sha256": SHA}}, "patch.source", "without backslashes"),
     # Secrets.
     ("empty api_key", {"api_key": ""}, "api_key", "omit api_key for a server without a key"),
     ("api_key with newline", {"api_key": "sk-a\nb"}, "api_key", "not shown: it is a secret"),
@@ -201,6 +223,51 @@ def test_there_are_at_least_forty_bad_values():
     assert len(BAD_VALUES) >= 40
 
 
+def test_a_host_gets_its_unknown_key_wrong_type_bad_value_and_conflict_in_one_error():
+    data = {"tagret": {"revision": COMMIT}, "readiness_timeout_s": "ten minutes", "port": 70000,
+            "rollout": {"batch_size": 2, "batch_percent": 50}}
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict(data, host="gpu-7")
+    text = str(err.value)
+    assert text.startswith("[gpu-7] 4 settings are bad:\n"), text
+    assert "[gpu-7] unknown settings key 'tagret' (did you mean 'target'?)" in text
+    assert "fix: rename it to 'target', or remove it" in text
+    assert ("[gpu-7] settings key 'readiness_timeout_s' is 'ten minutes' (str), expected a "
+            "number") in text
+    assert "[gpu-7] settings key 'port' is 70000, expected 1..65535" in text
+    assert "'rollout.batch_size' and 'rollout.batch_percent' are both set" in text
+    assert "Traceback" not in text
+
+
+def test_a_bad_key_does_not_hide_a_conflict_of_keys_that_validated():
+    # The section with a bad key still has its conflicts checked; a conflict over a bad key is not
+    # reported twice.
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"weights": {"token_file": "/t", "token_env": "HF_TOKEN",
+                                        "margin_percent": -1},
+                            "patch": {"source": "rel/pr.diff"}}, host="h")
+    text = str(err.value)
+    assert "'weights.margin_percent' is -1" in text
+    assert "'weights.token_file' and 'weights.token_env' are both set" in text
+    assert "'patch.source' is 'rel/pr.diff'" in text
+    assert "set without 'patch.sha256'" not in text
+
+
+def test_unknown_keys_far_from_any_name_list_the_section_keys():
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"watchdog": {"zzz": 1}}, host="h")
+    text = str(err.value)
+    assert "unknown settings key 'watchdog.zzz'" in text and "did you mean" not in text
+    assert "use one of: backoff_max_s, backoff_s, enable," in text
+
+
+def test_a_secret_of_the_wrong_type_is_not_quoted():
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"api_key": ["sk-live-123"]}, host="h")
+    assert "sk-live-123" not in str(err.value)
+    assert "settings key 'api_key' is a list (not shown: it is a secret)" in str(err.value)
+
+
 GOOD_VALUES = [
     {"models_root": "/data/models/", "venv": "/root/venv_sglang211/", "state_dir": "/var/lib/sf"},
     {"service_name": "sglang@kimi"}, {"service_name": "sf-k26.prod_1"},
@@ -230,7 +297,13 @@ GOOD_VALUES = [
     {"sglang": {"find_links": "/opt/wheels"}}, {"sglang": {"find_links": "file:///opt/wheels"}},
     {"sglang": {"find_links": "http://10.0.0.5:8000/", "trusted_hosts": ["10.0.0.5"]}},
     {"sglang": {"index_url": "http://pypi.lan:3141/simple", "trusted_hosts": ["pypi.lan:3141"]}},
-    {"sglang": {"index_url": "https://user:pw@pypi.internal/simple"}},
+    {"sglang": {"index_url": "https://pypi.internal/simple"}},
+    {"sglang": {"kind": "git", "git_ref": "main",
+                "git_url": "git+ssh://git@github.com/sgl-project/sglang.git#subdirectory=python"}},
+    {"plan": {"extra_env": {"SGLANG_ENABLE_JIT_DEEPGEMM": "1", "PYTHONUNBUFFERED": "1",
+                            "MALLOC_ARENA_MAX": "2"}}},
+    {"models_root": "/var/lib/models", "state_dir": "/var/lib/specfleet"},
+    {"rollout": {"fanout_serve_hours": 24}, "watchdog": {"interval_s": 3600}},
     {"sglang": {"kind": "git", "git_ref": "dflash_v2",
                 "git_url": "git+https://github.com/sgl-project/sglang.git#subdirectory=python"}},
     {"sglang": {"kind": "git", "git_ref": COMMIT,
@@ -288,7 +361,7 @@ def test_all_problems_of_a_host_are_reported_together():
 
 
 def test_every_inventory_loads():
-    from specfleet.core.settings import settings_for_all_hosts
+    from specfleet.core.settings import check_inventory_settings
 
     # Every inventory file (not group data); first_host.py holds placeholders on purpose and is
     # refused with the fix (tests/unit/test_examples.py).
@@ -297,7 +370,7 @@ def test_every_inventory_loads():
     assert {p.name for p in inventories} >= {"ct200.py", "fleet_example.py"}
     for path in inventories:
         ctx_state.set(State())
-        hosts = settings_for_all_hosts(make_inventory(str(path)))
+        hosts = check_inventory_settings(make_inventory(str(path)))
         assert hosts, path
 
 
@@ -333,24 +406,26 @@ def test_fleet_example_group_data_differs_by_arch():
     assert {s.sglang.version for s in hosts.values()} == {"0.5.23"}
 
 
-def test_every_bad_host_is_listed_in_one_error(tmp_path):
+def test_every_bad_key_of_every_host_is_listed_in_one_error(tmp_path):
     inv = tmp_path / "inv.py"
     inv.write_text(
         "hosts = [\n"
-        "    ('a', {'specfleet': {'port': 'x'}}),\n"
+        "    ('a', {'specfleet': {'port': 'x', 'venv': 'rel'}}),\n"
         "    ('b', {'specfleet': {'port': 30001}}),\n"
-        "    ('c', {'specfleet': {'prot': 1}}),\n"
+        "    ('c', {'specfleet': {'prot': 1, 'metrics': {'relay_port': 30000}}}),\n"
         "]\n"
     )
-    from specfleet.core.settings import settings_for_all_hosts
+    from specfleet.core.settings import check_inventory_settings
 
     ctx_state.set(State())
     with pytest.raises(SettingsError) as err:
-        settings_for_all_hosts(make_inventory(str(inv)))
+        check_inventory_settings(make_inventory(str(inv)))
     text = str(err.value)
     assert "2 hosts have bad settings" in text
     assert "[a] settings key 'port' is 'x'" in text
-    assert "[c] unknown settings key 'prot'" in text
+    assert "[a] settings key 'venv' is 'rel', expected an absolute path" in text
+    assert "[c] unknown settings key 'prot' (did you mean 'port'?)" in text
+    assert "[c] settings key 'metrics.relay_port' is the server's port 30000" in text
     assert "[b]" not in text
 
 
@@ -360,3 +435,13 @@ def test_fleet_example_agrees_on_one_rollout():
     hosts = _inventory_settings("inventories/fleet_example/fleet_example.py")
     options = resolve_options({h: s.rollout for h, s in hosts.items()}, {})
     assert options.canary == "b200-01" and options.batch_percent == 25.0
+
+
+def test_the_readme_settings_reference_is_the_models_json_schema():
+    from tests.unit.settings_reference import BEGIN, END, reference
+
+    readme = Path("README.md").read_text()
+    block = readme[readme.index(BEGIN):readme.index(END) + len(END)]
+    assert block == reference(), "run: python -m tests.unit.settings_reference README.md"
+    for key in ("`port`", "`target.revision`", "`group.members`", "`watchdog.interval_s`"):
+        assert key in block

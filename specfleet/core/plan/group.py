@@ -179,7 +179,7 @@ def _agreed_group(members: Sequence[GroupMember]) -> ServingGroup:
 
 
 def _differences(a: ServingGroup, b: ServingGroup) -> str:
-    keys = [k for k in a.__dataclass_fields__ if getattr(a, k) != getattr(b, k)]
+    keys = [k for k in type(a).model_fields if getattr(a, k) != getattr(b, k)]
     return ", ".join(f"group.{k}={getattr(b, k)!r} (not {getattr(a, k)!r})" for k in keys)
 
 

@@ -1,12 +1,9 @@
 """Pure checks of single setting values: paths, names, repo ids, URLs, versions, flags.
 
 Each ``*_problem`` function returns ``None`` for a good value, or what was expected instead (a
-phrase that completes "expected ..."). ``specfleet.core.settings.validate`` turns that into a
-``SettingsError`` naming the host, the key, the value found and a fix. Nothing here reads a file
-or the environment.
+phrase that completes "expected ..."); ``schema.py`` runs them as field validators. Nothing here
+reads a file or the environment.
 """
-
-from __future__ import annotations
 
 import ipaddress
 import posixpath
@@ -39,16 +36,23 @@ COMMAND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A network interface's name (the kernel allows up to 15 characters, no '/' or whitespace).
 IFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,14}")
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?")
+_SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Words that make a flag or an environment variable a secret's (split on "-" and "_"). Whole
 # words only: --speculative-num-draft-tokens and TOKENIZERS_PARALLELISM are no secrets.
-SECRET_WORDS = frozenset(
-    {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials"}
-)
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credential",
+                          "credentials"})  # fmt: skip
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def api_key_chars_ok(key: str) -> bool:
+    """Printable ASCII without whitespace, for ``api_key`` and ``api_key_file``: a log's redaction
+    finds an unknown key's value up to whitespace, so a key with a space could leak in part."""
+    return all(32 < ord(c) < 127 for c in key)
 
 
 def has_control_chars(text: str) -> bool:
@@ -78,9 +82,8 @@ def control_path_problem(value: str) -> str | None:
         problem = abs_path_problem(value[1:])
         if problem is None:
             return None
-        return problem.replace("an absolute path", "a path under ~/", 1).replace(
-            "a normalized absolute path", "a normalized path under ~/", 1
-        )
+        return problem.replace("an absolute path", "a path under ~/").replace("absolute path",
+                                                                            "path under ~/")
     problem = abs_path_problem(value)
     if problem == "an absolute path (starting with /)":
         return "an absolute path or one under ~/"
@@ -89,10 +92,8 @@ def control_path_problem(value: str) -> str | None:
 
 def unit_name_problem(value: str) -> str | None:
     if not UNIT_NAME.fullmatch(value):
-        return (
-            "a systemd unit name: 1-64 letters, digits and _ . @ -, starting with a letter or "
-            "digit (no '/', spaces or shell characters)"
-        )
+        return ("a systemd unit name: 1-64 letters, digits and _ . @ -, starting with a letter or "
+                "digit (no '/', spaces or shell characters)")  # fmt: skip
     if value.endswith(".service"):
         return "the name without the '.service' suffix (specfleet adds it)"
     if value.endswith(("@", ".")):
@@ -101,47 +102,36 @@ def unit_name_problem(value: str) -> str | None:
 
 
 def repo_id_problem(value: str) -> str | None:
-    expected = (
-        "a Hugging Face repo id 'namespace/name': two parts of letters, digits, '.', '_' and "
-        "'-', each starting with a letter or digit, ending with a letter, digit or '_', at most "
-        f"{REPO_PART_MAX} characters, with no '--' or '..'"
-    )
     parts = value.split("/")
-    if len(parts) != 2:
-        return expected
-    if any(len(p) > REPO_PART_MAX or not REPO_PART.fullmatch(p) for p in parts):
-        return expected
-    if "--" in value or ".." in value or value.endswith(".git"):
-        return expected
+    if (len(parts) != 2 or "--" in value or ".." in value or value.endswith(".git")
+            or any(len(p) > REPO_PART_MAX or not REPO_PART.fullmatch(p) for p in parts)):
+        return ("a Hugging Face repo id 'namespace/name': two parts of letters, digits, '.', '_' "
+                "and '-', each starting with a letter or digit, ending with a letter, digit or "
+                f"'_', at most {REPO_PART_MAX} characters, with no '--' or '..'")
     return None
 
 
 def dir_name_problem(value: str) -> str | None:
     if not DIR_NAME.fullmatch(value) or ".." in value or value.endswith("."):
-        return (
-            "a folder name under models_root: letters, digits, '.', '_' and '-', starting with a "
-            "letter or digit, no '/' or '..'"
-        )
+        return ("a folder name under models_root: letters, digits, '.', '_' and '-', starting "
+                "with a letter or digit, no '/' or '..'")  # fmt: skip
     return None
 
 
 def git_ref_problem(value: str) -> str | None:
-    if (
-        not GIT_REF.fullmatch(value)
-        or ".." in value
-        or "//" in value
-        or value.endswith(("/", ".", ".lock"))
-    ):
-        return (
-            "a branch, tag or commit: letters, digits, '.', '_', '-' and '/', no '..', no spaces, "
-            "not starting with '-'"
-        )
+    bad = not GIT_REF.fullmatch(value) or ".." in value or "//" in value
+    if bad or value.endswith(("/", ".", ".lock")):
+        return ("a branch, tag or commit: letters, digits, '.', '_', '-' and '/', no '..', no "
+                "spaces, not starting with '-'")  # fmt: skip
     return None
 
 
 def version_problem(value: str) -> str | None:
+    if value != value.strip() or has_control_chars(value):
+        # Stripped for the check, the raw value would still name venvs and pins.
+        return "a version without spaces or newlines, such as '0.5.23'"
     try:
-        Version(value.strip())
+        Version(value)
     except InvalidVersion:
         return "a version that packaging parses (PEP 440), such as '0.5.23'"
     return None
@@ -175,7 +165,9 @@ def host_problem(value: str, allow_port: bool = False) -> str | None:
     if is_ip(host):
         return None
     labels = host.rstrip(".").split(".")
-    if host and len(host) <= 253 and all(_HOST_LABEL.fullmatch(lb) for lb in labels):
+    # An all-digit last label is no name: clients read "127.1" or "0x7f.1" as an IP address.
+    if (host and len(host) <= 253 and all(_HOST_LABEL.fullmatch(lb) for lb in labels)
+            and not labels[-1].isdigit() and not re.fullmatch(r"0x[0-9a-f]+", labels[-1], re.I)):
         return None
     what = "a host name or IP address"
     return what + (" (optionally host:port)" if allow_port else "")
@@ -183,10 +175,9 @@ def host_problem(value: str, allow_port: bool = False) -> str | None:
 
 def is_ip(text: str) -> bool:
     try:
-        ipaddress.ip_address(text)
+        return bool(ipaddress.ip_address(text))
     except ValueError:
         return False
-    return True
 
 
 def is_loopback(host: str) -> bool:
@@ -199,50 +190,82 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def url_problem(
-    value: str,
-    *,
-    schemes: Collection[str] = ("https", "http"),
-    http_hosts: Collection[str] | None = (),
-    http_setting: str = "",
-) -> str | None:
-    """A URL with one of ``schemes``. Plain ``http`` (also ``git+http``) only to a loopback
-    address or to one of ``http_hosts`` (named by the setting ``http_setting``); to any host
-    where ``http_hosts`` is None (what is fetched is pinned by a hash)."""
+def url_problem(value: str, schemes: Collection[str] = ("https", "http")) -> str | None:
+    """A URL with one of ``schemes`` that every HTTP client reads as the same host: no userinfo
+    (a plain user name only for ssh), no backslash, no percent-encoding in the authority, and a
+    host that is a host name or an IP address (not ``-oProxyCommand=...``)."""
     if has_control_chars(value) or any(c.isspace() for c in value):
         return "a URL without spaces or control characters"
+    if "\\" in value:
+        # urllib3 and browsers read "http://evil\@127.0.0.1/" as host evil, urlsplit as 127.0.0.1.
+        return "a URL without backslashes"
     try:
         parts = urllib.parse.urlsplit(value)
-        host = parts.hostname
-        port = parts.port
+        host, port = parts.hostname, parts.port
     except ValueError:
         return "a well-formed URL"
     scheme = parts.scheme.lower()
     if scheme not in schemes:
         return "a URL with scheme " + " or ".join(f"{s}://" for s in schemes)
     if scheme.endswith("file"):
-        if abs_path_problem(parts.path) is not None:
-            return "a file:// URL of an absolute path"
+        if parts.netloc or abs_path_problem(parts.path) is not None:
+            return "a file:// URL of an absolute path (file:///PATH)"
         return None
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at and not (scheme.endswith("ssh") and _SSH_USER.fullmatch(userinfo)):
+        return ("a URL without user or password before '@' (credentials go in the client's own "
+                "config, e.g. pip's netrc or keyring, never in the inventory)")
+    if "%" in parts.netloc:
+        return "a URL without percent-encoding in its host part"
     if not host:
         return f"a URL with a host, such as {scheme}://HOST/"
+    if host_problem(host) is not None:
+        return "a URL whose host is a host name or IP address"
+    if not _HOST_PORT.fullmatch(parts.netloc.rpartition("@")[2]):
+        return "a URL whose authority is HOST or HOST:PORT"
     if port is not None and not 1 <= port <= 65535:
         return "a URL whose port is in 1..65535"
-    if scheme.removeprefix("git+") == "http" and http_hosts is not None:
-        allowed = {h.lower().strip("[]") for h in http_hosts}
-        if not (is_loopback(host) or host.lower() in allowed):
-            where = f" or to a host listed in {http_setting}" if http_setting else ""
-            return f"an https:// URL (plain http:// only to a loopback address{where})"
     return None
+
+
+def hide_userinfo(value: object) -> str | None:
+    """A URL quoted with its user and password hidden (a secret); None if it has none."""
+    userinfo = re.match(r"[^:/]+://([^/?#]*)@", value) if isinstance(value, str) else None
+    return repr(value[:userinfo.start(1)] + "***" + value[userinfo.end(1):]) if userinfo else None
+
+
+def http_host_problem(value: str, http_hosts: Collection[str], http_setting: str) -> str | None:
+    """Plain ``http`` (also ``git+http``) only to a loopback address or to one of ``http_hosts``
+    (named by the setting ``http_setting``); ``value`` passed ``url_problem``."""
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme.lower().removeprefix("git+") != "http":
+        return None
+    host = (parts.hostname or "").lower()
+    if is_loopback(host) or host in {h.lower().strip("[]") for h in http_hosts}:
+        return None
+    return (f"an https:// URL (plain http:// only to a loopback address or to a host listed in "
+            f"{http_setting})")
 
 
 def secret_flag(flag: str) -> bool:
     """Whether a command-line flag's name says it carries a secret (--api-key, --hf-token ...)."""
-    words = re.split(r"[-_]+", flag.lstrip("-").lower())
-    return any(w in SECRET_WORDS for w in words)
+    return any(w in SECRET_WORDS for w in re.split(r"[-_]+", flag.lstrip("-").lower()))
 
 
 def secret_env_name(name: str) -> bool:
     """Whether an environment variable's name says it holds a secret (HF_TOKEN, API_KEY ...)."""
-    words = name.lower().split("_")
-    return any(w in SECRET_WORDS for w in words)
+    return any(w in SECRET_WORDS for w in name.lower().split("_"))
+
+
+# Variables that change what code the server runs or how it logs, and so turn off what specfleet
+# set up (the redacting logging config, the pinned venv): the dynamic loader's, Python's module
+# search and start-up hooks, SGLang's logging config.
+UNSAFE_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
+                        "PYTHONINSPECT", "PYTHONBREAKPOINT", "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR",
+                        "BASH_ENV", "ENV", "GCONV_PATH", "SGLANG_LOGGING_CONFIG_PATH"})
+
+
+def unsafe_env_name(name: str) -> bool:
+    """Whether setting ``name`` in the server's environment would undo specfleet's safety."""
+    upper = name.upper()
+    return upper in UNSAFE_ENV or upper.startswith("LD_")

@@ -1,0 +1,163 @@
+"""Settings from pyinfra host and group data under one key, ``specfleet``, merged over the
+defaults and checked once per distinct data. Host data wins over group data, which wins over
+``all``; sections merge key by key, so a group can set ``target.revision`` and a host ``port``."""
+
+import json
+import math
+import os
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from specfleet.core.errors import SettingsError
+from specfleet.core.settings.checks import Problem, find_problems, schema_problems
+from specfleet.core.settings.schema import DATA_KEY, TEST_SETTINGS_ENV, ProbeOptions, Settings
+
+# The lowest layer: the model sections whose defaults are not their class's (the target's and
+# the drafter's repo ids), so that data naming only ``target.revision`` merges over them.
+_DEFAULT_LAYER = {name: Settings.model_fields[name].default.model_dump(exclude_defaults=True)
+                  for name in ("target", "drafter")}  # fmt: skip
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``; mappings merge key by key, everything else is replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
+        merged[key] = deep_merge(merged[key], value) if both else value
+    return merged
+
+
+def allow_test_settings(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether test-only settings are accepted: SPECFLEET_ALLOW_TEST_SETTINGS=1 (test fleets)."""
+    env = os.environ if environ is None else environ
+    return env.get(TEST_SETTINGS_ENV) == "1"
+
+
+def settings_from_layers(layers: Iterable[Any], host: str = "",
+                         environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
+    """Settings from the ``specfleet`` values (or None) of data layers, lowest priority first
+    (all, group..., host); one SettingsError lists every problem. ``environ`` (default
+    ``os.environ``) only says whether test-only settings are allowed."""
+    merged: dict[str, Any] = _DEFAULT_LAYER
+    for layer in layers:
+        if layer is None:
+            continue
+        if not isinstance(layer, Mapping):
+            raise SettingsError(f"'{DATA_KEY}' data is {type(layer).__name__}, expected a mapping",
+                                host=host, fix=f"make {DATA_KEY} a dict, e.g. {DATA_KEY} = "
+                                "{'port': 30000}")  # fmt: skip
+        merged = deep_merge(merged, layer)
+    # Settings are a pure function of the merged data, the host's name (in errors) and whether
+    # test-only settings are allowed: a fleet of hosts sharing their settings, or a deploy's
+    # steps asking again for one host, builds and checks them once (a converged run's CPU).
+    key = (repr(merged), host, allow_test_settings(environ))
+    built = _BUILT.get(key)
+    if built is None:
+        settings, problems = find_problems(merged, host, key[2])
+        built = settings if settings is not None else host_error(host, problems)
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.clear()
+        _BUILT[key] = built
+    if isinstance(built, SettingsError):
+        raise SettingsError(built.problem, host=built.host, fix=built.fix)
+    return built
+
+
+# ``settings_from_layers``'s memo: Settings are frozen, one serves all; bad data keeps its error.
+_BUILT: dict[tuple[str, str, bool], Settings | SettingsError] = {}
+_BUILT_MAX = 4096
+
+
+def host_error(host: str, problems: list[Problem]) -> SettingsError:  # every problem of a host
+    errors = [SettingsError(p.text, host=host, fix=p.fix) for p in problems]
+    if len(errors) == 1:
+        return errors[0]
+    return SettingsError(f"{len(errors)} settings are bad:\n" + "\n".join(e.render() for e in
+                         errors), host=host, fix="fix each key above in the host or group data")
+
+
+def settings_from_dict(data: Mapping[str, Any] | None, host: str = "",
+                       environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
+    return settings_from_layers([data], host, environ)
+
+
+def settings_for_host(host: Any) -> Settings:
+    """The Settings of a pyinfra ``Host``: its data layers merged key by key, lowest priority
+    first (pyinfra's own lookup would take the highest layer's whole ``specfleet`` dict)."""
+    inventory = getattr(host, "inventory", None)
+    if inventory is None:
+        return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
+    layers = [inventory.get_data(), *map(inventory.get_group_data, getattr(host, "groups", ())),
+              inventory.get_host_data(host.name), inventory.get_override_data()]
+    return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
+
+
+def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
+    """Every host's Settings, or one SettingsError listing every bad key of every host: for the
+    CLI at inventory load and a deploy file before any operation (pyinfra stops at the first)."""
+    try:
+        return dict(_ALL_HOSTS[inventory])
+    except (KeyError, TypeError):
+        pass
+    good: dict[str, Settings] = {}
+    bad: list[SettingsError] = []
+    for host in inventory:
+        try:
+            good[host.name] = settings_for_host(host)
+        except SettingsError as exc:
+            bad.append(exc)
+    if len(bad) == 1:
+        raise bad[0]
+    if bad:
+        raise SettingsError(f"{len(bad)} hosts have bad settings:\n" + "\n".join(
+            e.render() for e in bad), fix="fix each key above in the inventory or group data")
+    try:
+        _ALL_HOSTS[inventory] = good
+    except TypeError:
+        pass  # an inventory that cannot be weakly referenced is simply read again
+    return dict(good)
+
+
+# pyinfra runs a deploy file once per host, and each run asks for every host's settings: the
+# inventory's data does not change during a run, so they are read once per inventory.
+_ALL_HOSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# The keys a probe file may set (``probe.file``): the probe itself, not where it comes from.
+PROBE_FILE_KEYS = ("questions", "min_correct", "max_tokens", "concurrency", "min_accept_length",
+                   "timeout_s")
+
+
+def probe_from_file(probe: ProbeOptions, text: str, path: str, host: str = "") -> ProbeOptions:
+    """``probe`` with a probe file's values (``probe.file``'s JSON text) in place: a malformed
+    file is a SettingsError naming the file, the key and the fix."""
+    where, fix = f"probe file {path}", 'write {"questions": [{"prompt": "...", "answer": "REGEX"}]}'
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{where} is not JSON ({exc})", host=host, fix=fix) from None
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{where} holds {type(data).__name__}, expected a JSON object",
+                            host=host, fix=fix)  # fmt: skip
+    unknown = sorted(set(data) - set(PROBE_FILE_KEYS))
+    if unknown:
+        raise SettingsError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}", host=host,
+                            fix=f"use only {', '.join(PROBE_FILE_KEYS)}")
+    merged = {**probe.model_dump(), **data, "file": probe.file}
+    if isinstance(data.get("questions"), list) and "min_correct" not in data:
+        # Questions of its own without a count: the default share (7 of 8) of them.
+        merged["min_correct"] = max(1, math.ceil(len(data["questions"]) * 7 / 8))
+    try:
+        built = ProbeOptions.model_validate(merged)
+        problems = [] if built.min_correct <= len(built.questions) else [Problem(
+            "min_correct", f"settings key 'min_correct' is {built.min_correct}, expected at most "
+            f"the number of questions ({len(built.questions)})", "lower min_correct")]
+    except ValidationError as exc:
+        problems = schema_problems(exc.errors(include_url=False), root=ProbeOptions)
+    if problems:
+        raise host_error(host, [Problem(p.key, p.text.replace("settings key '", f"{where}: key '"),
+                                        f"fix that key in {path}: {p.fix}") for p in problems])
+    return built
