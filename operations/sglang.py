@@ -364,6 +364,8 @@ def compressed_tensors(
     + venv: the venv SGLang is installed in
     + specifier: a user-given specifier that overrides the version table
     + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
+    + test_recipe: tests only (refused unless ``SPECFLEET_ALLOW_TEST_SETTINGS=1``): a recipe.json
+      used in place of the port's own (a variant without one of its fixes, built by the tests)
     + index_url: as for ``sglang.installed``
     + find_links: as for ``sglang.installed``
     + trusted_hosts: as for ``sglang.installed``
@@ -427,6 +429,7 @@ def pr20547(
     on_conflict: str = "keep-v1",
     present: bool = True,
     sglang_version: str | None = None,
+    test_recipe: str | None = None,
 ):
     """
     Wire PR#20547's DFlash v2 (overlap) worker into an SGLang that lacks it, where this project
@@ -475,11 +478,12 @@ def pr20547(
     marker = cached_fact(host, PatchState, venv=venv) if has_python else None
 
     if install is None:
-        yield from _without_sglang(venv, source, sha256, on_conflict, present, sglang_version)
+        yield from _without_sglang(venv, source, sha256, on_conflict, present, sglang_version,
+                                   test_recipe)
         return
 
     decision, port, patch = _pr20547_decision(venv, install, marker, source, sha256, present,
-                                              on_conflict)
+                                              on_conflict, test_recipe)
     if decision.noop:
         host.noop(decision.reason)
         return
@@ -499,7 +503,8 @@ def pr20547(
 
 
 def _without_sglang(venv: str, source: str | list[str] | None, sha256: str | None,
-                    on_conflict: str, present: bool, sglang_version: str | None):
+                    on_conflict: str, present: bool, sglang_version: str | None,
+                    test_recipe: str | None = None):
     """No SGLang in the venv: nothing to remove; while planning (a fresh host under ``--dry``)
     the decision predicted for the release about to be installed; else the host fails."""
     if not present:
@@ -511,12 +516,13 @@ def _without_sglang(venv: str, source: str | list[str] | None, sha256: str | Non
             host=host.name,
             fix="run sglang.installed before sglang.pr20547",
         )
-    yield from _predict_patch(source, sha256, bool(sha256), on_conflict, sglang_version)
+    yield from _predict_patch(source, sha256, bool(sha256), on_conflict, sglang_version,
+                              test_recipe)
 
 
 def _pr20547_decision(venv: str, install: dict, marker: dict | None,
                       source: str | list[str] | None, sha256: str | None, present: bool,
-                      on_conflict: str):
+                      on_conflict: str, test_recipe: str | None = None):
     """``decide_pr20547`` for the installed SGLang, with the port that fits its tree (read only
     when opted in and v2 is missing); a kept v1 is said at normal verbosity, or fails the host
     under ``on_conflict="fail"``. Returns (decision, port, patch)."""
@@ -529,7 +535,8 @@ def _pr20547_decision(venv: str, install: dict, marker: dict | None,
         release = features = predicted_install(install["version"])["features"]
     port = patch = None
     if opted_in and present and features.get("dflash") != "v2":
-        port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker)
+        port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker,
+                                        test_recipe)
     decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port,
                               release_features=release)
     if decision.warning:
@@ -549,12 +556,13 @@ def _upstream(port: Port, source: str | list[str] | None) -> UpstreamSources:
     return UpstreamSources(port.sources, mirrors, host=host.name)
 
 
-def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None):
+def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None,
+                      test_recipe: str | None = None):
     """The port verdict for the installed tree, and the patch it would apply (or None). Files an
     earlier apply of ours left (``marker``) are judged as the restore or forget step before the
     apply leaves them: the apply's trial (no fuzz) and its verify guard that assumption."""
     version = install.get("version") or "?"
-    port = load_port(version)
+    port = load_port(version, test_recipe)
     if port is None:
         return no_port_verdict(version), None
     site = site_packages(install.get("location"))
@@ -609,7 +617,8 @@ def _port_patch(port: Port, source: str | list[str] | None):
 
 
 def _predict_patch(
-    source: str | None, sha256: str | None, opted_in: bool, on_conflict: str, sglang_version: str
+    source: str | None, sha256: str | None, opted_in: bool, on_conflict: str, sglang_version: str,
+    test_recipe: str | None = None,
 ):
     """``--dry`` on a host without SGLang: say exactly what the run will do once it is in."""
     predicted = predicted_install(sglang_version)
@@ -617,7 +626,7 @@ def _predict_patch(
     if has_v2_worker(predicted["features"]):
         host.noop(f"SGLang {version} (to be installed) has the DFlash v2 worker")
         return
-    port = load_port(version) if opted_in else None
+    port = load_port(version, test_recipe) if opted_in else None
     install = {"version": f"{version} (to be installed)", "features": predicted["features"]}
     verdict = None
     patch, missing = _port_patch_or_missing(port, source) if port else (None, None)
@@ -750,6 +759,7 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
         sha256=settings.patch.sha256,
         on_conflict=settings.patch.on_conflict,
         sglang_version=sg.version,
+        test_recipe=settings.patch.test_recipe,
         **global_args,
     )
     return metas

@@ -9,7 +9,8 @@ fleet bridge, systemd units, the readiness gate. What stands in, and why:
 - the hub is `tests/harness/standin_hub.py`, serving small git repos shaped like Kimi K2.6 and its
   gated DFlash drafter (no route to the Hub here);
 - the SGLang server is `tests/harness/standin_sglang_server.py`, started through the test-only
-  `launcher` setting with the plan's exact flags (the real one needs GPUs and torch).
+  `launcher` setting with the plan's exact flags (the real one needs GPUs and torch), by the
+  host's SGLang venv's interpreter, so it reads the tree the deploy installed.
 
 Two more 8x H100 hosts, h100a and h100b, form the serving group kimi-h100-pair: one server, tensor
 parallel over their 16 GPUs (rank 0 on h100a serves the API).
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import Fleet, HostSpec
-from tests.harness.port_build import port_settings
+from tests.harness.port_build import port_settings, write_stale_mask_recipe
 from tests.harness.sources import PR20547_TARBALL
 from tests.harness.weights_support import StandinHub, make_repo, random_bytes
 
@@ -97,6 +98,15 @@ def drafter_files() -> dict[str, bytes]:
 CT200_VENV = "/root/venv_sglang211"
 
 
+def stale_mask_port(workdir: Path) -> dict:
+    """The CT200-like host's settings over-ride that gives it the broken verify tree: the port
+    less its verify-mask fix (0.5.11 + triton + CUDA graphs: a stale mask), through the test-only
+    ``patch.test_recipe``. The recipe is made now by tests.harness.port_build from the shipped
+    one (it names upstream text, holds none); the text still comes from the shared fixtures."""
+    recipe = write_stale_mask_recipe(workdir / "stale-mask-recipe.json")
+    return {"patch": {**port_settings(), "test_recipe": str(recipe)}}
+
+
 def standin_python(host: str) -> str:
     """The interpreter of the host's SGLang venv, as the real server's ``VENV/bin/python -m
     sglang.launch_server``: the stand-in then sees the SGLang tree the deploy installed (and
@@ -111,11 +121,10 @@ class Demo:
     workdir: Path
     revisions: dict[str, str]
     inventory: Path = field(default=None)  # type: ignore[assignment]
-    # The stand-in server runs from the host's SGLang venv (``standin_python``), so it decides
-    # from the installed tree (a stale verify mask: wrong answers). Off: /usr/bin/python3, which
-    # sees no SGLang tree and answers right. TODO(coordinator): on for the whole demo once the
-    # port's verify-mask fix (issue 29) is merged; with today's port ct200 fails its probe.
-    standin_in_venv: bool = False
+    # The stand-in server runs from the host's SGLang venv (``standin_python``), as the real
+    # server does, so it decides from the installed tree (a stale verify mask: wrong answers;
+    # the fixed port, issue 29, answers right). Off: /usr/bin/python3, which sees no SGLang tree.
+    standin_in_venv: bool = True
 
     def settings(self, host: str, **over) -> dict:
         data = {
@@ -194,7 +203,7 @@ def prepare_hosts(fleet: Fleet) -> None:
 
 
 def up(name: str = "demo", hosts: list[HostSpec] | None = None,
-       workdir: Path | None = None, standin_in_venv: bool = False) -> Demo:
+       workdir: Path | None = None, standin_in_venv: bool = True) -> Demo:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
     fleet = Fleet.up(name, hosts or HOSTS)
     mirrors = workdir / "mirrors"

@@ -5,8 +5,10 @@ it against its batch.
     python -m bench.drills.broken_verify [--keep]      (as root, like bench/drills/run.py)
 
 Self-contained: it boots a fleet of its own (tests/demo.py's CT200-like host, 8x RTX PRO 6000
-with its own SGLang 0.5.11 venv, opted in to the PR#20547 port as main applies it: 0.5.11 +
-the unfixed port + triton + CUDA graphs, the tree whose verify reads a stale mask), then runs
+with its own SGLang 0.5.11 venv, opted in to the PR#20547 port less its verify-mask fix through
+the test-only ``patch.test_recipe`` (tests.demo's ``stale_mask_port``: a recipe made at test time
+from the shipped one; 0.5.11 + the port + triton + CUDA graphs, the tree whose verify reads a
+stale mask), then runs
 ``specfleet rollout`` of ``deploys/kimi_k26.py`` with ct200 as the canary. The stand-in server
 runs from the host's venv and decides from that installed tree that its verify mask is stale.
 
@@ -34,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, up
+from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, stale_mask_port, up
 from tests.harness import HostSpec
 
 HOST = "ct200"
@@ -91,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(f"/var/tmp/specfleet-drill-broken-verify-{os.getpid()}")
     work.mkdir(parents=True)
     demo = up(f"drillbv-{os.getpid() % 100000}", [HostSpec(HOST, gpu="rtx6000x8", disk="593G")],
-              work, standin_in_venv=True)
+              work)
+    # The broken tree: this inventory (the rollout's and the next deploy's) gives ct200 the port
+    # without its mask fix.
+    demo.write_inventory(**{HOST: stale_mask_port(work)})
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_TOKEN"] = DEMO_TOKEN
     try:
@@ -127,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         result = ("survived" if survived else "FAILED") + f" ({detail})"
         print("| drill | fault | where | checked | result | time |")
         print("|---|---|---|---|---|---|")
-        print(f"| broken-verify | the verify reads a stale mask (0.5.11 + the unfixed PR#20547 "
-              f"port + triton + CUDA graphs): wrong tokens, no crash | {HOST}, rollout canary | "
+        print(f"| broken-verify | the verify reads a stale mask (0.5.11 + the PR#20547 port "
+              f"less its mask fix + triton + CUDA graphs): wrong tokens, no crash | {HOST}, "
+              f"rollout canary | "
               f"wrong answers seen on the host, the gate's reason, the wheel's RECORD, the "
               f"rollout's stop | {result} | {time.monotonic() - t0:.0f}s |")
         print(f"drills: broken-verify served_wrong={seen['wrong']} caught={int(caught)} "

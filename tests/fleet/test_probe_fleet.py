@@ -2,9 +2,9 @@
 stand-ins, tests/demo.py; the stand-in server runs from the host's SGLang venv, so it sees the
 tree the deploy installed).
 
-- The CT200-like host given the PR#20547 port as main applies it (0.5.11, triton, CUDA graphs:
-  a stale verify mask): the gate fails on the answers, the port is rolled back, v1 serves and
-  passes, and a second run changes nothing.
+- The CT200-like host given the PR#20547 port without its verify-mask fix (tests.demo's
+  ``stale_mask_port``: 0.5.11, triton, CUDA graphs: a stale verify mask): the gate fails on the
+  answers, the port is rolled back, v1 serves and passes, and a second run changes nothing.
 - A user's probe file replaces the default questions; a malformed one is a settings error.
 - A rollout with --speed-gate holds back a host whose stand-in was made slow, rolls it back and
   counts it; without the option the same change goes through as today.
@@ -20,9 +20,9 @@ import sys
 
 import pytest
 
-from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, up
+from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, stale_mask_port, up
 from tests.harness import HostSpec
-from tests.harness.sources import PR20547_DIFF
+from tests.harness.sources import PR20547_TARBALL
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -39,8 +39,7 @@ GATE_TIME = re.compile(r"probe passed in ([0-9.]+) s")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    d = up(f"gateprobe-{os.getpid()}"[:31], HOSTS, tmp_path_factory.mktemp("gateprobe"),
-           standin_in_venv=True)
+    d = up(f"gateprobe-{os.getpid()}"[:31], HOSTS, tmp_path_factory.mktemp("gateprobe"))
     try:
         yield d
     finally:
@@ -58,9 +57,10 @@ def changed_ops(out: str) -> list[str]:
     return re.findall(r"\[\S+\] (?:Success|Changed).*", out)
 
 
-def test_ct200_with_the_unfixed_port_fails_on_the_answers_and_goes_back_to_v1(demo):
-    assert PR20547_DIFF.is_file()
-    rc, out = deploy(demo, "ct200-1", "ct200")
+def test_ct200_with_the_port_less_its_mask_fix_fails_on_the_answers_and_goes_back_to_v1(demo):
+    assert PR20547_TARBALL.is_file()
+    broken = stale_mask_port(demo.workdir)
+    rc, out = deploy(demo, "ct200-1", "ct200", ct200=broken)
     assert rc != 0, out[-3000:]
     assert "applies the PR#20547 port for SGLang 0.5.11" in out
     assert "the correctness probe" in out and "0/8 answers right (need 7)" in out, out[-3000:]
@@ -71,7 +71,7 @@ def test_ct200_with_the_unfixed_port_fails_on_the_answers_and_goes_back_to_v1(de
     assert demo.fleet.run("ct200", f"test -e {PATCH_DIR}.rejected && echo yes").stdout.strip() \
         == "yes"
 
-    rc, out = deploy(demo, "ct200-2", "ct200")
+    rc, out = deploy(demo, "ct200-2", "ct200", ct200=broken)
     assert rc == 0, out[-3000:]
     assert "failed the readiness gate on this host and was rolled back" in out
     assert "8/8 answers right" in out
@@ -81,7 +81,7 @@ def test_ct200_with_the_unfixed_port_fails_on_the_answers_and_goes_back_to_v1(de
     assert seconds and max(seconds) <= 10.0, seconds
     print(f"probe on a healthy gate (ct200, v1): {max(seconds):.1f} s")
 
-    rc, out = deploy(demo, "ct200-3", "ct200")
+    rc, out = deploy(demo, "ct200-3", "ct200", ct200=broken)
     assert rc == 0, out[-3000:]
     assert "No changes" in out and "Changed" not in " ".join(changed_ops(out)), out[-3000:]
 

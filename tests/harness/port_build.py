@@ -72,6 +72,27 @@ def port_patch():
     return port.patch(recipe_reader(port.recipe))
 
 
+def stale_mask_recipe() -> dict:
+    """The port's recipe less its verify-mask fix (0.5.11's own dflash_utils.py kept): the tree
+    whose DFLASH v2 verify reads a stale mask under triton with CUDA graphs. Made here, at test
+    time, from the shipped recipe; it names upstream text, it holds none."""
+    recipe = load_recipe()
+    recipe["files"].pop(MASK_FILE)
+    return recipe
+
+
+def write_stale_mask_recipe(path: Path) -> Path:
+    """``stale_mask_recipe()`` as a recipe.json at ``path``, for the test-only setting
+    ``patch.test_recipe`` (the deploy then applies the port without its mask fix)."""
+    path.write_text(json.dumps(stale_mask_recipe(), indent=1))
+    return path
+
+
+def build_stale_mask(mirrors: list[str] | None = None) -> dict[str, str]:
+    recipe = stale_mask_recipe()
+    return build(recipe, recipe_reader(recipe, mirrors)).files
+
+
 def build_fixed(mirrors: list[str] | None = None) -> dict[str, str]:
     recipe = load_recipe()
     return build(recipe, recipe_reader(recipe, mirrors)).files
@@ -185,7 +206,10 @@ def main(argv=None) -> int:
         print(f"{args.site} is not the SGLang 0.5.11 wheel's tree: {', '.join(bad)} differ",
               file=sys.stderr)
         return 2
-    files = build_unfixed(args.site) if args.unfixed else build_fixed(args.mirror)
+    if args.unfixed:
+        files = build_unfixed(args.site)
+    else:
+        files = build_stale_mask(args.mirror) if args.stale_mask else build_fixed(args.mirror)
     if args.stale_mask:
         files.pop(MASK_FILE, None)
     for path, text in sorted(files.items()):

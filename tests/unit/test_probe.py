@@ -1,14 +1,14 @@
 """The readiness gate's correctness probe: its verdict (``readiness_gate.judge``, pure), its settings
 and a user's probe file, and the stand-in server's broken-verify state decided from a real tree
-(the 0.5.11 wheel with the PR#20547 port as main applies it)."""
+(the 0.5.11 wheel with the PR#20547 port: unfixed, without its mask fix, and fixed)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import shutil
-import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +16,8 @@ from operations.serving import probe_spec
 from specfleet.core.errors import SettingsError
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import probe_from_file, settings_from_dict
-from specfleet.core.sglang.port import load_ports, port_patches, read_port_file
-from tests.harness.sources import pr20547_diff, sglang_wheel
+from tests.harness import port_build
+from tests.harness.sources import sglang_wheel
 
 
 def _load(name: str, path):
@@ -29,7 +29,7 @@ def _load(name: str, path):
 
 gate = _load("readiness_gate_under_test", hostside_path("readiness_gate.py"))
 standin = _load("standin_server_under_test",
-                __import__("pathlib").Path(__file__).parents[1] / "harness"
+                Path(__file__).parents[1] / "harness"
                 / "standin_sglang_server.py")
 
 SPEC = probe_spec(settings_from_dict({}).probe)
@@ -142,7 +142,6 @@ def test_a_missing_probe_file_is_a_settings_error(tmp_path):
 # The stand-in's broken-verify state, from the installed tree
 # --------------------------------------------------------------------------------------------------
 
-NAME = "pr20547/sglang-0.5.11"
 ARGV = ["python", "-m", "sglang.launch_server", "--speculative-algorithm", "DFLASH",
         "--speculative-num-draft-tokens", "8", "--attention-backend", "triton"]
 SWITCHES = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}
@@ -150,29 +149,43 @@ SWITCHES = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory):
-    """The 0.5.11 wheel as released, and with the PR#20547 port main applies (GNU patch)."""
+    """The 0.5.11 wheel as released, and with the PR#20547 port built by tests.harness.port_build
+    from the shared fixtures: as it was before issue #29 (``unfixed``), the fixed port less its
+    verify-mask fix (``stale-mask``: what the fleet's broken-verify tests deploy), and the fixed
+    port (``fixed``: what the deploy applies)."""
     root = tmp_path_factory.mktemp("trees")
     with zipfile.ZipFile(sglang_wheel("0.5.11")) as zf:
         zf.extractall(root / "v1", [n for n in zf.namelist() if n.startswith("sglang/")])
-    shutil.copytree(root / "v1", root / "ported")
-    port = load_ports()[NAME]
-    for text in port_patches(pr20547_diff().decode(), port,
-                             read_port_file(NAME, "adaptation.diff")):
-        done = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-d",
-                               str(root / "ported")], input=text, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout + done.stderr
-    return {k: str(root / k / "sglang") for k in ("v1", "ported")}
+    built = {"unfixed": port_build.build_unfixed(root / "v1"),
+             "stale-mask": port_build.build_stale_mask(),
+             "fixed": port_build.build_fixed()}
+    for name, files in built.items():
+        shutil.copytree(root / "v1", root / name)
+        for path, text in files.items():
+            (root / name / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / path).write_text(text)
+    return {k: str(root / k / "sglang") for k in ("v1", *built)}
 
 
-def test_the_unfixed_port_with_triton_and_cuda_graphs_serves_a_stale_mask(trees):
-    why = standin.stale_verify_mask(ARGV, SWITCHES, trees["ported"])
+@pytest.mark.parametrize("tree", ["unfixed", "stale-mask"])
+def test_the_port_without_its_mask_fix_with_triton_and_cuda_graphs_serves_a_stale_mask(trees,
+                                                                                       tree):
+    why = standin.stale_verify_mask(ARGV, SWITCHES, trees[tree])
     assert why is not None and "TritonAttnBackend" in why
 
 
+def test_the_fixed_port_with_triton_and_cuda_graphs_does_not(trees):
+    # The same v2 worker wired in: only the skip set differs from the stale-mask tree.
+    for tree in ("fixed", "stale-mask"):
+        assert (Path(trees[tree]) / "srt" / "speculative" / "dflash_worker_v2.py").is_file()
+    assert standin.stale_verify_mask(ARGV, SWITCHES, trees["fixed"]) is None
+
+
+@pytest.mark.parametrize("tree", ["unfixed", "stale-mask"])
 @pytest.mark.parametrize("change", ["v1 tree", "no graphs", "flashinfer", "switch off",
                                     "switch unset", "no tree"])
-def test_no_stale_mask_where_the_tree_or_flags_say_otherwise(trees, change):
-    argv, env, tree = list(ARGV), dict(SWITCHES), trees["ported"]
+def test_no_stale_mask_where_the_tree_or_flags_say_otherwise(trees, tree, change):
+    argv, env, tree = list(ARGV), dict(SWITCHES), trees[tree]
     if change == "v1 tree":
         tree = trees["v1"]
     elif change == "no graphs":
@@ -188,19 +201,26 @@ def test_no_stale_mask_where_the_tree_or_flags_say_otherwise(trees, change):
     assert standin.stale_verify_mask(argv, env, tree) is None
 
 
-def test_the_skip_set_with_triton_as_0_5_14_has_it_fixes_the_mask(trees, tmp_path):
-    with zipfile.ZipFile(sglang_wheel("0.5.14")) as zf:
-        newer = zf.read("sglang/srt/speculative/dflash_utils.py").decode()
+def test_the_fixed_port_has_triton_in_the_skip_set_as_0_5_14_has_it(trees):
     import ast
 
-    assert "TritonAttnBackend" in standin._assigned_strings(
-        ast.parse(newer), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS")
-    fixed = tmp_path / "sglang"
-    shutil.copytree(trees["ported"], fixed)
-    utils = fixed / "srt" / "speculative" / "dflash_utils.py"
-    utils.write_text(utils.read_text().replace('"TRTLLMMLABackend",',
-                                               '"TRTLLMMLABackend",\n        "TritonAttnBackend",'))
-    assert standin.stale_verify_mask(ARGV, SWITCHES, str(fixed)) is None
+    with zipfile.ZipFile(sglang_wheel("0.5.14")) as zf:
+        newer = zf.read("sglang/srt/speculative/dflash_utils.py").decode()
+    skip = "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"
+    assert "TritonAttnBackend" in standin._assigned_strings(ast.parse(newer), skip)
+    mine = (Path(trees["fixed"]) / "srt" / "speculative" / "dflash_utils.py").read_text()
+    stale = (Path(trees["stale-mask"]) / "srt" / "speculative" / "dflash_utils.py").read_text()
+    assert "TritonAttnBackend" in standin._assigned_strings(ast.parse(mine), skip)
+    assert "TritonAttnBackend" not in standin._assigned_strings(ast.parse(stale), skip)
+
+
+def test_the_test_recipe_is_the_shipped_one_less_the_mask_file(tmp_path):
+    path = port_build.write_stale_mask_recipe(tmp_path / "recipe.json")
+    shipped, variant = port_build.load_recipe(), json.loads(path.read_text())
+    assert set(shipped["files"]) - set(variant["files"]) == {port_build.MASK_FILE}
+    assert variant["sources"] == shipped["sources"]
+    assert {p: v for p, v in shipped["files"].items() if p != port_build.MASK_FILE} \
+        == variant["files"]
 
 
 def test_the_standin_answers_from_its_own_table_and_wrong_when_stale():

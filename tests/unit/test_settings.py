@@ -198,6 +198,7 @@ BAD_VALUES = [
     # Test-only settings, without SPECFLEET_ALLOW_TEST_SETTINGS=1.
     ("launcher outside tests", {"launcher": ["/usr/bin/python3", "/srv/standin.py"]}, "launcher", "'launcher' is a test-only setting"),
     ("no_deps outside tests", {"sglang": {"no_deps": True}}, "sglang.no_deps", "'sglang.no_deps' is a test-only setting"),
+    ("test_recipe outside tests", {"patch": {"test_recipe": "/tmp/recipe.json"}}, "patch.test_recipe", "'patch.test_recipe' is a test-only setting"),
 ]
 
 
@@ -331,15 +332,16 @@ def test_good_values_are_accepted(data, monkeypatch):
 
 def test_test_only_settings_need_the_environment_variable(monkeypatch):
     data = {"launcher": ["/usr/bin/python3", "/srv/standin.py", ";", ""],
-            "sglang": {"no_deps": True}}
+            "sglang": {"no_deps": True}, "patch": {"test_recipe": "/tmp/recipe.json"}}
     monkeypatch.delenv("SPECFLEET_ALLOW_TEST_SETTINGS", raising=False)
-    with pytest.raises(SettingsError, match="2 settings are bad"):
+    with pytest.raises(SettingsError, match="3 settings are bad"):
         settings_from_dict(data, host="h")
     for value in ("0", "true", ""):
         with pytest.raises(SettingsError):
             settings_from_dict(data, host="h", environ={"SPECFLEET_ALLOW_TEST_SETTINGS": value})
     s = settings_from_dict(data, host="h", environ={"SPECFLEET_ALLOW_TEST_SETTINGS": "1"})
     assert s.launcher[0] == "/usr/bin/python3" and s.sglang.no_deps
+    assert s.patch.test_recipe == "/tmp/recipe.json"
     monkeypatch.setenv("SPECFLEET_ALLOW_TEST_SETTINGS", "1")
     assert settings_from_dict(data, host="h").sglang.no_deps
     # Unset or false, they are no test-only setting at all.

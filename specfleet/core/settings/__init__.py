@@ -3,6 +3,7 @@ and each value's checks), ``checks`` (the error text, checks across keys), ``lay
 
 from specfleet.core.errors import SettingsError
 from specfleet.core.settings.layers import (
+    allow_test_settings,
     check_inventory_settings,
     deep_merge,
     probe_from_file,
@@ -22,7 +23,7 @@ from specfleet.core.settings.schema import (
 from specfleet.core.settings.validators import api_key_chars_ok
 
 __all__ = ["DATA_KEY", "TEST_SETTINGS_ENV", "ProbeOptions", "RolloutOptions", "ServingGroup",
-           "Settings", "SettingsError", "WeightsOptions", "api_key_chars_ok",
+           "Settings", "SettingsError", "WeightsOptions", "allow_test_settings", "api_key_chars_ok",
            "check_inventory_settings", "deep_merge", "probe_from_file", "settings_for_all_hosts",
            "settings_for_host", "settings_from_dict", "settings_from_layers"]
 settings_for_all_hosts = check_inventory_settings  # its name before the CLI checked at load

@@ -307,6 +307,10 @@ CONFLICTS = [
     (("sglang.no_deps", "@test_ok"), lambda no_deps, ok: no_deps and not ok, "sglang.no_deps",
      "settings key 'sglang.no_deps' is True, expected false: 'sglang.no_deps' is a test-only "
      f"setting (refused unless {schema.TEST_SETTINGS_ENV}=1)", _TEST_FIX),
+    (("patch.test_recipe", "@test_ok"), lambda recipe, ok: recipe is not None and not ok,
+     "patch.test_recipe", "settings key 'patch.test_recipe' is {0!r}, expected no value: "
+     "'patch.test_recipe' is a test-only setting (refused unless "
+     f"{schema.TEST_SETTINGS_ENV}=1)", _TEST_FIX),
     # The fan-out's cleanup empties folders of state_dir, and the token copy lives there.
     (("models_root", "state_dir"), lambda a, b: _inside(a, b) or _inside(b, a), "models_root",
      "settings key 'models_root' is {0!r}, expected a folder apart from state_dir {1!r} "

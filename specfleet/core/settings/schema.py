@@ -13,7 +13,8 @@ from pydantic_core import PydanticCustomError
 from specfleet.core.settings import validators as valid
 
 DATA_KEY = "specfleet"
-# Test-only settings (launcher, sglang.no_deps) are refused unless this is "1" in the environment.
+# Test-only settings (launcher, sglang.no_deps, patch.test_recipe) are refused unless this is
+# "1" in the environment.
 TEST_SETTINGS_ENV = "SPECFLEET_ALLOW_TEST_SETTINGS"
 # The one error type of a domain check; its context carries what is expected and the fix (where
 # "{key}" stands for the key's path), and "found" where the value must not be quoted.
@@ -240,6 +241,9 @@ class PatchSource(Section):
     """Mirrors of the port's sources (control-machine folders, URL bases), before its own URLs."""
     on_conflict: Literal["keep-v1", "fail"] = "keep-v1"
     """What a port that does not apply does."""
+    test_recipe: Annotated[str, rule(valid.control_path_problem, "give the test's recipe.json "
+                           "as an absolute path on the control machine")] | None = None
+    """Tests only: a recipe.json used instead of the port's own (a variant lacking one fix)."""
 
 
 class WeightsOptions(Section):
