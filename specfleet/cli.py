@@ -466,7 +466,11 @@ def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
 @cli.command(context_settings=CONTEXT)
 @INVENTORY
 @click.option("--host", required=True, help="The one host to tune.")
-@click.option("--num-draft-tokens", default="4,8,16", show_default=True)
+@click.option("--num-draft-tokens", default=None,
+              help="--speculative-num-draft-tokens values (default 4,8,16 without "
+              "--ddtree-budgets).")
+@click.option("--ddtree-budgets", default="",
+              help="plan.ddtree_budget values (DDTree's tree budget), e.g. 8,16,32,64,128.")
 @click.option("--draft-window", default="2048,4096", show_default=True,
               help="plan.draft_window_size values.")
 @click.option("--draft-backends", default="", help="plan.draft_attention_backend values.")
