@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -10,50 +9,55 @@ from typing import Any
 from pyinfra.api import FactBase, StringCommand
 from typing_extensions import override
 
-from facts.sglang import DEFAULT_PYTHON
+from facts.disk import FreeSpace
+from facts.gpu import GpuProcesses, Gpus, GpuTopology
+from facts.hf import Token
+from facts.net import ListeningPorts
+from facts.python import Packages
+from facts.sglang import DEFAULT_PYTHON, SGLangInstall
 from specfleet.core.errors import SpecfleetError
 
 MARK = "##specfleet-probe"
 MISSING = "##specfleet-probe-missing-command"
 
-# A spec: a fact class or its name ("facts.gpu.Gpus", "server.Os"), with optional kwargs.
+# A spec: a fact class, with optional kwargs. Classes are imported, never named by a string
+# (tests/unit/test_floors.py): the floor plan sees every fact a probe reads.
 Spec = Any
+
+# The facts a probe's output names (its sections carry ``cls.name``), for reading it back: the
+# default specs' classes, and every class a probe command of this process was built with.
+_KNOWN: dict[str, type[FactBase]] = {}
 
 
 def default_specs(
     python: str = DEFAULT_PYTHON,
     models_path: str = "/srv/models",
     token_path: str | None = None,
-) -> dict[str, tuple[str, dict]]:
+) -> dict[str, tuple[type[FactBase], dict]]:
     """The facts a specfleet deploy and preflight read, keyed by fact name (as
-    ``specfleet.core.plan``
-    and ``pyinfra fact --json`` key them)."""
-    return {
-        "facts.gpu.Gpus": ("facts.gpu.Gpus", {}),
-        "facts.gpu.GpuTopology": ("facts.gpu.GpuTopology", {}),
-        "facts.gpu.GpuProcesses": ("facts.gpu.GpuProcesses", {}),
-        "facts.disk.FreeSpace": ("facts.disk.FreeSpace", {"path": models_path}),
-        "facts.sglang.SGLangInstall": ("facts.sglang.SGLangInstall", {"python": python}),
-        "facts.python.Packages": ("facts.python.Packages", {"python": python}),
-        "facts.hf.Token": ("facts.hf.Token", {"path": token_path}),
-        "facts.net.ListeningPorts": ("facts.net.ListeningPorts", {}),
-    }
+    ``specfleet.core.plan`` and ``pyinfra fact --json`` key them)."""
+    specs: dict[str, tuple[type[FactBase], dict]] = {}
+    for cls, kwargs in (
+        (Gpus, {}), (GpuTopology, {}), (GpuProcesses, {}), (FreeSpace, {"path": models_path}),
+        (SGLangInstall, {"python": python}), (Packages, {"python": python}),
+        (Token, {"path": token_path}), (ListeningPorts, {}),
+    ):  # fmt: skip
+        specs[cls.name] = (cls, kwargs)
+    return specs
 
 
 def fact_class(name_or_class: str | type[FactBase]) -> type[FactBase]:
-    """``"facts.gpu.Gpus"`` (or a pyinfra fact name such as ``"server.Os"``) -> the class."""
-    if isinstance(name_or_class, type):
+    """A fact class as given, or the class a probe's output names (``"facts.gpu.Gpus"``): one of
+    the default specs' or one a probe command of this process was built with."""
+    if isinstance(name_or_class, type) and issubclass(name_or_class, FactBase):
+        _KNOWN.setdefault(name_or_class.name, name_or_class)
         return name_or_class
-    module_name, _, class_name = name_or_class.rpartition(".")
-    for candidate in (module_name, f"pyinfra.facts.{module_name}"):
-        try:
-            module = importlib.import_module(candidate)
-        except ImportError:
-            continue
-        cls = getattr(module, class_name, None)
-        if isinstance(cls, type) and issubclass(cls, FactBase):
-            return cls
-    raise ValueError(f"no fact named {name_or_class!r}")
+    cls = _KNOWN.get(name_or_class) or {c.name: c for c, _ in default_specs().values()}.get(
+        name_or_class
+    )
+    if cls is None:
+        raise ValueError(f"no fact named {name_or_class!r}: give the fact's class")
+    return cls
 
 
 def _normalise(specs: Mapping[str, Spec]) -> dict[str, tuple[type[FactBase], dict]]:
@@ -152,7 +156,7 @@ class Probe(FactBase[dict]):
     ``errors`` the facts whose command failed (their value is the fact's default). Without
     ``specs``, the facts of ``default_specs(python, models_path, token_path)``.
 
-    + specs: ``{key: FactClass | "module.Fact" | (FactClass | "module.Fact", {kwargs})}``
+    + specs: ``{key: FactClass | (FactClass, {kwargs})}``
     + python: the SGLang venv's interpreter (default specs)
     + models_path: where the weights go (default specs)
     + token_path: the host's Hugging Face token file, if not huggingface_hub's default

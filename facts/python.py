@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from facts.hostpy import PythonJob, parse_printed, script_source
 from facts.sglang import DEFAULT_PYTHON
+from specfleet.core.layout import venv_python
 
 # The distributions a deploy asks about by default (canonical names, PEP 503).
 PACKAGES = [
@@ -169,7 +170,7 @@ class PipInstallPlan(FactBase[Any]):
 
     @override
     def command(self, venv: str, requirement: str, pip_args: list[str] | None = None) -> str:
-        py = shlex.quote(f"{venv.rstrip('/')}/bin/python")
+        py = shlex.quote(venv_python(venv))
         words = [venv, *(pip_args or []), requirement]
         return (f"if test -x {py}; then {py} -I -c {shlex.quote(PIP_PLAN)} "
                 f"{' '.join(shlex.quote(w) for w in words)}; fi")

@@ -8,10 +8,10 @@ from typing import Any
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from specfleet.core.layout import join, patch_state_dir, venv_python
+
 # The files of a server that a rollback point keeps, by the name they have in it.
 FILE_KEYS = ("unit", "env", "secret")
-# Where an applied PR#20547 keeps its marker, relative to the venv (operations.sglang_support).
-PATCH_MARKER = ".specfleet/pr20547/sha256"
 ABSENT = "-"
 
 
@@ -50,11 +50,13 @@ class RollbackState(FactBase[dict[str, Any]]):
         self, directory: str, unit: str, env: str, secret: str, venv: str, wheels: str
     ) -> str:
         d = shlex.quote(directory)
-        py = shlex.quote(f"{venv.rstrip('/')}/bin/python")
-        marker = shlex.quote(f"{venv.rstrip('/')}/{PATCH_MARKER}")
+        py = shlex.quote(venv_python(venv))
+        # An applied PR#20547's marker (operations.sglang writes it last).
+        marker = shlex.quote(join(patch_state_dir(venv), "sha256"))
         parts = []
         for key, path in zip(FILE_KEYS, (unit, env, secret), strict=True):
-            for side, q in (("cur", shlex.quote(path)), ("saved", f"{d}/{key}")):
+            saved = shlex.quote(join(directory, key))
+            for side, q in (("cur", shlex.quote(path)), ("saved", saved)):
                 parts.append(
                     f'if test -e {q}; then echo "{side}.{key}=$(sha1sum < {q} | cut -c1-40)"; fi'
                 )

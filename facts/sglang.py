@@ -12,11 +12,14 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import PythonJob, parse_printed, script_source
+from specfleet.core.layout import sglang_python
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
 from specfleet.core.tables import ddtree_designs
 from specfleet.core.tables import sglang_versions as versions
 
-DEFAULT_PYTHON = "/opt/specfleet/sglang/bin/python"
+# The interpreter of the default venv (``Settings.venv``).
+DEFAULT_PYTHON = sglang_python(Settings())
 # PR#20547's opt-in switch for the DFlash v2 (overlap) worker.
 V2_SWITCH = "SGLANG_ENABLE_DFLASH_SPEC_V2"
 

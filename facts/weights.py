@@ -9,6 +9,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import PythonJob, parse_printed, script_source
+from specfleet.core.layout import venv_python
 
 # Run on the host by the system python3: read each revision's manifest and compare every file's
 # size and mtime with it (the fast re-check: no hashing). Prints one JSON object.
@@ -140,7 +141,7 @@ class WeightsTools(FactBase[dict[str, Any]]):
     """
 
     def python_job(self, path: str) -> PythonJob:
-        return PythonJob(f"{path.rstrip('/')}/bin/python", (), _TOOLS_SCRIPT, (path,))
+        return PythonJob(venv_python(path), (), _TOOLS_SCRIPT, (path,))
 
     @override
     def command(self, path: str) -> StringCommand:

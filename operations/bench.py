@@ -22,20 +22,18 @@ from facts.gpu import Gpus
 from facts.serving import ServiceState
 from facts.sglang import SGLangInstall
 from operations import preflight
-from operations.serving import has_api_key, server_paths, service_state_args
-from operations.util import fails_host
+from operations.server_facts import service_state_args
+from operations.util import fails_host, host_settings
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import bench_dir, join, serve_path, server_paths, sglang_python
 from specfleet.core.resources import hostside_path
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.core.sglang.install import venv_python
 from specfleet.core.tables import ddtree_designs
+from specfleet.core.unit import has_api_key
 
 CLIENT = "bench_client.py"
-
-
-def bench_dir(settings: Settings) -> str:
-    return posixpath.join(settings.state_dir, "bench")
 
 
 def server_url(settings: Settings) -> str:
@@ -60,11 +58,11 @@ def host_arch() -> str:
 def client_argv(settings: Settings, out: str, concurrency: Sequence[int], requests: int,
                 max_tokens: int, meta: dict[str, str], keep_previous: bool) -> list[str]:
     s = settings
-    argv = [s.python, posixpath.join(bench_dir(s), CLIENT), "--url", server_url(s),
+    argv = [s.python, join(bench_dir(s), CLIENT), "--url", server_url(s),
             "--concurrency", ",".join(str(c) for c in concurrency),
             "--requests", str(requests), "--max-tokens", str(max_tokens), "--out", out,
-            "--sglang-python", posixpath.join(s.venv.rstrip("/"), "bin", "python"),
-            "--tokenizer", s.target.serve_path(s.models_root)]
+            "--sglang-python", sglang_python(s),
+            "--tokenizer", serve_path(s, "target")]
     if has_api_key(s):
         argv += ["--api-key-file", server_paths(s).secret]
     if not keep_previous:
@@ -95,14 +93,14 @@ def smoke(
       it as ``previous.json``, for the rollout's speed gate; other names keep no history)
     + fetch_to: a folder on the control machine to download the result to, as ``<host>.json``
     """
-    s = settings if settings is not None else settings_for_host(host)
+    s = host_settings(settings)
     if not concurrency or any(int(c) < 1 for c in concurrency):
         raise SpecfleetError(f"bench concurrency {list(concurrency)!r} needs levels >= 1",
                              host=host.name, fix="pass levels such as 1,4")
     folder = bench_dir(s)
-    out = posixpath.join(folder, f"{result}.json")
+    out = join(folder, f"{result}.json")
     yield from files.directory._inner(path=folder, mode="0700")
-    yield from files.put._inner(src=str(hostside_path(CLIENT)), dest=posixpath.join(folder, CLIENT),
+    yield from files.put._inner(src=str(hostside_path(CLIENT)), dest=join(folder, CLIENT),
                                 mode="0644")
     # ``launcher`` is the test-only way to start the stand-in server: its numbers say so.
     meta = {"arch": host_arch(), "service": s.service_name,
@@ -125,7 +123,7 @@ def not_serving(settings: Settings | None = None, allow: bool = False):
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
     + allow: let a serving host be swept (``specfleet sweep --allow-serving``)
     """
-    s = settings if settings is not None else settings_for_host(host)
+    s = host_settings(settings)
     st = host.get_fact(ServiceState, **service_state_args(s)) or {}
     unit = server_paths(s).unit_name
     if st.get("active_state") not in ("active", "activating", "reloading"):

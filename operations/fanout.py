@@ -45,6 +45,17 @@ from facts.weights import WeightsState, job_command, parse_job
 from operations import weights
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.fanout import FANOUT_PORT, PLAN_ENV
+from specfleet.core.layout import (
+    TOOLS_PATH,
+    control_token_path,
+    fanout_dir,
+    join,
+    model_root,
+    serve_dir,
+    tools_program,
+    tools_python,
+    venv_python,
+)
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import RolloutOptions, Settings, settings_for_host
 from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
@@ -69,14 +80,6 @@ _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # ----------------------------------------------------------------------------------------------
 
 
-def fanout_dir(state_dir: str) -> str:
-    return f"{state_dir.rstrip('/')}/fanout"
-
-
-def serve_dir(state_dir: str) -> str:
-    return f"{fanout_dir(state_dir)}/sshd"
-
-
 def serve_unit(rollout_id: str) -> str:
     return f"{SERVE_UNIT}-{_UNIT_SAFE.sub('_', rollout_id)}"
 
@@ -95,7 +98,6 @@ def serve_command(tools_path: str, models_root: str, state_dir: str,
     """The only command the rollout's key may run on a serving peer. ``models``: the revision
     folders it serves, ``{dir_name: commit}``, or ``{dir_name: None}`` for a followed branch (the
     revision this host resolves); none: it serves nothing but refusals."""
-    tools = tools_path.rstrip("/")
     served = []
     for d, rev in sorted((models or {}).items()):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,200}", d) or ".." in d:
@@ -103,7 +105,7 @@ def serve_command(tools_path: str, models_root: str, state_dir: str,
         if rev is not None and not re.fullmatch(r"[0-9a-f]{40}", rev):
             raise ValueError(f"revision {rev!r} of {d} is not a commit (None: a followed branch)")
         served.append(f"{d}={rev}" if rev else d)
-    return shlex.join([f"{tools}/bin/python", f"{tools}/{AGENT_NAME}", "serve",
+    return shlex.join([venv_python(tools_path), join(tools_path, AGENT_NAME), "serve",
                        models_root.rstrip("/"), state_dir.rstrip("/"), *served])
 
 
@@ -181,13 +183,13 @@ def _secret_upload(path: str, content: str):
 
 
 @operation()
-def agent(tools_path: str = weights.TOOLS_PATH):
+def agent(tools_path: str = TOOLS_PATH):
     """
     Put the fan-out agent next to the weights agent (``weights.tools`` first).
 
     + tools_path: the weights tools venv
     """
-    dest = f"{tools_path.rstrip('/')}/{AGENT_NAME}"
+    dest = join(tools_path, AGENT_NAME)
     source = agent_source()
     if host.get_fact(Sha256File, path=dest) == hashlib.sha256(source.encode()).hexdigest():
         host.noop(f"fan-out agent {dest} is installed")
@@ -206,7 +208,7 @@ def serve(
     address: str | None = None,
     models_root: str = "/srv/models",
     state_dir: str = "/var/lib/specfleet",
-    tools_path: str = weights.TOOLS_PATH,
+    tools_path: str = TOOLS_PATH,
     max_seconds: int = SERVE_MAX_SECONDS,
     models: dict[str, str | None] | None = None,
 ):
@@ -228,9 +230,9 @@ def serve(
     """
     directory = serve_dir(state_dir)
     info = host.get_fact(FanoutServe, pattern=f"{SERVE_UNIT}-*",
-                         digest_path=f"{directory}/digest")
+                         digest_path=join(directory, "digest"))
     if not present:
-        there = host.get_fact(Sha256File, path=f"{directory}/sshd_config")
+        there = host.get_fact(Sha256File, path=join(directory, "sshd_config"))
         if not info["active"] and there is None:
             host.noop("no fan-out sshd on this host")
             return
@@ -252,15 +254,15 @@ def serve(
     for other in info["active"]:
         yield StringCommand("systemctl", "stop", QuoteString(other))
     yield StringCommand("rm", "-rf", QuoteString(directory))
-    yield from _secret_upload(f"{directory}/host_key", host_private_key.strip() + "\n")
-    yield FileUploadCommand(StringIO(keys), f"{directory}/authorized_keys")
-    yield FileUploadCommand(StringIO(config), f"{directory}/sshd_config")
-    yield FileUploadCommand(StringIO(digest + "\n"), f"{directory}/digest")
-    yield StringCommand("chmod", "600", QuoteString(f"{directory}/authorized_keys"),
-                        QuoteString(f"{directory}/sshd_config"))
+    yield from _secret_upload(join(directory, "host_key"), host_private_key.strip() + "\n")
+    yield FileUploadCommand(StringIO(keys), join(directory, "authorized_keys"))
+    yield FileUploadCommand(StringIO(config), join(directory, "sshd_config"))
+    yield FileUploadCommand(StringIO(digest + "\n"), join(directory, "digest"))
+    yield StringCommand("chmod", "600", QuoteString(join(directory, "authorized_keys")),
+                        QuoteString(join(directory, "sshd_config")))
     # A peer that cannot serve still gets its own weights: its receivers copy from another
     # source or from upstream. So neither a bad config nor a taken port fails the host.
-    cfg = QuoteString(f"{directory}/sshd_config")
+    cfg = QuoteString(join(directory, "sshd_config"))
     yield StringCommand(
         "if", "/usr/sbin/sshd", "-t", "-f", cfg, ";", "then",
         "mkdir", "-p", "-m", "755", "/run/sshd", "&&",
@@ -318,7 +320,7 @@ def needs(rollout_id: str = "", models: tuple[str, ...] = ("target", "drafter"))
     missing = []
     for which in models:
         src = getattr(s, which)
-        state = host.get_fact(WeightsState, path=weights.model_root(s, which))
+        state = host.get_fact(WeightsState, path=model_root(s, which))
         rev = state["revisions"].get(src.revision or "")
         if src.follow_branch or not _fast_ok(rev, src.allow_patterns, src.ignore_patterns):
             missing.append(which)
@@ -338,7 +340,7 @@ def weights_job(s: Settings, which: str, token_path: str | None, host_name: str)
     """The weights agent's job for ``which``, as ``weights.downloaded`` makes it, for the pull
     agent to finish a complete copy with (``verify`` fast: the pull hashed every byte)."""
     src, w = getattr(s, which), s.weights
-    root = weights.model_root(s, which)
+    root = model_root(s, which)
     job: dict[str, Any] = {
         "repo_id": src.repo_id, "revision": src.revision or "main", "root": root,
         "allow_patterns": src.allow_patterns, "ignore_patterns": src.ignore_patterns,
@@ -356,7 +358,7 @@ def model_job(s: Settings, which: str, *, rollout_id: str, sources: list[dict], 
               token_path: str | None, host_name: str = "") -> dict[str, Any]:
     """The pull agent's job for ``which`` (no secret: the key is a path)."""
     src = getattr(s, which)
-    root = weights.model_root(s, which)
+    root = model_root(s, which)
     dir_name = os.path.basename(root)
     fdir = fanout_dir(s.state_dir)
     return {
@@ -366,7 +368,8 @@ def model_job(s: Settings, which: str, *, rollout_id: str, sources: list[dict], 
         "allow_patterns": src.allow_patterns, "ignore_patterns": src.ignore_patterns,
         "endpoint": s.weights.hf_endpoint, "token_path": token_path,
         "sources": sources, "port": port,
-        "key_path": f"{fdir}/{dir_name}.key", "known_hosts": f"{fdir}/{dir_name}.known_hosts",
+        "key_path": join(fdir, f"{dir_name}.key"),
+        "known_hosts": join(fdir, f"{dir_name}.known_hosts"),
         "control_dir": control_dir(dir_name),
         "progress_path": pull_progress_path(s.state_dir, dir_name),
         "stall_seconds": s.weights.stall_minutes * 60, "poll_seconds": min(
@@ -412,7 +415,7 @@ def model(
         return
     s = settings_for_host(host)
     src = getattr(s, which)
-    root = weights.model_root(s, which)
+    root = model_root(s, which)
     state = host.get_fact(WeightsState, path=root)
     if src.revision and not src.follow_branch:
         rev = state["revisions"].get(src.revision)
@@ -424,14 +427,14 @@ def model(
         raise ValueError("fanout.model role=peer needs sources, private_key and servers")
     token_path = s.weights.host_token_path
     if weights.control_token(s.weights) is not None:
-        token_path = weights.control_token_path(s)
+        token_path = control_token_path(s)
     job = model_job(s, which, rollout_id=rollout_id, sources=sources, port=port,
                     token_path=token_path, host_name=host.name)
     dir_name = os.path.basename(root)
     unit = pull_unit(dir_name, rollout_id)
-    job_path = f"{fanout_dir(s.state_dir)}/{dir_name}.pull-job.json"
-    python = f"{weights.TOOLS_PATH}/bin/python"
-    agent_path = f"{weights.TOOLS_PATH}/{AGENT_NAME}"
+    job_path = join(fanout_dir(s.state_dir), f"{dir_name}.pull-job.json")
+    python = tools_python()
+    agent_path = tools_program(AGENT_NAME)
     for other in host.get_fact(FanoutServe, pattern=pull_unit(dir_name, "*"),
                                digest_path="/dev/null")["active"]:
         yield StringCommand("systemctl", "stop", QuoteString(other))

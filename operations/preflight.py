@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import os
-import posixpath
 import re
 import socket
 import sys
@@ -34,23 +33,21 @@ from facts.probe import default_specs
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
-from operations.serving import group_peers, host_address, probe_spec, service_state_args
-from operations.util import fails_host, record_failure
+from operations.readiness import probe_spec
+from operations.server_facts import group_peers, host_address, service_state_args
+from operations.util import fails_host, host_settings, record_failure
 from operations.venvs import effective_settings
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
 from specfleet.core import runlock
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import lock_path, model_root, sglang_python
 from specfleet.core.plan.group import NET, RDMA, GroupMember
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings
 from specfleet.hostside.run_lock import MARK
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-def lock_path(settings: Settings) -> str:
-    return posixpath.join(settings.state_dir, "run.lock")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,22 +377,12 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
     Taking and releasing the lock is run bookkeeping, not a change to the host, so it never
     shows as one: a converged host reports no change.
     """
-    s = settings or settings_for_host(host)
+    s = host_settings(settings)
     path = lock_path(s)
-    me = _me()
-    lease_s = lease_seconds()
     # Taking the lock also takes the run's probe (facts.cache), in the same command.
     specs = _probe_specs(s, path) if present and probe else []
     if not state.is_executing:
-        if present and specs:
-            cache.load(host, specs)
-        held = cached_fact(host, RunLock, path=path)
-        verdict, message = lock_verdict(held, me, _alive)
-        if verdict == runlock.BUSY:
-            raise SpecfleetError(message, host=host.name, fix=runlock.busy_fix(path))
-        if verdict in (runlock.STALE, runlock.EXPIRED):
-            host.log(f"would take over: {message}", logger.warning)
-        host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
+        _lock_planned(path, present, specs)
         return
     me_host = ctx_host.get() or host
     kept = _HELD.get(me_host)
@@ -414,9 +401,31 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
             _, output = host.run_shell_command(cache.command(specs), print_output=False,
                                                print_input=False, **args)
             cache.store(host, specs, output.stdout_lines)
-        host.noop(f"run lock {path} is held by this run")
-        yield from ()
-        return
+    else:
+        _take_lock(me_host, path, specs, keep, args)
+    host.noop(f"run lock {path} is held by this run")
+    yield from ()
+
+
+def _lock_planned(path: str, present: bool, specs: list) -> None:
+    """While planning: whether the lock could be taken (a live run's lock fails the host), and
+    the run's probe from the same command."""
+    if present and specs:
+        cache.load(host, specs)
+    held = cached_fact(host, RunLock, path=path)
+    verdict, message = lock_verdict(held, _me(), _alive)
+    if verdict == runlock.BUSY:
+        raise SpecfleetError(message, host=host.name, fix=runlock.busy_fix(path))
+    if verdict in (runlock.STALE, runlock.EXPIRED):
+        host.log(f"would take over: {message}", logger.warning)
+    host.noop(f"run lock {path} is free" if present else f"run lock {path} is released")
+
+
+def _take_lock(me_host: Any, path: str, specs: list, keep: bool, args: dict) -> None:
+    """Take the lock (with the probe) in one command; a stale lock by compare-and-swap; then
+    hold it (renewed from this process) and keep the probe's facts."""
+    me = _me()
+    lease_s = lease_seconds()
     me["token"] = uuid.uuid4().hex
     take = lock_command("take", path, lease_s, json.dumps(me))
     command = StringCommand(take, ";", cache.command(specs)) if specs else take
@@ -430,25 +439,7 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
             f"could not take the run lock {path}: {said or 'no answer'}", host=host.name,
             fix="check that the host has python3 and that the lock's folder is writable",
         )
-    status, value = result
-    if status == "held":
-        held = dict(value.get("held") or {"owner": "unknown"})
-        verdict, message = lock_verdict(held, me, _alive, value.get("now"))
-        if verdict == runlock.STALE:
-            # Replace it only if it is still the lock judged dead: a compare-and-swap.
-            seen = value.get("fingerprint") or ""
-            cas = lock_command("take", path, lease_s, json.dumps(me), seen)
-            _, again = host.run_shell_command(cas, print_output=False, print_input=False, **args)
-            result = parse_lock_output(again.stdout_lines) or ("held", value)
-            status, value = result
-            if status == "taken":
-                host.log(message, logger.warning)
-            else:  # another run took it first
-                held = dict(value.get("held") or held)
-                message = runlock.busy_message(held, value.get("now"), lease_s)
-        if status not in ("taken", "joined"):
-            raise SpecfleetError(message or runlock.busy_message(held, value.get("now"), lease_s),
-                                 host=host.name, fix=runlock.busy_fix(path))
+    status, value = _won(result, path, me, lease_s, args)
     if value.get("why") == "expired":
         prior = value.get("held") or {}
         host.log(f"a lock left by {runlock.holder(prior)} "
@@ -463,8 +454,31 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
         _HELD[me_host].kept = True
     if specs:
         cache.store(host, specs, lines[cut:])
-    host.noop(f"run lock {path} is held by this run")
-    yield from ()
+
+
+def _won(result: tuple[str, dict], path: str, me: dict, lease_s: float,
+         args: dict) -> tuple[str, dict]:
+    """The take's answer, a lock another run holds settled: a stale one replaced only if it is
+    still the lock judged dead (a compare-and-swap); a live one fails the host."""
+    status, value = result
+    if status != "held":
+        return status, value
+    held = dict(value.get("held") or {"owner": "unknown"})
+    verdict, message = lock_verdict(held, me, _alive, value.get("now"))
+    if verdict == runlock.STALE:
+        seen = value.get("fingerprint") or ""
+        cas = lock_command("take", path, lease_s, json.dumps(me), seen)
+        _, again = host.run_shell_command(cas, print_output=False, print_input=False, **args)
+        status, value = parse_lock_output(again.stdout_lines) or ("held", value)
+        if status == "taken":
+            host.log(message, logger.warning)
+        else:  # another run took it first
+            held = dict(value.get("held") or held)
+            message = runlock.busy_message(held, value.get("now"), lease_s)
+    if status not in ("taken", "joined"):
+        raise SpecfleetError(message or runlock.busy_message(held, value.get("now"), lease_s),
+                             host=host.name, fix=runlock.busy_fix(path))
+    return status, value
 
 
 def _probe_specs(s: Settings, path: str) -> list:
@@ -498,10 +512,11 @@ def missing_weights_bytes(s: Settings) -> int | None:
 
     token = control_token(s.weights)
     total = 0
-    for src in (s.target, s.drafter):
+    for which in ("target", "drafter"):
+        src = getattr(s, which)
         if src.revision is None:
             return None
-        state = cached_fact(host, WeightsState, path=posixpath.join(s.models_root, src.dir_name))
+        state = cached_fact(host, WeightsState, path=model_root(s, which))
         if _COMMIT.match(src.revision) and (
             (state.get("revisions") or {}).get(src.revision) or {}
         ).get("complete"):
@@ -551,9 +566,8 @@ def checks(settings: Settings | None = None):
         # The gate's probe file (control machine) is read here too: a malformed one fails the
         # host before anything changes, not at the gate after a restart.
         probe_spec(s.probe, host.name)
-    venv_python = posixpath.join(s.venv, "bin", "python")
     specs = default_specs(
-        python=venv_python, models_path=s.models_root, token_path=s.weights.host_token_path
+        python=sglang_python(s), models_path=s.models_root, token_path=s.weights.host_token_path
     )
     specs[pure.SERVICE] = (ServiceState, service_state_args(s))
     if s.group is not None:
@@ -564,7 +578,7 @@ def checks(settings: Settings | None = None):
     install = facts.get(pure.SGLANG)
     wheel_error = None
     if s.sglang.kind == "index" and (install is None or install.get("version") != s.sglang.version):
-        python = venv_python if (facts.get("facts.python.Packages") or {}).get(
+        python = sglang_python(s) if (facts.get("facts.python.Packages") or {}).get(
             "python_version") else s.python
         wheel_error = host.get_fact(
             SGLangWheel, python=python, requirement=f"sglang=={s.sglang.version}",

@@ -9,8 +9,6 @@ more, which ``bench/converged`` shows as ``commands_per_host``.
 
 from __future__ import annotations
 
-import os
-import posixpath
 from typing import Any
 
 from pyinfra.facts.files import File, Sha256File
@@ -21,12 +19,20 @@ from facts.python import Packages
 from facts.serving import ServiceState
 from facts.sglang import PatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
-from operations.serving import host_specs, server_paths, service_state_args, unit_files
+from operations.server_facts import host_specs, service_state_args
 from operations.venvs import candidate_venvs
 from operations.watchdog import state_args as watchdog_state_args
-from operations.weights import TOOLS_PATH, control_token_path, model_root, unit_pattern
+from operations.weights import unit_pattern
+from specfleet.core.layout import (
+    TOOLS_PATH,
+    control_token_path,
+    model_root,
+    server_paths,
+    sglang_python,
+    venv_python,
+    weights_job_paths,
+)
 from specfleet.core.settings import Settings
-from specfleet.core.sglang.install import venv_python
 
 
 def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]]:
@@ -34,12 +40,12 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
     specs: list[tuple[Any, dict[str, Any]]] = [(RunLock, {"path": lock_path})]
     # preflight.checks
     specs += default_specs(
-        python=posixpath.join(s.venv, "bin", "python"), models_path=s.models_root,
+        python=sglang_python(s), models_path=s.models_root,
         token_path=s.weights.host_token_path,
     ).values()
     specs.append((ServiceState, service_state_args(s)))
-    for src in (s.target, s.drafter):
-        specs.append((WeightsState, {"path": posixpath.join(s.models_root, src.dir_name)}))
+    for which in ("target", "drafter"):
+        specs.append((WeightsState, {"path": model_root(s, which)}))
     # sglang.installed, compressed_tensors, pr20547: in the configured venv, and in the one beside
     # it for this release (operations.venvs picks)
     for venv in candidate_venvs(s):
@@ -54,17 +60,16 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
     token = control_token_path(s)
     specs += [(WeightsTools, {"path": TOOLS_PATH}), (File, {"path": token}),
               (Sha256File, {"path": token})]
-    work = f"{s.state_dir.rstrip('/')}/weights"
     for which in ("target", "drafter"):
         root = model_root(s, which).rstrip("/")
         specs.append((WeightsState, {"path": root}))
         specs.append((WeightsJob, {
             "pattern": unit_pattern(root),
-            "progress_path": f"{work}/{os.path.basename(root)}.progress.json",
+            "progress_path": weights_job_paths(s.state_dir, root).progress,
         }))
     # server.unit, server.service
     paths = server_paths(s)
-    specs += host_specs(s, unit_files(paths)).values()
+    specs += host_specs(s, paths.unit_files()).values()
     # watchdog.service, watchdog.deploy_record
     specs.append((ServiceState, watchdog_state_args(s)))
     return specs

@@ -3,7 +3,6 @@ there (``footprint``)."""
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,13 +13,11 @@ from facts.cache import cached_fact
 from facts.removal import VENV_STATE_DIR, Leftovers
 from facts.sglang import PatchState
 from operations.fanout import control_dir
-from operations.preflight import lock_path
-from operations.serving import server_paths
 from operations.sglang import patch_restore_steps
-from operations.util import fails_host
-from operations.weights import TOOLS_PATH, model_root
-from specfleet.core.monitoring import watchdog_paths
-from specfleet.core.settings import Settings, settings_for_host
+from operations.util import fails_host, host_settings, systemctl
+from specfleet.core import layout
+from specfleet.core.layout import lock_path, model_root, server_paths, watchdog_paths
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import sibling_venv
 
 
@@ -50,21 +47,19 @@ def footprint(s: Settings) -> Footprint:
     watchdog) and a file under ``state_dir`` are already covered."""
     server = server_paths(s)
     name = s.service_name
-    state_dir = s.state_dir.rstrip("/")
     units = (server.unit_name, f"{name}-*", "specfleet-*")
-    systemd = "/etc/systemd/system"
-    etc = posixpath.dirname(server.env)
-    secrets = posixpath.dirname(server.secret)
-    opt = posixpath.dirname(TOOLS_PATH)
+    etc, secrets, opt = layout.ETC_DIR, layout.SECRETS_DIR, layout.OPT_DIR
     paths = (
-        *(f"{systemd}/{u}" for u in units),
+        *(layout.join(layout.SYSTEMD_DIR, u) for u in units),
         server.env, server.secret, server.log_dir, server.marker,
         # the env file, logging config and any other config of this service (a watchdog's)
-        f"{etc}/{name}.*", f"{etc}/{name}-*", f"{secrets}/{name}.*",
+        layout.join(etc, f"{name}.*"), layout.join(etc, f"{name}-*"),
+        layout.join(secrets, f"{name}.*"),
         # the weights tools and every other program folder (a venv found there is left to the
         # venv rules below)
-        TOOLS_PATH, f"{opt}/*",
-        f"{state_dir}/*",  # the HF token's copy, weights jobs, rollback points, fan-out state
+        layout.TOOLS_PATH, layout.join(opt, "*"),
+        # the HF token's copy, weights jobs, rollback points, fan-out state
+        layout.join(s.state_dir, "*"),
         control_dir("") + "*",  # the fan-out's control folders in /run
         # the watchdog's node-exporter textfile (its unit, config and program are covered above)
         watchdog_paths(s).textfile,
@@ -74,10 +69,6 @@ def footprint(s: Settings) -> Footprint:
     weights = (model_root(s, "target"), model_root(s, "drafter"), server.cache_root)
     return Footprint(units=units, paths=paths, dirs=dirs, venvs=venvs,
                      weights=weights, lock=lock_path(s))
-
-
-def _systemctl(*args: str) -> StringCommand:
-    return StringCommand("systemctl", *[QuoteString(a) for a in args])
 
 
 _RUNNING = ("active", "activating", "reloading", "deactivating")
@@ -103,7 +94,7 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
 
     A second run finds nothing and changes nothing; a deploy afterwards converges again.
     """
-    s = settings or settings_for_host(host)
+    s = host_settings(settings)
     weights = s.removal.weights if weights is None else weights
     venv = s.removal.venv if venv is None else venv
     fp = footprint(s)
@@ -119,12 +110,12 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
     what: list[str] = []
     for unit, st in sorted(units.items()):
         if st["active"] in _RUNNING:
-            commands.append(_systemctl("stop", unit))
+            commands.append(systemctl("stop", unit))
             what.append(f"stops {unit}")
         if st["enabled"] in _ENABLED:
-            commands.append(_systemctl("disable", unit))
+            commands.append(systemctl("disable", unit))
         if st["active"] == "failed":
-            commands.append(_systemctl("reset-failed", unit))
+            commands.append(systemctl("reset-failed", unit))
     kept: list[str] = []
     for path, info in sorted(venvs.items()):
         configured = path == fp.venvs[0]
@@ -152,7 +143,7 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
                                                      else ""))
         return
     if units or any(p.endswith((".service", ".timer")) for p in paths):
-        commands.append(_systemctl("daemon-reload"))
+        commands.append(systemctl("daemon-reload"))
     commands.append(StringCommand("rmdir", "--ignore-fail-on-non-empty",
                                   *[QuoteString(d) for d in fp.dirs], "2>/dev/null", "||", "true"))
     host.log(f"removal: {'; '.join(what) or 'removes empty folders'}")

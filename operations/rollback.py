@@ -15,10 +15,17 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from facts.rollback import FILE_KEYS, RollbackState
 from operations import preflight
 from operations import sglang as sglang_ops
-from operations.serving import ServerPaths, server_paths
 from operations.sglang_commands import restore_script
+from operations.util import host_settings
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.layout import (
+    RollbackPaths,
+    ServerPaths,
+    rollback_paths,
+    server_paths,
+    venv_python,
+)
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir
 
 # The distributions specfleet's software step changes; their wheels are kept in the cache so that
@@ -30,23 +37,6 @@ SECRET_KEY = "secret"
 # --------------------------------------------------------------------------------------------------
 # Pure decisions
 # --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RollbackPaths:
-    directory: str
-    wheels: str
-
-    def file(self, key: str) -> str:
-        return posixpath.join(self.directory, key)
-
-
-def rollback_paths(settings: Settings) -> RollbackPaths:
-    root = posixpath.join(settings.state_dir, "rollback")
-    return RollbackPaths(
-        directory=posixpath.join(root, settings.service_name),
-        wheels=posixpath.join(root, "wheels"),
-    )
 
 
 def live_files(paths: ServerPaths) -> dict[str, str]:
@@ -192,7 +182,7 @@ def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str,
     ``run_id`` (the run that took it: a rollout's id) is kept beside it, in ``run_id``."""
     q = shlex.quote
     d = q(rp.directory)
-    py = q(f"{venv.rstrip('/')}/bin/python")
+    py = q(venv_python(venv))
     patch_dir = q(patch_state_dir(venv))
     lines = [
         "set -e",
@@ -254,16 +244,27 @@ def _sh(script: str) -> StringCommand:
 # --------------------------------------------------------------------------------------------------
 
 
-def _settings(settings: Settings | None) -> Settings:
-    # The configured venv, not operations.venvs' pick: a release installed beside it never
-    # changes it, so the rollback point of what runs before a change is kept there (and the
-    # unit it restores names the venv that ran).
-    return settings if settings is not None else settings_for_host(host)
+# Settings default to the host's with the configured venv, not operations.venvs' pick: a release
+# installed beside it never changes it, so the rollback point of what runs before a change is kept
+# there (and the unit it restores names the venv that ran).
+
+
+def _current_pins(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
+    """The venv's pins now (``RollbackState``'s ``current``); a failed ``pip freeze`` fails the
+    host: no rollback point is kept, or restored, from pins it could not read."""
+    cur = state["current"]
+    if cur["freeze_error"]:
+        raise SpecfleetError(
+            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
+            host=host.name,
+            fix=f"check that {venv_python(s.venv)} -m pip works",
+        )
+    return cur
 
 
 def rollback_state(settings: Settings | None = None) -> dict[str, Any]:
     """The host's ``RollbackState`` for these settings (call it in an op or a deploy file)."""
-    return _state(_settings(settings))
+    return _state(host_settings(settings))
 
 
 def _state(s: Settings) -> dict[str, Any]:
@@ -314,16 +315,10 @@ def checkpoint(settings: Settings | None = None, replace: bool = True):
 
         rollback.checkpoint(name="Keep a rollback point")
     """
-    s = _settings(settings)
+    s = host_settings(settings)
     rp = rollback_paths(s)
     state = _state(s)
-    cur = state["current"]
-    if cur["freeze_error"]:
-        raise SpecfleetError(
-            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
-            host=host.name,
-            fix=f"check that {s.venv}/bin/python -m pip works",
-        )
+    cur = _current_pins(s, state)
     if not replace and state["saved"] is not None:
         host.noop(f"rollback point {rp.directory} is kept: only a state that passed its gate "
                   "replaces it")
@@ -338,7 +333,7 @@ def checkpoint(settings: Settings | None = None, replace: bool = True):
         yield _sh(checkpoint_script(rp, live_files(server_paths(s)), s.venv, preflight.run_id()))
     if missing:
         argv = [
-            posixpath.join(s.venv, "bin", "python"), "-m", "pip", "download", "--no-deps",
+            venv_python(s.venv), "-m", "pip", "download", "--no-deps",
             "--dest", rp.wheels, *pip_source_args(s, rp.wheels), *missing,
         ]  # fmt: skip
         yield FunctionCommand(_cache_wheels, (rp.wheels, argv), {})
@@ -375,22 +370,16 @@ def pins(settings: Settings | None = None):
     configured index or find-links; distributions that were not there are uninstalled. An applied
     PR#20547 is removed first when SGLang itself changes (its files are not in pip's RECORD).
     """
-    s = _settings(settings)
+    s = host_settings(settings)
     state = _state(s)
     saved = _need_point(s, state)
-    cur = state["current"]
-    if cur["freeze_error"]:
-        raise SpecfleetError(
-            f"pip freeze failed in {s.venv}: {cur['freeze_error'].splitlines()[-1]}",
-            host=host.name,
-            fix=f"check that {s.venv}/bin/python -m pip works",
-        )
+    cur = _current_pins(s, state)
     changes = pin_changes(saved["freeze"], cur["freeze"])
     if changes.empty:
         host.noop(f"the pins in {s.venv} are as kept")
         return
     rp = rollback_paths(s)
-    py = QuoteString(posixpath.join(s.venv, "bin", "python"))
+    py = QuoteString(venv_python(s.venv))
     host.log(
         "rollback: reinstalls "
         + (", ".join(changes.install) or "nothing")
@@ -422,7 +411,7 @@ def patch(settings: Settings | None = None):
     then is applied again from the rollback point's own copy (its mapped diff and backup), so the
     control machine needs no copy of an old patch.
     """
-    s = _settings(settings)
+    s = host_settings(settings)
     state = _state(s)
     saved = _need_point(s, state)
     cur = state["current"]
@@ -438,7 +427,7 @@ def patch(settings: Settings | None = None):
     host.log(f"rollback: applies PR#20547 {saved['patch'][:12]} again", logger.info)
     if cur["patch"]:
         yield _sh(restore_script(patch_state_dir(s.venv)))
-    yield _sh(reapply_patch_script(posixpath.join(rollback_paths(s).directory, "patch"), s.venv))
+    yield _sh(reapply_patch_script(rollback_paths(s).file("patch"), s.venv))
 
 
 @operation()
@@ -451,7 +440,7 @@ def files(settings: Settings | None = None):
     A file that did not exist then is removed. When anything changes, the server's
     restart-pending marker is written first, so ``server.service`` restarts onto the old unit.
     """
-    s = _settings(settings)
+    s = host_settings(settings)
     state = _state(s)
     _need_point(s, state)
     steps = file_restores(state)

@@ -26,6 +26,7 @@ from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import join
 from specfleet.core.sglang.install import (
     created_marker,
     decide_compressed_tensors,
@@ -189,19 +190,69 @@ def installed(
     _check_venv_path(venv)
     state, packages = _venv_packages(venv)
     has_python = bool(state and state.get("python"))
-    current = package_version(packages, "sglang")
-    direct = direct_url(packages, "sglang")
+    current, direct = package_version(packages, "sglang"), direct_url(packages, "sglang")
     marker = cached_fact(host, PatchState, venv=venv) if has_python else None
-
     if not present:
-        if current is None:
-            host.noop(f"SGLang is not installed in {venv}")
-            return
-        _say(f"uninstalls SGLang {current} from {venv}")
-        yield from patch_restore_steps(venv, marker)
-        yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+        yield from _uninstalled(venv, current, marker)
         return
+    decision, requirement = _decide(current, direct, version, git_url, git_ref, source_path)
+    if decision.action == "noop" and has_python:
+        host.noop(decision.reason)
+        return
+    if source_path:
+        _check_source_tree(source_path)
+    source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
+    changes = (_venv_changes(venv, requirement, source_args, allow_replacing)
+               if has_python and not no_deps else None)
+    _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
+                 not (git_url or source_path), no_deps, changes, marker)
+    yield from _install_commands(venv, python, has_python, marker, decision.action, source_args,
+                                 requirement)
 
+
+def _uninstalled(venv: str, current: str | None, marker: Any):
+    if current is None:
+        host.noop(f"SGLang is not installed in {venv}")
+        return
+    _say(f"uninstalls SGLang {current} from {venv}")
+    yield from patch_restore_steps(venv, marker)
+    yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+
+
+def _install_commands(venv: str, python: str, has_python: bool, marker: Any, action: str,
+                      source_args: list[str], requirement: str):
+    """A venv where none is (marked as specfleet's), the PR#20547 patch off, then pip."""
+    if not has_python:
+        # The marker says this venv is specfleet's: pip may replace packages in it.
+        yield StringCommand(
+            QuoteString(python), "-m", "venv", QuoteString(venv), "&&", "mkdir", "-p",
+            QuoteString(posixpath.dirname(created_marker(venv))), "&&", "touch",
+            QuoteString(created_marker(venv)),
+        )
+    yield from patch_restore_steps(venv, marker)
+    if action == "reinstall":
+        yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
+    yield StringCommand(
+        *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
+    )
+
+
+def _decide(current: str | None, direct: Any, version: str | None, git_url: str | None,
+            git_ref: str | None, source_path: str | None) -> tuple[Any, str]:
+    """What to do (``decide_install``, or ``decide_source_install`` for a tree on the host) and
+    the requirement pip is given."""
+    commit = _pinned_commit(version, git_url, git_ref)
+    if source_path:
+        return (decide_source_install(current, direct, source_path),
+                posixpath.normpath(source_path))  # fmt: skip
+    decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
+    return decision, (git_requirement(git_url, commit) if git_url and commit
+                      else f"sglang=={version}")  # fmt: skip
+
+
+def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None) -> str | None:
+    """The commit a git install pins (``git_ref`` resolved on the host when it is not one);
+    None for an index install. Settings that pin nothing fail the host."""
     if git_url and not git_ref:
         raise SpecfleetError(
             "sglang.git_url is set without sglang.git_ref",
@@ -212,70 +263,40 @@ def installed(
         raise SpecfleetError(
             "no SGLang version to pin", host=host.name, fix="set sglang.version, e.g. '0.5.11'"
         )
+    if not (git_url and git_ref):
+        return None
+    if is_commit(git_ref):
+        return git_ref.lower()
+    repo, _ = split_git_url(git_url)
+    commit = parse_ls_remote(host.get_fact(GitRemoteRefs, url=repo, ref=git_ref), git_ref)
+    if commit is None:
+        raise SpecfleetError(
+            f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host found nothing)",
+            host=host.name,
+            fix="check sglang.git_url and sglang.git_ref, that git is installed on the host and "
+            "that the host reaches the repository",
+        )
+    return commit
 
-    commit = None
-    if git_url and git_ref:
-        if is_commit(git_ref):
-            commit = git_ref.lower()
-        else:
-            repo, _ = split_git_url(git_url)
-            commit = parse_ls_remote(host.get_fact(GitRemoteRefs, url=repo, ref=git_ref), git_ref)
-            if commit is None:
-                raise SpecfleetError(
-                    f"git ref {git_ref!r} is not in {repo} (git ls-remote on the host found "
-                    "nothing)",
-                    host=host.name,
-                    fix="check sglang.git_url and sglang.git_ref, that git is installed on the "
-                    "host and that the host reaches the repository",
-                )
 
-    if source_path:
-        decision = decide_source_install(current, direct, source_path)
-    else:
-        decision = decide_install(current, direct, version=version, git_url=git_url,
-                                  commit=commit)  # fmt: skip
-    if decision.action == "noop" and has_python:
-        host.noop(decision.reason)
-        return
-    if source_path:
-        _check_source_tree(source_path)
-
-    requirement = git_requirement(git_url, commit) if git_url and commit else f"sglang=={version}"
-    if source_path:
-        requirement = posixpath.normpath(source_path)
-    source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
-    changes = None
-    if has_python and not no_deps:
-        changes = _venv_changes(venv, requirement, source_args, allow_replacing)
-
-    # Every reason is said before the first yield: ``--dry`` stops there.
+def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: str,
+                 index_url: str | None, find_links: str | None, from_index: bool,
+                 no_deps: bool, changes: str | None, marker: Any) -> None:
+    """Every reason of an install, said before its first command: ``--dry`` stops there."""
     if not has_python:
         _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
     else:
         _say(f"reuses venv {venv}")
     where = ""
-    if not git_url and not source_path:
+    if from_index:
         where = f" from {index_url}" if index_url else ""
         where += f" (find-links {find_links})" if find_links else ""
         where = where or " from PyPI"
-    _say(decision.reason + where + (" without dependencies (tests)" if no_deps else ""))
+    _say(reason + where + (" without dependencies (tests)" if no_deps else ""))
     if changes:
         _say(f"pip also changes {venv}: {changes}")
     if marker:
         _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
-    if not has_python:
-        # The marker says this venv is specfleet's: pip may replace packages in it.
-        yield StringCommand(
-            QuoteString(python), "-m", "venv", QuoteString(venv), "&&", "mkdir", "-p",
-            QuoteString(posixpath.dirname(created_marker(venv))), "&&", "touch",
-            QuoteString(created_marker(venv)),
-        )
-    yield from patch_restore_steps(venv, marker)
-    if decision.action == "reinstall":
-        yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
-    yield StringCommand(
-        *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
-    )
 
 
 def _check_source_tree(source_path: str) -> None:
@@ -450,7 +471,6 @@ def pr20547(
             host=host.name,
             fix="set patch.on_conflict to 'keep-v1' or 'fail'",
         )
-    opted_in = bool(sha256)
     py = venv_python(venv)
     state = cached_fact(host, Venv, path=venv)
     has_python = bool(state and state.get("python"))
@@ -458,19 +478,55 @@ def pr20547(
     marker = cached_fact(host, PatchState, venv=venv) if has_python else None
 
     if install is None:
-        if not present:
-            host.noop(f"SGLang is not installed in {venv}; there is no patch to remove")
-            return
-        if host.state.is_executing or not sglang_version:
-            raise SpecfleetError(
-                f"SGLang is not installed in {venv}",
-                host=host.name,
-                fix="run sglang.installed before sglang.pr20547",
-            )
-        yield from _predict_patch(source, sha256, opted_in, on_conflict, sglang_version,
-                                  test_recipe)
+        yield from _without_sglang(venv, source, sha256, on_conflict, present, sglang_version,
+                                   test_recipe)
         return
 
+    decision, port, patch = _pr20547_decision(venv, install, marker, source, sha256, present,
+                                              on_conflict, test_recipe)
+    if decision.noop:
+        host.noop(decision.reason)
+        return
+    if decision.row != KEEP_V1:
+        _say(decision.reason)
+    d = patch_state_dir(venv)
+    # Commands are gathered first so that every reason is said before the first yield (--dry).
+    commands: list[Any] = []
+    for step in decision.steps:
+        if step == "restore":
+            commands.append(script_command(restore_script(d)))
+        elif step == "drop-marker":
+            commands.append(script_command(forget_script(d)))
+        elif step == "apply":
+            commands += _apply_commands(venv, install, port, patch, on_conflict)
+    yield from commands
+
+
+def _without_sglang(venv: str, source: str | list[str] | None, sha256: str | None,
+                    on_conflict: str, present: bool, sglang_version: str | None,
+                    test_recipe: str | None = None):
+    """No SGLang in the venv: nothing to remove; while planning (a fresh host under ``--dry``)
+    the decision predicted for the release about to be installed; else the host fails."""
+    if not present:
+        host.noop(f"SGLang is not installed in {venv}; there is no patch to remove")
+        return
+    if host.state.is_executing or not sglang_version:
+        raise SpecfleetError(
+            f"SGLang is not installed in {venv}",
+            host=host.name,
+            fix="run sglang.installed before sglang.pr20547",
+        )
+    yield from _predict_patch(source, sha256, bool(sha256), on_conflict, sglang_version,
+                              test_recipe)
+
+
+def _pr20547_decision(venv: str, install: dict, marker: dict | None,
+                      source: str | list[str] | None, sha256: str | None, present: bool,
+                      on_conflict: str, test_recipe: str | None = None):
+    """``decide_pr20547`` for the installed SGLang, with the port that fits its tree (read only
+    when opted in and v2 is missing); a kept v1 is said at normal verbosity, or fails the host
+    under ``on_conflict="fail"``. Returns (decision, port, patch)."""
+    opted_in = bool(sha256)
     features = install.get("features") or {}
     release = None
     if marker and marker.get("partial") and load_port(install.get("version") or "?"):
@@ -490,22 +546,7 @@ def pr20547(
             raise SpecfleetError(decision.reason, host=host.name, fix=decision.fix)
         # Said at normal verbosity: the plan's "dflash-worker v1" has this reason.
         logger.info(f"{host.print_prefix}{decision.reason} (fix: {decision.fix})")
-    if decision.noop:
-        host.noop(decision.reason)
-        return
-    if decision.row != KEEP_V1:
-        _say(decision.reason)
-    d = patch_state_dir(venv)
-    # Commands are gathered first so that every reason is said before the first yield (--dry).
-    commands: list[Any] = []
-    for step in decision.steps:
-        if step == "restore":
-            commands.append(script_command(restore_script(d)))
-        elif step == "drop-marker":
-            commands.append(script_command(forget_script(d)))
-        elif step == "apply":
-            commands += _apply_commands(venv, install, port, patch, on_conflict)
-    yield from commands
+    return decision, port, patch
 
 
 def _upstream(port: Port, source: str | list[str] | None) -> UpstreamSources:
@@ -621,7 +662,7 @@ def _apply_commands(
     }
     return [
         StringCommand("rm", "-rf", "--", QuoteString(d), "&&", "mkdir", "-p", QuoteString(d)),
-        FileUploadCommand(StringIO(patch.text), f"{d}/applied.diff"),
+        FileUploadCommand(StringIO(patch.text), join(d, "applied.diff")),
         script_command(apply_script(d, site, patch)),
         FunctionCommand(
             _verify_or_roll_back,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import posixpath
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,28 +20,27 @@ from facts.preflight import RunLock
 from facts.probe import gather
 from facts.sglang import PatchState
 from facts.status import Health
-from operations.serving import (
+from facts.weights import WeightsState
+from operations.server_facts import group_peers, host_address, host_specs
+from operations.serving import api_key
+from operations.util import host_settings, render
+from operations.venvs import effective_settings
+from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import lock_path, model_root, serve_path, server_paths
+from specfleet.core.runlock import lock_status
+from specfleet.core.settings import Settings
+from specfleet.core.sglang.portdata import PORTED_RELEASES
+from specfleet.core.unit import (
     ENV_TEMPLATE,
     SERVICE,
     UNIT_TEMPLATE,
     Peer,
-    api_key,
-    group_peers,
     has_api_key,
-    host_address,
-    host_specs,
     plan_from_facts,
-    render,
     secret_yaml,
-    server_paths,
     sha1_text,
     unit_context,
 )
-from operations.venvs import effective_settings
-from specfleet.core.errors import SpecfleetError
-from specfleet.core.runlock import lock_status
-from specfleet.core.settings import Settings, settings_for_host
-from specfleet.core.sglang.portdata import PORTED_RELEASES
 
 SGLANG = "facts.sglang.SGLangInstall"
 PATCH = "status_patch"
@@ -219,12 +217,8 @@ def status_specs(settings: Settings) -> dict[str, Any]:
     specs = host_specs(settings, [paths.unit, paths.env, paths.secret])
     specs[PATCH] = (PatchState, {"venv": settings.venv})
     for name in ("target", "drafter"):
-        src = getattr(settings, name)
-        specs[_weights(name)] = (
-            "facts.weights.WeightsState",
-            {"path": posixpath.join(settings.models_root, src.dir_name)},
-        )
-    specs[LOCK] = (RunLock, {"path": posixpath.join(settings.state_dir, "run.lock")})
+        specs[_weights(name)] = (WeightsState, {"path": model_root(settings, name)})
+    specs[LOCK] = (RunLock, {"path": lock_path(settings)})
     specs[HEALTH] = (Health, {
         "host": settings.listen_host, "port": settings.port,
         "secret_file": paths.secret if has_api_key(settings) else None,
@@ -272,7 +266,7 @@ def host_status(
     except (SpecfleetError, ValueError) as exc:
         problem = getattr(exc, "problem", None) or str(exc)
     unit_status(settings, facts.get(SERVICE), expected, problem, st)
-    model = settings.target.serve_path(settings.models_root)
+    model = serve_path(settings, "target")
     if rank:
         # SGLang's ranks >= 1 run only a dummy health server: their unit is all there is to see.
         active = (facts.get(SERVICE) or {}).get("active_state") or "unknown"
@@ -391,7 +385,7 @@ def report(settings: Settings | None = None):
     except SpecfleetError as exc:
         st = HostStatus(host=host.name, health="unknown", drift=[f"facts failed: {exc.problem}"])
     else:
-        configured = (settings if settings is not None else settings_for_host(host)).venv
+        configured = (host_settings(settings)).venv
         try:
             peers = group_peers(s)
         except SpecfleetError as exc:

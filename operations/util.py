@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.util import get_template
 from pyinfra.context import ctx_host
 from pyinfra.operations.util import any_changed
 
@@ -19,6 +22,14 @@ from specfleet.core.errors import (
     SpecfleetError,
 )
 from specfleet.core.settings import Settings, SettingsError, settings_for_host
+
+# How the unit's templates are rendered (``files.template``'s jinja2 arguments).
+JINJA = {"trim_blocks": True, "lstrip_blocks": True}
+
+
+def render(template: Path, context: dict[str, Any]) -> str:
+    """Render a template exactly as ``files.template`` does."""
+    return get_template(str(template), dict(JINJA)).render(context)
 
 
 def settings_in_play(h: Any = None) -> Settings | None:
@@ -39,6 +50,33 @@ def settings_in_play(h: Any = None) -> Settings | None:
         # As pyinfra fails a host it cannot connect to; the others go on.
         h.state.fail_hosts({h})
         return None
+
+
+def host_settings(settings: Settings | None) -> Settings:
+    """``settings`` as given, or those of the host being deployed (an operation called as the
+    README shows, with no settings; a deploy resolves its venv once and passes them in)."""
+    return settings if settings is not None else settings_for_host(host)
+
+
+def read_secret_file(path: str, setting: str, what: str, unset: str = "") -> str:
+    """The secret in ``path``, a file on the control machine that ``setting`` names, read now (at
+    deploy time, never when the inventory loads); surrounding whitespace dropped. A file that
+    cannot be read, is not text or is empty is an error naming the setting; the secret is never
+    quoted back. ``what``: "the token", "the key"; ``unset``: what unsetting it means."""
+    try:
+        text = Path(os.path.expanduser(path)).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise SpecfleetError(
+            f"{setting} {path} cannot be read on the control machine ({e.strerror})",
+            fix=f"point {setting} at a file holding {what}, or unset it",
+        ) from None
+    except UnicodeDecodeError:
+        raise SpecfleetError(f"{setting} {path} is not UTF-8 text",
+                             fix=f"write {what} into it (one line)") from None
+    if not text:
+        raise SpecfleetError(f"{setting} {path} is empty",
+                             fix=f"write {what} into it (one line){unset}")
+    return text
 
 
 def changed_if(what: str, *metas: Any) -> Callable[[], bool] | None:
@@ -89,6 +127,27 @@ def record_failure(state: Any, host: Any, message: str, styled: bool = False) ->
     else:
         logger.error(message)
     return False
+
+
+def systemctl(*args: str) -> StringCommand:
+    return StringCommand("systemctl", *[QuoteString(a) for a in args])
+
+
+def unit_removal(unit_name: str, st: dict[str, Any], files: list[str],
+                 folders: list[str]) -> list[StringCommand]:
+    """Take a unit off the host, from its ``ServiceState``: stop it, disable it, clear a failed
+    state, delete its ``files`` and ``folders``, reload systemd."""
+    commands = []
+    if st["active_state"] in ("active", "activating", "reloading", "deactivating"):
+        commands.append(systemctl("stop", unit_name))
+    if st["unit_file_state"] in ("enabled", "enabled-runtime", "linked"):
+        commands.append(systemctl("disable", unit_name))
+    if st["active_state"] == "failed":
+        commands.append(systemctl("reset-failed", unit_name))
+    commands.append(StringCommand("rm", "-f", *[QuoteString(p) for p in files]))
+    commands.append(StringCommand("rm", "-rf", *[QuoteString(p) for p in folders]))
+    commands.append(systemctl("daemon-reload"))
+    return commands
 
 
 def check_command(function: Any, args: tuple, kwargs: dict | None = None) -> FunctionCommand:
@@ -146,10 +205,31 @@ def fails_host(func=None, *, raise_while_planning: bool = False):
         try:
             yield from func(*args, **kwargs)
         except SpecfleetError as exc:
-            if not host.state.is_executing:
-                if raise_while_planning:
-                    raise
-                say_planned_failure(exc, "would fail")
-            yield fail_step(exc)
+            yield fail_this_host(exc, "would fail", raise_while_planning)
 
     return body
+
+
+def fail_this_host(error: SpecfleetError, verb: str = "would fail",
+                   raise_while_planning: bool = False) -> FunctionCommand:
+    """The one way an operation fails one host: while planning, the problem said once
+    (``say_planned_failure``; raised instead with ``raise_while_planning``, so that ``--dry``
+    itself stops); the step that fails the host while executing (``fail_step``). The other
+    hosts go on: pyinfra would stop every host on an exception raised in an operation."""
+    if not host.state.is_executing:
+        if raise_while_planning:
+            raise error
+        say_planned_failure(error, verb)
+    return fail_step(error)
+
+
+def per_host(body: Iterator[Any]) -> Iterator[Any]:
+    """An op body whose ``SpecfleetError`` fails this one host, not the whole run
+    (``fail_this_host``). The body runs to its end before any of its commands is given: a body
+    that fails gives none of them, only the failing step."""
+    try:
+        commands = list(body)
+    except SpecfleetError as exc:
+        yield fail_this_host(exc.for_host(host.name), "will fail")
+        return
+    yield from commands

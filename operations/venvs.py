@@ -8,7 +8,8 @@ from pyinfra import host, logger
 from facts.cache import cached_fact
 from facts.python import Packages
 from facts.sglang import Venv
-from specfleet.core.settings import Settings, settings_for_host
+from operations.util import host_settings
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
     VenvChoice,
     choose_venv,
@@ -41,7 +42,7 @@ def venv_choice(settings: Settings) -> VenvChoice:
 def effective_settings(settings: Settings | None = None) -> Settings:
     """``settings`` (default: the host's) with ``venv`` the one this run uses. Said once per host
     at normal verbosity when it is not the configured one."""
-    s = settings if settings is not None else settings_for_host(host)
+    s = host_settings(settings)
     choice = venv_choice(s)
     if choice.venv == s.venv:
         return s

@@ -1,7 +1,7 @@
 """Day two on the host: the health watchdog's unit (with its ``/metrics`` relay), and the deploy's
 record of what it set up, which the watchdog exports as a node-exporter textfile.
 
-Every path is ``specfleet.core.monitoring.watchdog_paths``.
+Every path is ``specfleet.core.layout.watchdog_paths``.
 """
 
 from __future__ import annotations
@@ -16,23 +16,14 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.cache import cached_fact
 from facts.serving import ServiceState
 from facts.weights import WeightsState
-from operations.serving import (
-    _gather,
-    _per_host,
-    _settings,
-    group_peers,
-    host_address,
-    plan_from_facts,
-    render,
-    server_paths,
-    service_state_args,
-    sha1_text,
-    unit_files,
-)
+from operations.server_facts import group_peers, host_address, service_state_args, unit_facts
+from operations.util import host_settings, per_host, render, systemctl, unit_removal
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.monitoring import WatchdogPaths, deploy_state, watchdog_config, watchdog_paths
+from specfleet.core.layout import WatchdogPaths, model_root, server_paths, watchdog_paths
+from specfleet.core.monitoring import deploy_state, watchdog_config
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import Settings
+from specfleet.core.unit import plan_from_facts, sha1_text
 
 UNIT_TEMPLATE = template_path("specfleet-watchdog.service.j2")
 PROGRAM = hostside_path("watchdog.py")
@@ -90,10 +81,6 @@ def _write(path: str, text: str, mode: int) -> StringCommand:
                          str(mode), _stdin=text)  # fmt: skip
 
 
-def _systemctl(*args: str) -> StringCommand:
-    return StringCommand("systemctl", *[QuoteString(a) for a in args])
-
-
 @operation()
 def service(settings: Settings | None = None, present: bool = True):
     """
@@ -106,11 +93,11 @@ def service(settings: Settings | None = None, present: bool = True):
     config, and (re)starts the unit when any of them changed. A restart of the watchdog never
     restarts the server.
     """
-    yield from _per_host(_service(settings, present))
+    yield from per_host(_service(settings, present))
 
 
 def _service(settings: Settings | None, present: bool):
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = watchdog_paths(s)
     st = _state(s)
     if not present or not s.watchdog.enable:
@@ -119,16 +106,16 @@ def _service(settings: Settings | None, present: bool):
     stale = {p: (t, m) for p, (t, m) in desired_files(s).items() if not _matches(st, p, t, m)}
     commands = [_write(p, t, m) for p, (t, m) in stale.items()]
     if paths.unit in stale or st["need_daemon_reload"] or st["load_state"] != "loaded":
-        commands.append(_systemctl("daemon-reload"))
+        commands.append(systemctl("daemon-reload"))
     if st["unit_file_state"] != "enabled":
-        commands.append(_systemctl("enable", paths.unit_name))
+        commands.append(systemctl("enable", paths.unit_name))
     if stale:
         names = ", ".join(posixpath.basename(p) for p in stale)
         host.log(f"watchdog {paths.unit_name}: {names} changed, restarting it")
-        commands.append(_systemctl("restart", paths.unit_name))
+        commands.append(systemctl("restart", paths.unit_name))
     elif st["active_state"] not in ("active", "activating", "reloading"):
-        commands.append(_systemctl("reset-failed", paths.unit_name))
-        commands.append(_systemctl("start", paths.unit_name))
+        commands.append(systemctl("reset-failed", paths.unit_name))
+        commands.append(systemctl("start", paths.unit_name))
     if not commands:
         host.noop(f"watchdog {paths.unit_name} is running and up to date")
         return
@@ -140,13 +127,7 @@ def _absent(paths: WatchdogPaths, st: dict[str, Any]):
     if not present and st["load_state"] in ("not-found", ""):
         host.noop(f"watchdog {paths.unit_name} is absent")
         return
-    if st["active_state"] in ("active", "activating", "reloading", "deactivating"):
-        yield _systemctl("stop", paths.unit_name)
-    if st["unit_file_state"] in ("enabled", "enabled-runtime", "linked"):
-        yield _systemctl("disable", paths.unit_name)
-    yield StringCommand("rm", "-f", *[QuoteString(p) for p in paths.files()])
-    yield StringCommand("rm", "-rf", QuoteString(paths.folder))
-    yield _systemctl("daemon-reload")
+    yield from unit_removal(paths.unit_name, st, paths.files(), [paths.folder])
 
 
 @operation()
@@ -158,14 +139,14 @@ def deploy_record(settings: Settings | None = None):
 
     + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
     """
-    yield from _per_host(_deploy_record(settings))
+    yield from per_host(_deploy_record(settings))
 
 
 def _weights_ok(s: Settings) -> dict[str, bool]:
     out = {}
     for which in ("target", "drafter"):
         src = getattr(s, which)
-        facts = cached_fact(host, WeightsState, path=posixpath.join(s.models_root, src.dir_name))
+        facts = cached_fact(host, WeightsState, path=model_root(s, which))
         revisions = (facts or {}).get("revisions") or {}
         rev = src.revision if src.revision and not src.follow_branch else (facts or {}).get(
             "current")
@@ -176,7 +157,7 @@ def _weights_ok(s: Settings) -> dict[str, bool]:
 
 
 def _deploy_record(settings: Settings | None):
-    s = _settings(settings)
+    s = host_settings(settings)
     paths = watchdog_paths(s)
     if not s.watchdog.enable:
         host.noop("no deploy record: watchdog.enable is False (the watchdog exports it)")
@@ -186,7 +167,7 @@ def _deploy_record(settings: Settings | None):
     unit_sha = ((unit_st or {}).get("files", {}).get(server.unit) or {}).get("sha1", "")
     # The facts the unit step read (the probe's, on a converged host: no command more).
     build = plan_from_facts(
-        s, _gather(s, unit_files(server)), host.name, group_peers(s), host_address(host)
+        s, unit_facts(s, server.unit_files()), host.name, group_peers(s), host_address(host)
     ).build
     record = deploy_state(build, unit_sha[:16], _weights_ok(s))
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"

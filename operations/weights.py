@@ -10,7 +10,6 @@ import secrets
 import shlex
 import time
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import gevent
@@ -35,13 +34,21 @@ from facts.weights import (
     job_command,
     parse_job,
 )
-from operations.util import fail_step
+from operations.util import fail_this_host, read_secret_file
 from specfleet.core.errors import PROGRESS_ATTR, SpecfleetError
+from specfleet.core.layout import (
+    TOOLS_PATH,
+    control_token_path,
+    join,
+    model_root,
+    venv_pip,
+    venv_python,
+    weights_job_paths,
+)
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings, WeightsOptions, settings_for_host
+from specfleet.core.settings import WeightsOptions, settings_for_host
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
-TOOLS_PATH = "/opt/specfleet/tools"
 # The hosts' huggingface_hub: a range the weights agent is tested with (HfApi.model_info and
 # list_repo_tree, get_hf_file_metadata, hf_hub_url, hf_hub_download to a local_dir: there from 0.26
 # through 2.x; the fleet tests run 2.4.0). The next major release may change them: not before it
@@ -58,22 +65,6 @@ _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # ----------------------------------------------------------------------------------------------
 
 
-def model_root(settings: Settings, which: str) -> str:
-    """``<models_root>/<dir_name>``: the folder that holds the revisions of one model."""
-    return getattr(settings, which).root(settings.models_root)
-
-
-def model_path(settings: Settings, which: str, revision: str | None = None) -> str:
-    """The path to give SGLang: a revision's folder, or the ``current`` link (flipped only
-    after a complete verification)."""
-    return f"{model_root(settings, which)}/{revision or 'current'}"
-
-
-def control_token_path(settings: Settings) -> str:
-    """Where a token given on the control machine goes on the host (never the host's own)."""
-    return f"{settings.state_dir.rstrip('/')}/hf/token"
-
-
 def read_control_token(
     token_file: str | None, environ: dict | None = None, token_env: str | None = None
 ) -> str | None:
@@ -86,22 +77,7 @@ def read_control_token(
     """
     env = os.environ if environ is None else environ
     if token_file:
-        path = os.path.expanduser(token_file)
-        try:
-            text = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise SpecfleetError(
-                f"weights.token_file {token_file} cannot be read on the control machine "
-                f"({e.strerror})",
-                fix="point weights.token_file at a file holding the token, or unset it",
-            ) from None
-        except UnicodeDecodeError:
-            raise SpecfleetError(f"weights.token_file {token_file} is not UTF-8 text",
-                                 fix="write the token into it (one line)") from None
-        if not text:
-            raise SpecfleetError(f"weights.token_file {token_file} is empty",
-                                 fix="write the token into it (one line)")
-        return text
+        return read_secret_file(token_file, "weights.token_file", "the token")
     if token_env:
         token = (env.get(token_env) or "").strip()
         if not token:
@@ -223,7 +199,7 @@ def tools(
         yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))
         changed = True
     if info is None or not hub_fits(info.get("huggingface_hub"), requirement):
-        pip = [QuoteString(f"{path}/bin/pip"), "install", "--quiet", "--disable-pip-version-check"]
+        pip = [QuoteString(venv_pip(path)), "install", "--quiet", "--disable-pip-version-check"]
         if index_url:
             pip += ["--index-url", QuoteString(index_url)]
         elif find_links:
@@ -236,7 +212,7 @@ def tools(
         changed = True
     source = agent_source()
     if (info or {}).get("agent_sha256") != hashlib.sha256(source.encode()).hexdigest():
-        yield FileUploadCommand(StringIO(source), f"{path}/{AGENT_NAME}")
+        yield FileUploadCommand(StringIO(source), join(path, AGENT_NAME))
         changed = True
     if not changed:
         host.noop(f"weights tools in {path} are installed (huggingface_hub "
@@ -342,98 +318,47 @@ def downloaded(
             token_path="/var/lib/specfleet/hf/token",
         )
     """
-    if verify not in ("fast", "deep"):
-        yield from _fail(f"weights verify={verify!r} for {repo_id}",
-                         'use verify="fast" or verify="deep"')
-        return
-    if revision is None and not follow_branch:
-        yield from _fail(f"no revision is pinned for {repo_id}",
-                         "pin the revision to a 40-hex commit, or set follow_branch=True to "
-                         "follow main on purpose")
+    problem = _arguments_problem(repo_id, revision, follow_branch, verify)
+    if problem:
+        yield from _fail(*problem)
         return
     revision = revision or "main"
-    if not follow_branch and not _COMMIT.match(revision):
-        yield from _fail(f"revision {revision!r} of {repo_id} is not a commit",
-                         "pin a 40-hex commit, or set follow_branch=True to follow the branch "
-                         "on purpose")
-        return
     root = root.rstrip("/")
     keep = list(keep or [])
-    work = f"{state_dir.rstrip('/')}/weights"
-    progress_path = f"{work}/{os.path.basename(root)}.progress.json"
-    job_path = f"{work}/{os.path.basename(root)}.job.json"
-    python = f"{tools_path.rstrip('/')}/bin/python"
-    agent = f"{tools_path.rstrip('/')}/{AGENT_NAME}"
+    paths = weights_job_paths(state_dir, root)
+    python, agent = venv_python(tools_path), join(tools_path, AGENT_NAME)
     job: dict[str, Any] = {
         "repo_id": repo_id, "revision": revision, "root": root,
         "allow_patterns": allow_patterns, "ignore_patterns": ignore_patterns,
         "verify": verify, "endpoint": endpoint, "token_path": token_path,
         "stall_minutes": stall_minutes, "margin_percent": margin_percent,
         "margin_min_gib": margin_min_gib, "prune": prune, "keep": keep,
-        "max_workers": max_workers, "progress_path": progress_path, "host": host.name,
+        "max_workers": max_workers, "progress_path": paths.progress, "host": host.name,
     }
     job["job_id"] = job_id(job)
 
-    state = cached_fact(host, WeightsState, path=root, in_use=prune)
+    yield from _fetch(job, paths, python, agent, verify, follow_branch, wait, poll_seconds)
+
+
+def _fetch(job: dict[str, Any], paths, python: str, agent: str, verify: str,
+           follow_branch: bool, wait: bool, poll_seconds: float):
+    """Converge, attach to the running download of this very job, or start one; then wait."""
+    root, repo_id, revision = job["root"], job["repo_id"], job["revision"]
+    state = cached_fact(host, WeightsState, path=root, in_use=job["prune"])
     running = cached_fact(host, WeightsJob, pattern=unit_pattern(root),
-                          progress_path=progress_path)
+                          progress_path=paths.progress)
     active_units = own_units(root, running["units"])
     attach = (len(active_units) == 1
               and (running["progress"] or {}).get("job_id") == job["job_id"])
 
-    if not attach and not follow_branch:
-        rev = state["revisions"].get(revision)
-        if _is_fast_ok(rev, allow_patterns, ignore_patterns):
-            if verify == "fast":
-                yield from _converge_links(root, revision, state, prune, keep, repo_id, rev)
-                return
-            # Deep: re-hash on the host while executing (not while planning: it reads every
-            # byte); a clean check is no change, so nothing restarts for it.
-            if host.state.is_executing:
-                check = host.get_fact(WeightsDeepCheck, python=python, agent=agent,
-                                      path=f"{root}/{revision}")
-                if check and check["checked"] and not check["bad"]:
-                    yield from _converge_links(root, revision, state, prune, keep, repo_id, rev,
-                                               "every file re-hashed and matches the manifest")
-                    return
-                if check and check["bad"]:
-                    for path, why in sorted(check["bad"].items()):
-                        host.log_styled(f"{path}: corrupt ({why}), fetching it again",
-                                        fg="yellow", log_func=logger.warning)
-                    job.update(verify="fast", suspect=sorted(check["bad"]))
-                    job["job_id"] = job_id({k: v for k, v in job.items() if k != "job_id"})
-
     if not attach:
-        plan = host.get_fact(WeightsPlan, python=python, agent=agent, job_json=json.dumps(job))
-        if plan is not None and "error" in plan:
-            yield from _fail(plan["error"]["message"], plan["error"].get("fix"))
+        done = yield from _converged(job, state, python, agent, follow_branch)
+        if done:
             return
-        if plan is not None:
-            resolved = plan["revision"]
-            rev = state["revisions"].get(resolved)
-            if verify == "fast" and _is_fast_ok(rev, allow_patterns, ignore_patterns):
-                yield from _converge_links(root, resolved, state, prune, keep, repo_id, rev)
-                return
-            if follow_branch and state["current"] and state["current"] != resolved:
-                host.log_styled(
-                    f"{repo_id}: {revision} moved from {state['current'][:12]} to "
-                    f"{resolved[:12]}: {fmt_gib(plan['missing_bytes'])} to download",
-                    fg="yellow", log_func=logger.warning,
-                )
-            problem = _preflight(plan, root, margin_percent, margin_min_gib)
-            if problem:
-                yield from _fail(*problem)
-                return
-            if not host.state.is_executing:  # --dry / the prompt: say what would move
-                host.log_styled(
-                    f"{repo_id}@{resolved[:12]}: would fetch or check {len(plan['missing'])} of "
-                    f"{len(plan['files'])} files, {fmt_gib(plan['missing_bytes'])} to download",
-                    fg="cyan",
-                )
-        elif active_units:
-            host.log_styled(f"{active_units[0]} is running another job; it will be replaced",
-                            fg="yellow")
-
+        done = yield from _planned(job, state, python, agent, verify, follow_branch,
+                                   active_units)
+        if done:
+            return
     if attach:
         unit = active_units[0]
         if not wait:
@@ -442,23 +367,117 @@ def downloaded(
         host.log_styled(f"attaching to the running download {unit}", fg="cyan")
     else:
         unit = run_unit(root)
-        if active_units:
-            yield StringCommand("systemctl", "stop", *map(QuoteString, active_units))
-        yield StringCommand("install", "-d", "-m", "755", QuoteString(work))
-        yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
-        start = [
-            "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
-            QuoteString(f"--description=specfleet weights {repo_id}"),
-            "--property=TimeoutStopSec=30", "--property=Nice=5",
-            "--", QuoteString(python), QuoteString(agent), "run", QuoteString(job_path),
-        ]
-        yield StringCommand("rm", "-f", QuoteString(progress_path), "&&", *start)
+        yield from _start(job, unit, active_units, paths, python, agent)
         if not wait:
             return
     yield FunctionCommand(_wait, (), {
-        "unit": unit, "progress_path": progress_path, "job_id": job["job_id"],
+        "unit": unit, "progress_path": paths.progress, "job_id": job["job_id"],
         "poll_seconds": poll_seconds,
     })
+
+
+def _arguments_problem(repo_id: str, revision: str | None, follow_branch: bool,
+                       verify: str) -> tuple[str, str] | None:
+    """What is wrong with ``downloaded``'s arguments, as (problem, fix); None when nothing."""
+    if verify not in ("fast", "deep"):
+        return f"weights verify={verify!r} for {repo_id}", 'use verify="fast" or verify="deep"'
+    if revision is None and not follow_branch:
+        return (f"no revision is pinned for {repo_id}",
+                "pin the revision to a 40-hex commit, or set follow_branch=True to follow main "
+                "on purpose")  # fmt: skip
+    if not follow_branch and not _COMMIT.match(revision or ""):
+        return (f"revision {revision!r} of {repo_id} is not a commit",
+                "pin a 40-hex commit, or set follow_branch=True to follow the branch on purpose")
+    return None
+
+
+def _converged(job: dict[str, Any], state: dict, python: str, agent: str, follow_branch: bool):
+    """A pinned revision already complete on the host: its links converged (True). A deep
+    check re-hashes it while executing (not while planning: it reads every byte); a clean check
+    is no change, so nothing restarts for it; corrupt files go into ``job`` as suspects."""
+    if follow_branch:
+        return False
+    root, revision = job["root"], job["revision"]
+    allow, ignore = job["allow_patterns"], job["ignore_patterns"]
+    prune, keep, repo_id = job["prune"], job["keep"], job["repo_id"]
+    rev = state["revisions"].get(revision)
+    if not _is_fast_ok(rev, allow, ignore):
+        return False
+    if job["verify"] == "fast":
+        yield from _converge_links(root, revision, state, prune, keep, repo_id, rev)
+        return True
+    if not host.state.is_executing:
+        return False
+    check = host.get_fact(WeightsDeepCheck, python=python, agent=agent,
+                          path=join(root, revision))
+    if check and check["checked"] and not check["bad"]:
+        yield from _converge_links(root, revision, state, prune, keep, repo_id, rev,
+                                   "every file re-hashed and matches the manifest")
+        return True
+    if check and check["bad"]:
+        for path, why in sorted(check["bad"].items()):
+            host.log_styled(f"{path}: corrupt ({why}), fetching it again",
+                            fg="yellow", log_func=logger.warning)
+        job.update(verify="fast", suspect=sorted(check["bad"]))
+        job["job_id"] = job_id({k: v for k, v in job.items() if k != "job_id"})
+    return False
+
+
+def _planned(job: dict[str, Any], state: dict, python: str, agent: str, verify: str,
+             follow_branch: bool, active_units: list[str]):
+    """The agent's plan of the download (what is missing, the revision a branch resolves to):
+    converged when that revision is complete already and ``verify`` (as asked: a deep check
+    that found corrupt files set the job's to fast) is fast (True), failed on too little disk,
+    said while planning."""
+    plan = host.get_fact(WeightsPlan, python=python, agent=agent, job_json=json.dumps(job))
+    if plan is not None and "error" in plan:
+        yield from _fail(plan["error"]["message"], plan["error"].get("fix"))
+        return True
+    if plan is None:
+        if active_units:
+            host.log_styled(f"{active_units[0]} is running another job; it will be replaced",
+                            fg="yellow")
+        return False
+    repo_id, revision, root = job["repo_id"], job["revision"], job["root"]
+    resolved = plan["revision"]
+    rev = state["revisions"].get(resolved)
+    if verify == "fast" and _is_fast_ok(rev, job["allow_patterns"], job["ignore_patterns"]):
+        yield from _converge_links(root, resolved, state, job["prune"], job["keep"], repo_id,
+                                   rev)
+        return True
+    if follow_branch and state["current"] and state["current"] != resolved:
+        host.log_styled(
+            f"{repo_id}: {revision} moved from {state['current'][:12]} to "
+            f"{resolved[:12]}: {fmt_gib(plan['missing_bytes'])} to download",
+            fg="yellow", log_func=logger.warning,
+        )
+    problem = _preflight(plan, root, job["margin_percent"], job["margin_min_gib"])
+    if problem:
+        yield from _fail(*problem)
+        return True
+    if not host.state.is_executing:  # --dry / the prompt: say what would move
+        host.log_styled(
+            f"{repo_id}@{resolved[:12]}: would fetch or check {len(plan['missing'])} of "
+            f"{len(plan['files'])} files, {fmt_gib(plan['missing_bytes'])} to download",
+            fg="cyan",
+        )
+    return False
+
+
+def _start(job: dict[str, Any], unit: str, active_units: list[str], paths, python: str,
+           agent: str):
+    """Start the download detached (a transient unit), replacing another job's."""
+    if active_units:
+        yield StringCommand("systemctl", "stop", *map(QuoteString, active_units))
+    yield StringCommand("install", "-d", "-m", "755", QuoteString(paths.work))
+    yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), paths.job)
+    start = [
+        "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
+        QuoteString(f"--description=specfleet weights {job['repo_id']}"),
+        "--property=TimeoutStopSec=30", "--property=Nice=5",
+        "--", QuoteString(python), QuoteString(agent), "run", QuoteString(paths.job),
+    ]
+    yield StringCommand("rm", "-f", QuoteString(paths.progress), "&&", *start)
 
 
 def _is_fast_ok(rev: dict | None, allow: list[str] | None, ignore: list[str] | None) -> bool:
@@ -478,8 +497,8 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
     changed = False
     if state["current"] != revision:
         yield StringCommand(
-            "ln", "-sfn", QuoteString(revision), QuoteString(f"{root}/current.tmp"), "&&",
-            "mv", "-T", QuoteString(f"{root}/current.tmp"), QuoteString(f"{root}/current"),
+            "ln", "-sfn", QuoteString(revision), QuoteString(join(root, "current.tmp")), "&&",
+            "mv", "-T", QuoteString(join(root, "current.tmp")), QuoteString(join(root, "current")),
         )
         changed = True
     kept = []
@@ -490,7 +509,7 @@ def _converge_links(root: str, revision: str, state: dict, prune: bool, keep: li
             if info.get("in_use"):
                 kept.append(f"{other[:12]} (in use by pid {info['in_use'][0]})")
                 continue
-            yield StringCommand("rm", "-rf", QuoteString(f"{root}/{other}"))
+            yield StringCommand("rm", "-rf", QuoteString(join(root, other)))
             changed = True
     if not changed:
         also = f"; keeping {', '.join(kept)}" if kept else ""
@@ -521,11 +540,9 @@ def _preflight(plan: dict, root: str, margin_percent: float,
 
 
 def _fail(problem: str, fix: str | None):
-    """Fail this host with a SpecfleetError: raised while planning (``--dry``, the prompt), a
-    failing step while executing, so that pyinfra fails the one host without a traceback."""
-    if not host.state.is_executing:
-        raise SpecfleetError(problem, host=host.name, fix=fix)
-    yield fail_step(SpecfleetError(problem, fix=fix))
+    """Fail this host (``fail_this_host``): raised while planning (``--dry``, the prompt)."""
+    yield fail_this_host(SpecfleetError(problem, host=host.name, fix=fix),
+                         raise_while_planning=True)
 
 
 def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
@@ -652,6 +669,6 @@ def token_from_settings():
 
 
 __all__ = [
-    "GIB", "downloaded", "model", "model_path", "model_root", "token", "token_from_settings",
+    "GIB", "downloaded", "model", "token", "token_from_settings",
     "tools", "tools_from_settings",
 ]

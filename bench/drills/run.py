@@ -946,9 +946,10 @@ def drill_key_every_form(env: Env, d: Drill) -> None:
     of the readers: the server's formatter, the readiness gate's journal excerpt and
     ``specfleet logs``. The raw lines are in the journal (the fault is real) and the readers saw
     them (their output holds as many <redacted>)."""
-    from operations.serving import gate_source, secret_yaml
+    from operations.readiness import gate_source
     from specfleet.core.errors import SettingsError
     from specfleet.core.settings import settings_from_dict
+    from specfleet.core.unit import secret_yaml
     from specfleet.fleet.monitoring import logs_command
     from tests.unit.test_redaction import forms
 

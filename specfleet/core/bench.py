@@ -104,10 +104,11 @@ def fleet_table(rows: Sequence[HostRow]) -> str:
          _fmt(r.accept_length, ".2f"), r.error or r.flag or "ok"]
         for r in rows
     ]
-    return _table(head, body)
+    return text_table(head, body)
 
 
-def _table(head: list[str], body: list[list[str]]) -> str:
+def text_table(head: list[str], body: list[list[str]]) -> str:
+    """Columns padded to their widest cell, one line a row (the sweep and the bench print it)."""
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
              for line in [head, *body]]

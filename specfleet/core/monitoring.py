@@ -1,18 +1,17 @@
 """Day two, as pure functions: where the watchdog's files live on a host, its config, and what
 Prometheus and Grafana are given (scrape config with file_sd targets, alert rules, a dashboard).
 
-``watchdog_paths`` is the one list of every file and unit the watchdog puts on a host: removal
-(``present=False``) and the operation read it, nothing else names them.
+``specfleet.core.layout.watchdog_paths`` is the one list of every file and unit the watchdog puts
+on a host: removal (``present=False``) and the operation read it, nothing else names them.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import posixpath
-from dataclasses import dataclass
 from typing import Any
 
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import WatchdogPaths, lock_path, watchdog_paths  # noqa: F401
 from specfleet.core.runlock import DEFAULT_LEASE_S
 from specfleet.core.settings import Settings
 
@@ -20,50 +19,6 @@ from specfleet.core.settings import Settings
 SGLANG_JOB = "specfleet-sglang"
 NODE_JOB = "specfleet-node"
 LOOPBACK = ("127.0.0.1", "0.0.0.0", "::", "::1", "localhost")
-
-
-@dataclass(frozen=True)
-class WatchdogPaths:
-    """Every file and unit the watchdog of one server puts on a host."""
-
-    unit_name: str
-    unit: str
-    # The program and run_lock.py beside it (one set of rules for the lock's lease).
-    folder: str
-    program: str
-    run_lock: str
-    config: str
-    # Its counters, kept across its own restarts.
-    state: str
-    # What the last deploy set up (written by the deploy, read into the textfile).
-    deploy_state: str
-    # node-exporter's textfile.
-    textfile: str
-
-    def files(self) -> list[str]:
-        """Every file, for a removal (``rm -f``) and for ``facts.serving.ServiceState``."""
-        return [self.unit, self.program, self.run_lock, self.config, self.state,
-                self.deploy_state, self.textfile]  # fmt: skip
-
-
-def watchdog_paths(settings: Settings) -> WatchdogPaths:
-    name = settings.service_name
-    folder = f"/opt/specfleet/watchdog/{name}"
-    return WatchdogPaths(
-        unit_name=f"{name}-watchdog.service",
-        unit=f"/etc/systemd/system/{name}-watchdog.service",
-        folder=folder,
-        program=f"{folder}/watchdog.py",
-        run_lock=f"{folder}/run_lock.py",
-        config=f"/etc/specfleet/{name}.watchdog.json",
-        state=posixpath.join(settings.state_dir, f"{name}.watchdog-state.json"),
-        deploy_state=posixpath.join(settings.state_dir, f"{name}.deployed.json"),
-        textfile=posixpath.join(settings.metrics.textfile_dir, f"specfleet_{name}.prom"),
-    )
-
-
-def lock_path(settings: Settings) -> str:
-    return posixpath.join(settings.state_dir, "run.lock")
 
 
 def probe_address(listen_host: str) -> str:

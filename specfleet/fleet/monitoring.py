@@ -25,6 +25,7 @@ from typing import Any
 from pyinfra.api import State
 
 from specfleet.core.errors import SpecfleetError
+from specfleet.core.layout import control_token_path, host_token_path, server_paths
 from specfleet.core.monitoring import (
     alert_rules,
     dashboard,
@@ -102,9 +103,8 @@ for _line in redact_lines(_sys.stdin.read().splitlines(), [k for k in _keys if k
 
 def logs_command(s: Settings, lines: int, since: str | None) -> str:
     """The shell command that prints the server's journal with every secret redacted."""
-    unit = f"{s.service_name}.service"
     source = ship_ahead_of(_FILTER)
-    journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", unit,
+    journal = ["journalctl", "--no-pager", "-o", "short-iso", "-u", server_paths(s).unit_name,
                "-u", watchdog_paths(s).unit_name, "-n", str(lines)]  # fmt: skip
     if since:
         journal += ["--since", since]
@@ -121,10 +121,8 @@ UNREADABLE_MARK = "specfleet-logs: cannot read "
 
 def secret_paths(s: Settings) -> list[str]:
     """Files on the host holding the secrets the journal is redacted of: the server's secrets
-    file, the host's own token and the deploy's copy (operations.weights.control_token_path)."""
-    return [f"/etc/specfleet/secrets/{s.service_name}.yaml",
-            s.weights.host_token_path or "/root/.cache/huggingface/token",
-            f"{s.state_dir.rstrip('/')}/hf/token"]
+    file, the host's own token and the deploy's copy of the token."""
+    return [server_paths(s).secret, host_token_path(s), control_token_path(s)]
 
 
 def guarded_logs_command(s: Settings, lines: int, since: str | None) -> str:

@@ -268,7 +268,7 @@ class Sweep:
             rows.append([key, rec["status"], _fmt(core.top_tps(result) if result else None),
                          _fmt((result or {}).get("accept_length"), ".2f"),
                          "BEST" if key == best else ""])
-        print(core._table(["point", "status", "tok/s", "accept", ""], rows), flush=True)
+        print(core.text_table(["point", "status", "tok/s", "accept", ""], rows), flush=True)
         if report is None:
             say(f"no report: {NO_REPORT}")
         elif not self.args.no_report:

@@ -6,16 +6,15 @@ Uploaded next to ``weights_agent.py`` (the specfleet tools venv) and run on flee
         The forced command of the rollout's ephemeral ssh key on a serving peer; it serves the
         revision folders named (``MODELS_ROOT/DIR/REVISION``; a bare ``DIR``, for a swarm that
         follows a branch: the revision this host's own download or pull resolved) and nothing
-        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION [KNOWN WAIT]`` it
-        prints one JSON object (what the peer holds of that revision and how its own download
-        or pull is going); with KNOWN and WAIT it first waits, up to WAIT seconds, until the
-        number of files it has verified differs from KNOWN or its copy has ended (a long poll).
-        With ``... KNOWN WAIT stream`` the channel stays open for the whole copy: a status line
-        at once and at each change (at least every WAIT seconds), and for each request read on
-        stdin, ``{"send": [PATH, ...]}``, each file of that revision folder as a JSON header line
-        ``{"file", "size"}`` and its bytes. A path with ``..``, an absolute path, a symlink or
-        anything but a regular file is not sent, nor anything of a folder holding a symlink that
-        leads out of it (``{"file", "error"}`` instead). Anything else is refused.
+        else. With ``SSH_ORIGINAL_COMMAND`` = ``specfleet-status DIR REVISION`` it prints one
+        JSON object (what the peer holds of that revision and how its own download or pull is
+        going). With ``... KNOWN WAIT stream`` the channel stays open for the whole copy: a
+        status line at once and at each change (at least every WAIT seconds), and for each
+        request read on stdin, ``{"send": [PATH, ...]}``, each file of that revision folder as
+        a JSON header line ``{"file", "size"}`` and its bytes. A path with ``..``, an absolute
+        path, a symlink or anything but a regular file is not sent, nor anything of a folder
+        holding a symlink that leads out of it (``{"file", "error"}`` instead). Anything else is
+        refused.
     fanout_agent.py pull JOB
         On a receiving host (a transient ``systemd-run`` unit, started by ``operations.fanout``):
         ask the Hub (``HF_ENDPOINT``) for the revision's file list and hashes, then take every
@@ -39,7 +38,6 @@ Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -118,13 +116,14 @@ class StatusRequest(NamedTuple):
 
 
 def parse_status_request(command: str) -> StatusRequest | None:
-    """``specfleet-status DIR REVISION [KNOWN WAIT [stream]]`` -> StatusRequest; None for
+    """``specfleet-status DIR REVISION [KNOWN WAIT stream]`` -> StatusRequest; None for
     anything else (WAIT is capped at ``STATUS_WAIT_MAX``)."""
     parts = command.split()
+    # A status at once (3 words), or a stream (6 words, the last ``stream``).
     stream = len(parts) == 6 and parts[5] == STREAM_WORD
     if stream:
         parts = parts[:5]
-    if len(parts) not in (3, 5) or parts[0] != STATUS_VERB:
+    if len(parts) != (5 if stream else 3) or parts[0] != STATUS_VERB:
         return None
     if not _DIR_RE.match(parts[1]) or ".." in parts[1] or not _REV_RE.match(parts[2]):
         return None
@@ -135,18 +134,6 @@ def parse_status_request(command: str) -> StatusRequest | None:
         return None
     return StatusRequest(parts[1], parts[2], int(parts[3]), min(float(parts[4]), STATUS_WAIT_MAX),
                          stream)
-
-
-def status_news(status: dict, known: int) -> bool:
-    """Whether a status is worth answering a waiting receiver with: the number of verified
-    files differs from what it knows, or the peer's copy has ended (complete, its download done
-    or failed, or a pull of it ended: the receiver decides whether that pull is its rollout's)."""
-    if len(status.get("verified") or {}) != known or status.get("complete"):
-        return True
-    w, p = status.get("weights") or {}, status.get("pull") or {}
-    ended = ("done", "partial", "failed")
-    return any(x.get("revision") == status.get("revision") and x.get("state") in ended
-               for x in (w, p))
 
 
 def parse_served(specs: list[str]) -> dict[str, str | None]:
@@ -342,10 +329,7 @@ def available(status: dict, wanted: dict[str, dict], expected_hash) -> list[str]
 
 def remove_parts(rev_dir: str) -> None:
     """Delete the files a killed pull left on their way (``PART_SUFFIX``)."""
-    for dirpath, _dirs, names in os.walk(rev_dir):
-        for name in names:
-            if name.endswith(PART_SUFFIX):
-                os.unlink(os.path.join(dirpath, name))
+    _weights_agent().remove_partial_files(rev_dir, PART_SUFFIX)
 
 
 def ssh_command(key_path: str, known_hosts: str, port: int, control_dir: str) -> list[str]:
@@ -405,24 +389,6 @@ def _stamp(paths: list[str]) -> tuple:
         except OSError:
             out.append(None)
     return tuple(out)
-
-
-def wait_status(models_root: str, state_dir: str, req: StatusRequest, clock=time.monotonic,
-                sleep=time.sleep) -> dict:
-    """The status of ``req``'s revision folder, once it has news for the receiver
-    (``status_news``) or ``req.wait`` seconds have passed. It is read again only when one of its
-    files changed."""
-    deadline = clock() + req.wait
-    paths = status_files(models_root, state_dir, req.dir_name, req.revision)
-    stamp = _stamp(paths)
-    status = status_of(models_root, state_dir, req.dir_name, req.revision)
-    while req.known >= 0 and not status_news(status, req.known) and clock() < deadline:
-        sleep(STATUS_LOOK_SECONDS)
-        now_stamp = _stamp(paths)
-        if now_stamp != stamp:
-            stamp = now_stamp
-            status = status_of(models_root, state_dir, req.dir_name, req.revision)
-    return status
 
 
 def status_key(status: dict) -> tuple:
@@ -532,7 +498,8 @@ def cmd_serve(models_root: str, state_dir: str, specs: list[str]) -> int:
         sys.stderr.write(f"specfleet fan-out: {e}\n")
         return 1
     if not req.stream:
-        print(json.dumps(wait_status(models_root, state_dir, req)), flush=True)
+        print(json.dumps(status_of(models_root, state_dir, req.dir_name, req.revision)),
+              flush=True)  # fmt: skip
         return 0
     channel = ServeChannel()
     folder = os.path.join(models_root, req.dir_name, req.revision)
@@ -762,8 +729,7 @@ class Pull:
             return Received(path, None, f"{e}; not taken", bool(left))
         os.makedirs(os.path.dirname(local), exist_ok=True)
         kind, want = self.wa.expected_hash(f)
-        digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1(  # noqa: S324 - git id
-            b"blob %d\0" % size)
+        digest = self.wa.new_digest(kind, size)
         # mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW, a name no one else has.
         fd, part = tempfile.mkstemp(prefix=f".{os.path.basename(local)}.",
                                     suffix=PART_SUFFIX, dir=os.path.dirname(local))

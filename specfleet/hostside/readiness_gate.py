@@ -39,8 +39,8 @@ PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID
 
 # API keys in journal lines: ``redact_lines`` and ``read_secrets`` of
 # specfleet/hostside/specfleet_log_redact.py, the one home of the redaction rules. On a host this
-# script runs from stdin with that module's source ahead of it (``operations.serving.gate_source``);
-# run from a checkout, it loads the module from beside itself.
+# script runs from stdin with that module's source ahead of it
+# (``operations.readiness.gate_source``); run from a checkout, it loads the module from beside it.
 if "redact_lines" not in globals():
     import importlib.util as _importlib_util
 
@@ -72,7 +72,9 @@ def cmdline(pid: str) -> list[str]:
     return [w.decode(errors="replace") for w in raw.split(b"\0")[:-1]]
 
 
-def flag(argv: list[str], name: str) -> str | None:
+def argv_value(argv: list[str], name: str) -> str | None:
+    """The value of ``name`` in argv (``--flag V`` or ``--flag=V``), the last one winning (as
+    argparse reads it): the one home of this rule, read by ``specfleet.core.unit`` too."""
     value = None
     for i, word in enumerate(argv):
         if word == name and i + 1 < len(argv):
@@ -283,7 +285,7 @@ def journal_tail(unit: str, since: float, lines: int, secrets: list) -> list[str
     return out or [f"(journalctl printed nothing: {res.stderr.strip() or 'no lines'})"]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--unit", required=True)
     p.add_argument("--host", default="127.0.0.1")
@@ -298,13 +300,63 @@ def main() -> int:
     p.add_argument("--started-at", type=float,
                    help="the server's start (host EPOCH): the budget counts from then")
     p.add_argument("--probe", help="the correctness probe as JSON (questions, thresholds)")
-    args = p.parse_args()
-    try:
-        probe = json.loads(args.probe) if args.probe else None
-    except ValueError as exc:
-        say(f"bad --probe JSON: {exc}")
-        return 3
+    return p.parse_args()
 
+
+def unit_problem(unit: str, st: dict) -> str | None:
+    """Why the unit will not come up (systemd's word for it), or None while it may."""
+    active, sub, result = st.get("ActiveState"), st.get("SubState"), st.get("Result")
+    if st.get("LoadState") != "loaded":
+        return f"{unit} is not loaded ({st.get('LoadState')})"
+    if active == "failed" or result == "start-limit-hit":
+        return (f"systemd reports {unit} {active} (result {result}, exit status "
+                f"{st.get('ExecMainStatus')}, {st.get('NRestarts', '0')} restarts)")
+    if active in ("inactive", "deactivating"):
+        return f"{unit} is {active} ({sub}); nothing is starting it"
+    return None
+
+
+def server_base(host: str, port: int) -> str:
+    """The URL the gate reaches the server on, from the address it listens on."""
+    if host in ("0.0.0.0", "", "*"):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def check_server(base: str, key: str | None, argv: list[str], port: int, unit: str,
+                 model_path: str | None) -> tuple[str | None, str | None, str | None]:
+    """One look at the server: (status while it loads, the model it serves once ready, why it
+    fails). Ready means ``/health_generate`` answers and ``/get_model_info`` names the expected
+    model, served from inside the unit."""
+    code, body = http_get(base + "/health_generate", key, timeout=60)
+    if code != 200:
+        return f"/health_generate {code if code is not None else body}", None, None
+    code, body = http_get(base + "/get_model_info", key, timeout=30)
+    if code == 404:
+        code, body = http_get(base + "/model_info", key, timeout=30)
+    try:
+        info = json.loads(body) if code == 200 else None
+    except ValueError:
+        info = None
+    if info is None:
+        return f"/get_model_info gave {code}: {body[:120]}", None, None
+    want = model_path or argv_value(argv, "--model-path")
+    got = info.get("model_path")
+    owners = listener_pids(port)
+    if owners and not any(in_unit(pid, unit) for pid in owners):
+        return None, None, (f"port {port} is served by pid {sorted(owners)}, a process outside "
+                            f"{unit}; another server holds the port")
+    if want is not None and got != want:
+        return None, None, f"the server serves model_path {got!r}, expected {want!r}"
+    return None, got, None
+
+
+def main() -> int:
+    args = parse_args()
     # Every key of the key file, the admin key too, is kept out of the journal excerpt.
     secrets = read_secrets([args.secret_file])
     if args.journal_since is not None:
@@ -312,7 +364,35 @@ def main() -> int:
                                  secrets):
             print(f"| {line}", flush=True)
         return 0
+    try:
+        probe = json.loads(args.probe) if args.probe else None
+    except ValueError as exc:
+        say(f"bad --probe JSON: {exc}")
+        return 3
+    return wait_ready(args, secrets, probe)
 
+
+def probe_server(base: str, key: str | None, probe: dict, argv: list[str], served: str | None,
+                 elapsed: float) -> str | None:
+    """The correctness probe on a healthy server: why it failed, or None when it passed."""
+    say(f"healthy after {elapsed:.0f} s; probing {len(probe['questions'])} "
+        f"questions, {probe['concurrency']} at once")
+    began = time.monotonic()
+    block = argv_value(argv, "--speculative-num-draft-tokens")
+    speculative = argv_value(argv, "--speculative-algorithm") is not None
+    passed, lines = run_probe(base, key, probe, speculative,
+                              int(block) if block and block.isdigit() else None)
+    for line in lines[:-1] if not passed else lines:
+        say(line)
+    if not passed:
+        return (f"{base} serves {served}, but the correctness probe "
+                f"({time.monotonic() - began:.1f} s) failed: {lines[-1][len('probe FAILED: '):]}")
+    say(f"probe passed in {time.monotonic() - began:.1f} s")
+    return None
+
+
+def wait_ready(args: argparse.Namespace, secrets: list[str], probe: dict | None = None) -> int:
+    """Poll until the server serves (0), fails (1) or the budget runs out (2)."""
     since = time.time() - 3
     start = time.monotonic()
     key = read_api_key(args.secret_file)
@@ -339,76 +419,26 @@ def main() -> int:
     while True:
         elapsed = time.monotonic() - start
         st = unit_state(args.unit)
-        active, sub, result = st.get("ActiveState"), st.get("SubState"), st.get("Result")
-        restarts = st.get("NRestarts", "0")
-        if st.get("LoadState") != "loaded":
-            return fail(f"{args.unit} is not loaded ({st.get('LoadState')})")
-        if active == "failed" or result == "start-limit-hit":
-            return fail(
-                f"systemd reports {args.unit} {active} (result {result}, "
-                f"exit status {st.get('ExecMainStatus')}, {restarts} restarts)"
-            )
-        if active in ("inactive", "deactivating"):
-            return fail(f"{args.unit} is {active} ({sub}); nothing is starting it")
-
+        problem = unit_problem(args.unit, st)
+        if problem:
+            return fail(problem)
+        sub, restarts = st.get("SubState"), st.get("NRestarts", "0")
         argv = cmdline(st.get("MainPID", "0")) if st.get("MainPID", "0") != "0" else []
-        host = flag(argv, "--host") or args.host
-        if host in ("0.0.0.0", "", "*"):
-            host = "127.0.0.1"
-        elif host in ("::", "[::]"):
-            host = "::1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        port = int(flag(argv, "--port") or args.port)
-        base = f"http://{host}:{port}"
-
+        port = int(argv_value(argv, "--port") or args.port)
+        base = server_base(argv_value(argv, "--host") or args.host, port)
         status = "process restarting" if sub == "auto-restart" or not argv else None
         if status is None:
-            code, body = http_get(base + "/health_generate", key, timeout=60)
-            if code == 200:
-                code, body = http_get(base + "/get_model_info", key, timeout=30)
-                if code == 404:
-                    code, body = http_get(base + "/model_info", key, timeout=30)
-                try:
-                    info = json.loads(body) if code == 200 else None
-                except ValueError:
-                    info = None
-                if info is None:
-                    status = f"/get_model_info gave {code}: {body[:120]}"
-                else:
-                    want = args.model_path or flag(argv, "--model-path")
-                    got = info.get("model_path")
-                    owners = listener_pids(port)
-                    if owners and not any(in_unit(pid, args.unit) for pid in owners):
-                        return fail(
-                            f"port {port} is served by pid {sorted(owners)}, a process outside "
-                            f"{args.unit}; another server holds the port"
-                        )
-                    if want is not None and got != want:
-                        return fail(f"the server serves model_path {got!r}, expected {want!r}")
-                    if probe:
-                        say(f"healthy after {elapsed:.0f} s; probing {len(probe['questions'])} "
-                            f"questions, {probe['concurrency']} at once")
-                        began = time.monotonic()
-                        block = flag(argv, "--speculative-num-draft-tokens")
-                        speculative = flag(argv, "--speculative-algorithm") is not None
-                        passed, lines = run_probe(
-                            base, key, probe, speculative,
-                            int(block) if block and block.isdigit() else None)
-                        for line in lines[:-1] if not passed else lines:
-                            say(line)
-                        if not passed:
-                            return fail(f"{base} serves {got}, but the correctness probe "
-                                        f"({time.monotonic() - began:.1f} s) failed: "
-                                        f"{lines[-1][len('probe FAILED: '):]}", status=4)
-                        say(f"probe passed in {time.monotonic() - began:.1f} s")
-                    say(
-                        f"READY after {time.monotonic() - start:.0f} s: {base} serves {got} "
-                        f"({restarts} restarts)"
-                    )
-                    return 0
-            else:
-                status = f"/health_generate {code if code is not None else body}"
+            status, served, problem = check_server(base, key, argv, port, args.unit,
+                                                   args.model_path)
+            if problem:
+                return fail(problem)
+            if served is not None or status is None:
+                problem = probe_server(base, key, probe, argv, served, elapsed) if probe else None
+                if problem:
+                    return fail(problem, status=4)
+                say(f"READY after {time.monotonic() - start:.0f} s: {base} serves {served} "
+                    f"({restarts} restarts)")
+                return 0
         if elapsed > args.timeout and args.started_at is not None:
             return fail(
                 f"still loading {elapsed:.0f} s after its start, past the budget of "
@@ -423,7 +453,8 @@ def main() -> int:
                 status=2,
             )
         if status != last_status or elapsed - last_report >= args.report_every:
-            say(f"{elapsed:4.0f} s: {args.unit} {active}/{sub}, {status}, {restarts} restarts")
+            say(f"{elapsed:4.0f} s: {args.unit} {st.get('ActiveState')}/{sub}, {status}, "
+                f"{restarts} restarts")
             last_report, last_status = elapsed, status
         time.sleep(args.poll)
 

@@ -359,12 +359,17 @@ def still_matches(rev_dir: str, entry: dict) -> bool:
             and entry.get("ino", st.st_ino) == st.st_ino)
 
 
+def new_digest(kind: str, size: int):
+    """A hash to feed a file's bytes: sha256 (``kind="sha256"``) or its git blob id
+    (``kind="git"``, which hashes a header with the size first). The fan-out agent's too."""
+    if kind == "sha256":
+        return hashlib.sha256()
+    return hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git object id
+
+
 def hash_file(path: str, kind: str, size: int, on_bytes=None) -> str:
     """sha256 (``kind="sha256"``) or git blob id (``kind="git"``) of a file, streamed."""
-    if kind == "sha256":
-        h = hashlib.sha256()
-    else:
-        h = hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git object id
+    h = new_digest(kind, size)
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK):
             h.update(chunk)
@@ -557,74 +562,10 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
         emit({"event": "error", **p["error"]})
         return EXIT_FAILED
     sha = p["revision"]
-    rev_dir = os.path.join(job["root"], sha)
-    os.makedirs(os.path.join(rev_dir, STATE_DIR), exist_ok=True)
-    files = {f["path"]: f for f in p["files"]}
-    vlock = threading.Lock()
-    vpath = os.path.join(rev_dir, STATE_DIR, VERIFIED)
+    fetcher = Fetcher(job, p, hf_hub_download)
     failures: list[dict] = []
-
-    def record(f: dict, kind: str, digest: str) -> None:
-        st = os.stat(os.path.join(rev_dir, f["path"]))
-        entry = {"path": f["path"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                 "ino": st.st_ino, "hash_kind": kind, "hash": digest, "at": now()}
-        with vlock, open(vpath, "a") as out:
-            out.write(json.dumps(entry) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        emit({"event": "verified", "path": f["path"], "size": f["size"]})
-
-    def check(f: dict) -> str | None:
-        kind, want = expected_hash(f)
-        local = local_path(rev_dir, f["path"], job["repo_id"], sha)
-        if os.path.getsize(local) != f["size"]:
-            return f"size {os.path.getsize(local)} != {f['size']}"
-        last = [time.monotonic()]
-
-        def beat(n: int) -> None:
-            if time.monotonic() - last[0] > 1.0:
-                last[0] = time.monotonic()
-                emit({"event": "hashing", "path": f["path"]})
-
-        got = hash_file(local, kind, f["size"], beat)
-        return None if got == want else f"{kind} {got} != {want}"
-
-    def one(path: str) -> None:
-        f = files[path]
-        kind, want = expected_hash(f)
-        local = local_path(rev_dir, path, job["repo_id"], sha)
-        src = p["reuse"].get(path)
-        if src and not os.path.exists(local):
-            try:
-                os.makedirs(os.path.dirname(local), exist_ok=True)
-                os.link(src, local)
-            except OSError:
-                pass  # another filesystem, say: download it
-            else:
-                # The source was verified and still matches in size and mtime: the fast rule.
-                emit({"event": "linked", "path": path, "from": src})
-                record(f, kind, want)
-                return
-        if os.path.isfile(local) and os.path.getsize(local) == f["size"]:
-            emit({"event": "hashing", "path": path})
-            bad = check(f)
-            if bad is None:
-                record(f, kind, want)
-                return
-            emit({"event": "corrupt", "path": path, "detail": bad})
-        for attempt in (1, 2):
-            emit({"event": "download", "path": path, "attempt": attempt})
-            hf_hub_download(job["repo_id"], path, revision=sha, local_dir=rev_dir,
-                            force_download=True)
-            bad = check(f)
-            if bad is None:
-                record(f, kind, want)
-                return
-            emit({"event": "mismatch", "path": path, "attempt": attempt, "detail": bad})
-        raise ChecksumError(f"{path}: {bad}")
-
     with ThreadPoolExecutor(max_workers=int(job.get("max_workers") or 4)) as pool:
-        futs = {pool.submit(one, path): path for path in p["missing"]}
+        futs = {pool.submit(fetcher.one, path): path for path in p["missing"]}
         for fut in as_completed(futs):
             exc = fut.exception()
             if exc is None:
@@ -642,6 +583,88 @@ def cmd_fetch(job: dict, disable_xet: bool, since: float | None,
         return EXIT_FAILED
     emit({"event": "fetched", "revision": sha})
     return EXIT_OK
+
+
+class Fetcher:
+    """The files of one revision, each made present and verified (``one``, from worker
+    threads): hard-linked from a verified copy, kept when it hashes right, or downloaded (twice
+    at most); each verified file recorded in the revision's ``verified.jsonl``."""
+
+    def __init__(self, job: dict, p: dict, download):
+        self.job, self.sha, self.reuse, self.download = job, p["revision"], p["reuse"], download
+        self.rev_dir = os.path.join(job["root"], self.sha)
+        os.makedirs(os.path.join(self.rev_dir, STATE_DIR), exist_ok=True)
+        self.files = {f["path"]: f for f in p["files"]}
+        self.vpath = os.path.join(self.rev_dir, STATE_DIR, VERIFIED)
+        self.vlock = threading.Lock()
+
+    def local(self, path: str) -> str:
+        return local_path(self.rev_dir, path, self.job["repo_id"], self.sha)
+
+    def record(self, f: dict, kind: str, digest: str) -> None:
+        st = os.stat(os.path.join(self.rev_dir, f["path"]))
+        entry = {"path": f["path"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                 "ino": st.st_ino, "hash_kind": kind, "hash": digest, "at": now()}
+        with self.vlock, open(self.vpath, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        emit({"event": "verified", "path": f["path"], "size": f["size"]})
+
+    def check(self, f: dict) -> str | None:
+        """Why the file on disk is not the Hub's (size, then hash); None when it is."""
+        kind, want = expected_hash(f)
+        local = self.local(f["path"])
+        if os.path.getsize(local) != f["size"]:
+            return f"size {os.path.getsize(local)} != {f['size']}"
+        last = [time.monotonic()]
+
+        def beat(n: int) -> None:
+            if time.monotonic() - last[0] > 1.0:
+                last[0] = time.monotonic()
+                emit({"event": "hashing", "path": f["path"]})
+
+        got = hash_file(local, kind, f["size"], beat)
+        return None if got == want else f"{kind} {got} != {want}"
+
+    def linked(self, path: str) -> bool:
+        """Hard-linked from another revision's verified copy (same size and mtime: the fast
+        rule); False on another filesystem, say, or when the file is there already."""
+        src, local = self.reuse.get(path), self.local(path)
+        if not src or os.path.exists(local):
+            return False
+        try:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            os.link(src, local)
+        except OSError:
+            return False
+        emit({"event": "linked", "path": path, "from": src})
+        return True
+
+    def one(self, path: str) -> None:
+        f = self.files[path]
+        kind, want = expected_hash(f)
+        local = self.local(path)
+        if self.linked(path):
+            self.record(f, kind, want)
+            return
+        if os.path.isfile(local) and os.path.getsize(local) == f["size"]:
+            emit({"event": "hashing", "path": path})
+            bad = self.check(f)
+            if bad is None:
+                self.record(f, kind, want)
+                return
+            emit({"event": "corrupt", "path": path, "detail": bad})
+        for attempt in (1, 2):
+            emit({"event": "download", "path": path, "attempt": attempt})
+            self.download(self.job["repo_id"], path, revision=self.sha, local_dir=self.rev_dir,
+                          force_download=True)
+            bad = self.check(f)
+            if bad is None:
+                self.record(f, kind, want)
+                return
+            emit({"event": "mismatch", "path": path, "attempt": attempt, "detail": bad})
+        raise ChecksumError(f"{path}: {bad}")
 
 
 class ChecksumError(Exception):
@@ -686,35 +709,45 @@ class Progress:
         write_json_atomic(self.path, self.data)
 
 
-def incomplete_bytes(rev_dir: str) -> int:
-    total = 0
-    base = os.path.join(rev_dir, ".cache", "huggingface", "download")
+def partial_files(base: str, suffix: str) -> list[tuple[str, int]]:
+    """(path, size) of every file under ``base`` whose name ends in ``suffix``: a download's
+    parts left by a killed process (huggingface_hub's ``.incomplete``, the fan-out's)."""
+    found = []
     for dirpath, _dirs, names in os.walk(base):
         for n in names:
-            if n.endswith(".incomplete"):
+            if n.endswith(suffix):
+                full = os.path.join(dirpath, n)
                 try:
-                    total += os.path.getsize(os.path.join(dirpath, n))
+                    found.append((full, os.path.getsize(full)))
                 except OSError:
                     pass
-    return total
+    return found
+
+
+def remove_partial_files(base: str, suffix: str) -> tuple[int, int]:
+    """Delete ``partial_files(base, suffix)``: (files, bytes freed)."""
+    count = freed = 0
+    for full, size in partial_files(base, suffix):
+        try:
+            os.unlink(full)
+        except OSError:
+            continue
+        count += 1
+        freed += size
+    return count, freed
+
+
+def _hub_partials(rev_dir: str) -> str:
+    return os.path.join(rev_dir, ".cache", "huggingface", "download")
+
+
+def incomplete_bytes(rev_dir: str) -> int:
+    return sum(size for _, size in partial_files(_hub_partials(rev_dir), ".incomplete"))
 
 
 def remove_incomplete(rev_dir: str) -> tuple[int, int]:
     """Delete huggingface_hub's partial downloads under a revision: (files, bytes freed)."""
-    count = freed = 0
-    base = os.path.join(rev_dir, ".cache", "huggingface", "download")
-    for dirpath, _dirs, names in os.walk(base):
-        for n in names:
-            if n.endswith(".incomplete"):
-                full = os.path.join(dirpath, n)
-                try:
-                    size = os.path.getsize(full)
-                    os.unlink(full)
-                except OSError:
-                    continue
-                count += 1
-                freed += size
-    return count, freed
+    return remove_partial_files(_hub_partials(rev_dir), ".incomplete")
 
 
 class ForkedFetch:
@@ -777,33 +810,8 @@ def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress,
 
     ``fork``: the child is a fork of this process, which must run with ``disable_xet``'s
     environment already (the Hub client reads it when it is imported)."""
-    since = prog.data["started_at"]
-    listing = f"{prog.path}.listing"
-    if fork:
-        child = ForkedFetch(lambda: cmd_fetch(job, disable_xet, since, listing))
-    else:
-        env = dict(os.environ)
-        if disable_xet:
-            env["HF_HUB_DISABLE_XET"] = "1"
-        argv = [sys.executable, os.path.abspath(__file__), "fetch", job_path,
-                f"--since={since}", f"--listing={listing}"]
-        if disable_xet:
-            argv.append("--no-xet")
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
-    events: list[dict] = []
-    elock = threading.Lock()
-
-    def reader() -> None:
-        for line in child.stdout:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            with elock:
-                events.append(ev)
-
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
+    child = start_fetch_child(job, job_path, disable_xet, prog, fork)
+    events = ChildEvents(child)
     stall_s = float(job.get("stall_minutes", 10)) * 60
     last_change = time.monotonic()
     last_seen = -1
@@ -811,20 +819,11 @@ def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress,
     poll = min(1.0, max(stall_s / 10, 0.2))
     last_rate = (time.monotonic(), prog.data["bytes_done"])
     while True:
-        with elock:
-            batch, events[:] = list(events), []
-        for ev in batch:
+        batch = events.take()
+        if batch:
             last_change = time.monotonic()
-            kind = ev.get("event")
-            if kind == "verified":
-                done.add(ev["path"])
-            elif kind in ("corrupt", "mismatch"):
-                prog.note(f"{ev['path']}: {kind} ({ev.get('detail')}), fetching it again")
-            elif kind == "error":
-                error = {k: ev[k] for k in ("kind", "message", "fix") if k in ev}
-        partial = incomplete_bytes(rev_dir)
-        done_bytes = sum(sizes.get(p, 0) for p in done)
-        seen = done_bytes + partial
+        error = apply_events(batch, done, prog) or error
+        seen = sum(sizes.get(p, 0) for p in done) + incomplete_bytes(rev_dir)
         if seen != last_seen:
             last_seen = seen
             last_change = time.monotonic()
@@ -837,29 +836,81 @@ def run_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress,
                     rate_bps=int(rate))
         rc = child.poll()
         if rc is not None:
-            t.join(timeout=5)
-            with elock:
-                for ev in events:
-                    if ev.get("event") == "verified":
-                        done.add(ev["path"])
-                    elif ev.get("event") == "error":
-                        error = {k: ev[k] for k in ("kind", "message", "fix") if k in ev}
+            events.thread.join(timeout=5)
+            error = apply_events(events.take(), done, None) or error
             if rc == 0:
                 return "ok", None
             return "error", error or {"kind": "crash", "message": f"fetch exited {rc}",
                                       "fix": "see journalctl for the unit; a re-run resumes"}
         if t_now - last_change > stall_s:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            stop_child(child)
             return "stall", None
         try:
             child.wait(timeout=poll)
         except subprocess.TimeoutExpired:
             pass
+
+
+def start_fetch_child(job: dict, job_path: str, disable_xet: bool, prog: Progress, fork: bool):
+    """The `fetch` child: a fork of this process, or this program run again (without Xet)."""
+    since = prog.data["started_at"]
+    listing = f"{prog.path}.listing"
+    if fork:
+        return ForkedFetch(lambda: cmd_fetch(job, disable_xet, since, listing))
+    env = dict(os.environ)
+    if disable_xet:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    argv = [sys.executable, os.path.abspath(__file__), "fetch", job_path,
+            f"--since={since}", f"--listing={listing}"]
+    if disable_xet:
+        argv.append("--no-xet")
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
+
+
+class ChildEvents:
+    """The JSON events a `fetch` child prints, read by a thread as they come."""
+
+    def __init__(self, child):
+        self.child, self.events, self.lock = child, [], threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.child.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                self.events.append(ev)
+
+    def take(self) -> list[dict]:
+        with self.lock:
+            batch, self.events[:] = list(self.events), []
+        return batch
+
+
+def apply_events(batch: list[dict], done: set, prog: Progress | None) -> dict | None:
+    """The files verified go into ``done``, re-fetches are noted; the last error, if any."""
+    error = None
+    for ev in batch:
+        kind = ev.get("event")
+        if kind == "verified":
+            done.add(ev["path"])
+        elif kind in ("corrupt", "mismatch") and prog is not None:
+            prog.note(f"{ev['path']}: {kind} ({ev.get('detail')}), fetching it again")
+        elif kind == "error":
+            error = {k: ev[k] for k in ("kind", "message", "fix") if k in ev}
+    return error
+
+
+def stop_child(child) -> None:
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def flip_current(root: str, sha: str) -> None:
@@ -925,9 +976,7 @@ def cmd_run(job: dict, job_path: str) -> int:
     prog.update(state="planning")
     p = plan(job)
     if "error" in p:
-        prog.update(state="failed", error=p["error"])
-        print(f"failed: {p['error']['message']}", flush=True)
-        return 1
+        return _failed(prog, p["error"])
     sha = p["revision"]
     write_json_atomic(f"{prog.path}.listing", {"revision": sha, "files": p["files"]})
     rev_dir = os.path.join(job["root"], sha)
@@ -949,76 +998,17 @@ def cmd_run(job: dict, job_path: str) -> int:
         prog.data["warnings"].append(w)
         prog.note(w)
     if not pre["ok"]:
-        prog.update(state="failed", error={"kind": "disk", "message": pre["problem"],
-                                           "fix": pre["fix"]})
-        print(f"failed: {pre['problem']}", flush=True)
-        return 1
+        return _failed(prog, {"kind": "disk", "message": pre["problem"], "fix": pre["fix"]})
     if p["missing"]:
-        linked = f", {len(p['reuse'])} hard-linked from other revisions" if p["reuse"] else ""
-        prog.note(f"{len(p['missing'])} of {len(sizes)} files to fetch or check "
-                  f"({fmt_gib(p['missing_bytes'])} to download{linked}) for "
-                  f"{job['repo_id']}@{sha[:12]}")
-        prog.update(state="downloading")
-        attempts = [False, True] if os.environ.get("HF_HUB_DISABLE_XET") != "1" else [True, True]
-        outcome, error = "stall", None
-        for i, no_xet in enumerate(attempts, start=1):
-            prog.update(attempt=i, xet_disabled=no_xet)
-            # The first attempt runs in this process's environment: a fork.
-            outcome, error = run_fetch_child(job, job_path, no_xet, prog, sizes, done, rev_dir,
-                                             fork=i == 1)
-            if outcome == "ok":
-                break
-            if outcome == "stall":
-                prog.note(f"no progress for {job.get('stall_minutes', 10)} min (attempt {i}); "
-                          "retrying with HF_HUB_DISABLE_XET=1")
-                continue
-            break
-        left = sum(n for path, n in sizes.items() if path not in done)
-        free = free_bytes_at(rev_dir)
-        if outcome == "stall" and free < left:
-            # A full disk shows as a download that stops moving (the client retries its writes):
-            # say so, instead of blaming the link.
-            error = {
-                "kind": "disk-full",
-                "message": f"download of {job['repo_id']}@{sha[:12]} stopped: the disk at "
-                f"{rev_dir} is full ({fmt_gib(free)} free, {fmt_gib(left)} still to download; "
-                f"{len(done)}/{len(sizes)} files verified and kept)",
-                "fix": f"free at least {fmt_gib(left - free)} on the disk of {job['root']} (or "
-                "point models_root at a larger disk); a re-run resumes",
-            }
-        elif outcome == "stall":
-            error = {
-                "kind": "stall",
-                "message": f"download of {job['repo_id']}@{sha[:12]} made no progress for "
-                f"{job.get('stall_minutes', 10)} min, also with HF_HUB_DISABLE_XET=1 "
-                f"({len(done)}/{len(sizes)} files verified and kept)",
-                "fix": f"check the host's link to {endpoint_of(job)}; a re-run resumes; raise "
-                "weights.stall_minutes if the link is just slow",
-            }
-        if outcome != "ok":
-            prog.update(state="failed", error=error)
-            print(f"failed: {error['message']}", flush=True)
-            return 1
+        error = fetch_missing(job, job_path, p, prog, sizes, done, rev_dir)
+        if error is not None:
+            return _failed(prog, error)
     # Everything verified: the manifest, then the link.
     prog.update(state="verifying")
-    verified = read_verified(rev_dir)
-    manifest_files = {}
-    for f in p["files"]:
-        v = verified.get(f["path"])
-        if v is None or not still_matches(rev_dir, v) or v["hash"] != expected_hash(f)[1]:
-            err = {"kind": "checksum", "message": f"{f['path']} changed while verifying",
-                   "fix": "re-run; nothing else should write under the models root"}
-            prog.update(state="failed", error=err)
-            return 1
-        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "ino", "hash_kind",
-                                                        "hash") if k in v}
-    write_json_atomic(os.path.join(rev_dir, STATE_DIR, MANIFEST), {
-        "schema": SCHEMA, "repo_id": job["repo_id"], "revision": sha,
-        "requested": job["revision"], "endpoint": endpoint_of(job), "complete": True,
-        "allow_patterns": job.get("allow_patterns"), "ignore_patterns": job.get("ignore_patterns"),
-        "verified_at": now(), "verify": job.get("verify", "fast"),
-        "bytes": p["total_bytes"], "files": manifest_files,
-    })
+    error = write_manifest(job, p, rev_dir)
+    if error is not None:
+        prog.update(state="failed", error=error)
+        return 1
     flip_current(job["root"], sha)
     if job.get("prune"):
         prune(job["root"], {sha, *job.get("keep", [])}, prog.note)
@@ -1026,6 +1016,83 @@ def cmd_run(job: dict, job_path: str) -> int:
     print(f"done: {job['repo_id']}@{sha} {len(sizes)} files {fmt_gib(p['total_bytes'])}",
           flush=True)
     return 0
+
+
+def _failed(prog: Progress, error: dict) -> int:
+    prog.update(state="failed", error=error)
+    print(f"failed: {error['message']}", flush=True)
+    return 1
+
+
+def fetch_missing(job: dict, job_path: str, p: dict, prog: Progress, sizes: dict,
+                  done: set, rev_dir: str) -> dict | None:
+    """Fetch the files the plan found missing: a forked child, then (after a stall) one without
+    Xet. None when every file came and was verified; else the error (a stall on a full disk is
+    said as one)."""
+    sha = p["revision"]
+    linked = f", {len(p['reuse'])} hard-linked from other revisions" if p["reuse"] else ""
+    prog.note(f"{len(p['missing'])} of {len(sizes)} files to fetch or check "
+              f"({fmt_gib(p['missing_bytes'])} to download{linked}) for "
+              f"{job['repo_id']}@{sha[:12]}")
+    prog.update(state="downloading")
+    attempts = [False, True] if os.environ.get("HF_HUB_DISABLE_XET") != "1" else [True, True]
+    outcome, error = "stall", None
+    for i, no_xet in enumerate(attempts, start=1):
+        prog.update(attempt=i, xet_disabled=no_xet)
+        # The first attempt runs in this process's environment: a fork.
+        outcome, error = run_fetch_child(job, job_path, no_xet, prog, sizes, done, rev_dir,
+                                         fork=i == 1)
+        if outcome != "stall":
+            break
+        prog.note(f"no progress for {job.get('stall_minutes', 10)} min (attempt {i}); "
+                  "retrying with HF_HUB_DISABLE_XET=1")
+    if outcome == "ok":
+        return None
+    if outcome != "stall":
+        return error
+    left = sum(n for path, n in sizes.items() if path not in done)
+    free = free_bytes_at(rev_dir)
+    if free < left:
+        # A full disk shows as a download that stops moving (the client retries its writes):
+        # say so, instead of blaming the link.
+        return {
+            "kind": "disk-full",
+            "message": f"download of {job['repo_id']}@{sha[:12]} stopped: the disk at "
+            f"{rev_dir} is full ({fmt_gib(free)} free, {fmt_gib(left)} still to download; "
+            f"{len(done)}/{len(sizes)} files verified and kept)",
+            "fix": f"free at least {fmt_gib(left - free)} on the disk of {job['root']} (or "
+            "point models_root at a larger disk); a re-run resumes",
+        }
+    return {
+        "kind": "stall",
+        "message": f"download of {job['repo_id']}@{sha[:12]} made no progress for "
+        f"{job.get('stall_minutes', 10)} min, also with HF_HUB_DISABLE_XET=1 "
+        f"({len(done)}/{len(sizes)} files verified and kept)",
+        "fix": f"check the host's link to {endpoint_of(job)}; a re-run resumes; raise "
+        "weights.stall_minutes if the link is just slow",
+    }
+
+
+def write_manifest(job: dict, p: dict, rev_dir: str) -> dict | None:
+    """The revision's manifest, from every file verified and unchanged since; the error of a
+    file that changed while verifying (no manifest then)."""
+    verified = read_verified(rev_dir)
+    manifest_files = {}
+    for f in p["files"]:
+        v = verified.get(f["path"])
+        if v is None or not still_matches(rev_dir, v) or v["hash"] != expected_hash(f)[1]:
+            return {"kind": "checksum", "message": f"{f['path']} changed while verifying",
+                    "fix": "re-run; nothing else should write under the models root"}
+        manifest_files[f["path"]] = {k: v[k] for k in ("size", "mtime_ns", "ino", "hash_kind",
+                                                        "hash") if k in v}
+    write_json_atomic(os.path.join(rev_dir, STATE_DIR, MANIFEST), {
+        "schema": SCHEMA, "repo_id": job["repo_id"], "revision": p["revision"],
+        "requested": job["revision"], "endpoint": endpoint_of(job), "complete": True,
+        "allow_patterns": job.get("allow_patterns"), "ignore_patterns": job.get("ignore_patterns"),
+        "verified_at": now(), "verify": job.get("verify", "fast"),
+        "bytes": p["total_bytes"], "files": manifest_files,
+    })
+    return None
 
 
 def cmd_check(rev_dir: str) -> dict:

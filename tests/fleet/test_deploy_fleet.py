@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from specfleet.core.layout import serve_path
 from specfleet.core.settings import settings_from_dict
 from tests.demo import (
     DEMO_TOKEN,
@@ -298,7 +299,7 @@ def test_first_run_converges_every_host(env):
         assert results[host]["SGLang server running, enabled and ready"] == "Success"
         assert results[host]["Preflight"] == "No changes"
         settings = settings_from_dict(env.demo.settings(host), host=host)
-        assert model_info(env, host)["model_path"] == settings.target.serve_path(settings.models_root)
+        assert model_info(env, host)["model_path"] == serve_path(settings, "target")
         assert env.starts(host) == before[host] + 1
         assert env.run(host, f"test -e {LOCK} && echo held || echo free").strip() == "free"
     # CT200's existing venv is reused in place, not replaced by a new one.
@@ -839,7 +840,7 @@ def test_removal_then_deploy_converges_again(env):
     assert rc == 0, out[-4000:]
     for host in REMOVED:
         settings = settings_from_dict(env.demo.settings(host), host=host)
-        assert model_info(env, host)["model_path"] == settings.target.serve_path(settings.models_root)
+        assert model_info(env, host)["model_path"] == serve_path(settings, "target")
         assert not [op for op in changed(out)[host] if "weights " in op], changed(out)[host]
     assert env.run("ct200", f"test -f {PATCH_DIR}/sha256 && echo patched").strip() == "patched"
     rc, out = env.pyinfra("-y", *limit(*REMOVED), inventory=inv)

@@ -30,9 +30,7 @@ from specfleet.hostside.fanout_agent import (
     progress_news,
     source_finished,
     ssh_command,
-    status_news,
     stream_status,
-    wait_status,
 )
 from specfleet.hostside.weights_agent import expected_hash
 
@@ -205,35 +203,22 @@ def test_known_hosts_pins_each_server():
 def test_status_request_parsing():
     assert parse_status_request(f"specfleet-status o--m {REV}") == StatusRequest("o--m", REV,
                                                                                  -1, 0.0)
-    # A long poll: the number of verified files the receiver knows of, the seconds to wait.
-    assert parse_status_request(f"specfleet-status o--m {REV} 3 10") == ("o--m", REV, 3, 10.0,
-                                                                          False)
-    assert parse_status_request(f"specfleet-status o--m {REV} 0 2.5").wait == 2.5
-    # A stream: an answer at each change, on one channel.
+    # A stream: an answer at each change (at least every WAIT seconds), on one channel.
     assert parse_status_request(f"specfleet-status o--m {REV} 0 10 stream") == (
         "o--m", REV, 0, 10.0, True)
-    assert parse_status_request(f"specfleet-status o--m {REV} 0 9999").wait == STATUS_WAIT_MAX
+    assert parse_status_request(f"specfleet-status o--m {REV} 0 2.5 stream").wait == 2.5
+    assert parse_status_request(
+        f"specfleet-status o--m {REV} 0 9999 stream").wait == STATUS_WAIT_MAX
     for bad in (f"specfleet-status ../etc {REV}", f"specfleet-status o--m {REV} x",
                 "specfleet-status o--m main", f"specfleet-status .. {REV}",
                 f"specfleet-status a/b {REV}", "rsync --server --sender . x", "",
                 f"specfleet-status o--m {REV} 3", f"specfleet-status o--m {REV} -1 5",
                 f"specfleet-status o--m {REV} 3 x", f"specfleet-status o--m {REV} 3 5 6",
                 f"specfleet-status o--m {REV} 3 1e9", f"specfleet-status o--m {REV} stream",
+                # the long poll without a stream is gone: nothing asks for it
+                f"specfleet-status o--m {REV} 3 10",
                 f"specfleet-status o--m {REV} 3 5 streams", f"specfleet-status o--m {REV} 3 5 6 7"):
         assert parse_status_request(bad) is None, bad
-
-
-def test_status_news():
-    st = {"revision": REV, "verified": {"a": {}, "b": {}}, "complete": False,
-          "weights": {"revision": REV, "state": "downloading"}, "pull": {}}
-    assert not status_news(st, 2)
-    assert status_news(st, 1) and status_news(st, 3)  # one more, or one less (changed since)
-    assert status_news({**st, "complete": True}, 2)
-    assert status_news({**st, "weights": {"revision": REV, "state": "failed"}}, 2)
-    assert status_news({**st, "pull": {"revision": REV, "state": "partial"}}, 2)
-    # Another revision's old download or pull ended long ago: no news about this one.
-    assert not status_news({**st, "weights": {"revision": "b" * 40, "state": "done"}}, 2)
-    assert not status_news({**st, "pull": {"revision": "b" * 40, "state": "done"}}, 2)
 
 
 def verified_folder(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -265,44 +250,6 @@ class Clock:
         self.sleeps += 1
         if self.sleeps in self.at:
             self.at[self.sleeps]()
-
-
-def test_wait_status_answers_when_a_new_file_is_verified(tmp_path):
-    models, state, rev_dir = verified_folder(tmp_path)
-    add_verified(rev_dir, "a.bin", b"hello")
-    clock = Clock({5: lambda: add_verified(rev_dir, "b.bin", b"world")})
-    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
-                     clock.sleep)
-    assert sorted(st["verified"]) == ["a.bin", "b.bin"]
-    assert clock.sleeps == 5  # at once after the file came, not at the end of the wait
-
-
-def test_wait_status_answers_at_once_with_news_or_without_known(tmp_path):
-    models, state, rev_dir = verified_folder(tmp_path)
-    add_verified(rev_dir, "a.bin", b"hello")
-    for req in (StatusRequest("o--m", REV), StatusRequest("o--m", REV, 0, 10.0)):
-        clock = Clock()
-        st = wait_status(str(models), str(state), req, clock, clock.sleep)
-        assert list(st["verified"]) == ["a.bin"] and clock.sleeps == 0, req
-
-
-def test_wait_status_gives_up_after_the_wait_or_when_the_copy_ends(tmp_path):
-    models, state, rev_dir = verified_folder(tmp_path)
-    add_verified(rev_dir, "a.bin", b"hello")
-    clock = Clock()
-    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 2.0), clock,
-                     clock.sleep)
-    assert list(st["verified"]) == ["a.bin"] and 2.0 <= clock.t < 2.2
-
-    def download_failed():
-        (state / "weights").mkdir(parents=True)
-        (state / "weights" / "o--m.progress.json").write_text(json.dumps(
-            {"revision": REV, "state": "failed", "updated_at": 5.0}))
-
-    clock = Clock({3: download_failed})
-    st = wait_status(str(models), str(state), StatusRequest("o--m", REV, 1, 10.0), clock,
-                     clock.sleep)
-    assert st["weights"]["state"] == "failed" and clock.sleeps == 3
 
 
 def mark_complete(rev_dir: Path) -> None:
@@ -402,17 +349,16 @@ def test_status_stream_through_the_forced_command_and_the_receivers_end(tmp_path
     channel.close()
 
 
-def test_serve_answers_a_long_poll(tmp_path):
-    """The forced command, run for real: a request that knows every verified file waits its
-    WAIT out, then answers; one that knows fewer is answered at once."""
+def test_serve_answers_a_status_at_once_and_refuses_a_long_poll(tmp_path):
+    """The forced command, run for real: a plain status request is answered at once; the long
+    poll without a stream (which nothing asks for) is refused like any other command."""
     models, state, rev_dir = verified_folder(tmp_path)
     add_verified(rev_dir, "a.bin", b"hello")
-    r = serve(models, state, f"specfleet-status o--m {REV} 0 20")
+    r = serve(models, state, f"specfleet-status o--m {REV}")
     assert r.returncode == 0, r.stderr
     assert list(json.loads(r.stdout)["verified"]) == ["a.bin"]
     r = serve(models, state, f"specfleet-status o--m {REV} 1 0.5")
-    assert r.returncode == 0, r.stderr
-    assert list(json.loads(r.stdout)["verified"]) == ["a.bin"]
+    assert r.returncode == 1 and "only status requests" in r.stderr
 
 
 def test_available_only_files_the_source_verified_with_the_hubs_hash():

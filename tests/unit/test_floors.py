@@ -11,6 +11,7 @@ tools venv), importing nothing of the project; any floor may read it.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -225,3 +226,101 @@ def test_the_checker_sees_upward_and_hidden_imports(tmp_path):
         "operations.serving", "facts", "facts.gpu", "deploys.x"}
     assert violations("specfleet.fleet.x", [("operations.serving", 1, False)])
     assert violations("specfleet.hostside.x", [("specfleet.core.errors", 1, False)])
+
+
+# ---------------------------------------------------------------------------------------------
+# No reaching into another module's private names; no fact named by a string
+# ---------------------------------------------------------------------------------------------
+
+FACT_NAME = re.compile(r"facts\.[a-z_]+\.[A-Z]\w*")
+
+
+def _rel(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def private_imports(path: Path, me: str | None = None) -> list[str]:
+    """``from other import _name`` (or ``other._name``) for a project module ``other`` that is
+    not ``path``'s own: a private name is its module's alone; what siblings share is public."""
+    me = me or module_name(path)
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    modules = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+               for a in n.names if project_import(a.name)}  # fmt: skip
+    # ``from operations import serving``: a module imported by name.
+    modules.update({a.asname or a.name: f"{n.module}.{a.name}" for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and n.module and project_import(n.module)
+                    for a in n.names if f"{n.module}.{a.name}" in GRAPH})  # fmt: skip
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and project_import(node.module):
+            if node.module == me:
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private:
+                    found.append(f"{_rel(path)}:{node.lineno} "
+                                 f"from {node.module} import {alias.name}")  # fmt: skip
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+              and not node.attr.startswith("__") and isinstance(node.value, ast.Name)
+              and node.value.id in modules and modules[node.value.id] != me):  # fmt: skip
+            found.append(f"{_rel(path)}:{node.lineno} {node.value.id}.{node.attr}")
+    return found
+
+
+def facts_named_by_strings(path: Path) -> list[str]:
+    """A fact spec whose fact is a string (``("facts.gpu.Gpus", {...})``), or an
+    ``importlib.import_module`` of a computed name: the floor checks could not see either."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+            first = node.elts[0]
+            if (isinstance(first, ast.Constant) and isinstance(first.value, str)
+                    and FACT_NAME.fullmatch(first.value)
+                    and isinstance(node.elts[1], ast.Dict)):  # fmt: skip
+                found.append(f"{_rel(path)}:{node.lineno} {first.value!r}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module"
+              and not (node.args and isinstance(node.args[0], ast.Constant))):  # fmt: skip
+            found.append(f"{_rel(path)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = [hit for path in project_files() for hit in private_imports(path)]
+    assert not found, found
+
+
+def test_facts_are_imported_not_named_by_strings():
+    found = [hit for path in project_files() for hit in facts_named_by_strings(path)]
+    assert not found, found
+
+
+def test_the_checker_sees_private_imports_and_facts_by_name(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import importlib\nfrom operations import serving\nfrom operations.serving import _gather\n"
+        "SPECS = {'gpus': ('facts.gpu.Gpus', {})}\n\n"
+        "def f(name):\n    serving._per_host(None)\n    importlib.import_module(name)\n"
+    )
+    privates = private_imports(bad, "operations.bad")
+    by_name = facts_named_by_strings(bad)
+    assert len(privates) == 2, privates
+    assert len(by_name) == 2, by_name
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_in_operations_or_hostside_is_over_80_lines():
+    """A function that long does several jobs: split it along them (a pure decision, then the
+    commands), as pyinfra's operations read. Docstrings count: they are read too."""
+    long = []
+    for folder in (ROOT / "operations", ROOT / "specfleet" / "hostside"):
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{_rel(path)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long

@@ -17,6 +17,8 @@ from pyinfra.context import ctx_host, ctx_state
 
 from facts import cache
 from facts.cache import cached_fact, cached_gather, fact_key
+from facts.hf import Token
+from facts.serving import ServiceState
 
 
 class Value(FactBase):
@@ -155,9 +157,9 @@ def test_gather_from_the_probe_and_live_for_what_it_lacks(run, tmp_path):
 def test_fact_key_fills_defaults_and_names_the_fact():
     assert fact_key(Value, {"path": "/p"}) == fact_key(Value, {"path": "/p", "tag": "a"})
     assert fact_key(Value, {"path": "/p"}) != fact_key(Value, {"path": "/p", "tag": "b"})
-    assert fact_key("facts.hf.Token", {}) == fact_key("facts.hf.Token", {"path": None})
+    assert fact_key(Token, {}) == fact_key(Token, {"path": None})
     assert fact_key(Value, {"path": "/p"}).startswith(f"{Value.name}#")
-    assert " " not in fact_key("facts.serving.ServiceState", {"service": "a b.service"})
+    assert " " not in fact_key(ServiceState, {"service": "a b.service"})
 
 
 def test_pyinfra_hash_facts_parse_with_their_arguments(run, tmp_path):

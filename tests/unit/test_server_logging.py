@@ -216,5 +216,5 @@ def test_the_server_env_points_at_the_config_and_keeps_the_plans_pythonpath():
     assert paths.log_dir == "/etc/specfleet/specfleet-sglang.logging"
     assert paths.log_config.startswith(paths.log_dir + "/")
     assert paths.log_module == paths.log_dir + "/specfleet_log_redact.py"
-    assert paths.log_config in serving.unit_files(paths)
-    assert paths.log_module in serving.unit_files(paths)
+    assert paths.log_config in paths.unit_files()
+    assert paths.log_module in paths.unit_files()

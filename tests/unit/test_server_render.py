@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from facts.serving import parse_service_state
+from facts.serving import FileText, parse_service_state
 from operations import serving
+from specfleet.core import unit as unit_core
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY, make_plan
 from specfleet.core.settings import settings_from_dict
 
@@ -111,14 +112,14 @@ def test_exec_start_rejects_relative_executable_and_nul():
     ],
 )
 def test_env_line(value, line):
-    assert serving.env_line("K", value) == line
+    assert unit_core.env_line("K", value) == line
 
 
 def test_env_line_rejects_bad_names_and_newlines():
     with pytest.raises(ValueError, match="name"):
-        serving.env_line("1BAD", "x")
+        unit_core.env_line("1BAD", "x")
     with pytest.raises(ValueError, match="newline"):
-        serving.env_line("K", "a\nb")
+        unit_core.env_line("K", "a\nb")
 
 
 def test_secret_yaml_is_valid_yaml_and_json_string():
@@ -322,5 +323,5 @@ def test_an_applied_patch_is_in_the_build_info_and_a_new_one_changes_it():
     facts[serving.PATCH_SHA] = "1234abcd" * 8
     assert serving.plan_from_facts(s, facts).build["patch"] == "pr20547 sha256:1234abcd1234abcd"
     kind, args = serving.host_specs(s, [])[serving.PATCH_SHA]
-    assert kind == "facts.serving.FileText"
+    assert kind is FileText
     assert args == {"path": "/opt/specfleet/sglang/.specfleet/pr20547/sha256"}

@@ -16,7 +16,7 @@ import pytest
 from paramiko import SSHException
 
 from facts.serving import parse_service_state
-from operations import serving
+from operations import readiness, serving
 
 UNIT = "/etc/systemd/system/sf.service"
 ENV = "/etc/specfleet/sf.env"
@@ -159,7 +159,7 @@ def test_a_dropped_ssh_session_during_the_gate_fails_the_host_clearly(caplog, er
     host = DroppingHost(error, drop_at)
     argv = ["python3", "-", "--unit", "sf.service", "--timeout", "10"]
     with caplog.at_level(logging.ERROR, logger="pyinfra"):
-        ok = serving._run_gate(None, host, argv, "sf.service", 10.0)
+        ok = readiness.run_gate(None, host, argv, "sf.service", 10.0)
     assert ok is False
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "[h9]" in text and "the SSH connection to the host was lost" in text, text
@@ -170,4 +170,4 @@ def test_a_dropped_ssh_session_during_the_gate_fails_the_host_clearly(caplog, er
 def test_a_timeout_of_the_gate_is_still_pyinfras_own():
     # pyinfra reports an op's timeout itself (no traceback); the gate leaves it to it.
     with pytest.raises(TimeoutError):
-        serving._run_gate(None, DroppingHost(TimeoutError()), ["python3", "-"], "sf.service", 1.0)
+        readiness.run_gate(None, DroppingHost(TimeoutError()), ["python3", "-"], "sf.service", 1.0)

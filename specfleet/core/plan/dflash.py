@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from specfleet.core.layout import serve_path
 from specfleet.core.plan.context import PlanContext
 from specfleet.core.plan.ddtree import apply_ddtree, choose_ddtree
 from specfleet.core.plan.model import PlanError, ReasonKind
@@ -16,7 +17,7 @@ DEFAULT_DRAFT_WINDOW = 4096
 
 def plan_dflash(c: PlanContext) -> None:
     b, ov, rule, row, s = c.b, c.overrides, c.rule, c.row, c.settings
-    drafter_dir = s.drafter.serve_path(s.models_root)
+    drafter_dir = serve_path(s, "drafter")
     block, block_kind, block_why = block_size(c.drafter_config)
     ddtree = choose_ddtree(c, block)
     algorithm = ddtree.design.algorithm if ddtree else "DFLASH"

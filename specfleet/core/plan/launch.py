@@ -3,13 +3,14 @@ and the command that starts SGLang."""
 
 from __future__ import annotations
 
+from specfleet.core.layout import serve_path, sglang_python
 from specfleet.core.plan.context import PlanContext
 from specfleet.core.tables.models import model_row
 
 
 def plan_model_paths(c: PlanContext) -> None:
     b, s = c.b, c.settings
-    target_dir = s.target.serve_path(s.models_root)
+    target_dir = serve_path(s, "target")
     b.flag("--model-path", target_dir)
     b.flag("--trust-remote-code")
     b.flag("--tp-size", c.tp)
@@ -54,7 +55,7 @@ def launch_argv(c: PlanContext, flags: list[tuple[str, str | None]]) -> list[str
     argv = (
         list(s.launcher)
         if s.launcher
-        else [f"{s.venv.rstrip('/')}/bin/python", "-m", "sglang.launch_server"]
+        else [sglang_python(s), "-m", "sglang.launch_server"]
     )
     for name, value in flags:
         argv.append(name)

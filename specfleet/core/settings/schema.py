@@ -190,17 +190,6 @@ class ModelSource(Section):
     def dir_name(self) -> str:
         return self.local_dir or self.repo_id.replace("/", "--")
 
-    def root(self, models_root: str) -> str:
-        """The folder under ``models_root`` that holds this model's revisions."""
-        return f"{models_root.rstrip('/')}/{self.dir_name}"
-
-    def serve_path(self, models_root: str) -> str:
-        """The path SGLang is given: the pinned revision's own folder, so that a new pin changes
-        the unit; or the ``current`` link, flipped only after a verified download, when a
-        branch is followed."""
-        pinned = self.revision if self.revision and not self.follow_branch else None
-        return f"{self.root(models_root)}/{pinned or 'current'}"
-
 
 class SGLangSource(Section):
     version: Annotated[str, rule(valid.version_problem, "set {key} to a release such as '0.5.23'")

@@ -15,13 +15,15 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from specfleet.core.layout import (  # noqa: F401 (the venv's paths, where the callers look)
+    CREATED_MARKER,
+    PATCH_STATE_DIR,
+    created_marker,
+    patch_state_dir,
+    venv_python,
+)
 from specfleet.core.tables.sglang_versions import compressed_tensors_row
 
-# Where an applied PR#20547 keeps its state, relative to the venv: the mapped diff it applied
-# (``applied.diff``), a tar of the files it modified (``backup.tar``), the files and directories
-# it created (``created``, ``created_dirs``), the site-packages it patched (``site``) and, written
-# last, the sha256 of the patch as given (``sha256``): the marker.
-PATCH_STATE_DIR = ".specfleet/pr20547"
 PACKAGE_PREFIX = "python/sglang/"
 # GNU patch options shared by every check and apply: strip a/ b/, never ask, never reverse a patch
 # on its own, no .orig files, rejects thrown away.
@@ -30,13 +32,6 @@ PATCH_OPTS = (
 )  # fmt: skip
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-
-def venv_python(venv: str) -> str:
-    return f"{venv.rstrip('/')}/bin/python"
-
-
-def patch_state_dir(venv: str) -> str:
-    return f"{venv.rstrip('/')}/{PATCH_STATE_DIR}"
 
 
 def site_packages(location: str | None) -> str | None:
@@ -283,13 +278,6 @@ def choose_venv(
 
 # What ``sglang.installed`` and ``sglang.compressed_tensors`` are there to move.
 OWN_PACKAGES = ("sglang", "compressed-tensors")
-# Written into a venv ``sglang.installed`` created: only such a venv may have other packages
-# replaced without ``sglang.allow_replacing``.
-CREATED_MARKER = ".specfleet/created-by-specfleet"
-
-
-def created_marker(venv: str) -> str:
-    return f"{venv.rstrip('/')}/{CREATED_MARKER}"
 
 
 @dataclass(frozen=True)

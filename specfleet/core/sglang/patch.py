@@ -74,7 +74,8 @@ class PatchFormatError(ValueError):
     pass
 
 
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+# A hunk's header; group 5: what follows the second @@ (a function name).
+HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
 def _header_path(line: str) -> str | None:
@@ -104,6 +105,8 @@ class _Section:
     rename_to: str | None = None
     binary: bool = False
     hunks: int = 0
+    # Where each hunk's @@ line is in ``lines``.
+    hunk_at: list[int] = field(default_factory=list)
 
 
 def hunk_line_counts(line: str) -> tuple[int, int] | None:
@@ -116,7 +119,10 @@ def hunk_line_counts(line: str) -> tuple[int, int] | None:
     return {"-": (1, 0), "+": (0, 1), "\\": (0, 0)}.get(tag)
 
 
-def _split_sections(text: str) -> list[_Section]:
+def split_sections(text: str) -> list[_Section]:
+    """A unified diff (git-style or plain, in a mail or not) cut into its files: each file's
+    lines (headers, hunks), what its headers say, and where its hunks start. The one reader of
+    a diff's structure (``specfleet.core.sglang.port.split_hunks`` reads hunks through it)."""
     lines = text.splitlines(keepends=True)
     sections: list[_Section] = []
     cur: _Section | None = None
@@ -165,11 +171,14 @@ def _split_sections(text: str) -> list[_Section]:
             cur.lines.extend([line, lines[i + 1]])
             i += 2
             continue
-        elif (m := _HUNK_RE.match(line)) and cur.has_headers:
+        elif (m := HUNK_RE.match(line)) and cur.has_headers:
             old_left = int(m.group(2)) if m.group(2) is not None else 1
             new_left = int(m.group(4)) if m.group(4) is not None else 1
             cur.hunks += 1
+            cur.hunk_at.append(len(cur.lines))
             cur.lines.append(line)
+        elif line.startswith("\\") and cur.hunks:
+            cur.lines.append(line)  # "\ No newline at end of file" after a hunk's last line
         elif cur.hunks == 0 and not cur.has_headers and cur.git_old is not None:
             # git extended header lines
             if line.startswith("new file mode"):
@@ -212,7 +221,7 @@ def filter_patch(text: str, site_paths: bool = False) -> FilteredPatch:
     kept: list[str] = []
     files: list[FileChange] = []
     dropped: list[str] = []
-    for sec in _split_sections(text):
+    for sec in split_sections(text):
         old = sec.rename_from or (sec.old if sec.has_headers else sec.git_old)
         new = sec.rename_to or (sec.new if sec.has_headers else sec.git_new)
         if sec.created:

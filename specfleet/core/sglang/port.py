@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from specfleet.core.sglang.patch import PatchFormatError, filter_patch, hunk_line_counts
+from specfleet.core.sglang.patch import HUNK_RE, filter_patch, split_sections
 
 PATCHDATA_PACKAGE = "specfleet.patchdata"
 PR20547_DIR = "pr20547"
@@ -30,7 +30,6 @@ PORT_FILE = "port.json"
 # RECORD has the same digest as urlsafe base64 without padding.)
 HASH_FORMAT = "sha256-hex"
 
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -76,76 +75,26 @@ class Hunk:
 
 
 def split_hunks(text: str) -> list[Hunk]:
-    """Every hunk of a unified diff whose paths carry ``a/`` and ``b/`` (``-p1``), in order."""
-    lines = text.splitlines(keepends=True)
+    """Every hunk of a unified diff whose paths carry ``a/`` and ``b/`` (``-p1``), in order (read
+    by ``specfleet.core.sglang.patch.split_sections``, the one diff reader)."""
     hunks: list[Hunk] = []
-    header: list[str] = []
-    had_hunk = False  # whether the current header already has hunks (the next line starts a file)
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = _HUNK_RE.match(line)
-        if m is None:
-            if had_hunk or line.startswith("diff --git "):
-                header, had_hunk = [], False
-            header.append(line)
-            i += 1
+    for sec in split_sections(text):
+        if not sec.hunk_at:
             continue
-        path = _header_path(header)
-        if not header:
-            raise PatchFormatError(f"line {i + 1}: a hunk before any file header")
-        had_hunk = True
-        old_len = int(m.group(2)) if m.group(2) is not None else 1
-        new_len = int(m.group(4)) if m.group(4) is not None else 1
-        body: list[str] = []
-        old_left, new_left = old_len, new_len
-        i += 1
-        while old_left > 0 or new_left > 0:
-            if i >= len(lines):
-                raise PatchFormatError(f"{path}: the diff ends inside a hunk")
-            x = lines[i]
-            counts = hunk_line_counts(x)
-            if counts is None:
-                raise PatchFormatError(f"{path}: line {i + 1} inside a hunk: {x!r}")
-            old_left -= counts[0]
-            new_left -= counts[1]
-            body.append(x)
-            i += 1
-        while i < len(lines) and lines[i].startswith("\\"):
-            body.append(lines[i])
-            i += 1
-        hunks.append(
-            Hunk(
-                index=len(hunks),
-                path=path,
-                file_header=tuple(header),
+        header = sec.lines[: sec.hunk_at[0]]
+        path = sec.new or sec.old or ""
+        for k, at in enumerate(sec.hunk_at):
+            end = sec.hunk_at[k + 1] if k + 1 < len(sec.hunk_at) else len(sec.lines)
+            m = HUNK_RE.match(sec.lines[at])
+            hunks.append(Hunk(
+                index=len(hunks), path=path, file_header=tuple(header),
                 old_start=int(m.group(1)),
-                old_len=old_len,
+                old_len=int(m.group(2)) if m.group(2) is not None else 1,
                 new_start=int(m.group(3)),
-                new_len=new_len,
-                section=m.group(5),
-                lines=tuple(body),
-            )
-        )
+                new_len=int(m.group(4)) if m.group(4) is not None else 1,
+                section=m.group(5).rstrip("\r\n"), lines=tuple(sec.lines[at + 1 : end]),
+            ))  # fmt: skip
     return hunks
-
-
-def _header_path(header: list[str]) -> str:
-    """The file a header names: its ``+++`` path, or its ``---`` path for a deletion."""
-    new = old = ""
-    for line in header:
-        if line.startswith("+++ "):
-            new = _strip_ab(line[4:])
-        elif line.startswith("--- "):
-            old = _strip_ab(line[4:])
-    return new or old
-
-
-def _strip_ab(raw: str) -> str:
-    raw = raw.rstrip("\r\n").split("\t", 1)[0].strip()
-    if raw == "/dev/null":
-        return ""
-    return raw.split("/", 1)[1] if raw.startswith(("a/", "b/")) else raw
 
 
 def join_hunks(hunks: Iterable[Hunk]) -> str:
