@@ -723,7 +723,7 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
     settings = effective_settings(settings)
     sg = settings.sglang
     git = sg.kind == "git"
-    source = sg.kind == "source"
+    from_tree = sg.kind == "source"
     source = dict(
         index_url=sg.index_url,
         find_links=sg.find_links,
@@ -732,14 +732,14 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
     )
     metas = {}
     metas["installed"] = installed(
-        name=f"SGLang {sg.git_ref if git else sg.source_path if source else sg.version} "
+        name=f"SGLang {sg.git_ref if git else sg.source_path if from_tree else sg.version} "
         f"installed in {settings.venv}",
         venv=settings.venv,
         version=sg.version,
         python=settings.python,
         git_url=sg.git_url if git else None,
         git_ref=sg.git_ref if git else None,
-        source_path=sg.source_path if source else None,
+        source_path=sg.source_path if from_tree else None,
         allow_replacing=sg.allow_replacing,
         **source,
         **global_args,

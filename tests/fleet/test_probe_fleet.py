@@ -106,7 +106,8 @@ def test_a_users_probe_file_replaces_the_defaults_and_a_bad_one_is_a_settings_er
     bad.write_text('{"questions": [{"prompt": "x", "answer": "("}]}')
     rc, out = deploy(demo, "g1-bad", "g1", g1={"probe": {"file": str(bad)}})
     assert rc != 0
-    assert f"probe file {bad}: questions[0].answer" in out and "fix:" in out, out[-3000:]
+    assert f"probe file {bad}: key 'questions[0].answer' is '('" in out, out[-3000:]
+    assert "expected a regular expression" in out and "fix:" in out, out[-3000:]
     assert "Traceback" not in out
 
 
