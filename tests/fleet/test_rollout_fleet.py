@@ -314,14 +314,14 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     own rollback point."""
     from tests.fleet.test_op_sglang_fleet import PR, port_id, tree_sha
 
-    patch = PR  # the real PR diff: the port onto 0.5.11 is what gets applied
+    patch = PR  # the port onto 0.5.11, its upstream text from the shared fixtures (recipe)
     marker = f"{VENV}/.specfleet/pr20547/sha256"
     pristine = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
     others = {h: gen(env, "patch") for h in ("h2", "h3", "h4")}
 
     # 1. The canary gets the patch and a server that dies: back to the unpatched install.
     hosts = {**others, "h1": gen(env, "patch", launcher=None,
-                                 patch={"source": patch[0], "sha256": patch[1]})}
+                                 patch=dict(patch))}
     res = rollout(env, hosts, "--batch-size", "3")
     assert res.rc == 2 and res.status()["h1"] == "rolled back", res
     assert tree_sha(env["fleet"], "h1", VENV, sources_only=True) == pristine
@@ -334,7 +334,7 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     env["fleet"].run("h1", f"rm {rejected}", check=True)
 
     # 2. The patch with a good server: applied everywhere it is asked for.
-    hosts["h1"] = gen(env, "patch", patch={"source": patch[0], "sha256": patch[1]})
+    hosts["h1"] = gen(env, "patch", patch=dict(patch))
     res = rollout(env, hosts, "--batch-size", "3")
     assert res.rc == 0, res
     patched = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
@@ -344,7 +344,7 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
 
     # 3. An upgrade to 0.5.14 (which drops the patch: it has its own v2 worker) that fails.
     hosts["h1"] = gen(env, "patch-upgrade", launcher=None, sglang={"version": "0.5.14"},
-                      patch={"source": patch[0], "sha256": patch[1]})
+                      patch=dict(patch))
     res = rollout(env, hosts, "--batch-size", "3")
     assert res.rc == 2 and res.status()["h1"] == "rolled back", res
     assert freeze(env, "h1") == pins
