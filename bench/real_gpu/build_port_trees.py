@@ -1,93 +1,78 @@
-"""Builds the two PR#20547-port trees the real-GPU run compares, as small tarballs of the files
-the port touches (run here, before the run; the tarballs travel in the carried folder).
+"""Builds the PR#20547-port trees the real-GPU run compares, through the port's recipe
+(``tests/harness/port_build.py``: the one way the port's files are made outside a deploy), as
+small tarballs of the files each build writes (run here, before the run; the tarballs travel in
+the carried folder and are unpacked over a copy of the stock 0.5.11 tree on the machine).
 
-- ``port-unfixed.tar.gz``: SGLang 0.5.11's wheel with this project's PR#20547 port applied
-  exactly as the deploy applies it (``operations.sglang_commands.load_port`` -> ``Port.patch``
-  on the PR diff from ``../shared/fixtures/sglang-pr20547/``, GNU patch with the project's
-  ``PATCH_OPTS``).
-- ``port-fixed.tar.gz``: the same, plus the verify-mask fix as SGLang 0.5.14 has it:
-  ``TritonAttnBackend`` in ``_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS``
-  (``sglang/srt/speculative/dflash_utils.py``; 0.5.14's set is read from its wheel and checked).
+- ``port-fixed.tar.gz``: ``build_fixed()``, the port as main ships it (the recipe, verify-mask
+  fix included);
+- ``port-stale-mask.tar.gz``: ``build_stale_mask()``, the same recipe less its verify-mask fix
+  (0.5.11's own ``dflash_utils.py`` kept): isolates the mask, everything else as fixed;
+- ``port-unfixed.tar.gz``: ``build_unfixed(site)``, the port as it was before issue #29 (commit
+  ``UNFIXED_COMMIT``: stale mask under triton, and the other bugs #29 fixed).
 
-Usage: python bench/real_gpu/build_port_trees.py WHEEL_0_5_11 WHEEL_0_5_14 OUTDIR
+Each tarball holds every file any of the three builds writes, so that unpacking one over the
+stock tree leaves no file of another build behind (a file a build does not change is the wheel's).
+
+Usage: python bench/real_gpu/build_port_trees.py WHEEL_0_5_11 OUTDIR
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from operations.sglang_commands import load_port  # noqa: E402
-from specfleet.core.sglang.install import PATCH_OPTS  # noqa: E402
-from tests.harness.sources import PR20547_DIFF  # noqa: E402
-
-SKIP_SET = "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"
-UTILS = "sglang/srt/speculative/dflash_utils.py"
+from tests.harness import port_build  # noqa: E402
 
 
-def skip_set(text: str) -> set[str]:
-    m = re.search(SKIP_SET + r" = frozenset\(\s*\{(.*?)\}", text, re.S)
-    if not m:
-        raise SystemExit(f"{SKIP_SET} not found")
-    return set(re.findall(r'"(\w+)"', m.group(1)))
-
-
-def main(wheel_511: str, wheel_514: str, outdir: str) -> None:
+def main(wheel_511: str, outdir: str) -> None:
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    port = load_port("0.5.11")
-    pr_text = PR20547_DIFF.read_text()
-    patch = port.patch(pr_text)
-    touched = sorted(set(patch.touched) | set(port.hashed_paths) | {UTILS})
-    record = {"port": port.describe(), "pr_diff": str(PR20547_DIFF.name),
-              "pr_diff_sha256": hashlib.sha256(PR20547_DIFF.read_bytes()).hexdigest(),
-              "patch_sha256": hashlib.sha256(patch.text.encode()).hexdigest(), "files": touched}
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel_511) as whl:
         site = Path(tmp)
         for name in whl.namelist():
             if name.startswith("sglang/"):
                 whl.extract(name, site)
-        res = subprocess.run(["patch", *PATCH_OPTS], input=patch.text, text=True, cwd=site,
-                             capture_output=True)
-        record["patch_output"] = res.stdout + res.stderr
-        if res.returncode != 0:
-            raise SystemExit(f"the port does not apply:\n{res.stdout}{res.stderr}")
-
-        def tar(name: str) -> None:
-            with tarfile.open(out / name, "w:gz") as t:
-                for rel in touched:
-                    if (site / rel).exists():
-                        t.add(site / rel, arcname=rel)
-
-        tar("port-unfixed.tar.gz")
-        utils = site / UTILS
-        before = utils.read_text()
-        with zipfile.ZipFile(wheel_514) as w514:
-            want = skip_set(w514.read(UTILS).decode())
-        have = skip_set(before)
-        if want - have != {"TritonAttnBackend"}:
-            raise SystemExit(f"0.5.14 adds {sorted(want - have)} to the skip set, not triton only")
-        anchor = '        "FlashAttentionBackend",\n'
-        after = before.replace(anchor, anchor + '        "TritonAttnBackend",\n', 1)
-        if skip_set(after) != want:
-            raise SystemExit("the fix did not give 0.5.14's skip set")
-        utils.write_text(after)
-        tar("port-fixed.tar.gz")
-        record["fix"] = {"file": UTILS, "skip_set_0_5_11": sorted(have),
-                         "skip_set_0_5_14": sorted(want), "added": ["TritonAttnBackend"]}
+        bad = port_build.check_site(site, port_build.load_recipe())
+        if bad:
+            raise SystemExit(f"{wheel_511} is not the 0.5.11 wheel the recipe pins: {bad}")
+        stale = port_build.build_stale_mask()
+        stale.pop(port_build.MASK_FILE, None)  # 0.5.11's own file: the stale mask
+        builds = {"fixed": port_build.build_fixed(), "stale-mask": stale,
+                  "unfixed": port_build.build_unfixed(site)}
+        every = sorted(set().union(*builds.values()))
+        record: dict = {"made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "how": "tests/harness/port_build.py: build_fixed(), build_stale_mask() "
+                               "(less MASK_FILE), build_unfixed(site of the 0.5.11 wheel)",
+                        "unfixed_commit": port_build.UNFIXED_COMMIT,
+                        "mask_file": port_build.MASK_FILE, "wheel": Path(wheel_511).name,
+                        "builds": {}}
+        for name, files in builds.items():
+            tree = {p: files[p] if p in files else (site / p).read_text()
+                    for p in every if p in files or (site / p).is_file()}
+            with tarfile.open(out / f"port-{name}.tar.gz", "w:gz") as t:
+                for path, text in sorted(tree.items()):
+                    dest = site.parent / f"{site.name}-{name}" / path
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_text(text)
+                    t.add(dest, arcname=path)
+            record["builds"][name] = {
+                "written_by_build": sorted(files),
+                "sha256": {p: hashlib.sha256(t.encode()).hexdigest()
+                           for p, t in sorted(tree.items())},
+            }
     (out / "port-trees.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k != "patch_output"}, indent=1))
+    mask = {n: b["sha256"].get(port_build.MASK_FILE, "")[:12] for n, b in record["builds"].items()}
+    print(json.dumps({"files": len(every), "mask_file_sha256": mask}, indent=1))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:3])

@@ -8,8 +8,11 @@ level so that SGLang's own predicates (``is_sm90_supported``, ``get_device_sm``.
 the swapped answers: ``get_device_memory_capacity`` (every sglang module that binds it) -> the
 profile's GPU memory in MiB; ``torch.cuda.get_device_capability`` -> the profile's compute
 capability; ``torch.cuda.get_device_name`` -> its name; ``torch.cuda.device_count`` -> its GPU
-count. Nothing else is stubbed. Model folders: ``--target-dir`` / ``--drafter-dir`` replace the
-plan's --model-path / --speculative-draft-model-path (config.json only; no weights are read).
+count; ``_get_device_sm_via_nvml`` (0.5.2x) -> None, so the SM comes from the swapped capability;
+and every ``lru_cache`` of SGLang's modules is cleared, so no predicate keeps the H200's answer.
+Nothing else is stubbed. 0.5.2x resolves through ``resolve_once()`` (see ``resolve``).
+Model folders: ``--target-dir`` / ``--drafter-dir`` replace the plan's --model-path /
+--speculative-draft-model-path (config.json only; no weights are read).
 
 Usage (on the GPU machine, with the release importable):
     python3 serverargs_check.py --plans plans.json --builds 0.5.11 --release 0.5.11 \
@@ -59,6 +62,55 @@ def jsonable(value):
         return repr(value)
 
 
+def resolve(server_args_cls, ns: argparse.Namespace, server_argv: list[str]) -> dict:
+    """The values the release's own launcher resolves from ``ns``: {field: value}, plus
+    ``__path__`` naming the code that ran.
+
+    Up to 0.5.1x the rules run in ``__post_init__``, so ``from_cli_args`` applies them. From
+    0.5.2x (0.5.23) ``ServerArgs`` is a raw record: ``__post_init__`` does nothing and the
+    launcher (``launch_server.run_server``) calls ``resolve_once()``, which runs
+    ``arg_groups.pipeline.run_resolution_pipeline``; the resolved values are read back with
+    ``resolved_dict()`` (the raw fields keep the input). ``prepare_server_args`` also marks
+    whether ``--radix-eviction-policy`` was given; that is done here the same way."""
+    if hasattr(server_args_cls, "resolve_once"):
+        ns._radix_eviction_policy_explicitly_set = any(
+            a == "--radix-eviction-policy" or a.startswith("--radix-eviction-policy=")
+            for a in server_argv)
+        sa = server_args_cls.from_cli_args(ns)
+        sa.resolve_once()
+        out = dict(sa.resolved_dict())
+        out["__path__"] = ("from_cli_args + resolve_once (arg_groups.pipeline."
+                           "run_resolution_pipeline) + resolved_dict")
+        return out
+    sa = server_args_cls.from_cli_args(ns)
+    out = {name: getattr(sa, name) for name in vars(ns) if hasattr(sa, name)}
+    out.update({k: getattr(sa, k) for k in PLAN_FIELDS if hasattr(sa, k)})
+    out["__path__"] = "from_cli_args (the whole __post_init__)"
+    return out
+
+
+def preimport_rules() -> list[str]:
+    """Import every module that holds a rule before the children fork, so that the swapped
+    hardware answers reach the names those modules bind at import (0.5.2x imports its
+    ``arg_groups`` hooks lazily, inside the pipeline)."""
+    import importlib
+    import pkgutil
+
+    done = []
+    try:
+        import sglang.srt.arg_groups as groups
+    except ImportError:
+        return done
+    for mod in pkgutil.iter_modules(groups.__path__):
+        name = f"sglang.srt.arg_groups.{mod.name}"
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception as exc:  # noqa: BLE001 - reported; the check itself shows the effect
+            print(f"preimport {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return done
+
+
 def child(plan: dict, args: argparse.Namespace, w: int) -> None:
     os.environ.update(plan.get("env") or {})
     import torch
@@ -70,13 +122,24 @@ def child(plan: dict, args: argparse.Namespace, w: int) -> None:
     torch.cuda.get_device_capability = lambda device=None: cap
     torch.cuda.get_device_name = lambda device=None: gpus["name"]
     torch.cuda.device_count = lambda: int(gpus["count"])
-    swapped = []
+    swapped, cleared = [], 0
     for name, mod in list(sys.modules.items()):
         if name.startswith("sglang") and mod is not None:
             for fn in ("get_device_memory_capacity", "get_nvgpu_memory_capacity"):
                 if callable(getattr(mod, fn, None)):
                     setattr(mod, fn, lambda *a, **k: mem_mib)
                     swapped.append(f"{name}.{fn}")
+            # 0.5.2x reads the SM through NVML while torch.cuda is uninitialised (the real H200's
+            # 9.0): None sends it to torch.cuda.get_device_capability, swapped above.
+            if callable(getattr(mod, "_get_device_sm_via_nvml", None)):
+                mod._get_device_sm_via_nvml = lambda *a, **k: None
+                swapped.append(f"{name}._get_device_sm_via_nvml")
+            # The hardware predicates (is_sm100_supported, is_blackwell...) are lru_cache'd and
+            # may have answered for the H200 in the parent: forget those answers.
+            for value in list(vars(mod).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+                    cleared += 1
     logs = io.StringIO()
     handler = logging.StreamHandler(logs)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -86,18 +149,19 @@ def child(plan: dict, args: argparse.Namespace, w: int) -> None:
     server_argv = argv[argv.index("sglang.launch_server") + 1 :]
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    result: dict = {"argv_run": argv, "swapped": sorted(set(swapped))}
+    result: dict = {"argv_run": argv, "swapped": sorted(set(swapped)), "caches_cleared": cleared}
     try:
         ns = parser.parse_args(server_argv)
         parsed = dict(vars(ns))
-        sa = ServerArgs.from_cli_args(ns)
+        resolved = resolve(ServerArgs, ns, server_argv)
+        result["path"] = resolved.pop("__path__")
         changed = {}
         for name, value in parsed.items():
-            if hasattr(sa, name) and jsonable(value) != jsonable(getattr(sa, name)):
-                changed[name] = [jsonable(value), jsonable(getattr(sa, name))]
+            if name in resolved and jsonable(value) != jsonable(resolved[name]):
+                changed[name] = [jsonable(value), jsonable(resolved[name])]
         result.update(result="accepted", changed=changed,
-                      values={k: jsonable(getattr(sa, k, None)) for k in PLAN_FIELDS
-                              if hasattr(sa, k)})
+                      values={k: jsonable(resolved.get(k)) for k in PLAN_FIELDS
+                              if k in resolved})
     except SystemExit as exc:
         result.update(result="refused", error=f"argparse exit {exc.code}")
     except BaseException as exc:  # noqa: BLE001 - SGLang's refusal, whatever its type
@@ -121,6 +185,9 @@ def main() -> int:
     import sglang  # noqa: F401 - import once in the parent; each child forks from here
     import sglang.srt.server_args  # noqa: F401
 
+    rules = preimport_rules()
+    print(f"pre-imported {len(rules)} rule modules", file=sys.stderr)
+
     version = getattr(sglang, "__version__", "?")
     builds = set(args.builds.split(","))
     for plan in json.load(open(args.plans)):
@@ -133,6 +200,9 @@ def main() -> int:
             os.close(r)
             try:
                 child(plan, args, w)
+            except BaseException:  # noqa: BLE001 - outside SGLang's part: a crash of the check
+                os.write(w, json.dumps({"result": "crashed",
+                                        "error": traceback.format_exc()[-3000:]}).encode())
             finally:
                 os._exit(0)
         os.close(w)
