@@ -64,12 +64,28 @@ def unit_state(unit: str) -> dict[str, str]:
 
 
 def cmdline(pid: str) -> list[str]:
+    """The words of ``pid``'s command line, as /proc shows it now."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             raw = f.read()
     except OSError:
         return []
-    return [w.decode(errors="replace") for w in raw.split(b"\0")[:-1]]
+    return cmdline_words(raw)
+
+
+def cmdline_words(raw: bytes) -> list[str]:
+    """/proc/PID/cmdline's bytes as words. Normally NUL-separated; but a process that sets its
+    title (setproctitle, which SGLang imports) rewrites that memory with its argv joined by
+    spaces, padded with NULs: one word ``python -m sglang.launch_server --port 30000 ...``, in
+    which no flag would be found. That form is split on spaces (as psutil reads it); a word with
+    a space in it is then split too, which no flag the gate reads has."""
+    words = [w.decode(errors="replace") for w in raw.split(b"\0")]
+    if words and words[-1] == "":
+        words.pop()  # the NUL that ends the last word
+    text = [w for w in words if w]
+    if len(text) == 1 and " " in text[0] and len(words) > 0:
+        return text[0].split()
+    return words
 
 
 def argv_value(argv: list[str], name: str) -> str | None:

@@ -94,6 +94,42 @@ def test_no_acceptance_reported_fails_and_no_speculation_skips_the_check():
     assert gate.judge(bare, SPEC, False, None)[0]
 
 
+# The server's argv as /proc/MainPID/cmdline shows it: NUL-separated as exec'd; and as a process
+# that set its title leaves it (setproctitle, imported by SGLang: the argv joined by spaces into
+# the first word, the rest of that memory NUL padding). The real H200 run (bench/real_gpu, run 3)
+# saw a DFLASH server the probe took for a plain one.
+SERVER_ARGV = ["/opt/specfleet/sglang/bin/python", "-m", "sglang.launch_server", "--model-path",
+               "/srv/models/m/current", "--speculative-algorithm", "DFLASH",
+               "--speculative-num-draft-tokens", "8", "--host", "127.0.0.1", "--port", "30001"]
+
+
+@pytest.mark.parametrize("raw", [
+    b"\0".join(w.encode() for w in SERVER_ARGV) + b"\0",
+    " ".join(SERVER_ARGV).encode() + b"\0" * 300,
+], ids=["as-execd", "title-set-by-setproctitle"])
+def test_the_gate_reads_the_servers_flags_from_its_command_line(monkeypatch, raw):
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/4242/cmdline":
+            import io
+            return io.BytesIO(raw)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(gate, "open", fake_open, raising=False)
+    argv = gate.cmdline("4242")
+    assert gate.argv_value(argv, "--speculative-algorithm") == "DFLASH"
+    assert gate.argv_value(argv, "--speculative-num-draft-tokens") == "8"
+    assert gate.argv_value(argv, "--port") == "30001"
+    assert gate.argv_value(argv, "--model-path") == "/srv/models/m/current"
+
+
+def test_an_empty_or_single_word_command_line_stays_as_it_is():
+    assert gate.cmdline_words(b"") == []
+    assert gate.cmdline_words(b"sglang::scheduler\0") == ["sglang::scheduler"]
+    assert gate.cmdline_words(b"python\0-m\0x\0") == ["python", "-m", "x"]
+
+
 def test_bad_probe_settings_name_each_key():
     with pytest.raises(SettingsError) as exc:
         settings_from_dict({"probe": {"min_correct": 9, "min_accept_length": 0.5,
