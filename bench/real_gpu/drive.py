@@ -228,11 +228,25 @@ class Server:
                 except ProcessLookupError:
                     pass
             self.logf.close()
-        for _ in range(60):  # the GPU memory comes back once every child is gone
+        # The GPU memory comes back once every process of the server is gone. Only the server's
+        # own (its process group) count: the ServerArgs check (C) may hold the GPU meanwhile.
+        group = self.proc.pid if self.proc is not None else None
+        for _ in range(60):
             res = run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"])
-            if not res.stdout.strip():
+            pids = [int(x) for x in res.stdout.split() if x.strip().isdigit()]
+            if group is None:
+                if not pids:
+                    break
+            elif not any(_pgid(pid) == group for pid in pids):
                 break
             time.sleep(1)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def main_pid_cmdline(unit: str) -> dict:
