@@ -3,8 +3,9 @@
 
     python bench/real_gpu/collect_verdicts.py COMMIT DATE results/<run>/verdicts-*.jsonl
 
-A release whose ``ServerArgs.from_cli_args`` ran none of its rules (nothing changed, well under a
-second: 0.5.23 moved them out of ``__post_init__``) is recorded as ``inconclusive``: no verdict.
+A verdict where SGLang changed nothing at all (its rules did not run: run 2's 0.5.23 through
+``from_cli_args`` alone, before ``serverargs_check.resolve`` called ``resolve_once``) is recorded
+as ``inconclusive``: no verdict.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "real_gpu" / "serverargs-verdicts.json"
 KEEP = ("release", "sglang_version", "build", "case", "key", "argv", "env", "gpus", "result",
-        "error", "changed", "values", "modelled_load", "swapped", "seconds")
+        "error", "changed", "values", "modelled_load", "swapped", "caches_cleared", "path",
+        "seconds")
 
 
 def main(commit: str, date: str, *files: str) -> None:
@@ -36,8 +38,9 @@ def main(commit: str, date: str, *files: str) -> None:
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
     FIXTURE.write_text(json.dumps({
         "about": "Every plan of the planner's matrix (tests/harness/real_gpu_plans.py) through a "
-                 "real SGLang release's own ServerArgs (parse + the whole __post_init__) on a "
-                 "real H200, each machine's GPU memory, compute capability, name and GPU count "
+                 "real SGLang release's own ServerArgs (parse + the whole __post_init__; from "
+                 "0.5.2x from_cli_args + resolve_once, as launch_server does) on a real H200, "
+                 "each machine's GPU memory, compute capability, name and GPU count "
                  "put in place of the device's (bench/real_gpu/serverargs_check.py). Model "
                  "folders: bench/real_gpu/models/k2-target and k2-drafter (config.json only).",
         "refresh": "bench/real_gpu/README.md, 'Refresh the verdicts'",

@@ -28,7 +28,8 @@ REFRESH = (
     "bench/real_gpu/collect_verdicts.py COMMIT DATE bench/real_gpu/results/<run>/verdicts-*.jsonl"
 )
 # The plan build each verdict's tree stands for.
-RELEASE_OF_BUILD = {"0.5.11": "0.5.11", "pr20547": "0.5.11+pr20547-port-fixed", "0.5.23": "0.5.23"}
+RELEASE_OF_BUILD = {"0.5.11": "0.5.11", "pr20547": "0.5.11+pr20547-port-fixed",
+                    "0.5.14": "0.5.14", "0.5.23": "0.5.23"}
 # A value the plan decides -> the words a reason of the plan must hold to say what SGLang did.
 PLAN_DECIDES = {
     "mem_fraction_static": ("mem-fraction", "memory fraction"),
@@ -119,6 +120,10 @@ def test_fixture_is_a_real_run_of_every_release_it_names():
     releases = {v["release"] for v in fixture["verdicts"]}
     assert {"0.5.11", "0.5.11+pr20547-port-fixed"} <= releases
     for v in fixture["verdicts"]:
+        assert v["release"] == RELEASE_OF_BUILD[v["build"]], v["case"]
+        if v["result"] == "accepted" and v["release"].startswith("0.5.2"):
+            # From 0.5.2x ServerArgs is a raw record: only resolve_once runs the rules.
+            assert "resolve_once" in v.get("path", ""), (v["release"], v["case"])
         # Each verdict ran on the plan's own machine numbers, swapped in at the torch level.
         assert any(s.endswith("get_device_memory_capacity") for s in v["swapped"]), v["case"]
         assert v["argv"][1:3] == ["-m", "sglang.launch_server"]
@@ -140,7 +145,7 @@ def test_lists_plans_without_a_verdict():
         lines = sorted({f"{p['build']} {p['case']}" for p in unjudged})
         warnings.warn(
             f"{len(unjudged)} current plan(s) have no real-GPU verdict (new or changed since the "
-            f"run; builds without a carried release: 0.5.14): {', '.join(lines)}. Refresh: "
+            f"run, or a release the run did not carry): {', '.join(lines)}. Refresh: "
             f"{REFRESH}",
             stacklevel=1,
         )
