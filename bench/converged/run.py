@@ -28,9 +28,10 @@ command it starts; ``--nice 0`` measures without it. Times are medians of ``--ru
 are printed too.
 
 It prints a table, and the last line ``converged: ratio=R.RR commands_per_host=N hosts=H
-rtt_ms=M cpu_ratio=C.CC`` for the largest fleet. ``--keep`` leaves the fleet and hub up (state in
-``/run/specfleet-fleet/perf/bench.json``); ``--reuse`` attaches to them instead of booting, and
-restarts the stand-in hub on its old port. ``python -m tests.fleet down --name perf`` tears down.
+rtt_ms=M cpu_ratio=C.CC (commit C, DATE)`` for the largest fleet (``bench/stamp.py``).
+``--keep`` leaves the fleet and hub up (state in ``/run/specfleet-fleet/perf/bench.json``);
+``--reuse`` attaches to them instead of booting, and restarts the stand-in hub on its old port.
+``python -m tests.fleet down --name perf`` tears down.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.converged.relay import Relays  # noqa: E402
+from bench.stamp import stamp, stamp_line  # noqa: E402
 from tests import demo as demo_mod  # noqa: E402
 from tests.harness import (  # noqa: E402
     Fleet,
@@ -303,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = ([int(s) for s in a.sizes.split(",")] if a.sizes
              else sorted({s for s in (1, 8, 16) if s < a.hosts} | {a.hosts}))
+    print(stamp_line("converged"), flush=True)
     compile_tree(TREE)
     demo = reattach() if a.reuse else boot(a.hosts, a.keep)
     relays = None
@@ -338,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             a.json.write_text(json.dumps({"rtt_ms": rtt_ms, "rows": rows}, indent=1))
         last = rows[-1]
         print(f"converged: ratio={last['ratio']:.2f} commands_per_host={last['deploy_cmds']:g} "
-              f"hosts={last['hosts']} rtt_ms={rtt_ms} cpu_ratio={last['cpu_ratio']:.2f}")
+              f"hosts={last['hosts']} rtt_ms={rtt_ms} cpu_ratio={last['cpu_ratio']:.2f} "
+              f"({stamp()})")
         return 0
     finally:
         if relays:
