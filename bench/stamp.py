@@ -55,3 +55,88 @@ def stamp() -> str:
 def stamp_line(bench: str) -> str:
     """The first line of a bench's output."""
     return f"stamp: bench={bench} commit={current_commit()} date={utc_now()}"
+
+
+def figure_line(bench: str, output: str) -> str:
+    """A bench's figure line in its output: the last line ``BENCH: ...`` that ends with its
+    stamp ("" when there is none: the bench failed before it)."""
+    lines = [ln.strip() for ln in output.splitlines()
+             if ln.startswith(f"{bench}: ") and STAMP_RE.search(ln)]
+    return lines[-1] if lines else ""
+
+
+# ----- the READMEs' figure lines --------------------------------------------------------------
+# A figure line is a line of a figures document that reports a measurement:
+# - anywhere in README.md and the figures files, a bench's own figure line as it prints it
+#   (``NAME: key=<digit>...``, e.g. ``weights: rate/link=0.92``; a template such as
+#   ``survived=S/N`` has no digit after its ``=`` and is not one);
+# - in a figures section (README.md's sections named in FIGURE_SECTIONS, and the whole of each
+#   bench/*/README.md and bench/*/RESULTS.md), a table row holding a measured number: a number
+#   with a unit (s, ms, min, %, x, MB, MB/s, GiB, CPU-s) or a decimal number.
+# Each must carry a stamp (STAMP_RE; never -dirty) naming a commit of the repository. What lies
+# under a heading with "History (older code)" (to the next heading of its level or above) is
+# history and exempt.
+BENCHES = ("converged", "fanout", "weights", "sweep", "drills")
+BENCH_LINE_RE = re.compile(r"\b(?:" + "|".join(BENCHES) + r"): (?:[\w-]+ )?[\w/]+=\d")
+MEASURED_RE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|min|%|x|MB|MB/s|GiB|CPU-s)(?![\w/])"
+                         r"|\b\d+\.\d+\b")
+FIGURE_SECTIONS = ("Benchmarks", "Fault drills", "Benchmark and tuning sweep")
+HISTORY = "History (older code)"
+HEADING_RE = re.compile(r"^(#{1,6}) +(.*)$")
+# bench/real_gpu is the device runs' (its results folders carry their commits: run1-26a22a6).
+NOT_FIGURE_FILES = ("bench/real_gpu/",)
+
+
+def figures_documents(root: Path = REPO_ROOT) -> list[Path]:
+    docs = [root / "README.md"]
+    for pattern in ("bench/*/README.md", "bench/*/RESULTS.md"):
+        docs += sorted(p for p in root.glob(pattern)
+                       if not str(p.relative_to(root)).startswith(NOT_FIGURE_FILES))
+    return docs
+
+
+def figure_lines(text: str, whole_is_figures: bool) -> list[tuple[int, str]]:
+    """(line number, line) of each figure line outside the history sections."""
+    found = []
+    history_level = section_level = 0  # 0: not inside such a section
+    in_figures = whole_is_figures
+    for n, line in enumerate(text.splitlines(), start=1):
+        heading = HEADING_RE.match(line)
+        if heading:
+            level, title = len(heading.group(1)), heading.group(2)
+            if history_level and level <= history_level:
+                history_level = 0
+            if HISTORY in title:
+                history_level = level
+            if not whole_is_figures:
+                if section_level and level <= section_level:
+                    in_figures, section_level = False, 0
+                if level == 2 and title.strip() in FIGURE_SECTIONS:
+                    in_figures, section_level = True, level
+            continue
+        if history_level:
+            continue
+        is_row = line.lstrip().startswith("|") and not re.fullmatch(r"[\s|:-]*", line)
+        if BENCH_LINE_RE.search(line) or (in_figures and is_row and MEASURED_RE.search(line)):
+            found.append((n, line))
+    return found
+
+
+def unstamped(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Each figure line of a document without a clean stamp: 'path:line: text'."""
+    whole = path.name != "README.md" or path.parent != root
+    bad = []
+    for n, line in figure_lines(path.read_text(), whole_is_figures=whole):
+        m = STAMP_RE.search(line)
+        if not m or m.group("dirty"):
+            bad.append(f"{path.relative_to(root)}:{n}: {line.strip()[:160]}")
+    return bad
+
+
+def stamped_commits(path: Path) -> set[str]:
+    return {m.group("commit") for m in STAMP_RE.finditer(path.read_text())}
+
+
+def commit_exists(commit: str, root: Path = REPO_ROOT) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root,
+                          capture_output=True).returncode == 0

@@ -1175,12 +1175,11 @@ def main(argv: list[str] | None = None) -> int:
                 lost += env.record_mismatches(h)
         leaks = env.leaks(hosts)
         survived = sum(r.result.startswith("survived") for r in rows)
-        print("\n| drill | fault | where | checked | result | time |")
-        print("|---|---|---|---|---|---|")
+        print("\n| drill | fault | where | checked | result | time | fails on |")
+        print("|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r.drill.name} | {r.drill.fault} | {r.drill.where} | {r.drill.checked} | "
-                  f"{r.result[:200]} | {r.seconds:.0f}s |")
-        print("\nfails on: " + "; ".join(f"{r.drill.name}: {r.drill.fails_on}" for r in rows))
+                  f"{r.result[:200]} | {r.seconds:.0f}s | {r.drill.fails_on} |")
         for what in lost:
             print(f"lost: {what}")
         for what in leaks:
