@@ -77,7 +77,7 @@ def figure_line(bench: str, output: str) -> str:
 # under a heading with "History (older code)" (to the next heading of its level or above) is
 # history and exempt.
 BENCHES = ("converged", "fanout", "weights", "sweep", "drills")
-BENCH_LINE_RE = re.compile(r"\b(?:" + "|".join(BENCHES) + r"): (?:[\w-]+ )?[\w/]+=\d")
+BENCH_LINE_RE = re.compile(r"\b(?:" + "|".join(BENCHES) + r"): [^`\n]*?=\d")
 MEASURED_RE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|min|%|x|MB|MB/s|GiB|CPU-s)(?![\w/])"
                          r"|\b\d+\.\d+\b")
 FIGURE_SECTIONS = ("Benchmarks", "Fault drills", "Benchmark and tuning sweep")
@@ -140,3 +140,144 @@ def stamped_commits(path: Path) -> set[str]:
 def commit_exists(commit: str, root: Path = REPO_ROOT) -> bool:
     return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root,
                           capture_output=True).returncode == 0
+
+
+# ----- writing a run's figures into the documents ---------------------------------------------
+# Where each bench's figure line and (for some) its table go, in any figures document:
+#     <!-- figure: NAME -->           the next line is the figure line
+#     <!-- table: NAME --> ... <!-- /table -->   the bench's last markdown table, a column added
+FIGURE_MARK = "<!-- figure: {} -->"
+TABLE_MARK, TABLE_END = "<!-- table: {} -->", "<!-- /table -->"
+HISTORY_INTRO = ("Runs on earlier code, kept for how the figures moved; none of them is a figure "
+                 "of the current code.")
+
+
+def as_document_line(figure: str) -> str:
+    """``NAME: k=v ... (commit C, DATE)`` as a document shows it: the figure quoted, the stamp
+    after it."""
+    m = STAMP_RE.search(figure)
+    if not m:
+        raise ValueError(f"no stamp on {figure!r}")
+    return f"`{figure[:m.start()].strip()}` {m.group(0)}"
+
+
+def last_table(output: str) -> list[str]:
+    """The last markdown table of a bench's output (header, rule, rows)."""
+    lines = output.splitlines()
+    starts = [i for i in range(len(lines) - 1)
+              if lines[i].startswith("|") and re.fullmatch(r"\|[\s|:-]+", lines[i + 1].strip())]
+    if not starts:
+        return []
+    i = starts[-1]
+    j = i + 2
+    while j < len(lines) and lines[j].startswith("|"):
+        j += 1
+    return lines[i:j]
+
+
+def with_stamp_column(table: list[str], stamp_text: str) -> list[str]:
+    """Each row of a table stamped: a last column, ``measured``, holding ``(commit C, DATE)``."""
+    if not table:
+        return []
+    out = [table[0].rstrip().rstrip("|").rstrip() + " | measured |",
+           table[1].rstrip().rstrip("|").rstrip() + "|---|"]
+    out += [row.rstrip().rstrip("|").rstrip() + f" | {stamp_text} |" for row in table[2:]]
+    return out
+
+
+def put_figures(text: str, bench: str, figure: str, table: list[str]) -> tuple[str, int]:
+    """The document with this bench's marked figure line (and table) replaced by the run's,
+    what they replace moved to its "History (older code)" section; (text, places replaced)."""
+    lines = text.split("\n")
+    replaced: list[str] = []
+    places = 0
+    stamp_text = STAMP_RE.search(figure).group(0)  # type: ignore[union-attr]
+    for i, line in enumerate(lines):
+        if line.strip() == FIGURE_MARK.format(bench) and i + 1 < len(lines):
+            if STAMP_RE.search(lines[i + 1]):
+                replaced.append(lines[i + 1])
+            lines[i + 1] = as_document_line(figure)
+            places += 1
+    if table and TABLE_MARK.format(bench) in text:
+        start = next(i for i, ln in enumerate(lines) if ln.strip() == TABLE_MARK.format(bench))
+        end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == TABLE_END)
+        old = [ln for ln in lines[start + 1:end] if ln.strip()]
+        if old:
+            replaced += ["", *old]
+        lines[start + 1:end] = with_stamp_column(table, stamp_text)
+        places += 1
+    if replaced:
+        lines = to_history(lines, bench, stamp_text, replaced)
+    return "\n".join(lines), places
+
+
+def to_history(lines: list[str], bench: str, stamp_text: str, old: list[str]) -> list[str]:
+    """``old`` put first in the document's History (older code) section (made at its end if it
+    has none), under a heading saying what replaced it."""
+    at = next((i for i, ln in enumerate(lines)
+               if HEADING_RE.match(ln) and HISTORY in ln), None)
+    if at is None:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", "## History (older code)", "", HISTORY_INTRO, ""]
+        at = len(lines) - 4
+    level = len(HEADING_RE.match(lines[at]).group(1))  # type: ignore[union-attr]
+    # After the section's own introduction (its first paragraph), before the older entries.
+    j = at + 1
+    while j < len(lines) and not lines[j].strip():
+        j += 1
+    while j < len(lines) and lines[j].strip() and not HEADING_RE.match(lines[j]):
+        j += 1
+    entry = ["", f"{'#' * (level + 1)} {bench}, until the run {stamp_text}", "", *old]
+    return lines[:j] + entry + lines[j:]
+
+
+def stamp_documents(results: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Put every bench output of ``results`` into the figures documents; what was done."""
+    done = []
+    for bench in BENCHES:
+        log = results / f"{bench}.txt"
+        if not log.exists():
+            continue
+        output = log.read_text()
+        figure = figure_line(bench, output)
+        if not figure:
+            done.append(f"{bench}: no figure line in {log} (the bench failed?): nothing written")
+            continue
+        if STAMP_RE.search(figure).group("dirty"):  # type: ignore[union-attr]
+            done.append(f"{bench}: measured on a dirty tree ({figure}): nothing written")
+            continue
+        table = last_table(output) if bench in ("converged", "drills") else []
+        for doc in figures_documents(root):
+            text, places = put_figures(doc.read_text(), bench, figure, table)
+            if places:
+                doc.write_text(text)
+                done.append(f"{bench}: {doc.relative_to(root)} ({places} place(s))")
+    sweep = results / "sweep"
+    if sweep.is_dir() and figure_line("sweep", (results / "sweep.txt").read_text()):
+        for f in sweep.iterdir():
+            (root / "bench" / "sweep" / f.name).write_bytes(f.read_bytes())
+        done.append("sweep: its report and PNGs copied to bench/sweep/")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.stamp", description=__doc__.split("\n")[0])
+    ap.add_argument("results", type=Path, nargs="?",
+                    help="a results folder of bench/final.py: bench/results/<commit>")
+    ap.add_argument("--check", action="store_true",
+                    help="only list the figure lines without a stamp (what the unit test fails on)")
+    a = ap.parse_args(argv)
+    if a.results and not a.check:
+        for what in stamp_documents(a.results.resolve()):
+            print(what)
+    bad = [b for doc in figures_documents() for b in unstamped(doc)]
+    for b in bad:
+        print(f"no stamp: {b}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
