@@ -4,11 +4,12 @@ the README reports (issue 40), each output in ``bench/results/<commit>/``.
     sudo .venv/bin/python -m bench.final [--only NAME,...] [--allow-dirty]
 
 Run on a quiet machine (nothing else booting fleets): the benches' ratios are side by side in one
-run, but the fleets share the machine's CPUs. The commit is taken once, before the first bench
-(``SPECFLEET_BENCH_COMMIT``): the stamps of every output name it even though the sweep rewrites
-nothing here (its report goes to the results folder too). A tree with changes to tracked files
-is refused unless ``--allow-dirty`` (its stamps then say ``-dirty``, and ``python -m bench.stamp``
-refuses them for the README).
+run, but the fleets share the machine's CPUs. The commit is taken once, before the first bench,
+and every output's stamp names it (``SPECFLEET_BENCH_COMMIT``); the sweep's report goes to the
+results folder, so the tree stays as it was. A tree with changes to tracked files is refused
+unless ``--allow-dirty`` (its stamps then say ``-dirty``, and ``python -m bench.stamp`` refuses
+them for the READMEs). The fleets are tagged ``final`` unless ``SPECFLEET_FLEET_TAG`` says
+otherwise (``python -m tests.fleet down --tag final`` after an interrupted run).
 
 At the end it prints each bench's figure line (the last ``NAME: ...`` line of its output, which
 ends with its stamp), its exit status and its time; ``summary.txt`` in the results folder holds
