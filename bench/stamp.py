@@ -1,20 +1,23 @@
-"""The stamp every benchmark's figures carry, and the README lines rewritten from a run's outputs.
+"""The stamp every benchmark's figures carry, and the READMEs' figure lines written from a run.
 
-Every bench prints ``stamp: commit=C date=D`` first and ends its figure line with
+Every bench prints ``stamp: bench=NAME commit=C date=D`` first and ends its figure line with
 ``(commit C, D)``: C is ``git rev-parse --short HEAD``, with ``-dirty`` when a tracked file
-differs from it; D the UTC date and minute. ``bench/final.sh`` takes the stamp once before its
-first bench (``SPECFLEET_BENCH_COMMIT``): the sweep rewrites tracked files under ``bench/sweep/``,
-which would make every later bench's tree "dirty".
+differs from it; D the UTC date and minute. ``python -m bench.final`` takes the commit once,
+before its first bench, and hands it to each (``SPECFLEET_BENCH_COMMIT``).
 
-    python -m bench.stamp bench/results/<commit>     (after bench/final.sh)
+    python -m bench.stamp bench/results/<commit>     (after python -m bench.final)
+    python -m bench.stamp --check                    (the figure lines without a stamp)
 
-puts each output's figure line into the README tables it belongs to (see ``FIGURE_LINES``):
-the line between ``<!-- figure: NAME -->`` and ``<!-- /figure -->`` is replaced, and the lines
-it replaces go to the file's "History (older code)" section.
+puts each output's figure line after each ``<!-- figure: NAME -->`` marker of the figures
+documents, and (converged, drills) its last table between ``<!-- table: NAME -->`` and
+``<!-- /table -->``; what they replace goes to that file's "History (older code)" section.
+What a figure line is: below (``figure_lines``); ``tests/unit/test_figures_stamped.py`` fails on
+one without a stamp.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import re
@@ -262,8 +265,6 @@ def stamp_documents(results: Path, root: Path = REPO_ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m bench.stamp", description=__doc__.split("\n")[0])
     ap.add_argument("results", type=Path, nargs="?",
                     help="a results folder of bench/final.py: bench/results/<commit>")
