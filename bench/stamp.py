@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import re
 import subprocess
@@ -36,9 +37,11 @@ def git(*args: str) -> str:
                           check=True).stdout.strip()
 
 
+@functools.cache
 def current_commit() -> str:
     """The checkout's short commit, ``-dirty`` when a tracked file differs from it (untracked
-    files, e.g. bench/results/, do not count)."""
+    files, e.g. bench/results/, do not count). Read once, at the bench's start (its stamp line):
+    a commit made while it runs is not what it measured."""
     fixed = os.environ.get(COMMIT_ENV)
     if fixed:
         return fixed
