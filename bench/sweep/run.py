@@ -53,10 +53,10 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(TEST_ENV, HF_TOKEN=DEMO_TOKEN)
     try:
-        # The grid's corners are slow on purpose: the stand-in's acceptance length there (1.3
-        # with 2 draft tokens, 1.88 at the inventory's plan) is below the correctness probe's
-        # default floor (2.0), which would fail the gate before the first point. This measures
-        # the sweep; the floor has its own tests (as tests/fleet/test_bench_fleet.py).
+        # The stand-in's acceptance length is low on purpose at the grid's corners (1.3 seen by
+        # tests/fleet/test_bench_fleet.py) and was 1.88 at the inventory's own plan: below the
+        # correctness probe's default floor (2.0), which failed the gate before the first point.
+        # This measures the sweep; the floor has its own tests (as that fleet test does).
         probe = {"min_accept_length": 1.0}
         demo.write_inventory(h1={"launcher": launcher, "probe": probe},
                              h2={"launcher": launcher, "probe": probe})
