@@ -203,9 +203,10 @@ def prepare_hosts(fleet: Fleet) -> None:
 
 
 def up(name: str = "demo", hosts: list[HostSpec] | None = None,
-       workdir: Path | None = None, standin_in_venv: bool = True) -> Demo:
+       workdir: Path | None = None, standin_in_venv: bool = True,
+       owner_pid: int | None = None) -> Demo:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
-    fleet = Fleet.up(name, hosts or HOSTS)
+    fleet = Fleet.up(name, hosts or HOSTS, owner_pid=owner_pid)
     mirrors = workdir / "mirrors"
     revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
                  DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}

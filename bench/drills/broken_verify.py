@@ -23,11 +23,17 @@ The figures never ask specfleet:
 One row, as bench/drills/run.py prints them, then
 
     drills: broken-verify served_wrong=N caught=0|1 rolled_back=0|1 counted=0|1 survived=0|1
+        (commit C, DATE)
+
+It is also a row of the suite (``python -m bench.drills.run``, ``drill_broken_verify``), where it
+boots the same one-host fleet beside the suite's: the suite's hosts are H200s without the user's
+own 0.5.11 venv that this host has.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -36,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.drills.run import Drill, DrillFailed, Env
+from bench.stamp import stamp, stamp_line
 from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, stale_mask_port, up
 from tests.harness import HostSpec
 
@@ -83,17 +91,22 @@ def watch(demo, stop: threading.Event, seen: dict[str, int]) -> None:
         stop.wait(0.3)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.drills.broken_verify",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--keep", action="store_true", help="leave the fleet up")
-    a = ap.parse_args(argv)
+@dataclasses.dataclass
+class Outcome:
+    survived: bool
+    detail: str
+    figures: str  # the drill's own line: served_wrong=N caught=... survived=...
+    outputs: list[str]  # every controller's output (the suite counts tracebacks in them)
+    leaked: list[str]  # where the demo's HF token was seen (a controller's output, the journal)
+
+
+def run_broken_verify(work: Path, keep: bool = False) -> Outcome:
+    """Boot the CT200-like host (a fleet of its own: the suite's hosts are H200s without the
+    user's 0.5.11 venv), give it the broken tree, roll it out and judge from the host."""
     os.environ.update(TEST_ENV)
-    t0 = time.monotonic()
-    work = Path(f"/var/tmp/specfleet-drill-broken-verify-{os.getpid()}")
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     demo = up(f"drillbv-{os.getpid() % 100000}", [HostSpec(HOST, gpu="rtx6000x8", disk="593G")],
-              work)
+              work, owner_pid=None if keep else os.getpid())
     # The broken tree: this inventory (the rollout's and the next deploy's) gives ct200 the port
     # without its mask fix.
     demo.write_inventory(**{HOST: stale_mask_port(work)})
@@ -123,29 +136,72 @@ def main(argv: list[str] | None = None) -> int:
         again = demo.pyinfra("-y", "--limit", HOST)
         (work / "deploy-again.txt").write_text(again.stdout + again.stderr)
         on_v1 = again.returncode == 0 and ask(demo) is True
+        outputs = [done.stdout + done.stderr, again.stdout + again.stderr]
+        journal = demo.fleet.run(HOST, "journalctl --no-pager -o cat").stdout
+        leaked = [where for where, text in (("the rollout's output", outputs[0]),
+                                            ("the next deploy's output", outputs[1]),
+                                            (f"{HOST}'s journal", journal))
+                  if DEMO_TOKEN in text]
         rolled_back = gone and record == "record: ok" and host.get("status") == "rolled back" \
             and on_v1
         survived = seen["wrong"] > 0 and caught and rolled_back and counted \
-            and "Traceback" not in done.stdout + done.stderr + again.stdout + again.stderr
+            and not any("Traceback" in o for o in outputs) and not leaked
         detail = (f"served {seen['wrong']} wrong / {seen['right']} right answers to the watcher; "
                   f"gate: {why[:160]}; {record}; next deploy on v1 answers right: {on_v1}")
-        result = ("survived" if survived else "FAILED") + f" ({detail})"
-        print("| drill | fault | where | checked | result | time |")
-        print("|---|---|---|---|---|---|")
-        print(f"| broken-verify | the verify reads a stale mask (0.5.11 + the PR#20547 port "
-              f"less its mask fix + triton + CUDA graphs): wrong tokens, no crash | {HOST}, "
-              f"rollout canary | "
-              f"wrong answers seen on the host, the gate's reason, the wheel's RECORD, the "
-              f"rollout's stop | {result} | {time.monotonic() - t0:.0f}s |")
-        print(f"drills: broken-verify served_wrong={seen['wrong']} caught={int(caught)} "
-              f"rolled_back={int(rolled_back)} counted={int(counted)} survived={int(survived)}",
-              flush=True)
-        return 0 if survived else 1
+        figures = (f"served_wrong={seen['wrong']} caught={int(caught)} "
+                   f"rolled_back={int(rolled_back)} counted={int(counted)} "
+                   f"survived={int(survived)}")
+        return Outcome(survived, detail, figures, outputs, leaked)
     finally:
-        if a.keep:
+        if keep:
             print(f"left running: python -m tests.fleet down --name {demo.fleet.name}")
         else:
             demo.down()
+
+
+FAULT = ("the verify reads a stale mask (0.5.11 + the PR#20547 port less its mask fix + triton + "
+         "CUDA graphs): wrong tokens, no crash")
+CHECKED = ("wrong answers seen on the host, the gate's reason, the wheel's RECORD, the rollout's "
+           "stop")
+
+
+def drill_broken_verify(env: Env, d: Drill) -> None:
+    """The suite's row (bench/drills/run.py registers it): this drill's own host and hub, its
+    controllers' output counted with the suite's (tracebacks), the demo's token looked for in
+    its outputs and the host's journal (leaks)."""
+    outcome = run_broken_verify(env.work / "broken-verify")
+    env.outputs.extend(outcome.outputs)
+    if outcome.leaked:
+        raise DrillFailed(f"the HF token leaked into {', '.join(outcome.leaked)}")
+    if not outcome.survived:
+        raise DrillFailed(f"{outcome.figures}: {outcome.detail}")
+    d.detail = f"{outcome.figures}; {outcome.detail}"
+
+
+BROKEN_VERIFY = Drill(
+    "broken-verify", FAULT, f"{HOST} (a fleet of its own), rollout canary", CHECKED,
+    drill_broken_verify, "6156700^ (a gate without the correctness probe): the stale mask's "
+    "wrong answers at full speed pass it")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.drills.broken_verify",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--keep", action="store_true", help="leave the fleet up")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    print(stamp_line("drills: broken-verify"), flush=True)
+    outcome = run_broken_verify(Path(f"/var/tmp/specfleet-drill-broken-verify-{os.getpid()}"),
+                                keep=a.keep)
+    result = ("survived" if outcome.survived else "FAILED") + f" ({outcome.detail})"
+    if outcome.leaked:
+        result += f"; the HF token leaked into {', '.join(outcome.leaked)}"
+    print("| drill | fault | where | checked | result | time |")
+    print("|---|---|---|---|---|---|")
+    print(f"| broken-verify | {FAULT} | {HOST}, rollout canary | {CHECKED} | {result} | "
+          f"{time.monotonic() - t0:.0f}s |")
+    print(f"drills: broken-verify {outcome.figures} ({stamp()})", flush=True)
+    return 0 if outcome.survived else 1
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ Usage (as root, from the repository root):
     .venv/bin/python bench/fanout/run.py [--hosts 4] [--mb 512] [--baseline|--no-baseline]
 After the fan-out run, each peer's pull is profiled from its progress file (when its pull
 started and ended, its depth in the tree). The last line is
-``fanout: upstream_bytes/model=U.UU fleet/single=F.FF hosts=N``.
+``fanout: upstream_bytes/model=U.UU fleet/single=F.FF hosts=N (commit C, DATE)``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.stamp import stamp, stamp_line  # noqa: E402
 from specfleet.fleet.fanout import run_prefetch  # noqa: E402
 from specfleet.fleet.pyinfra_run import run_pyinfra  # noqa: E402
 from tests.harness import Fleet, HostSpec  # noqa: E402
@@ -313,6 +314,7 @@ def main() -> int:
     baseline = a.baseline if a.baseline is not None else a.hosts <= BASELINE_MAX_HOSTS
     shards = max(1, a.mb * 1_000_000 // SHARD)
     disk = f"{a.mb + 160}M"
+    print(stamp_line("fanout"), flush=True)
     print(f"load before boot: {load()}", flush=True)
     fleet = Fleet.up(f"fobench-{os.getpid()}"[:31], [HostSpec(h, disk=disk) for h in hosts_all])
     work = Path(tempfile.mkdtemp(prefix="specfleet-fobench-"))
@@ -417,7 +419,7 @@ def main() -> int:
         print(f"load at the end: {load()}")
         fan_s, fan_up = rows[-1][2], rows[-1][3]
         print(f"fanout: upstream_bytes/model={fan_up / model_bytes:.2f} "
-              f"fleet/single={fan_s / single:.2f} hosts={n}")
+              f"fleet/single={fan_s / single:.2f} hosts={n} ({stamp()})")
         return 0
     finally:
         sys.stderr = real_stderr

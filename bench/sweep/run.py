@@ -8,7 +8,7 @@ benchmarks both, sweeps ``h1`` over draft tokens x draft window (x draft backend
 model's, not a GPU's (README, "Benchmark and tuning sweep").
 
 Usage (as root, from the repository root): .venv/bin/python bench/sweep/run.py [--seed N]
-The last line is ``sweep: best=KEY expected=KEY points=N``.
+The last line is ``sweep: best=KEY expected=KEY points=N rc=RC (commit C, DATE)``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.stamp import stamp, stamp_line  # noqa: E402
 from specfleet.core import bench as core  # noqa: E402
 from tests.demo import DEMO_TOKEN, STANDIN, TEST_ENV, up  # noqa: E402
 from tests.harness import HostSpec  # noqa: E402
@@ -38,7 +39,13 @@ def main() -> int:
     p.add_argument("--blocks", default="2,4,8,16")
     p.add_argument("--windows", default="1024,2048,4096,8192")
     p.add_argument("--draft-backends", default="", help="e.g. fa3,flashinfer (default: the rule's)")
+    p.add_argument("--copy-to", type=Path, default=HERE,
+                   help="where the report, its PNGs and state.json go (default: bench/sweep/, "
+                   "which the README shows; bench/final.sh keeps the tree clean with its results "
+                   "folder, and python -m bench.stamp copies them here)")
     args = p.parse_args()
+    print(stamp_line("sweep"), flush=True)
+    args.copy_to.mkdir(parents=True, exist_ok=True)
     launcher = ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json",
                 "--standin-perf-seed", str(args.seed)]
     demo = up("sweepdemo", [HostSpec("h1", gpu="h200x2", disk="64G"),
@@ -46,7 +53,13 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(TEST_ENV, HF_TOKEN=DEMO_TOKEN)
     try:
-        demo.write_inventory(h1={"launcher": launcher}, h2={"launcher": launcher})
+        # The stand-in's acceptance length is low on purpose at the grid's corners (1.3 seen by
+        # tests/fleet/test_bench_fleet.py) and was 1.88 at the inventory's own plan: below the
+        # correctness probe's default floor (2.0), which failed the gate before the first point.
+        # This measures the sweep; the floor has its own tests (as that fleet test does).
+        probe = {"min_accept_length": 1.0}
+        demo.write_inventory(h1={"launcher": launcher, "probe": probe},
+                             h2={"launcher": launcher, "probe": probe})
         res = demo.pyinfra("-y")
         if res.returncode:
             print(res.stdout + res.stderr)
@@ -65,7 +78,7 @@ def main() -> int:
         for name in ("report.html", "tokens_per_s.png", "accept_length.png", "heatmap.png",
                      "state.json"):
             if (out / name).exists():
-                shutil.copy(out / name, HERE / name)
+                shutil.copy(out / name, args.copy_to / name)
         state = json.loads((out / "state.json").read_text())
         grid = state["grid"]
 
@@ -75,7 +88,8 @@ def main() -> int:
                 point.get("draft_attention_backend", "fa3"), "fa3"), args.seed)  # SM90: fa3
 
         expected = core.point_key(max(grid, key=model))
-        print(f"sweep: best={state['best']} expected={expected} points={len(grid)} rc={rc}")
+        print(f"sweep: best={state['best']} expected={expected} points={len(grid)} rc={rc} "
+              f"({stamp()})")
         return 0 if state["best"] == expected else 1
     finally:
         demo.down()

@@ -8,7 +8,7 @@
    no-ops) divided by the time of a bare ``pyinfra -y INVENTORY exec -- true`` on it (medians).
 
 Usage (as root, from the repository root): .venv/bin/python bench/weights/run.py [--mb 96]
-The last line is ``weights: rate/link=R.RR recheck/bare=C.CC``.
+The last line is ``weights: rate/link=R.RR recheck/bare=C.CC (commit C, DATE)``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.stamp import stamp, stamp_line  # noqa: E402
 from tests.harness import Fleet, HostSpec  # noqa: E402
 from tests.harness.weights_support import (  # noqa: E402
     PYINFRA,
@@ -53,6 +54,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5, help="runs for each re-check median")
     a = ap.parse_args()
     shards = max(1, a.mb // 16)
+    print(stamp_line("weights"), flush=True)
     fleet = Fleet.up(f"wbench-{os.getpid()}"[:31], [HostSpec("h1", disk=f"{a.mb * 2 + 64}M")])
     work = Path(tempfile.mkdtemp(prefix="specfleet-wbench-"))
     hub = None
@@ -114,7 +116,8 @@ def main() -> int:
         print(f"re-check of a converged host: median {recheck:.2f} s "
               f"({', '.join(f'{x:.2f}' for x in rechecks)}); bare exec -- true: median "
               f"{bare:.2f} s ({', '.join(f'{x:.2f}' for x in bares)})")
-        print(f"weights: rate/link={rate / link_bps:.2f} recheck/bare={recheck / bare:.2f}")
+        print(f"weights: rate/link={rate / link_bps:.2f} recheck/bare={recheck / bare:.2f} "
+              f"({stamp()})")
         return 0
     finally:
         if hub:
