@@ -25,12 +25,11 @@ from specfleet.core.tables.sglang_versions import MEMORY_0_5_23, VERSIONS, versi
 from tests.harness.sglang_rules import (
     GIB,
     KIMI_K2_TEXT_MODEL,
+    KIMI_K26_MODEL,
     MIB,
     RELEASES,
     Machine,
-    _literal_constants,
     judge,
-    wheel_text,
 )
 from tests.unit.test_plan import DRAFTER_CONFIG, gpus_fact, host_facts
 
@@ -192,14 +191,29 @@ def test_harness_gives_the_real_gpu_figures(mib, sm, expected):
     assert verdict.max_running_requests == 48
 
 
-def test_one_h100_host_is_refused_by_both():
-    """The case of issue 30: one 8x H100 host. Today's planner (before it) planned one."""
-    plan, refusal = _try_plan("h100x8", "h100x8", "b200x8", 1, "0.5.11")
+@pytest.mark.parametrize("release", RELEASES)
+def test_one_h100_host_is_refused_by_both(release):
+    """The case of issue 30: one 8x H100 host, refused by the planner, and SGLang's own fraction
+    leaves less than the weights per GPU."""
+    plan, refusal = _try_plan("h100x8", "h100x8", "b200x8", 1, release)
     assert plan is None
     m = machine("h100x8", 1)
-    verdict = judge("0.5.11", m, _argv_without_memory_check("h100x8", "b200x8", 1, "0.5.11"))
+    verdict = judge(release, m, _argv_without_memory_check("h100x8", "b200x8", 1, release))
     assert verdict.mem_fraction_static * m.memory_mib * MIB / GIB < KIMI_K26_WEIGHTS_BYTES / 8 / GIB
     assert "Not enough memory" in refusal.problem
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_matrix_fails_the_old_planner(release):
+    """The check can fail: the planner before issue 30 compared only the GPUs' total memory with
+    the weights, so it planned one 8x H100 host (the plan as it was: no KV-room refusal). The
+    matrix check on that plan fails with SGLang's own fraction (modelled "Not enough memory")."""
+    sglang = release if release in INSTALLED else None
+    old = make_plan(host_facts("h100x8", "b200x8", sglang=sglang),
+                    settings_from_dict({"sglang": {"version": release}, "plan": {"min_kv_gib": 0}}),
+                    DRAFTER_CONFIG, predicted=sglang is None, weights_bytes=1)  # fmt: skip
+    with pytest.raises(AssertionError, match="Not enough memory at model load"):
+        check_against_sglang("h100x8", "h100x8", "b200x8", 1, release, old, None)
 
 
 def test_harness_refuses_what_sglang_refuses():
@@ -214,20 +228,47 @@ def test_harness_refuses_what_sglang_refuses():
     )
 
 
-def test_0_5_23_memory_rule_as_its_wheel_reads():
-    """0.5.23 is not run by the harness: its MemoryRule is checked against the wheel's text."""
-    hook = wheel_text("0.5.23", "sglang/srt/arg_groups/memory_hook.py")
-    assert "speculative_algorithm" not in hook and MEMORY_0_5_23.draft_reserve_mib == 0
-    for line in ("reserved_mem += activation_tokens * 1.5",
-                 "reserved_mem += cfg.tp_size * cfg.pp_size / 8 * 1024",
-                 "reserved_mem = max(reserved_mem, 10 * 1024)",
-                 "reserved_mem += decode_cuda_graph_config.max_bs * 2",
-                 "reserved_mem += 1.5 * 1024",
-                 "base_mem_fraction_reduction_ratio = 0.95"):  # fmt: skip
-        assert line in hook, line
-    lists = _literal_constants("0.5.23", "sglang.srt.configs.model_config")
-    kept = set(lists["multimodal_breakable_cuda_graph_supported_model_archs"])
-    assert MEMORY_0_5_23.multimodal_prefill_graph_archs <= kept
+def test_harness_refuses_what_0_5_23_refuses():
+    """0.5.23's own parser and resolution hooks refuse bad argv in the harness: the old window
+    flag is gone, the window must hold a block, DFLASH needs pp_size 1."""
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+    m = machine("h200x2", 1)
+    assert "unrecognized arguments: --speculative-dflash-draft-window-size" in judge(
+        "0.5.23", m, [a.replace("--speculative-draft-window", "--speculative-dflash-draft-window")
+                      for a in argv]
+    ).refused  # fmt: skip
+    small = list(argv)
+    small[small.index("--speculative-draft-window-size") + 1] = "4"
+    assert judge("0.5.23", m, small).refused.startswith(
+        "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size)."
+    )
+    assert judge("0.5.23", m, [*argv, "--pp-size", "2"]).refused == (
+        "Currently DFLASH speculative decoding only supports pp_size == 1."
+    )
+    # The argv unchanged is accepted: each refusal above comes from its one change.
+    assert judge("0.5.23", m, argv).refused is None
+
+
+@pytest.mark.parametrize("gpus", ["h100x8", "h200x2", "b200x8", "rtx6000x8"])
+@pytest.mark.parametrize("tp", [2, 8, 16])
+@pytest.mark.parametrize("model", ["vision", "text"])
+def test_version_table_memory_rule_is_0_5_23s(gpus, tp, model):
+    """The version table's MemoryRule for 0.5.23 gives the fraction memory_hook.py computes when
+    run (not only on the profiles' shapes): each GPU size, TP 2/8/16, K2.6 and text-only K2."""
+    from specfleet.core.tables.sglang_versions import sglang_mem_fraction
+
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+    argv[argv.index("--tp-size") + 1] = str(tp)
+    m = machine(gpus, 1)
+    fields = KIMI_K26_MODEL if model == "vision" else KIMI_K2_TEXT_MODEL
+    verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, tp), argv, model=fields)
+    vision = fields["vision_config"]
+    ours, _ = sglang_mem_fraction(
+        MEMORY_0_5_23, m.memory_mib, tp, speculative=True, mla=True,
+        architecture=fields["architectures"][0],
+        vision=None if vision is None else (vision["num_hidden_layers"], vision["hidden_size"]),
+    )  # fmt: skip
+    assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9)
     assert version_row("0.5.23").memory is MEMORY_0_5_23
 
 
