@@ -1,16 +1,19 @@
 """SGLang's own rules, run on a plan: each release's rule modules loaded standalone from its wheel.
 
 ``import sglang`` pulls in torch, triton, orjson and transformers, none of which is here. So this
-harness reads the one module that holds a rule in that release (0.5.11-0.5.14:
-``sglang/srt/server_args.py``; 0.5.23: ``sglang/srt/server_args.py`` for the command line and
-``sglang/srt/arg_groups/memory_hook.py`` for the memory rule) straight out of the real PyPI wheel
-and executes it as it is, with these stand-ins and nothing else:
+harness reads the modules that hold the rules in that release (0.5.11-0.5.14:
+``sglang/srt/server_args.py`` and 0.5.13+ ``arg_groups/speculative_hook.py``; 0.5.23:
+``server_args.py`` and ``arg_groups/fields/*`` for the msgspec record and the command line, and
+the resolution hooks ``arg_groups/{cuda_graph,memory,attention,speculative}_hook.py``, see
+PIPELINE_MODULES and PIPELINE_STEPS) straight out of the real PyPI wheel and executes them as
+they are, with these stand-ins and nothing else:
 
 - every name the module imports from another ``sglang`` module gets a ``Missing`` object that
   raises ``StubCalled`` the moment it is called or read from. A rule that reaches a name nobody
   stubbed fails the test loudly rather than taking a quiet False;
 - the per-machine hardware predicates (``is_cuda``, ``is_hip``, ``is_sm90_supported`` ...,
-  ``get_device_memory_capacity``, ``get_device_sm``) answer for the machine profile;
+  ``get_device_memory_capacity``, ``get_device_sm``) answer for the machine profile (0.5.23 reads
+  them through its own ``runtime_context.get_platform()``);
 - ``sglang/srt/environ.py`` (``envs``) is the wheel's own, loaded the same way;
 - the model config (``get_model_config``) is built from the Kimi K2.6 config fields listed in
   ``KIMI_K26_MODEL``, each with its source.
@@ -22,7 +25,9 @@ methods are called, in ``__post_init__``'s order: the piecewise CUDA graph decis
 memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), the
 attention-backend compatibility rule (``page_size`` for trtllm_mla ...), and the
 speculative-decoding checks (DFLASH: dp attention, pp size, draft window, ``max_running_requests``,
-overlap schedule).
+overlap schedule). 0.5.23 has no such ``__post_init__`` (``resolve_once`` runs
+``arg_groups/pipeline.py``): its ``from_cli_args`` runs as it is, then only the pipeline steps in
+PIPELINE_STEPS, through its own ``run_hook``, on the record sealed as ``resolve_once`` seals it.
 
 "Not enough memory" is raised by SGLang at model load (``pool_configurator.py``), not by
 ``ServerArgs``: ``Verdict.kv_room_gib`` models it from the fraction SGLang's code computed here,
