@@ -292,6 +292,7 @@ PIPELINE_MODULES = (
     "sglang.srt.arg_groups.model_overrides.qwen3_vl",  # memory_hook calls one of its functions
     "sglang.srt.arg_groups.overrides",
     "sglang.srt.arg_groups.resolution_hooks",
+    "sglang.srt.arg_groups.parallel_hook",
     "sglang.srt.arg_groups.cuda_graph_hook",
     "sglang.srt.arg_groups.serving_hook",
     "sglang.srt.arg_groups.memory_hook",
@@ -666,6 +667,7 @@ def judge(
 # only what the plan sets explicitly (the Kimi K2.5 provider in model_overrides/deepseek_v2.py picks
 # an attention backend only when none is given).
 PIPELINE_STEPS = (
+    ("parallel_hook", "handle_deprecated_dp_attention"),  # --enable-dp-attention: --attn-dp-size
     ("serving_hook", "handle_missing_default_values"),  # device, tokenizer path, draft quant
     ("cuda_graph_hook", "handle_cuda_graph_config"),  # decode/prefill graph backends and sizes
     ("memory_hook", "handle_gpu_memory_settings"),  # chunked prefill, graph max bs, the fraction
