@@ -272,6 +272,61 @@ def test_version_table_memory_rule_is_0_5_23s(gpus, tp, model):
     assert version_row("0.5.23").memory is MEMORY_0_5_23
 
 
+DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}
+
+
+@pytest.mark.parametrize("lm_head", [False, True], ids=["dp-attention", "dp-attention+lm-head"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_dp_attention_agrees_with_sglang(release, lm_head):
+    """plan.extra_args turning on dp attention: the planner refuses exactly what SGLang refuses
+    (0.5.11-0.5.14: DFLASH never runs with dp attention; 0.5.23: only with --enable-dp-lm-head),
+    and a plan it makes passes the matrix check."""
+    extra = {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})}
+    sglang = release if release in INSTALLED else None
+    data = {"sglang": {"version": release}, "plan": {"extra_args": extra}}
+    facts = host_facts("b200x8", "b200x8", sglang=sglang)
+    try:
+        plan, refusal = make_plan(facts, settings_from_dict(data), DRAFTER_CONFIG,
+                                  predicted=sglang is None, host="b200x8"), None  # fmt: skip
+    except PlanError as exc:
+        plan, refusal = None, exc
+    if plan is not None:
+        check_against_sglang("b200x8", "b200x8", "b200x8", 1, release, plan, None)
+        return
+    base = {"sglang": {"version": release}}
+    argv = make_plan(facts, settings_from_dict(base), DRAFTER_CONFIG,
+                     predicted=sglang is None).argv[LAUNCH_TAIL:]  # fmt: skip
+    argv += [f for k, v in extra.items() for f in ((k,) if v is True else (k, str(v)))]
+    verdict = judge(release, machine("b200x8", 1), argv)
+    assert verdict.refused is not None, f"SGLang {release} accepts {argv}; the planner: {refusal}"
+    assert "dp attention" in verdict.refused, verdict.refused
+    assert "--enable-dp-attention must not" in refusal.problem or (
+        f"with {verdict.refused.rsplit(' ', 1)[1].rstrip('.')}" in refusal.problem
+    ), (verdict.refused, refusal.problem)
+
+
+@pytest.mark.parametrize("gpus", ["h100x8", "h200x2"])
+def test_dp_attention_memory_rule_is_sglangs(gpus):
+    """With dp attention SGLang reserves more for the decode graphs; the version table's rule
+    for 0.5.23 adds what memory_hook.py executed adds (K2.6 at TP 8, attention DP 2 and 4)."""
+    from specfleet.core.tables.sglang_versions import sglang_mem_fraction
+
+    m = machine(gpus, 1)
+    for dp in (2, 4):
+        argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+        argv[argv.index("--tp-size") + 1] = "8"
+        argv += ["--attn-dp-size", str(dp), "--enable-dp-lm-head"]
+        verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, 8), argv)
+        assert verdict.refused is None, verdict.refused
+        vision = KIMI_K26_MODEL["vision_config"]
+        ours, _ = sglang_mem_fraction(
+            MEMORY_0_5_23, m.memory_mib, 8, speculative=True, mla=True,
+            architecture=KIMI_K26_MODEL["architectures"][0],
+            vision=(vision["num_hidden_layers"], vision["hidden_size"]), attn_dp_size=dp,
+        )  # fmt: skip
+        assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9)
+
+
 def plan_argvs() -> list[dict]:
     """Every plan of every profile x release: the input of the real-GPU cross-check."""
     out = []

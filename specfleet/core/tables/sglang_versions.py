@@ -200,6 +200,7 @@ MULTINODE_SOURCE_0_5_23 = (
 #   chunked_prefill_size and the decode CUDA graph max batch by GPU memory (the tiers below);
 #   reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + decode_max_bs * 2
 #              + tp_size * pp_size / 8 * 1024
+#              + decode_max_bs * attn_dp_size * 3 (+ * 1.5 more above 300) with dp attention
 #              + 1.5 * 1024 for an MLA model while the piecewise/prefill CUDA graph is on;
 #   reserved = max(reserved, 10 * 1024) on a GPU above 60 GiB;
 #   reserved += 4 * 1024 for a speculative draft model (EAGLE/DFLASH; 0.5.11-0.5.13 only);
@@ -231,6 +232,7 @@ MEMORY_TIERS = (
     (float("inf"), 16384, 512, 512),
 )
 MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
+DP_ATTENTION_LARGE_BS = 300
 LARGE_GPU_MIB = 60 * 1024
 LARGE_GPU_MIN_RESERVE_MIB = 10 * 1024
 
@@ -263,10 +265,12 @@ def sglang_mem_fraction(
     mla: bool,
     architecture: str,
     vision: tuple[int, int] | None,
+    attn_dp_size: int = 1,
 ) -> tuple[float, float]:
     """(mem_fraction_static SGLang chooses, the reserve in MiB before the vision adjustment).
 
     ``vision``: (num_hidden_layers, hidden_size) of a multimodal model's vision tower, else None.
+    ``attn_dp_size``: the attention data-parallel width (1: no dp attention).
 
     >>> round(sglang_mem_fraction(MEMORY_0_5_11, 143771, 8, speculative=True, mla=True,
     ...     architecture="DeepseekV3ForCausalLM", vision=None)[0], 3)
@@ -275,6 +279,10 @@ def sglang_mem_fraction(
     _, chunk, bs_small, bs_large = next(t for t in MEMORY_TIERS if gpu_mib < t[0])
     max_bs = bs_small if tp < 4 else bs_large
     reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
+    if attn_dp_size > 1:
+        # "DP attention needs more padding", and more for a large decode graph (0.5.11
+        # _handle_gpu_memory_settings, 0.5.23 memory_hook.py reserve_for_graph_mb).
+        reserved += max_bs * attn_dp_size * (4.5 if max_bs > DP_ATTENTION_LARGE_BS else 3)
     prefill_graph = vision is None or architecture in rule.multimodal_prefill_graph_archs
     if prefill_graph and mla:
         reserved += MLA_PREFILL_GRAPH_RESERVE_MIB
@@ -315,6 +323,8 @@ class VersionRow:
     dflash_forbidden_flags: tuple[str, ...] = ()
     # Draft attention backends DFLASH accepts (others fall back to flashinfer).
     dflash_draft_backends: tuple[str, ...] = ()
+    # Flags DFLASH needs beside dp attention, where it accepts dp attention at all.
+    dflash_dp_attention_needs: tuple[str, ...] = ()
     kimi_k25_model: bool = True
     deepseek_v3_model: bool = True
     compressed_tensors_quant: bool = True
@@ -357,6 +367,9 @@ VERSIONS: tuple[VersionRow, ...] = (
         draft_window_flag=DRAFT_WINDOW_FLAG,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_23,
         dflash_draft_backends=_DRAFT_0_5_23,
+        # arg_groups/speculative_hook.py _handle_dflash: "DFLASH with dp attention requires
+        # --enable-dp-lm-head."
+        dflash_dp_attention_needs=("--enable-dp-lm-head",),
         multinode_source=MULTINODE_SOURCE_0_5_23,
         memory=MEMORY_0_5_23,
         notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
