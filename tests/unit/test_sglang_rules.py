@@ -249,17 +249,23 @@ def test_harness_refuses_what_0_5_23_refuses():
     assert judge("0.5.23", m, argv).refused is None
 
 
-@pytest.mark.parametrize("gpus", ["h100x8", "h200x2", "b200x8", "rtx6000x8"])
+# (GPU MiB, compute capability): the profiles' GPUs, and smaller ones of each memory tier
+# (RTX 4090 24 GiB, RTX 5090 32 GiB, L40 48 GiB).
+MEMORY_RULE_GPUS = [(81559, (9, 0)), (143771, (9, 0)), (183359, (10, 0)), (97887, (12, 0)),
+                    (24564, (8, 9)), (32607, (12, 0)), (49140, (8, 9))]  # fmt: skip
+
+
+@pytest.mark.parametrize("gpu", MEMORY_RULE_GPUS, ids=[str(g[0]) for g in MEMORY_RULE_GPUS])
 @pytest.mark.parametrize("tp", [2, 8, 16])
 @pytest.mark.parametrize("model", ["vision", "text"])
-def test_version_table_memory_rule_is_0_5_23s(gpus, tp, model):
+def test_version_table_memory_rule_is_0_5_23s(gpu, tp, model):
     """The version table's MemoryRule for 0.5.23 gives the fraction memory_hook.py computes when
-    run (not only on the profiles' shapes): each GPU size, TP 2/8/16, K2.6 and text-only K2."""
+    run (not only on the profiles' shapes): each memory tier, TP 2/8/16, K2.6 and text-only K2."""
     from specfleet.core.tables.sglang_versions import sglang_mem_fraction
 
     argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
     argv[argv.index("--tp-size") + 1] = str(tp)
-    m = machine(gpus, 1)
+    m = Machine(gpu[0], gpu[1], tp)
     fields = KIMI_K26_MODEL if model == "vision" else KIMI_K2_TEXT_MODEL
     verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, tp), argv, model=fields)
     vision = fields["vision_config"]

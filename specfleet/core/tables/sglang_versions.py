@@ -197,7 +197,8 @@ MULTINODE_SOURCE_0_5_23 = (
 # What every release read does (0.5.11-0.5.14 ServerArgs._handle_gpu_memory_settings in
 # server_args.py; 0.5.23 handle_gpu_memory_settings in arg_groups/memory_hook.py), all in MiB of
 # one GPU's memory as get_device_memory_capacity gives it:
-#   chunked_prefill_size and the decode CUDA graph max batch by GPU memory (the tiers below);
+#   chunked_prefill_size and the decode CUDA graph max batch by GPU memory (the tiers below;
+#   0.5.23 raised the 20-35 GiB tier);
 #   reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + decode_max_bs * 2
 #              + tp_size * pp_size / 8 * 1024
 #              + decode_max_bs * attn_dp_size * 3 (+ * 1.5 more above 300) with dp attention
@@ -220,6 +221,8 @@ class MemoryRule:
     # Multimodal architectures that keep the piecewise (prefill) CUDA graph, so its MLA reserve
     # counts (model_config.py's multimodal_*_cuda_graph_supported_model_archs as the rule reads).
     multimodal_prefill_graph_archs: frozenset[str] = frozenset()
+    # chunked_prefill_size and the decode CUDA graph max batch by GPU memory (MEMORY_TIERS).
+    tiers: tuple[tuple[float, int, int, int], ...] = ()
 
 
 # (upper bound of GPU MiB, chunked_prefill_size, decode max bs at tp < 4, at tp >= 4), first match.
@@ -230,6 +233,13 @@ MEMORY_TIERS = (
     (90 * 1024, 8192, 256, 512),
     (160 * 1024, 8192, 256, 512),
     (float("inf"), 16384, 512, 512),
+)
+# 0.5.23 memory_hook.py: 20-35 GiB GPUs (A10, 4090, 5090) get chunked prefill 4k and a decode
+# graph to 48 (160 at tp >= 4), "the previous cap forced eager decode at bs>=32".
+MEMORY_TIERS_0_5_23 = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    *MEMORY_TIERS[2:],
 )
 MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
 DP_ATTENTION_LARGE_BS = 300
@@ -253,6 +263,7 @@ MEMORY_0_5_23 = MemoryRule(
     "archs)",
     draft_reserve_mib=0,
     multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+    tiers=MEMORY_TIERS_0_5_23,
 )
 
 
@@ -276,7 +287,7 @@ def sglang_mem_fraction(
     ...     architecture="DeepseekV3ForCausalLM", vision=None)[0], 3)
     0.858
     """
-    _, chunk, bs_small, bs_large = next(t for t in MEMORY_TIERS if gpu_mib < t[0])
+    _, chunk, bs_small, bs_large = next(t for t in rule.tiers or MEMORY_TIERS if gpu_mib < t[0])
     max_bs = bs_small if tp < 4 else bs_large
     reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
     if attn_dp_size > 1:
