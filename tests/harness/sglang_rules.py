@@ -1,16 +1,19 @@
 """SGLang's own rules, run on a plan: each release's rule modules loaded standalone from its wheel.
 
 ``import sglang`` pulls in torch, triton, orjson and transformers, none of which is here. So this
-harness reads the one module that holds a rule in that release (0.5.11-0.5.14:
-``sglang/srt/server_args.py``; 0.5.23: ``sglang/srt/server_args.py`` for the command line and
-``sglang/srt/arg_groups/memory_hook.py`` for the memory rule) straight out of the real PyPI wheel
-and executes it as it is, with these stand-ins and nothing else:
+harness reads the modules that hold the rules in that release (0.5.11-0.5.14:
+``sglang/srt/server_args.py`` and 0.5.13+ ``arg_groups/speculative_hook.py``; 0.5.23:
+``server_args.py`` and ``arg_groups/fields/*`` for the msgspec record and the command line, and
+the resolution hooks ``arg_groups/{cuda_graph,memory,attention,speculative}_hook.py``, see
+PIPELINE_MODULES and PIPELINE_STEPS) straight out of the real PyPI wheel and executes them as
+they are, with these stand-ins and nothing else:
 
 - every name the module imports from another ``sglang`` module gets a ``Missing`` object that
   raises ``StubCalled`` the moment it is called or read from. A rule that reaches a name nobody
   stubbed fails the test loudly rather than taking a quiet False;
 - the per-machine hardware predicates (``is_cuda``, ``is_hip``, ``is_sm90_supported`` ...,
-  ``get_device_memory_capacity``, ``get_device_sm``) answer for the machine profile;
+  ``get_device_memory_capacity``, ``get_device_sm``) answer for the machine profile (0.5.23 reads
+  them through its own ``runtime_context.get_platform()``);
 - ``sglang/srt/environ.py`` (``envs``) is the wheel's own, loaded the same way;
 - the model config (``get_model_config``) is built from the Kimi K2.6 config fields listed in
   ``KIMI_K26_MODEL``, each with its source.
@@ -22,7 +25,9 @@ methods are called, in ``__post_init__``'s order: the piecewise CUDA graph decis
 memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), the
 attention-backend compatibility rule (``page_size`` for trtllm_mla ...), and the
 speculative-decoding checks (DFLASH: dp attention, pp size, draft window, ``max_running_requests``,
-overlap schedule).
+overlap schedule). 0.5.23 has no such ``__post_init__`` (``resolve_once`` runs
+``arg_groups/pipeline.py``): its ``from_cli_args`` runs as it is, then only the pipeline steps in
+PIPELINE_STEPS, through its own ``run_hook``, on the record sealed as ``resolve_once`` seals it.
 
 "Not enough memory" is raised by SGLang at model load (``pool_configurator.py``), not by
 ``ServerArgs``: ``Verdict.kv_room_gib`` models it from the fraction SGLang's code computed here,
@@ -34,6 +39,8 @@ from __future__ import annotations
 import argparse
 import ast
 import enum
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 import types
@@ -136,6 +143,10 @@ ARCH_LISTS = {
     "is_multimodal_piecewise_cuda_graph_supported": (
         "multimodal_piecewise_cuda_graph_supported_model_archs"
     ),
+    # 0.5.23 (cuda_graph_hook.py: a multimodal model keeps the breakable prefill graph only here).
+    "is_multimodal_breakable_cuda_graph_supported": (
+        "multimodal_breakable_cuda_graph_supported_model_archs"
+    ),
 }
 
 
@@ -199,6 +210,15 @@ class Machine:
             "is_sm120_supported": lambda device=None: major == 12,
             "is_blackwell_supported": lambda device=None: major in (10, 11, 12),
             "is_blackwell": lambda: major in (10, 11, 12),
+            # 0.5.23's runtime_context.get_platform() reads these probes of utils.common.
+            "is_sm100_or_sm110_supported": lambda device=None: major in (10, 11),
+            "is_sm110_supported": lambda device=None: major == 11,
+            # Hopper under the CUDA of every torch these releases pin (12.8 and later).
+            "is_hopper_with_cuda_12_3": lambda: major == 9,
+            "get_device_capability": lambda device_id=0: self.sm,
+            # flashinfer-python is a dependency of every release's wheel.
+            "is_flashinfer_available": lambda: True,
+            "cpu_has_amx_support": lambda: False,
         }
 
 
@@ -231,12 +251,52 @@ def _wheel_files(source: str) -> dict[str, str]:
 
 # The wheel's modules executed as they are (in this order, where the release has them): the
 # rule modules and the stdlib-only ones they import at the top or inside the rule methods.
+# 0.5.11-0.5.14: server_args.py holds the parser and the rule methods.
 WHEEL_MODULES = (
     "sglang.srt.environ",
     "sglang.jit_kernel.kv_canary.consts",
     "sglang.srt.arg_groups.argparse_actions",
     "sglang.srt.arg_groups.arg_utils",
     "sglang.srt.model_executor.cuda_graph_config",
+    "sglang.srt.arg_groups.speculative_hook",
+    "sglang.srt.server_args",
+)
+# 0.5.23: a msgspec record built from the arg_groups/fields/ namespaces, resolved by the hooks of
+# arg_groups/pipeline.py (each one writes through declare_resolution); the hardware facts come
+# from runtime_context.get_platform(), whose probes are utils.common's predicates.
+PIPELINE_MARKER = "sglang/srt/arg_groups/pipeline.py"
+PIPELINE_MODULES = (
+    "sglang.srt.environ",
+    "sglang.kernels.ops.kv_canary.consts",
+    "sglang.srt.arg_groups.prefill_buffer_ceiling",
+    "sglang.srt.runtime_context",
+    "sglang.srt.model_executor.cuda_graph_config",
+    "sglang.srt.arg_groups.argparse_actions",
+    "sglang.srt.arg_groups.arg_utils",
+    "sglang.srt.arg_groups.choices",
+    "sglang.srt.arg_groups.field_order",
+    "sglang.srt.arg_groups.fields",
+    "sglang.srt.arg_groups.fields.device",
+    "sglang.srt.arg_groups.fields.disagg",
+    "sglang.srt.arg_groups.fields.exec_",
+    "sglang.srt.arg_groups.fields.lora",
+    "sglang.srt.arg_groups.fields.memory",
+    "sglang.srt.arg_groups.fields.mm",
+    "sglang.srt.arg_groups.fields.model",
+    "sglang.srt.arg_groups.fields.observability",
+    "sglang.srt.arg_groups.fields.parallel",
+    "sglang.srt.arg_groups.fields.schedule",
+    "sglang.srt.arg_groups.fields.serving",
+    "sglang.srt.arg_groups.fields.spec",
+    "sglang.srt.arg_groups.model_override_base",
+    "sglang.srt.arg_groups.model_overrides.qwen3_vl",  # memory_hook calls one of its functions
+    "sglang.srt.arg_groups.overrides",
+    "sglang.srt.arg_groups.resolution_hooks",
+    "sglang.srt.arg_groups.parallel_hook",
+    "sglang.srt.arg_groups.cuda_graph_hook",
+    "sglang.srt.arg_groups.serving_hook",
+    "sglang.srt.arg_groups.memory_hook",
+    "sglang.srt.arg_groups.attention_hook",
     "sglang.srt.arg_groups.speculative_hook",
     "sglang.srt.server_args",
 )
@@ -273,6 +333,21 @@ def _exec_class(source: str, cls: str, names: Mapping[str, Any]) -> type:
     raise StubCalled(f"class {cls} not found")
 
 
+def _exec_functions(source: str, names: Mapping[str, Any]) -> dict[str, Any]:
+    """The module-level functions of a wheel module whose imports cannot load here (0.5.23's
+    configs/model_config.py imports torch): each ``def`` executed alone, beside the module's
+    literal constants, so its predicates over an HF config (is_deepseek_v4 ...) are the wheel's."""
+    namespace: dict[str, Any] = dict(names)
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            code = "from __future__ import annotations\n" + ast.get_source_segment(source, node)
+            try:
+                exec(compile(code, f"<{node.name}>", "exec"), namespace)
+            except NameError:
+                continue  # a default or decorator naming what is not here: not a predicate
+    return {k: v for k, v in namespace.items() if callable(v) and k not in names}
+
+
 def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
     """Module-level ``NAME = <literal>`` of a wheel module (nothing when it is not a file)."""
     source = _wheel_files(version).get(dotted.replace(".", "/") + ".py")
@@ -303,6 +378,25 @@ def _imports(source: str, top_level: bool = False) -> list[tuple[str, list[str]]
     return found
 
 
+class _WheelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a release's wheel modules (WHEEL_MODULES / PIPELINE_MODULES) on first use."""
+
+    def __init__(self, release: Release):
+        self.release = release
+
+    def find_spec(self, fullname, path=None, target=None):
+        release = self.release
+        if fullname in release.wheel_modules and release._has(fullname):
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return self.release._load(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
 class Release:
     """One release's rule modules, loaded standalone from its wheel for one machine."""
 
@@ -310,17 +404,30 @@ class Release:
         self.version = version
         self.machine = machine
         self.modules: dict[str, types.ModuleType] = {}
+        self._depth = 0
+        self.pipeline = PIPELINE_MARKER in _wheel_files(version)
+        self.wheel_modules = PIPELINE_MODULES if self.pipeline else WHEEL_MODULES
         self._fake("sglang.srt.platforms").current_platform = types.SimpleNamespace(
             apply_server_args_defaults=lambda server_args: None,
             is_out_of_tree=lambda: False,
         )
-        self._fake("sglang.srt.configs.model_config").AttentionArch = AttentionArch
+        model_config_module = self._fake("sglang.srt.configs.model_config")
+        model_config_module.AttentionArch = AttentionArch
+        if self.pipeline:
+            # The hooks call model_config.py's predicates over the HF config (is_deepseek_v4,
+            # uses_kda_attention ...): the wheel's own functions.
+            source = wheel_text(version, "sglang/srt/configs/model_config.py")
+            constants = _literal_constants(version, "sglang.srt.configs.model_config")
+            for name, fn in _exec_functions(source, constants).items():
+                setattr(model_config_module, name, fn)
         # check_gguf_file reads the model folder: the plan's target is never a GGUF file.
         self._fake("sglang.srt.utils.hf_transformers_utils").check_gguf_file = lambda p: False
         self._fake("sglang.srt.debug_utils.cuda_coredump")
         common = self._fake("sglang.srt.utils.common")
         for name, fn in machine.predicates().items():
             setattr(common, name, fn)
+            # sglang/srt/utils/__init__.py re-exports common's names (0.5.23 imports both ways).
+            setattr(self.modules["sglang.srt.utils"], name, fn)
         # get_config reads a model folder's config.json: answered from the fields given to judge().
         self.configs: dict[str, Mapping[str, Any]] = {}
         self._fake("sglang.srt.utils.hf_transformers_utils").get_config = self._get_config
@@ -336,18 +443,41 @@ class Release:
             registry.CustomSpecAlgo = type("CustomSpecAlgo", (), {})
             registry.get_spec = lambda name: None
             spec_info = self._fake("sglang.srt.speculative.spec_info")
+            # 0.5.23: handle_server_args reads resolving_view (overrides.py, loaded below).
+            self._spec_info_names = {
+                "_get_registered_spec": registry.get_spec,
+                "CustomSpecAlgo": registry.CustomSpecAlgo,
+            }
             spec_info.SpeculativeAlgorithm = _exec_class(
                 wheel_text(version, "sglang/srt/speculative/spec_info.py"),
                 "SpeculativeAlgorithm",
-                {"_get_registered_spec": registry.get_spec, "CustomSpecAlgo": registry.CustomSpecAlgo},
+                self._spec_info_names,
             )
-        for dotted in WHEEL_MODULES:
+        for dotted in self.wheel_modules:
             if self._has(dotted):
                 self._load(dotted)
+        if self.pipeline:
+            self._spec_info_names["resolving_view"] = self.modules[
+                "sglang.srt.arg_groups.overrides"
+            ].resolving_view
+            # handle_server_args validates SGLANG_RAGGED_VERIFY_MODE first (ragged_verify.py
+            # imports torch): its enum and reader executed from the wheel's text.
+            source = wheel_text(version, "sglang/srt/speculative/ragged_verify.py")
+            ragged = self._fake("sglang.srt.speculative.ragged_verify")
+            ragged.RaggedVerifyMode = _exec_class(source, "RaggedVerifyMode", {})
+            names = {"envs": self.modules["sglang.srt.environ"].envs,
+                     "RaggedVerifyMode": ragged.RaggedVerifyMode}  # fmt: skip
+            ragged.read_ragged_verify_mode = _exec_functions(source, names)["read_ragged_verify_mode"]
         self.server_args = self.modules["sglang.srt.server_args"]
 
+    def _path(self, dotted: str) -> str | None:
+        """The wheel file of module ``dotted`` (a package's ``__init__.py``), None if absent."""
+        files = _wheel_files(self.version)
+        base = dotted.replace(".", "/")
+        return next((p for p in (base + ".py", base + "/__init__.py") if p in files), None)
+
     def _has(self, dotted: str) -> bool:
-        return dotted.replace(".", "/") + ".py" in _wheel_files(self.version)
+        return self._path(dotted) is not None
 
     def _get_config(self, path, **kwargs):
         fields = self.configs.get(path)
@@ -372,11 +502,15 @@ class Release:
         except the stdlib-only modules of WHEEL_MODULES, which are loaded the same way first."""
         if dotted in self.modules and not isinstance(self.modules[dotted], _FakeModule):
             return self.modules[dotted]
-        path = dotted.replace(".", "/") + ".py"
+        path = self._path(dotted)
         source = wheel_text(self.version, path)
         top_level = {m for m, _ in _imports(source, top_level=True)}
         for module, names in _imports(source):
-            if module in WHEEL_MODULES and self._has(module):
+            for sub in names:
+                # ``from sglang.srt.arg_groups import model_override_base``: a module, not a name.
+                if f"{module}.{sub}" in self.wheel_modules and module in top_level:
+                    self._load(f"{module}.{sub}")
+            if module in self.wheel_modules and self._has(module):
                 # Imports inside functions (speculative_hook <-> server_args) find the module
                 # loaded by the time the function runs.
                 if module in top_level:
@@ -392,6 +526,8 @@ class Release:
         self._fake(parent)
         mod = types.ModuleType(dotted)
         mod.__file__ = f"<{self.version} wheel>/{path}"
+        if path.endswith("/__init__.py"):
+            mod.__path__ = []
         with self.installed():
             sys.modules[dotted] = mod
             exec(compile(source, mod.__file__, "exec"), mod.__dict__)
@@ -401,14 +537,25 @@ class Release:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """This release's modules in sys.modules while a rule runs (its imports inside functions)."""
+        """This release's modules in sys.modules while a rule runs (its imports inside functions);
+        a wheel module of this release imported there and not loaded yet is loaded then (0.5.23's
+        runtime_context imports arg_utils inside functions it calls while it loads)."""
+        if self._depth:
+            sys.modules.update(self.modules)
+            yield
+            return
         saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
         for k in saved:
             del sys.modules[k]
         sys.modules.update(self.modules)
+        finder = _WheelFinder(self)
+        sys.meta_path.insert(0, finder)
+        self._depth += 1
         try:
             yield
         finally:
+            self._depth -= 1
+            sys.meta_path.remove(finder)
             for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
                 del sys.modules[k]
             sys.modules.update(saved)
@@ -430,6 +577,14 @@ class Release:
         ``tensor_parallel_size`` ...) runs and the rule methods stay the release's own.
         """
         cls = self.server_args.ServerArgs
+        if self.pipeline:
+            # 0.5.23's __post_init__ resolves nothing ("launchers call resolve_once"): its own
+            # from_cli_args as it is; the model config goes where model_config_of memoizes it
+            # (a configuration with no _model_config_built_from is handed back as it is).
+            with self.installed():
+                sa = cls.from_cli_args(args)
+            sa._model_config = model_config(self.version, model)
+            return sa
         unchecked = type("ServerArgsWithoutPostInit", (cls,), {"__post_init__": lambda self: None})
         with self.installed():
             sa = cls.from_cli_args.__func__(unchecked, args)
@@ -488,24 +643,75 @@ def judge(
             _run_rules(release, sa)
     except (ValueError, AssertionError) as exc:
         return Verdict(version, refused=str(exc))
-    after = {k: getattr(sa, k, None) for k in WATCHED}
+    after = {k: _resolved(release, sa, k) for k in WATCHED}
     decode_max_bs = getattr(sa, "cuda_graph_max_bs", None)
-    if decode_max_bs is None and getattr(sa, "cuda_graph_config", None) is not None:
-        decode_max_bs = sa.cuda_graph_config.decode.max_bs
+    graphs = _resolved(release, sa, "cuda_graph_config")
+    if decode_max_bs is None and graphs is not None:
+        decode_max_bs = graphs.decode.max_bs
     return Verdict(
         version,
         refused=None,
-        mem_fraction_static=sa.mem_fraction_static,
-        max_running_requests=sa.max_running_requests,
-        disable_overlap_schedule=sa.disable_overlap_schedule,
-        chunked_prefill_size=sa.chunked_prefill_size,
+        mem_fraction_static=after["mem_fraction_static"],
+        max_running_requests=after["max_running_requests"],
+        disable_overlap_schedule=after["disable_overlap_schedule"],
+        chunked_prefill_size=after["chunked_prefill_size"],
         cuda_graph_max_bs=decode_max_bs,
         changed={k: (before[k], after[k]) for k in WATCHED if before[k] != after[k]},
     )
 
 
+# 0.5.23: the steps of arg_groups/pipeline.py run_resolution_pipeline that decide what a plan
+# sets (module, function; in the pipeline's order), through its own run_hook. The steps between
+# them concern features a plan never turns on (PD disaggregation, hicache, LoRA, MoE a2a, DLLM,
+# platform backends of NPU/HPU/XPU/CPU/MPS ...) or, for handle_model_specific_adjustments, write
+# only what the plan sets explicitly (the Kimi K2.5 provider in model_overrides/deepseek_v2.py picks
+# an attention backend only when none is given).
+PIPELINE_STEPS = (
+    ("parallel_hook", "handle_deprecated_dp_attention"),  # --enable-dp-attention: --attn-dp-size
+    ("serving_hook", "handle_missing_default_values"),  # device, tokenizer path, draft quant
+    ("cuda_graph_hook", "handle_cuda_graph_config"),  # decode/prefill graph backends and sizes
+    ("memory_hook", "handle_gpu_memory_settings"),  # chunked prefill, graph max bs, the fraction
+    ("attention_hook", "handle_attention_backend_compatibility"),  # backends, MLA page sizes
+    ("overrides", "_page_size_default"),  # a post-process pass: page_size 1 when unset
+    ("overrides", "_pipeline_parallel_overlap_disable"),  # a post-process pass
+    ("speculative_hook", "handle_speculative_decoding"),  # DFLASH checks, max_running_requests
+)
+
+
+def _run_pipeline_rules(release: Release, sa) -> None:
+    """0.5.23's resolution steps (PIPELINE_STEPS) on the record, as resolve_once runs them: the
+    record sealed (a step that assigns a field directly fails), decisions declared on top of the
+    raw input."""
+    mods = release.modules
+    overrides = mods["sglang.srt.arg_groups.overrides"]
+    run_hook = mods["sglang.srt.arg_groups.resolution_hooks"].run_hook
+    fields = mods["sglang.srt.arg_groups.arg_utils"].record_fields(type(sa))
+    sa._raw_input = {f.name: getattr(sa, f.name) for f in fields}
+    sa._resolved_overrides = []
+    sa._input_frozen = True
+    try:
+        for module, name in PIPELINE_STEPS:
+            fn = getattr(mods[f"sglang.srt.arg_groups.{module}"], name)
+            if module == "overrides":
+                overrides.run_post_process_pass(sa, fn)
+            else:
+                run_hook(fn, sa)
+    finally:
+        sa._input_frozen = False
+
+
+def _resolved(release: Release, sa, name: str):
+    """A field's value after the rules: 0.5.23's last declaration over the raw input."""
+    if release.pipeline:
+        return release.modules["sglang.srt.arg_groups.overrides"].resolution_result(sa, name)
+    return getattr(sa, name, None)
+
+
 def _run_rules(release: Release, sa) -> None:
     """The rule methods, in ``__post_init__``'s order, wherever this release keeps them."""
+    if release.pipeline:
+        _run_pipeline_rules(release, sa)
+        return
     gpu_mem = release.machine.memory_mib
     if hasattr(sa, "_handle_cuda_graph_config"):
         sa._handle_cuda_graph_config()  # 0.5.14: --cuda-graph-config into decode/prefill parts

@@ -21,16 +21,15 @@ import pytest
 from specfleet.core.plan import KIMI_K26_WEIGHTS_BYTES, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, make_group_plan
 from specfleet.core.settings import settings_from_dict
-from specfleet.core.tables.sglang_versions import MEMORY_0_5_23, version_row
+from specfleet.core.tables.sglang_versions import MEMORY_0_5_23, VERSIONS, version_row
 from tests.harness.sglang_rules import (
     GIB,
     KIMI_K2_TEXT_MODEL,
+    KIMI_K26_MODEL,
     MIB,
     RELEASES,
     Machine,
-    _literal_constants,
     judge,
-    wheel_text,
 )
 from tests.unit.test_plan import DRAFTER_CONFIG, gpus_fact, host_facts
 
@@ -45,10 +44,6 @@ PROFILES = [
 # Releases whose installed facts are captured (tests/fixtures/sglang/); the others are predicted
 # from the version table, as a fresh host's --dry is.
 INSTALLED = {"0.5.11", "0.5.14", "0.5.23"}
-# 0.5.23's argument pipeline (arg_groups/, msgspec records, resolution hooks) is not run by the
-# harness yet; its memory rule is checked against memory_hook.py by reading (sglang_versions.py).
-HARNESSED = tuple(v for v in RELEASES if v != "0.5.23")
-
 LAUNCH_TAIL = 3  # argv[:3] is the venv's python -m sglang.launch_server
 
 
@@ -100,13 +95,24 @@ def _try_plan(*case):
         return None, exc
 
 
-@pytest.mark.parametrize("release", HARNESSED)
+def test_every_release_of_the_version_table_is_judged():
+    """The matrix covers the version table's releases: each row read from a wheel has one."""
+    rows = {str(version_row(v).sglang) for v in RELEASES}
+    assert rows == {str(row.sglang) for row in VERSIONS if row.dflash is not None}
+
+
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("profile,gpus,topo,nhosts", PROFILES, ids=[p[0] for p in PROFILES])
 def test_planner_agrees_with_sglang(profile, gpus, topo, nhosts, release):
+    plan, refusal = _try_plan(profile, gpus, topo, nhosts, release)
+    check_against_sglang(profile, gpus, topo, nhosts, release, plan, refusal)
+
+
+def check_against_sglang(profile, gpus, topo, nhosts, release, plan, refusal):
+    """The plan (or the planner's refusal) against what ``release``'s own rules make of it."""
     m = machine(gpus, nhosts)
     tp = m.device_count * nhosts
     per_gpu = KIMI_K26_WEIGHTS_BYTES / tp
-    plan, refusal = _try_plan(profile, gpus, topo, nhosts, release)
     if plan is None:
         # The planner refuses: SGLang must too. Judge the argv the plan would have had without
         # the memory check (the same flags on a host that fits: the H200 pair's argv shape).
@@ -185,14 +191,29 @@ def test_harness_gives_the_real_gpu_figures(mib, sm, expected):
     assert verdict.max_running_requests == 48
 
 
-def test_one_h100_host_is_refused_by_both():
-    """The case of issue 30: one 8x H100 host. Today's planner (before it) planned one."""
-    plan, refusal = _try_plan("h100x8", "h100x8", "b200x8", 1, "0.5.11")
+@pytest.mark.parametrize("release", RELEASES)
+def test_one_h100_host_is_refused_by_both(release):
+    """The case of issue 30: one 8x H100 host, refused by the planner, and SGLang's own fraction
+    leaves less than the weights per GPU."""
+    plan, refusal = _try_plan("h100x8", "h100x8", "b200x8", 1, release)
     assert plan is None
     m = machine("h100x8", 1)
-    verdict = judge("0.5.11", m, _argv_without_memory_check("h100x8", "b200x8", 1, "0.5.11"))
+    verdict = judge(release, m, _argv_without_memory_check("h100x8", "b200x8", 1, release))
     assert verdict.mem_fraction_static * m.memory_mib * MIB / GIB < KIMI_K26_WEIGHTS_BYTES / 8 / GIB
     assert "Not enough memory" in refusal.problem
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_matrix_fails_the_old_planner(release):
+    """The check can fail: the planner before issue 30 compared only the GPUs' total memory with
+    the weights, so it planned one 8x H100 host (the plan as it was: no KV-room refusal). The
+    matrix check on that plan fails with SGLang's own fraction (modelled "Not enough memory")."""
+    sglang = release if release in INSTALLED else None
+    old = make_plan(host_facts("h100x8", "b200x8", sglang=sglang),
+                    settings_from_dict({"sglang": {"version": release}, "plan": {"min_kv_gib": 0}}),
+                    DRAFTER_CONFIG, predicted=sglang is None, weights_bytes=1)  # fmt: skip
+    with pytest.raises(AssertionError, match="Not enough memory at model load"):
+        check_against_sglang("h100x8", "h100x8", "b200x8", 1, release, old, None)
 
 
 def test_harness_refuses_what_sglang_refuses():
@@ -207,21 +228,109 @@ def test_harness_refuses_what_sglang_refuses():
     )
 
 
-def test_0_5_23_memory_rule_as_its_wheel_reads():
-    """0.5.23 is not run by the harness: its MemoryRule is checked against the wheel's text."""
-    hook = wheel_text("0.5.23", "sglang/srt/arg_groups/memory_hook.py")
-    assert "speculative_algorithm" not in hook and MEMORY_0_5_23.draft_reserve_mib == 0
-    for line in ("reserved_mem += activation_tokens * 1.5",
-                 "reserved_mem += cfg.tp_size * cfg.pp_size / 8 * 1024",
-                 "reserved_mem = max(reserved_mem, 10 * 1024)",
-                 "reserved_mem += decode_cuda_graph_config.max_bs * 2",
-                 "reserved_mem += 1.5 * 1024",
-                 "base_mem_fraction_reduction_ratio = 0.95"):  # fmt: skip
-        assert line in hook, line
-    lists = _literal_constants("0.5.23", "sglang.srt.configs.model_config")
-    kept = set(lists["multimodal_breakable_cuda_graph_supported_model_archs"])
-    assert MEMORY_0_5_23.multimodal_prefill_graph_archs <= kept
+def test_harness_refuses_what_0_5_23_refuses():
+    """0.5.23's own parser and resolution hooks refuse bad argv in the harness: the old window
+    flag is gone, the window must hold a block, DFLASH needs pp_size 1."""
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+    m = machine("h200x2", 1)
+    assert "unrecognized arguments: --speculative-dflash-draft-window-size" in judge(
+        "0.5.23", m, [a.replace("--speculative-draft-window", "--speculative-dflash-draft-window")
+                      for a in argv]
+    ).refused  # fmt: skip
+    small = list(argv)
+    small[small.index("--speculative-draft-window-size") + 1] = "4"
+    assert judge("0.5.23", m, small).refused.startswith(
+        "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size)."
+    )
+    assert judge("0.5.23", m, [*argv, "--pp-size", "2"]).refused == (
+        "Currently DFLASH speculative decoding only supports pp_size == 1."
+    )
+    # The argv unchanged is accepted: each refusal above comes from its one change.
+    assert judge("0.5.23", m, argv).refused is None
+
+
+# (GPU MiB, compute capability): the profiles' GPUs, and smaller ones of each memory tier
+# (RTX 4090 24 GiB, RTX 5090 32 GiB, L40 48 GiB).
+MEMORY_RULE_GPUS = [(81559, (9, 0)), (143771, (9, 0)), (183359, (10, 0)), (97887, (12, 0)),
+                    (24564, (8, 9)), (32607, (12, 0)), (49140, (8, 9))]  # fmt: skip
+
+
+@pytest.mark.parametrize("gpu", MEMORY_RULE_GPUS, ids=[str(g[0]) for g in MEMORY_RULE_GPUS])
+@pytest.mark.parametrize("tp", [2, 8, 16])
+@pytest.mark.parametrize("model", ["vision", "text"])
+def test_version_table_memory_rule_is_0_5_23s(gpu, tp, model):
+    """The version table's MemoryRule for 0.5.23 gives the fraction memory_hook.py computes when
+    run (not only on the profiles' shapes): each memory tier, TP 2/8/16, K2.6 and text-only K2."""
+    from specfleet.core.tables.sglang_versions import sglang_mem_fraction
+
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+    argv[argv.index("--tp-size") + 1] = str(tp)
+    m = Machine(gpu[0], gpu[1], tp)
+    fields = KIMI_K26_MODEL if model == "vision" else KIMI_K2_TEXT_MODEL
+    verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, tp), argv, model=fields)
+    vision = fields["vision_config"]
+    ours, _ = sglang_mem_fraction(
+        MEMORY_0_5_23, m.memory_mib, tp, speculative=True, mla=True,
+        architecture=fields["architectures"][0],
+        vision=None if vision is None else (vision["num_hidden_layers"], vision["hidden_size"]),
+    )  # fmt: skip
+    assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9)
     assert version_row("0.5.23").memory is MEMORY_0_5_23
+
+
+DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}
+
+
+@pytest.mark.parametrize("lm_head", [False, True], ids=["dp-attention", "dp-attention+lm-head"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_dp_attention_agrees_with_sglang(release, lm_head):
+    """plan.extra_args turning on dp attention: the planner refuses exactly what SGLang refuses
+    (0.5.11-0.5.14: DFLASH never runs with dp attention; 0.5.23: only with --enable-dp-lm-head),
+    and a plan it makes passes the matrix check."""
+    extra = {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})}
+    sglang = release if release in INSTALLED else None
+    data = {"sglang": {"version": release}, "plan": {"extra_args": extra}}
+    facts = host_facts("b200x8", "b200x8", sglang=sglang)
+    try:
+        plan, refusal = make_plan(facts, settings_from_dict(data), DRAFTER_CONFIG,
+                                  predicted=sglang is None, host="b200x8"), None  # fmt: skip
+    except PlanError as exc:
+        plan, refusal = None, exc
+    if plan is not None:
+        check_against_sglang("b200x8", "b200x8", "b200x8", 1, release, plan, None)
+        return
+    base = {"sglang": {"version": release}}
+    argv = make_plan(facts, settings_from_dict(base), DRAFTER_CONFIG,
+                     predicted=sglang is None).argv[LAUNCH_TAIL:]  # fmt: skip
+    argv += [f for k, v in extra.items() for f in ((k,) if v is True else (k, str(v)))]
+    verdict = judge(release, machine("b200x8", 1), argv)
+    assert verdict.refused is not None, f"SGLang {release} accepts {argv}; the planner: {refusal}"
+    assert "dp attention" in verdict.refused, verdict.refused
+    assert "--enable-dp-attention must not" in refusal.problem or (
+        f"with {verdict.refused.rsplit(' ', 1)[1].rstrip('.')}" in refusal.problem
+    ), (verdict.refused, refusal.problem)
+
+
+@pytest.mark.parametrize("gpus", ["h100x8", "h200x2"])
+def test_dp_attention_memory_rule_is_sglangs(gpus):
+    """With dp attention SGLang reserves more for the decode graphs; the version table's rule
+    for 0.5.23 adds what memory_hook.py executed adds (K2.6 at TP 8, attention DP 2 and 4)."""
+    from specfleet.core.tables.sglang_versions import sglang_mem_fraction
+
+    m = machine(gpus, 1)
+    for dp in (2, 4):
+        argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+        argv[argv.index("--tp-size") + 1] = "8"
+        argv += ["--attn-dp-size", str(dp), "--enable-dp-lm-head"]
+        verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, 8), argv)
+        assert verdict.refused is None, verdict.refused
+        vision = KIMI_K26_MODEL["vision_config"]
+        ours, _ = sglang_mem_fraction(
+            MEMORY_0_5_23, m.memory_mib, 8, speculative=True, mla=True,
+            architecture=KIMI_K26_MODEL["architectures"][0],
+            vision=(vision["num_hidden_layers"], vision["hidden_size"]), attn_dp_size=dp,
+        )  # fmt: skip
+        assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9)
 
 
 def plan_argvs() -> list[dict]:

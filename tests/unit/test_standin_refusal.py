@@ -31,11 +31,22 @@ STANDIN_NVIDIA_SMI = HARNESS / "standin_nvidia_smi.py"
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     """A host's files: the stand-in and its rules beside it, a 0.5.11 tree, the model folders."""
-    root = tmp_path_factory.mktemp("standin-host")
+    return _host(tmp_path_factory, "0.5.11")
+
+
+@pytest.fixture(scope="module")
+def host_0_5_23(tmp_path_factory):
+    """The same host with a 0.5.23 tree (its ServerArgs a msgspec record, its rules in
+    arg_groups/*_hook.py)."""
+    return _host(tmp_path_factory, "0.5.23")
+
+
+def _host(tmp_path_factory, release: str) -> Path:
+    root = tmp_path_factory.mktemp(f"standin-host-{release}")
     for name in ("standin_sglang_server.py", "sglang_rules.py"):
         shutil.copy(HARNESS / name, root / name)
     site = root / "site-packages"
-    with zipfile.ZipFile(sglang_wheel("0.5.11")) as z:
+    with zipfile.ZipFile(sglang_wheel(release)) as z:
         z.extractall(site, [n for n in z.namelist() if n.startswith("sglang/") and n.endswith(".py")])
     target, drafter = root / "target", root / "drafter"
     target.mkdir()
@@ -68,10 +79,10 @@ def start(host: Path, profile: str, flags: list[str]) -> subprocess.CompletedPro
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
 
 
-def plan_flags(host: Path, profile: str, topo: str) -> list[str]:
+def plan_flags(host: Path, profile: str, topo: str, release: str = "0.5.11") -> list[str]:
     """The plan's flags; its weights check is left out (weights_bytes=1): the stand-in decides."""
-    s = settings_from_dict({"sglang": {"version": "0.5.11"}})
-    facts = host_facts(profile, topo, sglang="0.5.11")
+    s = settings_from_dict({"sglang": {"version": release}})
+    facts = host_facts(profile, topo, sglang=release)
     argv = make_plan(facts, s, DRAFTER_CONFIG, weights_bytes=1).argv[3:]
     argv[argv.index("--model-path") + 1] = str(host / "target")
     argv[argv.index("--speculative-draft-model-path") + 1] = str(host / "drafter")
@@ -100,3 +111,32 @@ def test_a_flag_the_tree_lacks_is_refused_by_its_parser(host):
     out = start(host, "b200x8", flags)
     assert out.returncode == 2
     assert "error: unrecognized arguments: --speculative-draft-window-size 4096" in out.stderr
+
+
+def test_0_5_23_one_h100_host_stops_with_not_enough_memory(host_0_5_23):
+    """On a 0.5.23 tree the fraction is memory_hook.py's, run from the installed files."""
+    out = start(host_0_5_23, "h100x8", plan_flags(host_0_5_23, "h100x8", "b200x8", "0.5.23"))
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Not enough memory. Please try to increase --mem-fraction-static. Current value: " \
+           "mem_fraction_static=0.72" in out.stderr
+
+
+def test_0_5_23_b200_host_starts(host_0_5_23):
+    out = start(host_0_5_23, "b200x8", plan_flags(host_0_5_23, "b200x8", "b200x8", "0.5.23"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "rules not run" not in out.stderr
+    assert "exiting with status 0 as asked" in out.stdout
+
+
+def test_0_5_23_refuses_the_old_window_flag_and_a_short_window(host_0_5_23):
+    flags = plan_flags(host_0_5_23, "b200x8", "b200x8", "0.5.23")
+    old = [f.replace("--speculative-draft-window-size", "--speculative-dflash-draft-window-size")
+           for f in flags]
+    out = start(host_0_5_23, "b200x8", old)
+    assert out.returncode == 2
+    assert "error: unrecognized arguments: --speculative-dflash-draft-window-size 4096" in out.stderr
+    short = list(flags)
+    short[short.index("--speculative-draft-window-size") + 1] = "4"
+    out = start(host_0_5_23, "b200x8", short)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "--speculative-draft-window-size must be >= --speculative-num-draft-tokens" in out.stderr

@@ -62,6 +62,7 @@ def plan_mem_fraction(c: PlanContext) -> None:
         sglang_mfs, reserved = sglang_mem_fraction(
             row.memory, gpu_mib, c.tp, speculative=True, mla=model.mla,
             architecture=model.architecture, vision=model.vision,
+            attn_dp_size=attention_dp_size(ov.extra_args),
         )  # fmt: skip
     if ov.mem_fraction_static is not None:
         mfs: float | None = ov.mem_fraction_static
@@ -104,6 +105,22 @@ def plan_mem_fraction(c: PlanContext) -> None:
     effective = mfs if mfs is not None else sglang_mfs
     _kv_room(c, effective, gpu_mib, model, explicit=mfs is not None)
     _max_running_requests(c)
+
+
+def attention_dp_size(extra_args) -> int:
+    """The attention data-parallel width plan.extra_args asks for: ``--attn-dp-size N`` (0.5.23),
+    or the older ``--enable-dp-attention`` with ``--dp-size N``; 1 without dp attention."""
+    def width(flag: str) -> int:
+        try:
+            return int(extra_args.get(flag) or 1)
+        except (TypeError, ValueError):
+            return 1  # not a number: SGLang's own parser refuses it
+
+    if width("--attn-dp-size") > 1:
+        return width("--attn-dp-size")
+    if extra_args.get("--enable-dp-attention") not in (None, False):
+        return width("--dp-size")
+    return 1
 
 
 def _smallest_gpu_mib(c: PlanContext) -> int:

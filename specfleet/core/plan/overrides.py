@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specfleet.core.plan.context import PlanContext
+from specfleet.core.plan.memory import attention_dp_size
 
 
 def apply_overrides(c: PlanContext) -> list[tuple[str, str | None]]:
@@ -31,6 +32,16 @@ def apply_overrides(c: PlanContext) -> list[tuple[str, str | None]]:
         else:
             flags.append((name, rendered))
         b.why(name, "set" if rendered is None else rendered, "plan.extra_args", "override")
+    needs = row.dflash_dp_attention_needs
+    missing = [f for f in needs if not any(n == f for n, _ in flags)]
+    if missing and attention_dp_size(ov.extra_args) > 1:
+        raise b.error(
+            f"plan.extra_args turns on dp attention, which DFLASH on SGLang {c.version} runs only "
+            f"with {' '.join(missing)} (it stops with \"DFLASH with dp attention requires "
+            f"{missing[0]}.\")",
+            f"add {', '.join(repr(f) for f in missing)}: true to plan.extra_args, or remove the "
+            "dp attention flags",
+        )
     for key, value in ov.extra_env.items():
         b.env[key] = str(value)
         b.why(f"env {key}", value, "plan.extra_env", "override")

@@ -197,9 +197,11 @@ MULTINODE_SOURCE_0_5_23 = (
 # What every release read does (0.5.11-0.5.14 ServerArgs._handle_gpu_memory_settings in
 # server_args.py; 0.5.23 handle_gpu_memory_settings in arg_groups/memory_hook.py), all in MiB of
 # one GPU's memory as get_device_memory_capacity gives it:
-#   chunked_prefill_size and the decode CUDA graph max batch by GPU memory (the tiers below);
+#   chunked_prefill_size and the decode CUDA graph max batch by GPU memory (the tiers below;
+#   0.5.23 raised the 20-35 GiB tier);
 #   reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + decode_max_bs * 2
 #              + tp_size * pp_size / 8 * 1024
+#              + decode_max_bs * attn_dp_size * 3 (+ * 1.5 more above 300) with dp attention
 #              + 1.5 * 1024 for an MLA model while the piecewise/prefill CUDA graph is on;
 #   reserved = max(reserved, 10 * 1024) on a GPU above 60 GiB;
 #   reserved += 4 * 1024 for a speculative draft model (EAGLE/DFLASH; 0.5.11-0.5.13 only);
@@ -219,6 +221,8 @@ class MemoryRule:
     # Multimodal architectures that keep the piecewise (prefill) CUDA graph, so its MLA reserve
     # counts (model_config.py's multimodal_*_cuda_graph_supported_model_archs as the rule reads).
     multimodal_prefill_graph_archs: frozenset[str] = frozenset()
+    # chunked_prefill_size and the decode CUDA graph max batch by GPU memory (MEMORY_TIERS).
+    tiers: tuple[tuple[float, int, int, int], ...] = ()
 
 
 # (upper bound of GPU MiB, chunked_prefill_size, decode max bs at tp < 4, at tp >= 4), first match.
@@ -230,7 +234,15 @@ MEMORY_TIERS = (
     (160 * 1024, 8192, 256, 512),
     (float("inf"), 16384, 512, 512),
 )
+# 0.5.23 memory_hook.py: 20-35 GiB GPUs (A10, 4090, 5090) get chunked prefill 4k and a decode
+# graph to 48 (160 at tp >= 4), "the previous cap forced eager decode at bs>=32".
+MEMORY_TIERS_0_5_23 = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    *MEMORY_TIERS[2:],
+)
 MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
+DP_ATTENTION_LARGE_BS = 300
 LARGE_GPU_MIB = 60 * 1024
 LARGE_GPU_MIN_RESERVE_MIB = 10 * 1024
 
@@ -251,6 +263,7 @@ MEMORY_0_5_23 = MemoryRule(
     "archs)",
     draft_reserve_mib=0,
     multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+    tiers=MEMORY_TIERS_0_5_23,
 )
 
 
@@ -263,18 +276,24 @@ def sglang_mem_fraction(
     mla: bool,
     architecture: str,
     vision: tuple[int, int] | None,
+    attn_dp_size: int = 1,
 ) -> tuple[float, float]:
     """(mem_fraction_static SGLang chooses, the reserve in MiB before the vision adjustment).
 
     ``vision``: (num_hidden_layers, hidden_size) of a multimodal model's vision tower, else None.
+    ``attn_dp_size``: the attention data-parallel width (1: no dp attention).
 
     >>> round(sglang_mem_fraction(MEMORY_0_5_11, 143771, 8, speculative=True, mla=True,
     ...     architecture="DeepseekV3ForCausalLM", vision=None)[0], 3)
     0.858
     """
-    _, chunk, bs_small, bs_large = next(t for t in MEMORY_TIERS if gpu_mib < t[0])
+    _, chunk, bs_small, bs_large = next(t for t in rule.tiers or MEMORY_TIERS if gpu_mib < t[0])
     max_bs = bs_small if tp < 4 else bs_large
     reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
+    if attn_dp_size > 1:
+        # "DP attention needs more padding", and more for a large decode graph (0.5.11
+        # _handle_gpu_memory_settings, 0.5.23 memory_hook.py reserve_for_graph_mb).
+        reserved += max_bs * attn_dp_size * (4.5 if max_bs > DP_ATTENTION_LARGE_BS else 3)
     prefill_graph = vision is None or architecture in rule.multimodal_prefill_graph_archs
     if prefill_graph and mla:
         reserved += MLA_PREFILL_GRAPH_RESERVE_MIB
@@ -315,6 +334,8 @@ class VersionRow:
     dflash_forbidden_flags: tuple[str, ...] = ()
     # Draft attention backends DFLASH accepts (others fall back to flashinfer).
     dflash_draft_backends: tuple[str, ...] = ()
+    # Flags DFLASH needs beside dp attention, where it accepts dp attention at all.
+    dflash_dp_attention_needs: tuple[str, ...] = ()
     kimi_k25_model: bool = True
     deepseek_v3_model: bool = True
     compressed_tensors_quant: bool = True
@@ -357,6 +378,9 @@ VERSIONS: tuple[VersionRow, ...] = (
         draft_window_flag=DRAFT_WINDOW_FLAG,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_23,
         dflash_draft_backends=_DRAFT_0_5_23,
+        # arg_groups/speculative_hook.py _handle_dflash: "DFLASH with dp attention requires
+        # --enable-dp-lm-head."
+        dflash_dp_attention_needs=("--enable-dp-lm-head",),
         multinode_source=MULTINODE_SOURCE_0_5_23,
         memory=MEMORY_0_5_23,
         notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
