@@ -15,7 +15,8 @@ question at temperature 0, several at once, to /v1/chat/completions (thinking of
 `content`) and to SGLang's native /generate (at least max_tokens output tokens, so speculative
 verify runs, batched; its meta_info gives each request's acceptance length). It passes when at
 least min_correct answers match their regex and the mean acceptance length is within
-[min_accept_length, the server's --speculative-num-draft-tokens].
+[min_accept_length, the server's --speculative-num-draft-tokens] (the floor at most halfway
+from 1.0 to that block size).
 
 Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage;
 4 the server serves, but the probe found wrong answers or a wrong acceptance length.
@@ -175,6 +176,18 @@ def ask(base: str, key: str | None, question: dict, spec: dict) -> dict:
     return out
 
 
+def accept_floor(configured: float, block: int | None) -> tuple[float, str]:
+    """The acceptance floor the probe applies, and how to name it. A small block (e.g. 2 draft
+    tokens) could never reach probe.min_accept_length's default 2.0 except with every draft
+    accepted, which the probe calls suspicious: the floor is at most halfway between a verify
+    that accepts nothing (1.0) and one that accepts everything (the block size)."""
+    if block is None or configured <= (1 + block) / 2:
+        return configured, f"probe.min_accept_length {configured:g}"
+    low = (1 + block) / 2
+    return low, (f"the floor {low:g} (probe.min_accept_length {configured:g}, capped halfway to "
+                 f"the block size {block})")
+
+
 def judge(answers: list, spec: dict, speculative: bool,
           block: int | None) -> tuple[bool, list[str]]:
     """The probe's verdict on the answers (pure): (passed, lines to print; on failure the last
@@ -206,11 +219,11 @@ def judge(answers: list, spec: dict, speculative: bool,
         problems.append("/generate reported no spec_accept_length (meta_info) for any question")
         return _verdict(lines, problems)
     mean = sum(lengths) / len(lengths)
-    low = float(spec["min_accept_length"])
+    low, floor_named = accept_floor(float(spec["min_accept_length"]), block)
     seen = (f"mean acceptance length {mean:.2f} (per question: "
             + ", ".join(f"{x:.2f}" for x in lengths) + ")")
     if mean < low:
-        problems.append(f"{seen} is below probe.min_accept_length {low:g}")
+        problems.append(f"{seen} is below {floor_named}")
     elif block is not None and mean > block + 1e-6:
         problems.append(f"{seen} is above the block size {block}: not a real acceptance")
     elif problems:

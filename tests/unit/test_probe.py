@@ -76,6 +76,19 @@ def test_acceptance_below_the_floor_or_above_the_block_fails():
     assert not passed and "above the block size 8" in lines[-1]
 
 
+def test_a_small_block_caps_the_floor_halfway_so_a_right_server_can_pass():
+    # Two draft tokens: a mean of 2.0 would need every draft accepted (suspicious).
+    passed, lines = gate.judge(answers(8, 1.7, block=2), SPEC, True, 2)
+    assert passed, lines
+    assert "within [1.5, 2]" in lines[-1]
+    passed, lines = gate.judge(answers(8, 1.2, block=2), SPEC, True, 2)
+    assert not passed
+    assert "below the floor 1.5 (probe.min_accept_length 2, capped halfway to the block size 2)" \
+        in lines[-1]
+    # A block of 3 or more keeps the configured floor.
+    assert not gate.judge(answers(8, 1.9, block=3), SPEC, True, 3)[0]
+
+
 def test_every_draft_accepted_everywhere_is_reported_as_suspicious():
     passed, lines = gate.judge(answers(8, 8.0, all_accepted=True), SPEC, True, 8)
     assert passed and "SUSPICIOUS" in lines[-1]
