@@ -36,7 +36,6 @@ from operations.probe import deploy_specs
 from operations.readiness import probe_spec
 from operations.server_facts import group_peers, host_address, service_state_args
 from operations.util import fails_host, record_failure
-from operations.venvs import effective_settings
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
 from specfleet.core import runlock
@@ -553,7 +552,8 @@ def checks(settings: Settings):
     """
     Check that this host can take the deploy, before anything on it changes.
 
-    + settings: the deploy's ``Settings``
+    + settings: the deploy's ``Settings``, its ``venv`` the one this run uses
+      (``operations.venvs.effective_settings``, which the deploy resolves once)
 
     Fails the host with what is wrong and how to fix it: no GPU or a broken nvidia-smi (quoting
     it), fewer GPUs than the TP size, an arch with no usable backend, too little GPU memory,
@@ -561,7 +561,7 @@ def checks(settings: Settings):
     still missing, no token for a gated repo, an SGLang without DFLASH, no SGLang wheel for this
     interpreter or glibc. Warnings (low disk headroom) are printed and do not fail.
     """
-    s = effective_settings(settings)
+    s = settings
     if s.probe.enable:
         # The gate's probe file (control machine) is read here too: a malformed one fails the
         # host before anything changes, not at the gate after a restart.
