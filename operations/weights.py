@@ -644,7 +644,7 @@ def model(settings: Settings, which: str = "target", verify: str | None = None,
 def tools_from_settings(settings: Settings) -> OperationMeta:
     """``weights.tools`` from the pip sources of ``settings.sglang``."""
     sg = settings.sglang
-    return tools(name="huggingface_hub in the tools venv", index_url=sg.index_url,
+    return tools(name="weights agent and huggingface_hub", index_url=sg.index_url,
                  find_links=sg.find_links, trusted_hosts=sg.trusted_hosts)
 
 
