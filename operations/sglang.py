@@ -8,15 +8,9 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import (
-    FileUploadCommand,
-    FunctionCommand,
-    QuoteString,
-    StringCommand,
-    deploy,
-    operation,
-)
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta
 
 from facts.cache import cached_fact
