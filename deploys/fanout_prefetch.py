@@ -22,15 +22,16 @@ me = plan["hosts"][host.name]
 serving = bool(me["receivers"])
 
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
-weights.tools_from_settings(name="Weights tools")
-weights.token_from_settings(name="Hugging Face token")
+weights.tools_from_settings(settings)
+weights.token_from_settings(settings)
 for which in MODELS:
     # On every host (pyinfra lines operations up by the order each host calls them): a seed
     # starts its download now, its fanout.model below attaches to it; a peer does nothing yet.
-    fanout.model(name=f"{which.capitalize()} download started (seeds)", which=which,
+    fanout.model(name=f"{which.capitalize()} download started (seeds)", settings=settings,
+                 which=which,
                  role=me["models"][which]["role"], wait=False)
 fanout.agent(name="Fan-out agent")
-fanout.needs(name="Weights wanted here", rollout_id=plan["rollout_id"])
+fanout.needs(name="Weights wanted here", settings=settings, rollout_id=plan["rollout_id"])
 fanout.serve(
     name="Serve weights to peers (ephemeral sshd)",
     # Only when a host it serves wants a copy (a converged fleet starts no sshd).
@@ -54,6 +55,7 @@ for which in MODELS:
     role = me["models"][which]
     fanout.model(
         name=f"{which.capitalize()} weights from upstream (seed) or peers",
+        settings=settings,
         which=which,
         role=role["role"],
         rollout_id=plan["rollout_id"],
@@ -62,7 +64,7 @@ for which in MODELS:
         private_key=plan["private_key"] if role["role"] == "peer" else None,
         servers=plan["servers"],
     )
-    weights.model(name=f"{which.capitalize()} weights verified", which=which)
+    weights.model(name=f"{which.capitalize()} weights verified", settings=settings, which=which)
 fanout.serve(name="Stop serving weights", present=False, state_dir=settings.state_dir)
 fanout.cleanup(name="Remove fan-out keys and jobs", state_dir=settings.state_dir)
 preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -8,5 +8,5 @@ from specfleet.core.settings import settings_for_host
 
 settings = settings_for_host(host)
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
-rollback.checkpoint(name="Keep the ready, fast state as the rollback point")
+rollback.checkpoint(name="Keep the ready, fast state as the rollback point", settings=settings)
 preflight.lock(name="Release the run lock", settings=settings, present=False)

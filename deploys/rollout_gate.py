@@ -14,9 +14,10 @@ settings = settings_for_host(host)
 rank0 = settings.group.members[0] if settings.group is not None else host.name
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 if rank0 == host.name:
-    serving.ready(name="Readiness gate")
+    serving.ready(name="Readiness gate", settings=settings)
 rollback.checkpoint(
     name="Keep the ready state as the rollback point",
+    settings=settings,
     _if=lambda: state.inventory.get_host(rank0, default=None) not in state.failed_hosts,
 )
 preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -15,5 +15,5 @@ settings = settings_for_host(host)
 rank0 = settings.group.members[0] if settings.group is not None else host.name
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 if rank0 == host.name:
-    serving.ready(name="Readiness gate")
+    serving.ready(name="Readiness gate", settings=settings)
 preflight.lock(name="Release the run lock", settings=settings, present=False)

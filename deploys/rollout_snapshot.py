@@ -11,5 +11,5 @@ settings = settings_for_host(host)
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 # Only where there is none yet: a point is replaced only by a state that passed its gate
 # (deploys/rollout_gate.py), so an interrupted rollout never loses the last known-good one.
-rollback.checkpoint(name="Keep a rollback point", replace=False)
+rollback.checkpoint(name="Keep a rollback point", settings=settings, replace=False)
 preflight.lock(name="Release the run lock", settings=settings, present=False)

@@ -12,8 +12,10 @@ from operations.util import settings_in_play
 settings = settings_in_play()
 if settings is not None:
     preflight.lock(name="Hold the run lock", settings=settings)
-    weights.tools_from_settings(name="Weights tools")
-    weights.token_from_settings(name="Hugging Face token")
-    weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
-    weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
+    weights.tools_from_settings(settings)
+    weights.token_from_settings(settings)
+    weights.model(name=f"Target weights {settings.target.repo_id}",
+                  settings=settings, which="target")
+    weights.model(name=f"Drafter weights {settings.drafter.repo_id}",
+                  settings=settings, which="drafter")
     preflight.lock(name="Release the run lock", settings=settings, present=False)

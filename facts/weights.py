@@ -26,6 +26,23 @@ def parse_json_output(output: list[str]) -> Any:
     return parse_printed(lines[-1])
 
 
+def agent_command(python: str, agent: str, *args: str) -> StringCommand:
+    """The weights agent's ``args`` (a subcommand and its argument), run by the tools venv's
+    python; nothing, so the fact is ``None``, while the tools are not installed."""
+    return StringCommand(
+        "!", "test", "-x", QuoteString(python), "||", "!", "test", "-f", QuoteString(agent),
+        "||", QuoteString(python), QuoteString(agent), *[QuoteString(a) for a in args],
+    )
+
+
+class PrintedJsonFact(FactBase[dict[str, Any]]):
+    """A fact whose command prints one JSON value last (``parse_json_output``)."""
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return parse_json_output(output)
+
+
 class WeightsState(FactBase[dict[str, Any]]):
     """
     The revisions of one model under its root, each checked fast against its manifest (size and
@@ -128,7 +145,7 @@ class WeightsJob(FactBase[dict[str, Any]]):
         return parse_job(output)
 
 
-class WeightsTools(FactBase[dict[str, Any]]):
+class WeightsTools(PrintedJsonFact):
     """
     The weights tools venv: its huggingface_hub version (from the package metadata, without
     importing it) and the agent script's sha256.
@@ -148,12 +165,8 @@ class WeightsTools(FactBase[dict[str, Any]]):
         job = self.python_job(path)
         return StringCommand("!", "test", "-x", QuoteString(job.interpreter), "||", *job.words())
 
-    @override
-    def process(self, output: list[str]) -> dict[str, Any] | None:
-        return parse_json_output(output)
 
-
-class WeightsPlan(FactBase[dict[str, Any]]):
+class WeightsPlan(PrintedJsonFact):
     """
     What a download would do, asked of the Hub (or ``HF_ENDPOINT``) by the agent on the host:
     the resolved revision, the files with sizes and hashes, the bytes still missing and the free
@@ -171,17 +184,10 @@ class WeightsPlan(FactBase[dict[str, Any]]):
 
     @override
     def command(self, python: str, agent: str, job_json: str) -> StringCommand:
-        return StringCommand(
-            "!", "test", "-x", QuoteString(python), "||", "!", "test", "-f", QuoteString(agent),
-            "||", QuoteString(python), QuoteString(agent), "plan", QuoteString(job_json),
-        )
-
-    @override
-    def process(self, output: list[str]) -> dict[str, Any] | None:
-        return parse_json_output(output)
+        return agent_command(python, agent, "plan", job_json)
 
 
-class WeightsDeepCheck(FactBase[dict[str, Any]]):
+class WeightsDeepCheck(PrintedJsonFact):
     """
     Every file of a complete revision re-hashed on the host against its manifest (sha256 for
     LFS files, the git blob id for others); no Hub needed. Slow: it reads every byte. ``None``
@@ -195,11 +201,4 @@ class WeightsDeepCheck(FactBase[dict[str, Any]]):
 
     @override
     def command(self, python: str, agent: str, path: str) -> StringCommand:
-        return StringCommand(
-            "!", "test", "-x", QuoteString(python), "||", "!", "test", "-f", QuoteString(agent),
-            "||", QuoteString(python), QuoteString(agent), "check", QuoteString(path),
-        )
-
-    @override
-    def process(self, output: list[str]) -> dict[str, Any] | None:
-        return parse_json_output(output)
+        return agent_command(python, agent, "check", path)

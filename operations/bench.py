@@ -23,12 +23,12 @@ from facts.serving import ServiceState
 from facts.sglang import SGLangInstall
 from operations import preflight
 from operations.server_facts import service_state_args
-from operations.util import fails_host, host_settings
+from operations.util import fails_host
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import bench_dir, join, serve_path, server_paths, sglang_python
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import venv_python
 from specfleet.core.tables import ddtree_designs
 from specfleet.core.unit import has_api_key
@@ -75,7 +75,7 @@ def client_argv(settings: Settings, out: str, concurrency: Sequence[int], reques
 @operation(is_idempotent=False, idempotent_notice="A benchmark: it always runs.")
 @fails_host
 def smoke(
-    settings: Settings | None = None,
+    settings: Settings,
     concurrency: Sequence[int] = (1, 4),
     requests: int = 0,
     max_tokens: int = 64,
@@ -85,7 +85,7 @@ def smoke(
     """
     Benchmark the host's own SGLang server from the host: a short, bounded load.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + concurrency: the concurrency levels, each ``requests`` streaming completions
     + requests: requests per level (0: twice the concurrency)
     + max_tokens: output tokens per request
@@ -93,7 +93,7 @@ def smoke(
       it as ``previous.json``, for the rollout's speed gate; other names keep no history)
     + fetch_to: a folder on the control machine to download the result to, as ``<host>.json``
     """
-    s = host_settings(settings)
+    s = settings
     if not concurrency or any(int(c) < 1 for c in concurrency):
         raise SpecfleetError(f"bench concurrency {list(concurrency)!r} needs levels >= 1",
                              host=host.name, fix="pass levels such as 1,4")
@@ -115,15 +115,15 @@ def smoke(
 
 @operation()
 @fails_host
-def not_serving(settings: Settings | None = None, allow: bool = False):
+def not_serving(settings: Settings, allow: bool = False):
     """
     Fail the host when its SGLang unit is up (serving), unless ``allow``: a sweep restarts the
     server once per grid point, which drops every request in flight.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + allow: let a serving host be swept (``specfleet sweep --allow-serving``)
     """
-    s = host_settings(settings)
+    s = settings
     st = host.get_fact(ServiceState, **service_state_args(s)) or {}
     unit = server_paths(s).unit_name
     if st.get("active_state") not in ("active", "activating", "reloading"):
@@ -143,14 +143,14 @@ def not_serving(settings: Settings | None = None, allow: bool = False):
 
 @operation()
 @fails_host
-def ddtree_available(settings: Settings | None = None):
+def ddtree_available(settings: Settings):
     """
     Fail the host, before anything changes, when its installed SGLang has no DDTree design the
     table knows: a sweep over DDTree budgets there would measure plain DFlash at every point.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     """
-    s = effective_settings(settings if settings is not None else settings_for_host(host))
+    s = effective_settings(settings)
     install = cached_fact(host, SGLangInstall, python=venv_python(s.venv)) or {}
     found = install.get("ddtree")
     design = ddtree_designs.design_named((found or {}).get("design"))

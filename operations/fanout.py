@@ -57,7 +57,7 @@ from specfleet.core.layout import (
     venv_python,
 )
 from specfleet.core.resources import hostside_path, template_path
-from specfleet.core.settings import RolloutOptions, Settings, settings_for_host
+from specfleet.core.settings import RolloutOptions, Settings
 from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
 from specfleet.hostside.weights_agent import fmt_gib, job_id
 
@@ -308,15 +308,17 @@ def wants_weights(rollout_id: str, hosts: list[str]) -> bool:
 
 
 @operation()
-def needs(rollout_id: str = "", models: tuple[str, ...] = ("target", "drafter")):
+def needs(settings: Settings, rollout_id: str = "",
+          models: tuple[str, ...] = ("target", "drafter")):
     """
     Note whether this host already holds a complete, unchanged copy of each model (its pinned
     revision; a followed branch always counts as wanted). Changes nothing on the host.
 
+    + settings: the deploy's ``Settings``
     + rollout_id: the fan-out the answer is for
     + models: ``target`` and/or ``drafter``
     """
-    s = settings_for_host(host)
+    s = settings
     missing = []
     for which in models:
         src = getattr(s, which)
@@ -379,6 +381,7 @@ def model_job(s: Settings, which: str, *, rollout_id: str, sources: list[dict], 
 
 @operation()
 def model(
+    settings: Settings,
     which: str = "target",
     role: str = "seed",
     rollout_id: str = "",
@@ -389,8 +392,9 @@ def model(
     wait: bool = True,
 ):
     """
-    The target or the drafter of the host's settings, from upstream or from peers.
+    The target or the drafter of ``settings``, from upstream or from peers.
 
+    + settings: the deploy's ``Settings``
     + which: ``target`` or ``drafter``
     + role: ``seed`` (``weights.model``: from upstream) or ``peer`` (copy from ``sources``)
     + rollout_id: the fan-out this pull belongs to
@@ -408,12 +412,12 @@ def model(
     if role not in ("seed", "peer"):
         raise ValueError(f"fanout.model role={role!r}: use seed or peer")
     if role == "seed":
-        yield from weights.model._inner(which=which, wait=wait)
+        yield from weights.model._inner(settings=settings, which=which, wait=wait)
         return
     if not wait:
         host.noop(f"the {which} comes from peers once they have it")
         return
-    s = settings_for_host(host)
+    s = settings
     src = getattr(s, which)
     root = model_root(s, which)
     state = host.get_fact(WeightsState, path=root)

@@ -47,10 +47,12 @@ def kimi_k26(settings: Settings, present: bool | None = None,
 
     software = sglang.ensure_software(settings)
 
-    weights.tools_from_settings(name="Weights tools")
-    weights.token_from_settings(name="Hugging Face token")
-    target = weights.model(name=f"Target weights {settings.target.repo_id}", which="target")
-    drafter = weights.model(name=f"Drafter weights {settings.drafter.repo_id}", which="drafter")
+    weights.tools_from_settings(settings)
+    weights.token_from_settings(settings)
+    target = weights.model(name=f"Target weights {settings.target.repo_id}",
+                           settings=settings, which="target")
+    drafter = weights.model(name=f"Drafter weights {settings.drafter.repo_id}",
+                            settings=settings, which="drafter")
 
     serving.unit(name="SGLang unit from the launch plan", settings=settings)
     restart_if = changed_if("the software or weights", *software.values(), target, drafter)

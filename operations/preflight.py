@@ -35,8 +35,7 @@ from facts.weights import WeightsState
 from operations.probe import deploy_specs
 from operations.readiness import probe_spec
 from operations.server_facts import group_peers, host_address, service_state_args
-from operations.util import fails_host, host_settings, record_failure
-from operations.venvs import effective_settings
+from operations.util import fails_host, record_failure
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
 from specfleet.core import runlock
@@ -342,12 +341,12 @@ def _hold(h: Any, path: str, mine: dict, lease_s: float, args: dict[str, Any],
 
 @operation()
 @fails_host
-def lock(settings: Settings | None = None, present: bool = True, probe: bool = True,
+def lock(settings: Settings, present: bool = True, probe: bool = True,
          keep: bool = False):
     """
     Hold the per-host run lock, so that two runs never change one host at once.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + present: take the lock (``True``) or release it (``False``)
     + probe: take the deploy's probe (``operations.probe``) in the same command
     + keep: hold it for the whole run (a fleet controller's first step): later ``lock`` steps of
@@ -377,7 +376,7 @@ def lock(settings: Settings | None = None, present: bool = True, probe: bool = T
     Taking and releasing the lock is run bookkeeping, not a change to the host, so it never
     shows as one: a converged host reports no change.
     """
-    s = host_settings(settings)
+    s = settings
     path = lock_path(s)
     # Taking the lock also takes the run's probe (facts.cache), in the same command.
     specs = _probe_specs(s, path) if present and probe else []
@@ -549,11 +548,12 @@ def _pip_source_args(s: Settings) -> list[str]:
 
 @operation()
 @fails_host
-def checks(settings: Settings | None = None):
+def checks(settings: Settings):
     """
     Check that this host can take the deploy, before anything on it changes.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``, its ``venv`` the one this run uses
+      (``operations.venvs.effective_settings``, which the deploy resolves once)
 
     Fails the host with what is wrong and how to fix it: no GPU or a broken nvidia-smi (quoting
     it), fewer GPUs than the TP size, an arch with no usable backend, too little GPU memory,
@@ -561,7 +561,7 @@ def checks(settings: Settings | None = None):
     still missing, no token for a gated repo, an SGLang without DFLASH, no SGLang wheel for this
     interpreter or glibc. Warnings (low disk headroom) are printed and do not fail.
     """
-    s = effective_settings(settings)
+    s = settings
     if s.probe.enable:
         # The gate's probe file (control machine) is read here too: a malformed one fails the
         # host before anything changes, not at the gate after a restart.

@@ -14,7 +14,7 @@ from facts.removal import VENV_STATE_DIR, Leftovers
 from facts.sglang import PatchState
 from operations.fanout import control_dir
 from operations.sglang import patch_restore_steps
-from operations.util import fails_host, host_settings, systemctl
+from operations.util import fails_host, systemctl
 from specfleet.core import layout
 from specfleet.core.layout import lock_path, model_root, server_paths, watchdog_paths
 from specfleet.core.settings import Settings
@@ -77,7 +77,7 @@ _ENABLED = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 
 @operation()
 @fails_host
-def removed(settings: Settings | None = None, weights: bool | None = None,
+def removed(settings: Settings, weights: bool | None = None,
             venv: bool | None = None):
     """
     Take specfleet's deploy off the host: stop, disable and remove the server and every other
@@ -86,7 +86,7 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
     restart marker), the weights tools; restore PR#20547 in a venv specfleet patched and remove
     a venv specfleet created. What is removed is ``footprint``.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + weights: also remove the target's and drafter's folders and the server's compile caches
       (default: ``settings.removal.weights``, off: they took hours to download)
     + venv: also remove the configured venv when it is the user's own (default:
@@ -94,7 +94,7 @@ def removed(settings: Settings | None = None, weights: bool | None = None,
 
     A second run finds nothing and changes nothing; a deploy afterwards converges again.
     """
-    s = host_settings(settings)
+    s = settings
     weights = s.removal.weights if weights is None else weights
     venv = s.removal.venv if venv is None else venv
     fp = footprint(s)

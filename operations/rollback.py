@@ -16,7 +16,6 @@ from facts.rollback import FILE_KEYS, RollbackState
 from operations import preflight
 from operations import sglang as sglang_ops
 from operations.sglang_commands import restore_script
-from operations.util import host_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import (
     RollbackPaths,
@@ -262,9 +261,9 @@ def _current_pins(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
     return cur
 
 
-def rollback_state(settings: Settings | None = None) -> dict[str, Any]:
+def rollback_state(settings: Settings) -> dict[str, Any]:
     """The host's ``RollbackState`` for these settings (call it in an op or a deploy file)."""
-    return _state(host_settings(settings))
+    return _state(settings)
 
 
 def _state(s: Settings) -> dict[str, Any]:
@@ -293,12 +292,12 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
 
 
 @operation()
-def checkpoint(settings: Settings | None = None, replace: bool = True):
+def checkpoint(settings: Settings, replace: bool = True):
     """
     Keep a rollback point on the host: the server's unit, env and secret files, the venv's
     ``pip freeze``, the PR#20547 patch state, and wheels of the managed pins.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + replace: replace a point that is there (only for a state that passed its readiness gate);
       ``False`` keeps an existing point as it is, so that no interrupted run can swap the last
       known-good state for one never checked
@@ -313,9 +312,9 @@ def checkpoint(settings: Settings | None = None, replace: bool = True):
 
     .. code:: python
 
-        rollback.checkpoint(name="Keep a rollback point")
+        rollback.checkpoint(name="Keep a rollback point", settings=settings)
     """
-    s = host_settings(settings)
+    s = settings
     rp = rollback_paths(s)
     state = _state(s)
     cur = _current_pins(s, state)
@@ -360,17 +359,17 @@ def _cache_wheels(state: Any, host: Any, wheels: str, argv: list[str]) -> bool:
 
 
 @operation()
-def pins(settings: Settings | None = None):
+def pins(settings: Settings):
     """
     Reinstall the venv's package pins as kept in the rollback point, where they differ.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
 
     Pins that differ are reinstalled with ``--no-deps`` from the wheel cache first, then the
     configured index or find-links; distributions that were not there are uninstalled. An applied
     PR#20547 is removed first when SGLang itself changes (its files are not in pip's RECORD).
     """
-    s = host_settings(settings)
+    s = settings
     state = _state(s)
     saved = _need_point(s, state)
     cur = _current_pins(s, state)
@@ -401,17 +400,17 @@ def pins(settings: Settings | None = None):
 
 
 @operation()
-def patch(settings: Settings | None = None):
+def patch(settings: Settings):
     """
     Put the PR#20547 patch state back as kept in the rollback point.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
 
     A patch applied since is removed (``sglang.pr20547(present=False)``); a patch that was applied
     then is applied again from the rollback point's own copy (its mapped diff and backup), so the
     control machine needs no copy of an old patch.
     """
-    s = host_settings(settings)
+    s = settings
     state = _state(s)
     saved = _need_point(s, state)
     cur = state["current"]
@@ -431,16 +430,16 @@ def patch(settings: Settings | None = None):
 
 
 @operation()
-def files(settings: Settings | None = None):
+def files(settings: Settings):
     """
     Put the server's unit, env and secret files back as kept in the rollback point.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
 
     A file that did not exist then is removed. When anything changes, the server's
     restart-pending marker is written first, so ``server.service`` restarts onto the old unit.
     """
-    s = host_settings(settings)
+    s = settings
     state = _state(s)
     _need_point(s, state)
     steps = file_restores(state)

@@ -28,8 +28,7 @@ from operations.server_facts import (  # noqa: F401 (callers read them here)
 from operations.util import (  # noqa: F401 (render: callers read it here)
     JINJA,
     check_command,
-    host_settings,
-    per_host,
+    fails_host,
     read_secret_file,
     render,
     systemctl,
@@ -145,11 +144,12 @@ def _private_file_commands(folder: str, path: str, text: str) -> list[StringComm
 
 
 @operation()
-def unit(settings: Settings | None = None, present: bool = True):
+@fails_host(all_or_nothing=True)
+def unit(settings: Settings, present: bool = True):
     """
     Render the SGLang server's systemd unit and environment file from the plan, computed now.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + present: whether the unit should exist; ``False`` stops, disables and removes it
 
     The plan is made here, at execution time, from the host's facts as they are then (after the
@@ -179,11 +179,11 @@ def unit(settings: Settings | None = None, present: bool = True):
                                _if=any_changed(software, weights))
         server.service(name="Run the SGLang server", running=True, enabled=True)
     """
-    yield from per_host(_unit(settings, present))
+    yield from _unit(settings, present)
 
 
-def _unit(settings: Settings | None, present: bool):
-    s = host_settings(settings)
+def _unit(settings: Settings, present: bool):
+    s = settings
     paths = server_paths(s)
     files_ = paths.unit_files()
 
@@ -273,11 +273,12 @@ def _absent(paths: ServerPaths, st: dict[str, Any]):
 
 
 @operation()
-def restart_pending(settings: Settings | None = None, reason: str = "the software or weights"):
+@fails_host(all_or_nothing=True)
+def restart_pending(settings: Settings, reason: str = "the software or weights"):
     """
     Mark the SGLang server for a restart by the next ``server.service``, even across failed runs.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + reason: what changed, kept in the marker and shown when the restart happens
 
     Gate it on the steps whose change needs a restart, with ``_if=any_changed(...)``: it always
@@ -293,21 +294,22 @@ def restart_pending(settings: Settings | None = None, reason: str = "the softwar
             _if=any_changed(software, weights),
         )
     """
-    yield from per_host(_restart_pending(settings, reason))
+    yield from _restart_pending(settings, reason)
 
 
-def _restart_pending(settings: Settings | None, reason: str):
-    paths = server_paths(host_settings(settings))
+def _restart_pending(settings: Settings, reason: str):
+    paths = server_paths(settings)
     yield _marker_command(paths, f"{reason} changed")
 
 
 @operation()
-def group_restart(settings: Settings | None = None):
+@fails_host(all_or_nothing=True)
+def group_restart(settings: Settings):
     """
     Restart a serving group as one: when any member is marked for a restart, mark and stop every
     member, so that the next ``server.service`` starts them all together.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
 
     Run it after every step that may mark a restart (``server.unit``, ``server.restart_pending``)
     and before ``server.service``: pyinfra runs an operation on every host before the next one, so
@@ -316,11 +318,11 @@ def group_restart(settings: Settings | None = None):
     restart them into the middle of the new start); stopping all first starts the group clean.
     A host that serves alone is left as it is.
     """
-    yield from per_host(_group_restart(settings))
+    yield from _group_restart(settings)
 
 
-def _group_restart(settings: Settings | None):
-    s = host_settings(settings)
+def _group_restart(settings: Settings):
+    s = settings
     g = s.group
     if g is None:
         host.noop("serves alone: no serving group to restart together")
@@ -355,8 +357,9 @@ def _group_restart(settings: Settings | None):
 
 
 @operation()
+@fails_host(all_or_nothing=True)
 def service(
-    settings: Settings | None = None,
+    settings: Settings,
     running: bool = True,
     enabled: bool | None = True,
     ready: bool = True,
@@ -364,7 +367,7 @@ def service(
     """
     Run the SGLang server unit: reload, enable, (re)start only when something changed, then gate.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + running: whether the server should be running
     + enabled: whether the unit should start at boot (``None`` leaves it as it is)
     + ready: after a (re)start, wait for readiness (``server.ready``) before clearing the marker
@@ -381,11 +384,11 @@ def service(
     instead of restarting it again; it restarts it only when its files changed since or it died
     (``start_decision``).
     """
-    yield from per_host(_service(settings, running, enabled, ready))
+    yield from _service(settings, running, enabled, ready)
 
 
-def _service(settings: Settings | None, running: bool, enabled: bool | None, ready: bool):
-    s = host_settings(settings)
+def _service(settings: Settings, running: bool, enabled: bool | None, ready: bool):
+    s = settings
     paths = server_paths(s)
     st = service_state(paths)
     pending = st["restart_pending"]
@@ -466,15 +469,16 @@ def _record_restart_command(paths: ServerPaths, reason: str, fingerprint: str) -
 
 
 @operation(is_idempotent=False, idempotent_notice="A check: it always polls the server.")
+@fails_host(all_or_nothing=True)
 def ready(
-    settings: Settings | None = None,
+    settings: Settings,
     timeout_s: float | None = None,
     model_path: str | None = None,
 ):
     """
     Wait until the SGLang server serves: poll from the host, fail fast, quote the journal.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + timeout_s: the budget in seconds; default ``settings.readiness_timeout_s`` (3600)
     + model_path: the ``model_path`` ``/get_model_info`` must report; default: the running
       server's own ``--model-path``
@@ -485,14 +489,14 @@ def ready(
     stopped, or when the port is served by a process outside the unit, and the error quotes the
     unit's last journal lines (with any API key redacted).
     """
-    yield from per_host(_ready(settings=settings, timeout_s=timeout_s, model_path=model_path))
+    yield from _ready(settings=settings, timeout_s=timeout_s, model_path=model_path)
 
 
-def _ready(settings: Settings | None = None, timeout_s=None, model_path=None,
+def _ready(settings: Settings, timeout_s=None, model_path=None,
            started_at: int | None = None):  # fmt: skip
     """The gate's command; ``started_at`` (host time): the budget counts from then, the start of
     a server restarted by an earlier run and waited on now, instead of from the gate's start."""
-    s = host_settings(settings)
+    s = settings
     paths = server_paths(s)
     budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
     # The gate runs as `python3 - ARGS` with its source on stdin: nothing to upload or diff.

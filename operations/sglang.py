@@ -10,6 +10,8 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import OperationMeta
 
 from facts.cache import cached_fact
 from facts.python import Packages, PipInstallPlan
@@ -24,9 +26,9 @@ from operations.sglang_commands import (
 )
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
-from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import join
+from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
     created_marker,
     decide_compressed_tensors,
@@ -715,12 +717,13 @@ def _verify_or_roll_back(
     return True
 
 
-def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
-    """Call the three operations with a host's ``Settings``: SGLang installed,
-    compressed-tensors pinned, PR#20547 applied where missing. Returns their OperationMeta by name.
-    Call it from a deploy (it adds operations, like any op call). The venv is the one
-    ``operations.venvs`` picks: a new release goes beside the configured venv."""
-    settings = effective_settings(settings)
+@deploy("SGLang software")
+def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
+    """The three software operations from ``settings``: SGLang installed, compressed-tensors
+    pinned, PR#20547 applied where missing. Returns their ``OperationMeta`` by name (a
+    ``restart_pending`` runs ``_if`` any of them changed). ``settings.venv`` is the venv this run
+    uses, as ``operations.venvs.effective_settings`` picks it (a new release goes beside the
+    configured venv): the deploy resolves it once and passes it in."""
     sg = settings.sglang
     git = sg.kind == "git"
     from_tree = sg.kind == "source"
@@ -742,7 +745,6 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
         source_path=sg.source_path if from_tree else None,
         allow_replacing=sg.allow_replacing,
         **source,
-        **global_args,
     )
     metas["compressed_tensors"] = compressed_tensors(
         name="compressed-tensors pinned for SGLang",
@@ -750,7 +752,6 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
         specifier=sg.compressed_tensors,
         sglang_version=sg.version,
         **source,
-        **global_args,
     )
     metas["pr20547"] = pr20547(
         name="PR#20547 (DFlash v2 worker) where missing",
@@ -760,6 +761,5 @@ def ensure_software(settings: Any, **global_args: Any) -> dict[str, Any]:
         on_conflict=settings.patch.on_conflict,
         sglang_version=sg.version,
         test_recipe=settings.patch.test_recipe,
-        **global_args,
     )
     return metas

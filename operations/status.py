@@ -23,7 +23,7 @@ from facts.status import Health
 from facts.weights import WeightsState
 from operations.server_facts import group_peers, host_address, host_specs
 from operations.serving import api_key
-from operations.util import host_settings, render
+from operations.util import render
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import lock_path, model_root, serve_path, server_paths
@@ -362,14 +362,14 @@ def _record(st: HostStatus) -> None:
 
 
 @operation()
-def report(settings: Settings | None = None):
+def report(settings: Settings):
     """
     Report this host as it is, changing nothing: the SGLang version and PR#20547 state, each
     model's revision and manifest state, the unit's hash against the one the plan would render
     now, health (``/health_generate`` and ``/get_model_info`` probed from the host), and the
     run lock (free, or who holds it, since when, and when its lease expires).
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
 
     Prints one line per host while it runs and a table when pyinfra exits.
 
@@ -377,7 +377,7 @@ def report(settings: Settings | None = None):
 
     .. code:: python
 
-        status.report(name="Status (read-only)")
+        status.report(name="Status (read-only)", settings=settings)
     """
     s = effective_settings(settings)
     try:
@@ -385,7 +385,7 @@ def report(settings: Settings | None = None):
     except SpecfleetError as exc:
         st = HostStatus(host=host.name, health="unknown", drift=[f"facts failed: {exc.problem}"])
     else:
-        configured = (host_settings(settings)).venv
+        configured = settings.venv
         try:
             peers = group_peers(s)
         except SpecfleetError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,6 @@ def settings_in_play(h: Any = None) -> Settings | None:
         # As pyinfra fails a host it cannot connect to; the others go on.
         h.state.fail_hosts({h})
         return None
-
-
-def host_settings(settings: Settings | None) -> Settings:
-    """``settings`` as given, or those of the host being deployed (an operation called as the
-    README shows, with no settings; a deploy resolves its venv once and passes them in)."""
-    return settings if settings is not None else settings_for_host(host)
 
 
 def read_secret_file(path: str, setting: str, what: str, unset: str = "") -> str:
@@ -189,23 +183,31 @@ def fail_planned_host() -> None:
         h.state.failed_hosts.add(h)
 
 
-def fails_host(func=None, *, raise_while_planning: bool = False):
-    """Turn a ``SpecfleetError`` raised by an operation body into ``fail_step``.
+def fails_host(func=None, *, raise_while_planning: bool = False, all_or_nothing: bool = False):
+    """The one per-host error helper: a ``SpecfleetError`` raised by an operation body fails
+    this one host (``fail_this_host``), not the whole run; the other hosts go on.
 
-    While executing, the host fails at that step and the other hosts go on. While planning
-    (``--dry``) the problem is printed and the host shows a change that fails; with
-    ``raise_while_planning`` it is raised instead, so that ``--dry`` itself exits non-zero.
-    Use as ``@fails_host`` or ``@fails_host(raise_while_planning=True)``.
+    While executing, the host fails at that step. While planning (``--dry``) the problem is said
+    once and the host shows a change that fails; with ``raise_while_planning`` it is raised
+    instead, so that ``--dry`` itself exits non-zero. With ``all_or_nothing`` the body runs to its
+    end before any of its commands is given: a body that fails gives none of them, only the
+    failing step. Use as ``@fails_host`` or ``@fails_host(...)`` under ``@operation()``.
     """
     if func is None:
-        return functools.partial(fails_host, raise_while_planning=raise_while_planning)
+        return functools.partial(fails_host, raise_while_planning=raise_while_planning,
+                                 all_or_nothing=all_or_nothing)
 
     @functools.wraps(func)
     def body(*args: Any, **kwargs: Any):
         try:
-            yield from func(*args, **kwargs)
+            if not all_or_nothing:
+                yield from func(*args, **kwargs)
+                return
+            commands = list(func(*args, **kwargs))
         except SpecfleetError as exc:
-            yield fail_this_host(exc, "would fail", raise_while_planning)
+            yield fail_this_host(exc.for_host(host.name), "will fail", raise_while_planning)
+            return
+        yield from commands
 
     return body
 
@@ -221,15 +223,3 @@ def fail_this_host(error: SpecfleetError, verb: str = "would fail",
             raise error
         say_planned_failure(error, verb)
     return fail_step(error)
-
-
-def per_host(body: Iterator[Any]) -> Iterator[Any]:
-    """An op body whose ``SpecfleetError`` fails this one host, not the whole run
-    (``fail_this_host``). The body runs to its end before any of its commands is given: a body
-    that fails gives none of them, only the failing step."""
-    try:
-        commands = list(body)
-    except SpecfleetError as exc:
-        yield fail_this_host(exc.for_host(host.name), "will fail")
-        return
-    yield from commands

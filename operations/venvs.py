@@ -8,7 +8,6 @@ from pyinfra import host, logger
 from facts.cache import cached_fact
 from facts.python import Packages
 from facts.sglang import Venv
-from operations.util import host_settings
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
     VenvChoice,
@@ -39,10 +38,10 @@ def venv_choice(settings: Settings) -> VenvChoice:
     )
 
 
-def effective_settings(settings: Settings | None = None) -> Settings:
-    """``settings`` (default: the host's) with ``venv`` the one this run uses. Said once per host
-    at normal verbosity when it is not the configured one."""
-    s = host_settings(settings)
+def effective_settings(settings: Settings) -> Settings:
+    """``settings`` with ``venv`` the one this run uses. Said once per host at normal verbosity
+    when it is not the configured one."""
+    s = settings
     choice = venv_choice(s)
     if choice.venv == s.venv:
         return s

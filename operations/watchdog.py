@@ -17,7 +17,7 @@ from facts.cache import cached_fact
 from facts.serving import ServiceState
 from facts.weights import WeightsState
 from operations.server_facts import group_peers, host_address, service_state_args, unit_facts
-from operations.util import host_settings, per_host, render, systemctl, unit_removal
+from operations.util import fails_host, render, systemctl, unit_removal
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import WatchdogPaths, model_root, server_paths, watchdog_paths
 from specfleet.core.monitoring import deploy_state, watchdog_config
@@ -82,22 +82,23 @@ def _write(path: str, text: str, mode: int) -> StringCommand:
 
 
 @operation()
-def service(settings: Settings | None = None, present: bool = True):
+@fails_host(all_or_nothing=True)
+def service(settings: Settings, present: bool = True):
     """
     The health watchdog of the SGLang server, as a systemd unit of its own.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     + present: ``False`` (or ``watchdog.enable`` False) stops, disables and removes it
 
     It installs ``specfleet/hostside/watchdog.py`` (and ``run_lock.py`` beside it) and its JSON
     config, and (re)starts the unit when any of them changed. A restart of the watchdog never
     restarts the server.
     """
-    yield from per_host(_service(settings, present))
+    yield from _service(settings, present)
 
 
-def _service(settings: Settings | None, present: bool):
-    s = host_settings(settings)
+def _service(settings: Settings, present: bool):
+    s = settings
     paths = watchdog_paths(s)
     st = _state(s)
     if not present or not s.watchdog.enable:
@@ -131,15 +132,16 @@ def _absent(paths: WatchdogPaths, st: dict[str, Any]):
 
 
 @operation()
-def deploy_record(settings: Settings | None = None):
+@fails_host(all_or_nothing=True)
+def deploy_record(settings: Settings):
     """
     Record what this deploy set up (SGLang version, PR#20547 state, revisions, the unit's hash,
     each model's manifest check) for the watchdog's textfile. The record holds no time: a
     converged run leaves it as it is, and its mtime is when the setup last changed.
 
-    + settings: the deploy's ``Settings``; default: the host's ``specfleet`` data
+    + settings: the deploy's ``Settings``
     """
-    yield from per_host(_deploy_record(settings))
+    yield from _deploy_record(settings)
 
 
 def _weights_ok(s: Settings) -> dict[str, bool]:
@@ -156,8 +158,8 @@ def _weights_ok(s: Settings) -> dict[str, bool]:
     return out
 
 
-def _deploy_record(settings: Settings | None):
-    s = host_settings(settings)
+def _deploy_record(settings: Settings):
+    s = settings
     paths = watchdog_paths(s)
     if not s.watchdog.enable:
         host.noop("no deploy record: watchdog.enable is False (the watchdog exports it)")

@@ -19,8 +19,10 @@ from pyinfra.api import (
     FunctionCommand,
     QuoteString,
     StringCommand,
+    deploy,
     operation,
 )
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File, Sha256File
 
 from facts.cache import cached_fact
@@ -34,7 +36,7 @@ from facts.weights import (
     job_command,
     parse_job,
 )
-from operations.util import fail_this_host, read_secret_file
+from operations.util import fails_host, read_secret_file
 from specfleet.core.errors import PROGRESS_ATTR, SpecfleetError
 from specfleet.core.layout import (
     TOOLS_PATH,
@@ -46,7 +48,7 @@ from specfleet.core.layout import (
     weights_job_paths,
 )
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import WeightsOptions, settings_for_host
+from specfleet.core.settings import Settings, WeightsOptions
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
 # The hosts' huggingface_hub: a range the weights agent is tested with (HfApi.model_info and
@@ -220,6 +222,7 @@ def tools(
 
 
 @operation()
+@fails_host(raise_while_planning=True)
 def token(path: str, token_file: str | None = None, token_env: str | None = None):
     """
     Put the token given on the control machine into its own 0600 file on the host.
@@ -233,11 +236,7 @@ def token(path: str, token_file: str | None = None, token_env: str | None = None
     The token goes through stdin: it appears in no command line, no output at any verbosity
     and no ``--diff`` (only its sha256 is compared). With no token given, nothing.
     """
-    try:
-        secret = read_control_token(token_file, token_env=token_env)
-    except SpecfleetError as e:
-        yield from _fail(e.problem, e.fix)
-        return
+    secret = read_control_token(token_file, token_env=token_env)
     if secret is None:
         host.noop("no Hugging Face token given on the control machine")
         return
@@ -259,6 +258,7 @@ def token(path: str, token_file: str | None = None, token_env: str | None = None
 
 
 @operation()
+@fails_host(raise_while_planning=True)
 def downloaded(
     repo_id: str,
     root: str,
@@ -320,8 +320,7 @@ def downloaded(
     """
     problem = _arguments_problem(repo_id, revision, follow_branch, verify)
     if problem:
-        yield from _fail(*problem)
-        return
+        raise SpecfleetError(problem[0], fix=problem[1])
     revision = revision or "main"
     root = root.rstrip("/")
     keep = list(keep or [])
@@ -431,8 +430,7 @@ def _planned(job: dict[str, Any], state: dict, python: str, agent: str, verify: 
     said while planning."""
     plan = host.get_fact(WeightsPlan, python=python, agent=agent, job_json=json.dumps(job))
     if plan is not None and "error" in plan:
-        yield from _fail(plan["error"]["message"], plan["error"].get("fix"))
-        return True
+        raise SpecfleetError(plan["error"]["message"], fix=plan["error"].get("fix"))
     if plan is None:
         if active_units:
             host.log_styled(f"{active_units[0]} is running another job; it will be replaced",
@@ -453,8 +451,7 @@ def _planned(job: dict[str, Any], state: dict, python: str, agent: str, verify: 
         )
     problem = _preflight(plan, root, job["margin_percent"], job["margin_min_gib"])
     if problem:
-        yield from _fail(*problem)
-        return True
+        raise SpecfleetError(problem[0], fix=problem[1])
     if not host.state.is_executing:  # --dry / the prompt: say what would move
         host.log_styled(
             f"{repo_id}@{resolved[:12]}: would fetch or check {len(plan['missing'])} of "
@@ -539,12 +536,6 @@ def _preflight(plan: dict, root: str, margin_percent: float,
     return None
 
 
-def _fail(problem: str, fix: str | None):
-    """Fail this host (``fail_this_host``): raised while planning (``--dry``, the prompt)."""
-    yield fail_this_host(SpecfleetError(problem, host=host.name, fix=fix),
-                         raise_while_planning=True)
-
-
 def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds: float) -> bool:
     """Poll the agent's progress file until its job ends; show progress; fail with its error."""
     last_line, last_key, last_at = "", None, 0.0
@@ -603,32 +594,32 @@ def _wait(state, host, unit: str, progress_path: str, job_id: str, poll_seconds:
 
 
 @operation()
-def model(which: str = "target", verify: str | None = None, wait: bool = True):
+@fails_host(raise_while_planning=True)
+def model(settings: Settings, which: str = "target", verify: str | None = None,
+          wait: bool = True):
     """
-    Fetch the target or the drafter of the host's settings (``specfleet`` host data).
+    Fetch the target or the drafter of ``settings``.
 
+    + settings: the deploy's ``Settings``
     + which: ``target`` or ``drafter``
     + verify: override ``weights.verify`` (``fast`` or ``deep``)
     + wait: wait until the download ends (``False``: start it; see ``downloaded``)
 
     Uses the token given on the control machine (put there by ``weights.token``) when there is
-    one, else the host's own token file. Run ``weights.tools`` and ``weights.token`` first.
+    one, else the host's own token file. Run ``weights.tools`` and ``weights.token`` first
+    (``tools_from_settings`` and ``token_from_settings``).
     """
     if which not in ("target", "drafter"):
-        raise SpecfleetError(f"weights.model which={which!r}", host=host.name,
+        raise SpecfleetError(f"weights.model which={which!r}",
                              fix='use which="target" or which="drafter"')
-    s = settings_for_host(host)
+    s = settings
     src = getattr(s, which)
     w = s.weights
     token_path = w.host_token_path
-    try:
-        # The control machine's token (weights.token copies it), else the copy an earlier run
-        # left on the host, else the host's own token file.
-        if control_token(w) is not None or cached_fact(host, File, path=control_token_path(s)):
-            token_path = control_token_path(s)
-    except SpecfleetError as e:
-        yield from _fail(e.problem, e.fix)
-        return
+    # The control machine's token (weights.token copies it), else the copy an earlier run
+    # left on the host, else the host's own token file.
+    if control_token(w) is not None or cached_fact(host, File, path=control_token_path(s)):
+        token_path = control_token_path(s)
     yield from downloaded._inner(
         repo_id=src.repo_id,
         root=model_root(s, which),
@@ -649,23 +640,21 @@ def model(which: str = "target", verify: str | None = None, wait: bool = True):
     )
 
 
-@operation()
-def tools_from_settings():
-    """``weights.tools`` with the host's settings (pip sources of ``sglang``)."""
-    s = settings_for_host(host)
-    yield from tools._inner(
-        index_url=s.sglang.index_url,
-        find_links=s.sglang.find_links,
-        trusted_hosts=s.sglang.trusted_hosts,
-    )
+@deploy("Weights tools")
+def tools_from_settings(settings: Settings) -> OperationMeta:
+    """``weights.tools`` from the pip sources of ``settings.sglang``."""
+    sg = settings.sglang
+    return tools(name="weights agent and huggingface_hub", index_url=sg.index_url,
+                 find_links=sg.find_links, trusted_hosts=sg.trusted_hosts)
 
 
-@operation()
-def token_from_settings():
-    """``weights.token`` with the host's settings."""
-    s = settings_for_host(host)
-    yield from token._inner(path=control_token_path(s), token_file=s.weights.token_file,
-                            token_env=s.weights.token_env)
+@deploy("Hugging Face token")
+def token_from_settings(settings: Settings) -> OperationMeta:
+    """``weights.token`` from ``settings.weights``: the control machine's token, if any, in
+    its 0600 file on the host."""
+    w = settings.weights
+    return token(name="token file on the host", path=control_token_path(settings),
+                 token_file=w.token_file, token_env=w.token_env)
 
 
 __all__ = [

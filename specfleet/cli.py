@@ -133,6 +133,27 @@ def connection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+# The smoke benchmark's load, as `bench` and each point of `sweep` give it.
+_LOAD_OPTIONS = [
+    click.option("--concurrency", default="1,4", show_default=True, help="Concurrency levels."),
+    click.option("--requests", type=int, default=0, help="Per level (default 2x concurrency)."),
+    click.option("--max-tokens", type=int, default=64, show_default=True,
+                 help="Output tokens per request."),
+]
+
+
+def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_LOAD_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def fleet_options(fn: Callable[..., int]) -> Callable[..., int]:
+    """What every fleet command is wrapped in: pyinfra's connection options, click's context
+    (the checkout), and ``guarded``'s exit codes."""
+    return connection_options(click.pass_context(guarded(fn)))
+
+
 def pop_connection(kwargs: dict[str, Any]) -> Any:
     """The connection options of a subcommand's keyword arguments, as ``PyinfraOptions``."""
     from specfleet.fleet.pyinfra_run import PyinfraOptions
@@ -167,6 +188,22 @@ def check_inventory(inventory: str, options: Any) -> Any:
     inv = load_inventory(inventory, options.override_data(), only=in_play)
     check_settings(inv)
     return inv
+
+
+def fleet_command(ctx: click.Context, inventory: str, kw: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """What every fleet command starts from: its connection options (popped from ``kw``), the
+    checkout it runs in, and the inventory with every host in play's settings checked."""
+    options = pop_connection(kw)
+    where = _checkout(ctx)
+    return options, where, check_inventory(inventory, options)
+
+
+def _reachable(inventory: str, options: Any, inv: Any) -> tuple[list[str], dict[str, str]]:
+    """The hosts in play, and those of them that cannot be reached (``{host: why}``)."""
+    from specfleet.fleet import inventory_view as view
+
+    hosts = [h.name for h in inv]
+    return hosts, view.reachable_hosts(inventory, options, hosts)
 
 
 def check_settings(inventory: Any) -> Any:
@@ -273,17 +310,13 @@ def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: b
 @click.option("--hook-on", type=click.Choice(["control", "host"]), default="control",
               show_default=True, help="Where the hooks run.")
 @click.option("--report", help="Write the per-host results as JSON here.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def rollout(ctx: click.Context, inventory: str, deploy: str, **kw: Any) -> int:
     """Roll a deploy across a fleet: canary, batches, failure budget, readiness gates,
     automatic rollback."""
-    options = pop_connection(kw)
-    _checkout(ctx)
     if kw["batch_size"] is not None and kw["batch_percent"] is not None:
         raise click.UsageError("give --batch-size or --batch-percent, not both")
-    check_inventory(inventory, options)
+    options, _, _ = fleet_command(ctx, inventory, kw)
     argv = [inventory, deploy, *options.argv()]
     for key, value in kw.items():
         flag = "--json" if key == "as_json" else "--" + key.replace("_", "-")
@@ -305,14 +338,10 @@ def rollout(ctx: click.Context, inventory: str, deploy: str, **kw: Any) -> int:
 @click.option("--sshd-port", type=click.IntRange(1, 65535),
               help="The fan-out's temporary sshd's port on serving peers (not the SSH port).")
 @click.option("--report", help="Write the per-host results and the plan as JSON here.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def fanout(ctx: click.Context, inventory: str, **kw: Any) -> int:
     """Fetch the weights once per fleet from upstream, then host to host over the LAN."""
-    options = pop_connection(kw)
-    _checkout(ctx)
-    check_inventory(inventory, options)
+    options, _, _ = fleet_command(ctx, inventory, kw)
     from specfleet.fleet import fanout as fanout_mod
 
     return fanout_mod.run_fanout(inventory, options, order=kw["order"], degree=kw["degree"],
@@ -333,9 +362,7 @@ def _pyinfra_cli(ctx: click.Context, inventory: str, deploy: str, options: Any,
 @click.argument("fact_args", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--json", "as_json", is_flag=True,
               help="pyinfra's fact document ({fact: {host: value}}) on stdout.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def probe(ctx: click.Context, inventory: str, fact_args: tuple[str, ...], as_json: bool,
           **kw: Any) -> int:
     """Every host's facts, one SSH command per host (the fact's arguments as KEY=VALUE, e.g.
@@ -343,12 +370,8 @@ def probe(ctx: click.Context, inventory: str, fact_args: tuple[str, ...], as_jso
     error."""
     import dataclasses
 
-    from specfleet.fleet import inventory_view as view
-
-    options = pop_connection(kw)
-    where = _checkout(ctx)
-    hosts = [h.name for h in check_inventory(inventory, options)]
-    unreachable = view.reachable_hosts(inventory, options, hosts)
+    options, where, inv = fleet_command(ctx, inventory, kw)
+    hosts, unreachable = _reachable(inventory, options, inv)
     reachable = [h for h in hosts if h not in unreachable]
     rc = EXIT_HOSTS if unreachable else EXIT_OK
     if reachable:
@@ -384,9 +407,7 @@ def _absolute(path: str) -> str:
               help="One JSON document on stdout: every host, unreachable ones with their error.")
 @click.option("--fail-on-drift", is_flag=True,
               help="Exit 4 when a reachable host is not what the deploy would make it.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def status(ctx: click.Context, inventory: str, as_json: bool, fail_on_drift: bool,
            **kw: Any) -> int:
     """What each host runs, read-only; unreachable hosts listed with their error."""
@@ -394,10 +415,8 @@ def status(ctx: click.Context, inventory: str, as_json: bool, fail_on_drift: boo
 
     from specfleet.fleet import inventory_view as view
 
-    options = pop_connection(kw)
-    where = _checkout(ctx)
-    hosts = [h.name for h in check_inventory(inventory, options)]
-    unreachable = view.reachable_hosts(inventory, options, hosts)
+    options, where, inv = fleet_command(ctx, inventory, kw)
+    hosts, unreachable = _reachable(inventory, options, inv)
     reachable = [h for h in hosts if h not in unreachable]
     document: dict[str, Any] = {"hosts": {}}
     rc = 0
@@ -428,9 +447,7 @@ def status(ctx: click.Context, inventory: str, as_json: bool, fail_on_drift: boo
 @click.option("--dry", is_flag=True, help="Show what would go; change nothing.")
 @click.option("--weights", is_flag=True, help="Remove the model weights too.")
 @click.option("--venv", is_flag=True, help="Remove the SGLang venv too.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def remove(ctx: click.Context, inventory: str, dry: bool, weights: bool, venv: bool,
            **kw: Any) -> int:
     """Take the deploy off the hosts (the weights and your venv stay unless asked)."""
@@ -444,23 +461,16 @@ def remove(ctx: click.Context, inventory: str, dry: bool, weights: bool, venv: b
 
 @cli.command(context_settings=CONTEXT)
 @INVENTORY
-@click.option("--concurrency", default="1,4", show_default=True, help="Concurrency levels.")
-@click.option("--requests", type=int, default=0, help="Per level (default 2x concurrency).")
-@click.option("--max-tokens", type=int, default=64, show_default=True)
+@load_options
 @click.option("--out", default="bench-results", show_default=True,
               help="Folder for <host>.json and the summary.")
 @click.option("--slow-fraction", type=float, help="Below this fraction of the median: slow.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
     """A smoke benchmark on every host, slow hosts flagged."""
-    options = pop_connection(kw)
-    _checkout(ctx)
-    check_inventory(inventory, options)
     from specfleet.fleet import bench as bench_mod
 
-    return bench_mod.main(_argv(inventory, kw), options)
+    return _controller(ctx, inventory, kw, bench_mod.main)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -475,9 +485,7 @@ def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
               help="plan.draft_window_size values.")
 @click.option("--draft-backends", default="", help="plan.draft_attention_backend values.")
 @click.option("--attention-backends", default="", help="plan.attention_backend values.")
-@click.option("--concurrency", default="1,4", show_default=True)
-@click.option("--requests", type=int, default=0)
-@click.option("--max-tokens", type=int, default=64, show_default=True)
+@load_options
 @click.option("--max-minutes", type=float, default=120.0, show_default=True)
 @click.option("--out", help="The sweep's folder (default: sweep-HOST).")
 @click.option("--allow-serving", is_flag=True, help="Sweep a host that serves traffic.")
@@ -485,17 +493,19 @@ def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
               show_default=True)
 @click.option("--write-group-data", help="Write the winning plan as this group data file.")
 @click.option("--no-report", is_flag=True, help="Skip the PNG/HTML report.")
-@connection_options
-@click.pass_context
-@guarded
+@fleet_options
 def sweep(ctx: click.Context, inventory: str, **kw: Any) -> int:
     """Tune the speculative settings on one host, restore the best."""
-    options = pop_connection(kw)
-    _checkout(ctx)
-    check_inventory(inventory, options)
     from specfleet.fleet import sweep as sweep_mod
 
-    return sweep_mod.main(_argv(inventory, kw), options)
+    return _controller(ctx, inventory, kw, sweep_mod.main)
+
+
+def _controller(ctx: click.Context, inventory: str, kw: dict[str, Any], main: Any) -> int:
+    """A controller's own argparse ``main`` (``specfleet.fleet.bench``, ``.sweep``), run on the
+    checked inventory with click's values as its argv."""
+    options, _, _ = fleet_command(ctx, inventory, kw)
+    return main(_argv(inventory, kw), options)
 
 
 def _argv(inventory: str, kw: dict[str, Any]) -> list[str]:

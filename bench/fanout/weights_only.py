@@ -1,8 +1,13 @@
 """The weights-only deploy without fan-out (every host from upstream), for bench/fanout."""
 
-from operations import weights
+from pyinfra import host
 
-weights.tools_from_settings(name="Weights tools")
-weights.token_from_settings(name="Hugging Face token")
-weights.model(name="Target weights", which="target")
-weights.model(name="Drafter weights", which="drafter")
+from operations import weights
+from specfleet.core.settings import settings_for_host
+
+settings = settings_for_host(host)
+
+weights.tools_from_settings(settings)
+weights.token_from_settings(settings)
+weights.model(name="Target weights", settings=settings, which="target")
+weights.model(name="Drafter weights", settings=settings, which="drafter")

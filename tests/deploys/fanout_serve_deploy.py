@@ -5,12 +5,16 @@ folders it serves, ``{dir_name: revision}``)."""
 import json
 import os
 
-from operations import fanout, weights
+from pyinfra import host
 
+from operations import fanout, weights
+from specfleet.core.settings import settings_for_host
+
+settings = settings_for_host(host)
 spec = json.loads(open(os.environ["FANOUT_SERVE_SPEC"]).read())
 present = os.environ.get("FANOUT_SERVE_PRESENT") == "1"
 if present:
-    weights.tools_from_settings(name="Weights tools")
+    weights.tools_from_settings(settings)
     fanout.agent(name="Fan-out agent")
 fanout.serve(
     name="Fan-out sshd",

@@ -12,10 +12,10 @@ from specfleet.core.settings import settings_for_host
 
 settings = effective_settings(settings_for_host(host))  # the venv, once (operations.venvs)
 software = ensure_software(settings)
-weights.tools_from_settings(name="Weights tools")
-weights.token_from_settings(name="Hugging Face token")
-target = weights.model(name="Target weights", which="target")
-drafter = weights.model(name="Drafter weights", which="drafter")
+weights.tools_from_settings(settings)
+weights.token_from_settings(settings)
+target = weights.model(name="Target weights", settings=settings, which="target")
+drafter = weights.model(name="Drafter weights", settings=settings, which="drafter")
 serving.unit(name="SGLang unit", settings=settings)
 serving.restart_pending(
     name="Restart for new software or weights",

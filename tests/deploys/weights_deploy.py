@@ -1,7 +1,12 @@
 """The pyinfra deploy the weights tests run: tools, token, then the target's weights."""
 
-from operations import weights
+from pyinfra import host
 
-weights.tools_from_settings(name="Weights tools")
-weights.token_from_settings(name="Hugging Face token")
-weights.model(name="Target weights", which="target")
+from operations import weights
+from specfleet.core.settings import settings_for_host
+
+settings = settings_for_host(host)
+
+weights.tools_from_settings(settings)
+weights.token_from_settings(settings)
+weights.model(name="Target weights", settings=settings, which="target")

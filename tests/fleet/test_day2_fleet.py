@@ -35,11 +35,11 @@ HANG = "/run/standin/hang"
 BUSY = "/run/standin/busy"
 RELAY_PORT = 30091
 BODY = """
-serving.unit(name="unit")
-serving.service(name="service", running=True, enabled=True)
+serving.unit(name="unit", settings=settings)
+serving.service(name="service", settings=settings, running=True, enabled=True)
 from operations import watchdog
-watchdog.service(name="watchdog")
-watchdog.deploy_record(name="record")
+watchdog.service(name="watchdog", settings=settings)
+watchdog.deploy_record(name="record", settings=settings)
 """
 
 

@@ -138,7 +138,8 @@ class Run:
 
     def status(self, op_prefix: str, host: str) -> str | None:
         for name, hosts in self.results.items():
-            if name.startswith(op_prefix):
+            # ensure_software is a @deploy: its operations are named "SGLang software | <op>".
+            if name.split(" | ")[-1].startswith(op_prefix):
                 return hosts.get(host)
         return None
 

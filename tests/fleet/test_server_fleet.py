@@ -40,10 +40,13 @@ from pyinfra.operations import files
 from pyinfra.operations import server as shell
 from pyinfra.operations.util import any_changed
 from operations import serving
+from pyinfra import host
+from specfleet.core.settings import settings_for_host
+settings = settings_for_host(host)
 """
 DEPLOY = """
-serving.unit(name="unit")
-serving.service(name="service", running=True, enabled=True)
+serving.unit(name="unit", settings=settings)
+serving.service(name="service", settings=settings, running=True, enabled=True)
 """
 
 
@@ -231,7 +234,7 @@ def test_success_path_runs_exactly_the_plans_argv_and_env(srv, tmp_path):
     assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
 
     # The gate on its own (as a rollout uses it): a check of the running server, no restart.
-    check = deploy(srv, tmp_path, data, 'serving.ready(name="ready", timeout_s=30)\n')
+    check = deploy(srv, tmp_path, data, 'serving.ready(name="ready", settings=settings, timeout_s=30)\n')
     assert check.rc == 0 and check.ops == {"ready": "Success"}, check
     assert "gate: READY after" in check.out
     assert host_json(srv, record_path("ok"))["pid"] == record["pid"]
@@ -266,9 +269,9 @@ def test_a_run_that_fails_before_the_restart_leaves_it_pending(srv, tmp_path):
 
     data["plan"] = {"extra_args": {"--served-model-name": "renamed"}}
     broken = """
-serving.unit(name="unit")
+serving.unit(name="unit", settings=settings)
 shell.shell(name="something else fails", commands=["echo failing on purpose; exit 3"])
-serving.service(name="service", running=True, enabled=True)
+serving.service(name="service", settings=settings, running=True, enabled=True)
 """
     failed = deploy(srv, tmp_path, data, broken)
     assert failed.rc != 0 and failed.ops["unit"] == "Success", failed
@@ -292,10 +295,10 @@ def test_software_or_weights_changes_restart_through_any_changed(srv, tmp_path):
     body = """
 software = files.put(name="software", src=StringIO(open("{v}").read()), dest="/tmp/sf-anyc-sw")
 weights = files.put(name="weights", src=StringIO("rev-1"), dest="/tmp/sf-anyc-w")
-serving.unit(name="unit")
-serving.restart_pending(name="pending", reason="the software or weights",
+serving.unit(name="unit", settings=settings)
+serving.restart_pending(name="pending", settings=settings, reason="the software or weights",
                        _if=any_changed(software, weights))
-serving.service(name="service", running=True, enabled=True)
+serving.service(name="service", settings=settings, running=True, enabled=True)
 """
     version = tmp_path / "version"
     version.write_text("0.5.11")
@@ -391,7 +394,7 @@ def test_the_gate_fails_fast_when_another_process_holds_the_port(srv, tmp_path):
 def test_present_false_stops_disables_and_removes(srv, tmp_path):
     data = settings_data("gone", 30008)
     assert deploy(srv, tmp_path, data).rc == 0
-    absent = 'serving.unit(name="unit", present=False)\n'
+    absent = 'serving.unit(name="unit", settings=settings, present=False)\n'
     run = deploy(srv, tmp_path, data, absent)
     assert run.rc == 0 and run.ops == {"unit": "Success"}, run
     left = srv.run(
@@ -471,7 +474,7 @@ def test_the_api_key_stays_out_of_the_journal(srv, tmp_path):
     assert key not in srv.run("h1", f"cat {files}").stdout
     # They are written once (a second run changes nothing) and go with the unit.
     assert deploy(srv, tmp_path, data).ops == {"unit": "No changes", "service": "No changes"}
-    gone = deploy(srv, tmp_path, data, 'serving.unit(name="unit", present=False)\n')
+    gone = deploy(srv, tmp_path, data, 'serving.unit(name="unit", settings=settings, present=False)\n')
     assert gone.ops == {"unit": "Success"}, gone
     assert srv.run("h1", f"test -e {folder}").returncode == 1
 

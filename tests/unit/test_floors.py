@@ -324,3 +324,22 @@ def test_no_function_in_operations_or_hostside_is_over_80_lines():
                     if lines > MAX_FUNCTION_LINES:
                         long.append(f"{_rel(path)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+MAX_SERVING_LINES = 600
+
+
+def test_serving_is_its_operations_not_a_hub():
+    """``operations/serving.py`` keeps only its operations (its pure half is ``core/unit.py``,
+    the facts it reads ``operations/server_facts.py``): under 600 lines, and no other operation
+    module but the deploy (``kimi_k26``) and ``status`` (which compares the unit it would
+    render) imports it."""
+    lines = len((ROOT / "operations" / "serving.py").read_text().splitlines())
+    assert lines < MAX_SERVING_LINES, f"operations/serving.py has {lines} lines"
+    importers = sorted(
+        path.name for path in (ROOT / "operations").glob("*.py")
+        if path.name != "serving.py"
+        and re.search(r"^from operations(\.serving)? import .*\bserving\b|^from operations\.serving",
+                      path.read_text(), re.M)
+    )
+    assert importers == ["kimi_k26.py", "status.py"], importers

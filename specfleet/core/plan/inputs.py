@@ -174,16 +174,28 @@ def check_facts(facts: Any, host: str | None = None) -> None:
             f"the facts are {_kind(facts)}, expected an object of fact names", host=host,
             fix=FACTS_FIX,
         )  # fmt: skip
-    _check_gpus(s, facts.get(GPUS))
-    _check_topology(s, facts.get(TOPOLOGY))
-    _check_sglang(s, facts.get(SGLANG))
+    for name, check_more in ((GPUS, _check_gpu_list), (TOPOLOGY, None),
+                             (SGLANG, _check_features)):
+        value = s.mapping(name, facts.get(name))
+        if value is None:
+            continue
+        for key, kind in _FIELDS[name].items():
+            getattr(s, kind)(f"{name}.{key}", value.get(key))
+        if check_more is not None:
+            check_more(s, value)
 
 
-def _check_gpus(s: _Shape, fact: Any) -> None:
-    value = s.mapping(GPUS, fact)
-    if value is None:
-        return
-    s.text(f"{GPUS}.error", value.get("error"))
+# The fields the plan reads of each fact, each with the ``_Shape`` check of its kind; the GPU
+# list and SGLang's features are checked item by item below.
+_FIELDS: dict[str, dict[str, str]] = {
+    GPUS: {"error": "text"},
+    TOPOLOGY: {"error": "text", "nvlink_all_pairs": "flag", "gpus": "listing", "links": "mapping"},
+    SGLANG: {"version": "text", "location": "text", "speculative_algorithms": "strings",
+             "attention_backends": "strings"},
+}
+
+
+def _check_gpu_list(s: _Shape, value: Mapping[str, Any]) -> None:
     for i, gpu in enumerate(s.listing(f"{GPUS}.gpus", value.get("gpus"))):
         where = f"{GPUS}.gpus[{i}]"
         gpu = s.mapping(where, gpu, optional=False)
@@ -203,27 +215,10 @@ def _check_gpus(s: _Shape, fact: Any) -> None:
             s.text(f"{where}.{key}", gpu.get(key))
 
 
-def _check_topology(s: _Shape, fact: Any) -> None:
-    value = s.mapping(TOPOLOGY, fact)
-    if value is None:
-        return
-    s.text(f"{TOPOLOGY}.error", value.get("error"))
-    s.flag(f"{TOPOLOGY}.nvlink_all_pairs", value.get("nvlink_all_pairs"))
-    s.listing(f"{TOPOLOGY}.gpus", value.get("gpus"))
-    s.mapping(f"{TOPOLOGY}.links", value.get("links"))
-
-
 _WORKERS = (None, "v1", "v2")
 
 
-def _check_sglang(s: _Shape, fact: Any) -> None:
-    value = s.mapping(SGLANG, fact)
-    if value is None:
-        return
-    s.text(f"{SGLANG}.version", value.get("version"))
-    s.text(f"{SGLANG}.location", value.get("location"))
-    s.strings(f"{SGLANG}.speculative_algorithms", value.get("speculative_algorithms"))
-    s.strings(f"{SGLANG}.attention_backends", value.get("attention_backends"))
+def _check_features(s: _Shape, value: Mapping[str, Any]) -> None:
     features = s.mapping(f"{SGLANG}.features", value.get("features"))
     for key, feature in (features or {}).items():
         where = f"{SGLANG}.features.{key}"
