@@ -84,7 +84,7 @@ def cmdline_words(raw: bytes) -> list[str]:
     if words and words[-1] == "":
         words.pop()  # the NUL that ends the last word
     text = [w for w in words if w]
-    if len(text) == 1 and " " in text[0] and len(words) > 0:
+    if len(text) == 1 and " " in text[0]:
         return text[0].split()
     return words
 
