@@ -160,6 +160,23 @@ def tree_cpu(root_pid: int) -> float:
     return total / tick
 
 
+def program_label(pid: int, comm: str) -> str:
+    """``comm``, and for a Python program its script and first word after it (``python
+    fanout_agent.py pull``): the agents' verbs use the CPU differently."""
+    if not comm.startswith("python"):
+        return comm
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return comm
+    words = [w for w in argv[1:] if w and not w.startswith("-")]
+    if "-c" in argv[1:2]:
+        return f"{comm} -c"
+    if words and words[0].endswith(".py"):
+        return " ".join([comm, os.path.basename(words[0])] + words[1:2])
+    return comm
+
+
 class CpuByProgram:
     """Samples, once a second while a run goes, the CPU time of every process of the fleet's
     hosts by program name (rsync, ssh, sshd, python3, ...): where the hosts' CPU goes. A process
@@ -186,8 +203,10 @@ class CpuByProgram:
             while p in parent and p not in roots and hops < 64:
                 p, hops = parent[p], hops + 1
             if p in roots:
-                first = self.seen.get((pid, start), (comm, ticks, ticks))[1]
-                self.seen[(pid, start)] = (comm, first, ticks)
+                known = self.seen.get((pid, start))
+                label = known[0] if known else program_label(pid, comm)
+                first = known[1] if known else ticks
+                self.seen[(pid, start)] = (label, first, ticks)
 
     def loop(self) -> None:
         while not self.stop.is_set():
@@ -222,6 +241,11 @@ def control_cpu() -> float:
 
     me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def cores() -> int:
+    """The CPUs this process (and the fleet, the hub) may run on."""
+    return len(os.sched_getaffinity(0))
 
 
 def load() -> str:
@@ -379,7 +403,7 @@ def main() -> int:
             wipe(fleet, "bench--big")
             mark = hub.mark()
             load_at = load()
-            cpu0 = (control_cpu(), fleet_cpu(fleet))
+            cpu0 = (control_cpu(), fleet_cpu(fleet), tree_cpu(hub.proc.pid))
             t0 = time.time()
             if mode == "fanout":
                 plan.clear()
@@ -393,9 +417,10 @@ def main() -> int:
             check_verified(fleet, hosts, "bench--big", big)
             up = hub.upstream_bytes(mark, sizes, "bench/big")
             ctl, hosts_cpu = control_cpu() - cpu0[0], fleet_cpu(fleet) - cpu0[1]
-            rows.append((label, len(hosts), seconds, up, load_at, ctl, hosts_cpu))
+            hub_cpu = tree_cpu(hub.proc.pid) - cpu0[2]
+            rows.append((label, len(hosts), seconds, up, load_at, ctl, hosts_cpu, hub_cpu))
             print(f"{label}: {seconds:.1f} s, upstream {up / 1e6:.0f} MB (load {load_at}; CPU s: "
-                  f"control {ctl:.1f}, hosts {hosts_cpu:.1f})", flush=True)
+                  f"control {ctl:.1f}, hosts {hosts_cpu:.1f}, hub {hub_cpu:.1f})", flush=True)
             if mode == "fanout":
                 profile = pull_profile(fleet, plan, "bench--big", t0)
             elif len(hosts) == 1:
@@ -406,18 +431,30 @@ def main() -> int:
               f"{LINK_MBIT} Mbit/s (tbf on the hub's veth), LAN unlimited")
         if not baseline:
             print(f"(no \"{n} hosts, no fan-out\" run: --baseline adds it, ~{n} x single)")
+        ncpu = cores()
         print(f"{'run':<22} {'hosts':>5} {'time s':>8} {'x single':>9} {'upstream MB':>12} "
-              f"{'x model':>8} {'ctl CPU s':>9} {'hosts CPU s':>11}  load average at start")
-        for label, nh, seconds, up, load_at, ctl, hosts_cpu in rows:
+              f"{'x model':>8} {'ctl CPU s':>9} {'hosts CPU s':>11} {'hub CPU s':>9} "
+              f"{'busy':>5}  load average at start")
+        for label, nh, seconds, up, load_at, ctl, hosts_cpu, hub_cpu in rows:
+            busy = (ctl + hosts_cpu + hub_cpu) / (ncpu * seconds)
             print(f"{label:<22} {nh:>5} {seconds:>8.1f} {seconds / single:>9.2f} "
-                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f} {ctl:>9.1f} {hosts_cpu:>11.1f}"
-                  f"  {load_at}")
+                  f"{up / 1e6:>12.0f} {up / model_bytes:>8.2f} {ctl:>9.1f} {hosts_cpu:>11.1f} "
+                  f"{hub_cpu:>9.1f} {busy:>5.2f}  {load_at}")
+        print(f"(busy: the run's CPU seconds, control + hosts + hub, over its time on this "
+              f"machine's {ncpu} CPUs, which the hosts share; a real fleet's hosts each have "
+              "their own)")
         print("fan-out, the hosts' CPU seconds by program (sampled each second): "
               + ", ".join(f"{c} {v:.1f}" for c, v in programs))
         print("fan-out, per host (seconds after the run started):")
         print("\n".join(profile))
         print(f"load at the end: {load()}")
         fan_s, fan_up = rows[-1][2], rows[-1][3]
+        fan_cpu = rows[-1][5] + rows[-1][6] + rows[-1][7]
+        print(f"fan-out, CPU: {fan_cpu:.1f} CPU-s on {ncpu} CPUs is at least "
+              f"{fan_cpu / ncpu:.1f} s "
+              f"of the {fan_s:.1f} s run; one host's run took {single:.1f} s "
+              f"({single * 1.3:.1f} s, the target 1.3x, allows at most "
+              f"{single * 1.3 * ncpu:.0f} CPU-s)")
         print(f"fanout: upstream_bytes/model={fan_up / model_bytes:.2f} "
               f"fleet/single={fan_s / single:.2f} hosts={n} ({stamp()})")
         return 0
