@@ -1,13 +1,15 @@
 """What one peer-to-peer copy stream costs in CPU, by transport: the measurement behind the
-fan-out's missed 1.3x target at 16 hosts (bench/fanout/README.md, "Where the CPU goes").
+fan-out's missed 1.3x target at 16 hosts (bench/fanout/README.md, "One copy stream by
+transport").
 
 Two real hosts of a fleet of their own (tests.harness); host ``src`` holds a file of random
 bytes on its models disk (tmpfs), host ``dst`` reads it over the bridge and throws it away, so
 only the transport is measured (no hashing, no disk write). Each transport runs ``--repeat``
 times; each host's CPU is every process of its container (``run.tree_cpu``):
 
-- ``ssh``: OpenSSH as the fan-out uses it today: ``ssh -c aes128-gcm@openssh.com`` from ``dst``
-  to ``src``'s sshd, ``cat`` on ``src``;
+- ``ssh``: OpenSSH as the fan-out uses it today: the pull's own client command
+  (``fanout_agent.ssh_command``: its ciphers, pinned host key, ControlMaster) from ``dst`` to an
+  sshd of ``src``'s own, ``cat`` on ``src``;
 - ``tls``: Python's ``ssl`` (TLS 1.3, a certificate the control machine made for this run and
   ``dst`` checks), 1 MiB reads and ``sendall`` on ``src``, ``recv_into`` on ``dst``;
 - ``tcp``: no encryption: ``socket.sendfile`` on ``src``, ``recv_into`` on ``dst`` (the floor).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import tempfile
@@ -28,12 +31,12 @@ import time
 from pathlib import Path
 
 from bench.fanout.run import tree_cpu
+from specfleet.hostside.fanout_agent import ssh_command
 from tests.harness import Fleet, HostSpec
 
 BLOB = "/srv/models/transport-blob"
 PORT = 7443
 SSH_PORT = 2222
-CIPHER = "aes128-gcm@openssh.com"  # the fan-out's choice (operations/fanout.py)
 
 # Host-side programs, in Python's standard library only (the hosts' /usr/bin/python3).
 SERVER = r"""
@@ -86,21 +89,21 @@ def measure(fleet: Fleet, transport: str, size: int) -> tuple[float, float, floa
             raise SystemExit(f"the {transport} server on src did not start")
         copy = f"python3 /root/tc-client.py {transport} {src_ip} {PORT}"
     else:
-        copy = (f"ssh -i /root/.ssh/tc -c {CIPHER} -o StrictHostKeyChecking=no "
-                f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -p {SSH_PORT} root@{src_ip} "
-                f"cat {BLOB} "
-                "| wc -c")
+        client = ssh_command("/root/.ssh/tc", "/root/tc-known", SSH_PORT, "/root/tc-ctl")
+        copy = f"{shlex.join(client)} root@{src_ip} cat {BLOB} | wc -c"
     cpu0 = host_cpu(fleet, "src"), host_cpu(fleet, "dst")
     start = time.monotonic()
     res = fleet.run("dst", copy, timeout=600)
     took = time.monotonic() - start
+    if res.returncode or res.stdout.split()[-1:] != [str(size)]:
+        if server is not None:
+            server.kill()
+        raise SystemExit(f"{transport}: copied {res.stdout.strip()!r}, wanted {size} bytes: "
+                         f"{res.stderr.strip()}")
     if server is not None:
         server.wait(timeout=60)
     time.sleep(1.5)  # an sshd session ends just after its client: let it be reaped and counted
     cpu1 = host_cpu(fleet, "src"), host_cpu(fleet, "dst")
-    if res.returncode or int(res.stdout.split()[-1]) != size:
-        raise SystemExit(f"{transport}: copied {res.stdout.strip()!r}, wanted {size} bytes: "
-                         f"{res.stderr.strip()}")
     return took, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
 
 
@@ -114,6 +117,10 @@ def prepare(fleet: Fleet, mb: int, work: Path) -> None:
     fleet.run("src", "cat > /root/tc-keys", check=True, input=pub)
     fleet.run("src", f"systemd-run --unit=tc-sshd /usr/sbin/sshd -D -e -p {SSH_PORT} "
               "-o AuthorizedKeysFile=/root/tc-keys -o PidFile=none", check=True)
+    # The pull's client takes only a pinned host key (StrictHostKeyChecking=yes).
+    fleet.run("dst", f"mkdir -p /root/tc-ctl && for i in 1 2 3 4 5; do "
+              f"ssh-keyscan -p {SSH_PORT} {fleet.ip('src')} > /root/tc-known 2>/dev/null "
+              "&& [ -s /root/tc-known ] && exit 0; sleep 1; done; exit 1", check=True)
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=src",
                     "-keyout", str(work / "key.pem"), "-out", str(work / "cert.pem")],
