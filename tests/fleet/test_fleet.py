@@ -305,7 +305,10 @@ def test_second_fleet_is_isolated_keeps_a_persistent_disk_and_goes_away(
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"fleet {other.name}: down" in r.stdout
-    assert hub.proc.wait(timeout=15) is not None, "the stand-in hub outlived its fleet"
+    try:  # wait() returns a status or raises: the timeout is the failure
+        hub.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the stand-in hub outlived its fleet")
     assert not Path(f"/run/netns/{netns}").exists()
     assert not Path(f"/sys/class/net/{bridge}").exists()
     assert not os.path.ismount(disk / "root") and not os.path.ismount(disk / "models")

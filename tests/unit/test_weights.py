@@ -312,13 +312,14 @@ def test_tools_pin_huggingface_hub_to_a_tested_range():
     from packaging.requirements import Requirement
 
     from operations.weights import tools
-    from tests.harness.wheelhouse import WHEELHOUSE_DIR
+    from tests.harness.wheelhouse import ensure_wheelhouse
 
     req = Requirement(inspect.signature(tools._inner).parameters["requirement"].default)
     assert req.name == "huggingface_hub"
     assert any(s.operator in ("<", "<=", "~=", "==") for s in req.specifier), str(req)
     assert req.specifier.contains(version("huggingface_hub"))
-    wheels = sorted(WHEELHOUSE_DIR.glob("huggingface_hub-*.whl"))
+    wheels = sorted(ensure_wheelhouse().glob("huggingface_hub-*.whl"))
+    assert wheels, "the fleet wheelhouse holds no huggingface_hub wheel to check the pin against"
     for whl in wheels:
         assert req.specifier.contains(whl.name.split("-")[1]), (str(req), whl.name)
     for old in ("0.25.2", "3.0.0"):
