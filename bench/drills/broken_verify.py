@@ -46,6 +46,7 @@ from bench.drills.run import Drill, DrillFailed, Env
 from bench.stamp import stamp, stamp_line
 from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, stale_mask_port, up
 from tests.harness import HostSpec
+from tests.harness.sources import RECORD_CHECK
 
 HOST = "ct200"
 SITE = "/root/venv_sglang211/lib/python3.11/site-packages"
@@ -54,22 +55,6 @@ ASK = ("curl -s --max-time 5 http://127.0.0.1:30000/v1/chat/completions -H "
        "'Content-Type: application/json' -d " + json.dumps(json.dumps({
            "messages": [{"role": "user", "content": QUESTION}], "temperature": 0,
            "max_tokens": 16, "chat_template_kwargs": {"thinking": False}})))
-RECORD_CHECK = """
-import base64, csv, hashlib, pathlib, sys
-site = pathlib.Path(sys.argv[1])
-record = next(site.glob("sglang-*.dist-info")) / "RECORD"
-bad = []
-for row in csv.reader(record.read_text().splitlines()):
-    path, digest = row[0], row[1]
-    if not digest or not path.startswith("sglang/"):
-        continue
-    algo, _, want = digest.partition("=")
-    data = (site / path).read_bytes() if (site / path).exists() else b"<missing>"
-    got = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
-    if got != want:
-        bad.append(path)
-print("record:", "ok" if not bad else " ".join(bad))
-"""
 
 
 def ask(demo) -> bool | None:

@@ -41,7 +41,7 @@ from tests.demo import (
     target_files,
 )
 from tests.harness import HostSpec
-from tests.harness.sources import PR20547_TARBALL
+from tests.harness.sources import PR20547_TARBALL, RECORD_CHECK
 from tests.harness.weights_support import StandinHub, commit_files, make_repo, random_bytes
 
 pytestmark = pytest.mark.timeout(1800)
@@ -755,23 +755,6 @@ REMOVED = ["ct200", "h200"]
 FOOTPRINT = (f"/etc/systemd/system/{UNIT} /etc/specfleet /opt/specfleet/tools "
              "/var/lib/specfleet/hf /var/lib/specfleet/rollback /var/lib/specfleet/weights "
              f"/var/lib/specfleet/specfleet-sglang.restart-pending {LOCK}")
-# Every file of the installed SGLang wheel is as its RECORD says (the PR#20547 port undone).
-RECORD_CHECK = """
-import base64, csv, hashlib, pathlib, sys
-site = pathlib.Path(sys.argv[1])
-record = next(site.glob("sglang-*.dist-info")) / "RECORD"
-bad = []
-for row in csv.reader(record.read_text().splitlines()):
-    path, digest = row[0], row[1]
-    if not digest or not path.startswith("sglang/"):
-        continue
-    algo, _, want = digest.partition("=")
-    data = (site / path).read_bytes() if (site / path).exists() else b"<missing>"
-    got = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
-    if got != want:
-        bad.append(path)
-print("record:", "ok" if not bad else " ".join(bad))
-"""
 
 
 def specfleet_cli(env: Env, *args: str) -> tuple[int, str]:

@@ -32,6 +32,26 @@ PR20547_DIFF_SHA256 = "1c844c0fdcab59266c0b1bb46e2099b86469364ffd5ad5ac436f1a7f2
 
 Reader = Callable[[str], "str | None"]
 
+# Run on a host (``python3 -c RECORD_CHECK SITE``): every ``sglang/`` file of the installed
+# wheel against its RECORD. Prints ``record: ok``, or ``record:`` and the paths that differ.
+# No single quote inside: callers put it in a shell's '...'.
+RECORD_CHECK = """
+import base64, csv, hashlib, pathlib, sys
+site = pathlib.Path(sys.argv[1])
+record = next(site.glob("sglang-*.dist-info")) / "RECORD"
+bad = []
+for row in csv.reader(record.read_text().splitlines()):
+    path, digest = row[0], row[1]
+    if not digest or not path.startswith("sglang/"):
+        continue
+    algo, _, want = digest.partition("=")
+    data = (site / path).read_bytes() if (site / path).exists() else b"<missing>"
+    got = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
+    if got != want:
+        bad.append(path)
+print("record:", "ok" if not bad else " ".join(bad))
+"""
+
 
 def sglang_wheel(version: str) -> Path:
     """The cp311 manylinux wheel of sglang ``version`` (downloaded into the cache if missing)."""
