@@ -202,20 +202,31 @@ def prepare_hosts(fleet: Fleet) -> None:
         )
 
 
+def serve(fleet: Fleet, workdir: Path, standin_in_venv: bool = True) -> Demo:
+    """The demo on a booted fleet: the stand-in hub serving the demo's repositories (the drafter
+    gated on ``DEMO_TOKEN``) and the hosts prepared. The caller stops ``demo.hub``; a step that
+    fails stops it here, as no caller holds it yet."""
+    mirrors = workdir / "mirrors"
+    revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
+                 DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}
+    hub = StandinHub(mirrors, fleet.bridge_ip, workdir)
+    try:
+        token_hash = hashlib.sha256(DEMO_TOKEN.encode()).hexdigest()
+        hub.configure(gated={DRAFTER: [token_hash]})
+        hub.wait(TARGET)
+        prepare_hosts(fleet)
+    except BaseException:
+        hub.stop()
+        raise
+    return Demo(fleet, hub, workdir, revisions, standin_in_venv=standin_in_venv)
+
+
 def up(name: str = "demo", hosts: list[HostSpec] | None = None,
        workdir: Path | None = None, standin_in_venv: bool = True,
        owner_pid: int | None = None) -> Demo:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
     fleet = Fleet.up(name, hosts or HOSTS, owner_pid=owner_pid)
-    mirrors = workdir / "mirrors"
-    revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
-                 DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}
-    hub = StandinHub(mirrors, fleet.bridge_ip, workdir)
-    token_hash = hashlib.sha256(DEMO_TOKEN.encode()).hexdigest()
-    hub.configure(gated={DRAFTER: [token_hash]})
-    hub.wait(TARGET)
-    prepare_hosts(fleet)
-    demo = Demo(fleet, hub, workdir, revisions, standin_in_venv=standin_in_venv)
+    demo = serve(fleet, workdir, standin_in_venv=standin_in_venv)
     demo.write_inventory()
     return demo
 

@@ -36,13 +36,11 @@ from tests.demo import (
     REPO_ROOT,
     TARGET,
     Demo,
-    drafter_files,
-    prepare_hosts,
-    target_files,
+    serve,
 )
 from tests.harness import HostSpec
 from tests.harness.sources import PR20547_TARBALL, RECORD_CHECK
-from tests.harness.weights_support import StandinHub, commit_files, make_repo, random_bytes
+from tests.harness.weights_support import commit_files, random_bytes
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -225,24 +223,15 @@ def standin_argv(env: Env, host: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def env(make_fleet, tmp_path_factory):
-    """tests/demo.py's `up()`, on a fleet from `make_fleet` (reaped if this process dies)."""
-    workdir = tmp_path_factory.mktemp("deploy")
-    fleet = make_fleet("deploy", SPECS)
-    mirrors = workdir / "mirrors"
-    revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
-                 DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}
-    hub = StandinHub(mirrors, fleet.bridge_ip, workdir)
+    """tests/demo.py's `serve()`, on a fleet from `make_fleet` (reaped if this process dies)."""
+    demo = serve(make_fleet("deploy", SPECS), tmp_path_factory.mktemp("deploy"))
     try:
-        hub.configure(gated={DRAFTER: [hashlib.sha256(DEMO_TOKEN.encode()).hexdigest()]})
-        hub.wait(TARGET)
-        prepare_hosts(fleet)
         # A server started by hand on the port (CT200 may have one): not our unit.
-        fleet.run("port", "systemd-run --unit=hand-started-server python3 -m http.server 30000 "
-                          "--bind 127.0.0.1", check=True)
-        demo = Demo(fleet, hub, workdir, revisions)
+        demo.fleet.run("port", "systemd-run --unit=hand-started-server python3 -m http.server "
+                               "30000 --bind 127.0.0.1", check=True)
         yield Env(demo)
     finally:
-        hub.stop()
+        demo.hub.stop()
         print("\npyinfra runs (args, deploy, seconds):", *TIMINGS, sep="\n  ")
 
 

@@ -10,17 +10,15 @@ changes; a member that cannot reach rank 0 is named; a rank that dies is named b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.demo import DEMO_TOKEN, DRAFTER, TARGET, Demo, drafter_files, prepare_hosts, target_files
+from tests.demo import serve
 from tests.fleet.test_deploy_fleet import Env, changed, op_results
 from tests.harness import HostSpec
-from tests.harness.weights_support import StandinHub, make_repo
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -47,19 +45,11 @@ class GroupEnv(Env):
 
 @pytest.fixture(scope="module")
 def genv(make_fleet, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("group")
-    fleet = make_fleet("group", SPECS)
-    mirrors = workdir / "mirrors"
-    revisions = {TARGET: make_repo(mirrors, TARGET, target_files()),
-                 DRAFTER: make_repo(mirrors, DRAFTER, drafter_files())}
-    hub = StandinHub(mirrors, fleet.bridge_ip, workdir)
+    demo = serve(make_fleet("group", SPECS), tmp_path_factory.mktemp("group"))
     try:
-        hub.configure(gated={DRAFTER: [hashlib.sha256(DEMO_TOKEN.encode()).hexdigest()]})
-        hub.wait(TARGET)
-        prepare_hosts(fleet)
-        yield GroupEnv(Demo(fleet, hub, workdir, revisions))
+        yield GroupEnv(demo)
     finally:
-        hub.stop()
+        demo.hub.stop()
 
 
 def test_group_converges_as_one_server_then_changes_nothing(genv):
