@@ -24,11 +24,10 @@ import pytest
 
 from specfleet.core.monitoring import watchdog_paths
 from specfleet.core.settings import settings_from_dict
-from tests.fleet.test_server_fleet import DRAFTER_CONFIG, DRAFTER_DIR, REV, deploy
+from tests.fleet.test_server_fleet import REV, STANDIN, deploy, install_standin
 from tests.harness import HostSpec
 
 REPO = Path(__file__).resolve().parents[2]
-STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 NAME = "sf-wd"
 UNIT = f"{NAME}.service"
 HANG = "/run/standin/hang"
@@ -64,16 +63,7 @@ def settings_data(load_s: float = 0, **watch) -> dict:
 @pytest.fixture(scope="module")
 def wd(make_fleet, tmp_path_factory):
     fleet = make_fleet("day2", [HostSpec("h1", gpu="h200x2", disk="8G")])
-    pip = " ".join(fleet.pip_args())
-    setup = (
-        f"python3 -m venv /opt/specfleet/sglang && /opt/specfleet/sglang/bin/pip install -q "
-        f"--disable-pip-version-check --no-deps {pip} sglang==0.5.11 && "
-        f"mkdir -p /opt/specfleet-standin /run/standin {DRAFTER_DIR} && "
-        f"echo {json.dumps(json.dumps(DRAFTER_CONFIG))} > {DRAFTER_DIR}/config.json"
-    )
-    res = fleet.run("h1", setup, timeout=600)
-    assert res.returncode == 0, res.stderr
-    fleet.put("h1", REPO / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
+    install_standin(fleet, "h1")
     run = deploy(fleet, tmp_path_factory.mktemp("wd"), settings_data(), BODY)
     assert run.rc == 0, run
     return fleet

@@ -55,6 +55,13 @@ def srv(make_fleet):
     fleet = make_fleet(
         "server", [HostSpec("h1", gpu="h200x2", disk="8G"), HostSpec("h2", gpu="h200x2", disk="8G")]
     )
+    install_standin(fleet, "h1")
+    return fleet
+
+
+def install_standin(fleet, host: str) -> None:
+    """What the server's unit needs on ``host`` with no deploy: SGLang 0.5.11 in the deploy's
+    venv (its files feed the plan), the drafter's config and the stand-in server."""
     pip = " ".join(fleet.pip_args())
     setup = (
         f"python3 -m venv /opt/specfleet/sglang && /opt/specfleet/sglang/bin/pip install -q "
@@ -62,10 +69,9 @@ def srv(make_fleet):
         f"mkdir -p /opt/specfleet-standin /run/standin {DRAFTER_DIR} && "
         f"echo {json.dumps(json.dumps(DRAFTER_CONFIG))} > {DRAFTER_DIR}/config.json"
     )
-    res = fleet.run("h1", setup, timeout=600)
+    res = fleet.run(host, setup, timeout=600)
     assert res.returncode == 0, res.stderr
-    fleet.put("h1", REPO / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
-    return fleet
+    fleet.put(host, REPO / "tests" / "harness" / "standin_sglang_server.py", STANDIN)
 
 
 def settings_data(name: str, port: int, **over) -> dict:
