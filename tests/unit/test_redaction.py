@@ -28,10 +28,9 @@ KEY_CHARS = "".join(c for c in string.printable if c not in string.whitespace)
 HOSTILE = "'\"\\.*+?[](){}|$^,;:=-"
 
 
-def forms(key: str) -> list[str]:
-    """Every line in which a log shows ``key``."""
+def server_forms(key: str) -> list[str]:
+    """The lines in which SGLang (its ServerArgs, its argv) and a shell show ``key``."""
     argv = ["python3", "-m", "sglang.launch_server", "--api-key", key, "--port", "1"]
-    inner = json.dumps({"api_key": key, "port": 1})
     return [
         f"server_args=ServerArgs(model_path='/m', api_key={key!r}, admin_api_key=None, port=1)",
         f"server_args={{'model_path': '/m', 'api_key': {key!r}, 'admin_api_key': {key!r}}}",
@@ -40,6 +39,14 @@ def forms(key: str) -> list[str]:
         f"argv: {json.dumps(argv)}",
         f"cmd: {shlex.join(argv)}",
         f"cmd: --api-key={shlex.quote(key)} --port 1",
+    ]
+
+
+def forms(key: str) -> list[str]:
+    """Every line in which a log shows ``key``."""
+    inner = json.dumps({"api_key": key, "port": 1})
+    return [
+        *server_forms(key),
         f"cmd: --api_key {shlex.quote(key)} --port 1",
         json.dumps({"--api-key": key, "--port": 1}),
         f"api-key: {json.dumps(key)}",

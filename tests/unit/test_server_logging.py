@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from operations import serving
 from specfleet.core.errors import SettingsError
 from specfleet.core.plan import make_plan
+from tests.unit.test_redaction import server_forms
 from tests.unit.test_server_render import _facts, _settings
 
 STANDIN = Path(__file__).parents[1] / "harness" / "standin_sglang_server.py"
@@ -45,18 +45,7 @@ SETTABLE_KEYS = [k for k in KEYS if " " not in k]
 
 def lines_for(key: str) -> list[str]:
     """Every shape in which SGLang, a shell or a YAML file shows an API key."""
-    argv = ["python", "-m", "sglang.launch_server", "--api-key", key, "--port", "1"]
-    return [
-        f"server_args=ServerArgs(model_path='/m', api_key={key!r}, admin_api_key=None, port=1)",
-        f"server_args={{'model_path': '/m', 'api_key': {key!r}, 'admin_api_key': {key!r}}}",
-        json.dumps({"api_key": key, "port": 1}),
-        f"argv: {argv!r}",
-        f"argv: {json.dumps(argv)}",
-        f"cmd: {shlex.join(argv)}",
-        f"cmd: --api-key={shlex.quote(key)} --port 1",
-        f"api-key: {json.dumps(key)}",
-        f"admin_api_key={key!r}",
-    ]
+    return [*server_forms(key), f"api-key: {json.dumps(key)}", f"admin_api_key={key!r}"]
 
 
 def _gate():
