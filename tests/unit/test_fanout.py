@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -533,6 +534,17 @@ def receiver_pull(tmp_path):
     return fanout_agent, rev_dir, fanout_agent.Pull(job)
 
 
+@contextmanager
+def source_channel(pull, rev_dir: Path, timeout: float):
+    """``(channel, its status)``: the pull's channel to ``SOURCE`` for the model's revision,
+    its status line read, closed on the way out."""
+    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
+    try:
+        yield channel, channel.latest(timeout)
+    finally:
+        channel.close()
+
+
 def through_forced_command(monkeypatch, fanout_agent, models: Path, state: Path):
     """The receiver's ssh replaced by the source's forced command itself, run for real with
     the request as ``SSH_ORIGINAL_COMMAND`` (what sshd does with the rollout's key)."""
@@ -566,13 +578,10 @@ def test_receiver_takes_each_file_whole_hashed_as_it_comes(tmp_path, monkeypatch
     wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": git_blob_id(b"hello")},
               "b.bin": {"path": "b.bin", "size": 6, "sha256": hashlib.sha256(b"world!")
                         .hexdigest()}}
-    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
-    try:
-        assert sorted(channel.latest(10)["verified"]) == ["a.bin", "b.bin"]
+    with source_channel(pull, rev_dir, 10) as (channel, status):
+        assert sorted(status["verified"]) == ["a.bin", "b.bin"]
         got, failed, broke = pull.copy(channel, SOURCE, ["a.bin", "b.bin"], str(rev_dir),
                                        wanted, 10)
-    finally:
-        channel.close()
     assert (got, failed, broke) == (2, [], "") and wanted == {}
     rec = [json.loads(x) for x in (rev_dir / ".specfleet" / "verified.jsonl").read_text()
            .splitlines()]
@@ -609,13 +618,9 @@ def test_receiver_keeps_nothing_of_a_channel_that_breaks(tmp_path, monkeypatch):
         (rev_dir / ".specfleet" / "verified.jsonl").unlink(missing_ok=True)
         wanted = {"a.bin": {"path": "a.bin", "size": 5, "blob_id": git_blob_id(b"hello")},
                   "b.bin": {"path": "b.bin", "size": 10, "blob_id": "y"}}
-        channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
-        try:
-            channel.latest(5)
+        with source_channel(pull, rev_dir, 5) as (channel, _):
             got, failed, broke = pull.copy(channel, SOURCE, ["a.bin", "b.bin"], str(rev_dir),
                                            wanted, 5)
-        finally:
-            channel.close()
         assert (got, failed) == expect[:2] and expect[2] in broke, (answers, got, failed, broke)
         left = sorted(p.name for p in rev_dir.iterdir())
         assert left == [".specfleet", "a.bin"][:1 + got], left

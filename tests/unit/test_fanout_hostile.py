@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 from specfleet.hostside import fanout_agent, weights_agent
-from tests.unit.test_fanout import REV, SOURCE, channel_answers, receiver_pull, stream
+from tests.unit.test_fanout import (
+    REV,
+    SOURCE,
+    channel_answers,
+    receiver_pull,
+    source_channel,
+    stream,
+)
 
 GOOD, EVIL = b"print('the real modeling code')\n", b"import os;os.system('id>/tmp/')\n"
 
@@ -51,15 +58,11 @@ def test_a_second_altered_copy_is_refused_and_what_is_recorded_is_what_was_hashe
     stand_in_source(monkeypatch, header("modeling_x.py", size=len(GOOD)) + GOOD
                     + header("modeling_x.py", size=len(EVIL)) + EVIL)
     wanted = {"modeling_x.py": f}
-    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
-    try:
-        channel.latest(10)
+    with source_channel(pull, rev_dir, 10) as (channel, _):
         got, failed, broke = pull.copy(channel, SOURCE, ["modeling_x.py"], str(rev_dir),
                                        wanted, 10)
         # Whatever the reading thread did with the second copy, it is done once it ended.
         assert channel.latest(10) is None
-    finally:
-        channel.close()
     assert (rev_dir / "modeling_x.py").read_bytes() == GOOD
     assert (got, failed, wanted) == (1, [], {})
     assert [p.name for p in rev_dir.iterdir() if p.name.endswith(fanout_agent.PART_SUFFIX)] == []
@@ -87,13 +90,9 @@ def test_the_second_copy_gives_the_file_to_the_next_source(tmp_path, monkeypatch
     stand_in_source(monkeypatch, header("a.py", size=len(GOOD)) + GOOD
                     + header("a.py", size=len(EVIL)) + EVIL + header("b.py", size=3) + b"abc")
     wanted = {"a.py": a, "b.py": b}
-    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
-    try:
-        channel.latest(10)
+    with source_channel(pull, rev_dir, 10) as (channel, _):
         got, failed, broke = pull.copy(channel, SOURCE, ["a.py", "b.py"], str(rev_dir),
                                        wanted, 10)
-    finally:
-        channel.close()
     assert got == 1 and "not asked for" in broke and list(wanted) == ["b.py"]
     assert (rev_dir / "a.py").read_bytes() == GOOD and not (rev_dir / "b.py").exists()
     assert [e["path"] for e in verified_lines(rev_dir)] == ["a.py"]
@@ -107,13 +106,9 @@ def test_bytes_that_do_not_match_never_reach_the_path(tmp_path, monkeypatch):
     f = {"path": "modeling_x.py", "size": len(GOOD), "blob_id": weights_agent.git_blob_id(GOOD)}
     stand_in_source(monkeypatch, header("modeling_x.py", size=len(EVIL)) + EVIL)
     wanted = {"modeling_x.py": f}
-    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
-    try:
-        channel.latest(10)
+    with source_channel(pull, rev_dir, 10) as (channel, _):
         got, failed, broke = pull.copy(channel, SOURCE, ["modeling_x.py"], str(rev_dir),
                                        wanted, 10)
-    finally:
-        channel.close()
     assert (got, failed, broke, wanted) == (0, [], "", {})
     assert pull.data["corrupt"] == ["modeling_x.py"]
     assert (rev_dir / "modeling_x.py").read_bytes() == b"" and verified_lines(rev_dir) == []
@@ -128,13 +123,9 @@ def test_a_sources_strings_are_shown_with_control_characters_escaped(tmp_path, m
     f = {"path": "a.py", "size": 3, "blob_id": "x"}
     stand_in_source(monkeypatch, header("a.py", error="\x1b[2J\nDone: all verified\r")
                     + header("\x1b]0;pwned\x07x\u2028", size=0))
-    channel = pull.channel(SOURCE, "o--m", REV, str(rev_dir))
-    try:
-        channel.latest(10)
+    with source_channel(pull, rev_dir, 10) as (channel, _):
         pull.copy(channel, SOURCE, ["a.py"], str(rev_dir), {"a.py": f}, 10)
         channel.next_file(5)
-    finally:
-        channel.close()
     out = capsys.readouterr().out
     notes = " ".join(e["text"] for e in pull.data["events"])
     for text in (out.rstrip("\n"), notes):
