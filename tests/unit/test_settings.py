@@ -477,6 +477,40 @@ def test_settings_where_specfleet_does_not_read_them_are_refused_not_ignored(tmp
     assert settings_for_host(hosts["defaults"]).port == 30000
 
 
+def test_settings_given_to_data_as_pyinfra_takes_it_but_specfleet_does_not_are_refused(tmp_path):
+    inv = tmp_path / "inv.py"
+    inv.write_text("hosts = [('a', {'specfleet': {'port': 30001}})]\n")
+    from specfleet.core.settings import check_inventory_settings
+
+    def check(override):
+        ctx_state.set(State())
+        return check_inventory_settings(make_inventory(str(inv), override_data=override))
+
+    with pytest.raises(SettingsError) as err:
+        check({"port": 30005})  # --data port=30005
+    text = str(err.value)
+    assert "[a] --data 'port': a setting outside 'specfleet', which specfleet does not read" in text
+    assert "fix: pass --data 'specfleet={\"port\": ...}'" in text
+    with pytest.raises(SettingsError) as err:
+        check({"specfleet.plan.tp_size": 4})  # --data specfleet.plan.tp_size=4
+    text = str(err.value)
+    assert "[a] data key 'specfleet.plan.tp_size' is not read: pyinfra does not split" in text
+    assert 'fix: nest it: specfleet={"plan": {"tp_size": ...}}' in text
+    # The way that works merges over the inventory's settings key by key.
+    s = check({"specfleet": {"plan": {"tp_size": 4}}, "ssh_user": "ubuntu"})["a"]
+    assert (s.port, s.plan.tp_size) == (30001, 4)
+
+
+def test_settings_nested_under_specfleet_twice_say_to_unwrap_them():
+    # `specfleet plan --settings` takes the settings themselves: a copy of an inventory's
+    # {"specfleet": {...}} gets the fix that works, not "remove it".
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"specfleet": {"port": 30001}}, host="h")
+    text = str(err.value)
+    assert "[h] unknown settings key 'specfleet': these are the settings already" in text
+    assert "up one level" in text and "remove it" not in text
+
+
 def test_fleet_example_agrees_on_one_rollout():
     from specfleet.fleet.rollout import resolve_options
 

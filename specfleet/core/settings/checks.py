@@ -86,6 +86,10 @@ def schema_problems(errors: list[dict[str, Any]], root: type = Settings) -> list
 def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Problem:
     value = err["input"]
     if err["type"] == "extra_forbidden":
+        if key == schema.DATA_KEY:  # a settings file (specfleet plan) copied from an inventory
+            return Problem(key, f"unknown settings key '{key}': these are the settings already",
+                           f"take what is under '{key}' up one level: {{\"port\": 30000}}, not "
+                           f"{{\"{key}\": {{\"port\": 30000}}}}")  # fmt: skip
         leaf = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
         if close:
