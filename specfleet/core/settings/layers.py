@@ -3,6 +3,7 @@ defaults and checked once per distinct data. Host data wins over group data, whi
 ``all``; sections merge key by key, so a group can set ``target.revision`` and a host ``port``."""
 
 import difflib
+import functools
 import json
 import math
 import os
@@ -99,6 +100,14 @@ def settings_for_host(host: Any) -> Settings:
     return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
 
 
+@functools.lru_cache(maxsize=1024)  # the same few keys on every host, on every call
+def _near_data_key(key: str) -> bool:
+    """``specfleat``, ``Specfleet``: a misspelt ``specfleet`` (``specfleet_bench`` is a deploy's
+    own data)."""
+    return (key != DATA_KEY and not key.startswith(DATA_KEY + "_")
+            and bool(difflib.get_close_matches(key.lower(), [DATA_KEY], n=1, cutoff=0.8)))
+
+
 def stray_problems(layers: Iterable[Mapping[str, Any]],
                    override: Mapping[str, Any] | None = None) -> list[Problem]:  # fmt: skip
     """Settings meant for specfleet where it never reads them, which pyinfra keeps without a
@@ -118,8 +127,7 @@ def stray_problems(layers: Iterable[Mapping[str, Any]],
                 key, f"data key '{key}' is not read: pyinfra does not split dotted keys",
                 f"nest it: {DATA_KEY}={nested} (--data merges it over the inventory's settings "
                 "key by key)"))
-        elif (key != DATA_KEY and not key.startswith(DATA_KEY + "_")
-              and difflib.get_close_matches(key.lower(), [DATA_KEY], n=1, cutoff=0.8)):
+        elif _near_data_key(key):
             problems.append(Problem(key, f"data key '{key}' is not read (did you mean "
                                     f"'{DATA_KEY}'?)", f"rename it to '{DATA_KEY}'"))
     overridden = sorted(key for key in override or () if key in Settings.model_fields)
