@@ -112,7 +112,9 @@ def _service(settings: Settings, present: bool):
         commands.append(systemctl("enable", paths.unit_name))
     if stale:
         names = ", ".join(posixpath.basename(p) for p in stale)
-        host.log(f"watchdog {paths.unit_name}: {names} changed, restarting it")
+        # --dry prepares the same commands: it must not say it restarts anything.
+        verb = "restarting it" if host.state.is_executing else "will restart it"
+        host.log(f"watchdog {paths.unit_name}: {names} changed, {verb}")
         commands.append(systemctl("restart", paths.unit_name))
     elif st["active_state"] not in ("active", "activating", "reloading"):
         commands.append(systemctl("reset-failed", paths.unit_name))

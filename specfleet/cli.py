@@ -248,7 +248,7 @@ INVENTORY = click.argument("inventory", metavar="INVENTORY")
 @click.option("--weights-bytes", type=int, help="Target + drafter weights size.")
 @click.option("--predicted", is_flag=True,
               help="SGLang not installed yet: predict from settings.sglang.version.")
-@click.option("--host", help="The host's name, for messages.")
+@click.option("--host", help="The host to plan, from a facts file of several; named in messages.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @guarded
 def plan(**kw: Any) -> int:

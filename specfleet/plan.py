@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SGLang not installed yet: predict from settings.sglang.version",
     )
-    parser.add_argument("--host", help="the host's name, for messages")
+    parser.add_argument("--host", help="the host to plan, from a facts file of several; named in "
+                        "messages")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -431,6 +431,86 @@ def test_every_bad_key_of_every_host_is_listed_in_one_error(tmp_path):
     assert "[b]" not in text
 
 
+def test_a_type_fix_names_the_key_as_the_data_spells_it():
+    # Not specfleet['plan.tp_size']: written that way it is one more unknown key.
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"plan": {"tp_size": "8"}, "probe": {"questions": [{"prompt": 1}]}},
+                           host="h")
+    text = str(err.value)
+    assert "fix: set specfleet['plan']['tp_size'] in the host or group data to an integer" in text
+    assert "specfleet['probe']['questions'][0]['answer']" in text  # a required key, by index
+    assert "specfleet['plan.tp_size']" not in text
+
+
+def test_settings_where_specfleet_does_not_read_them_are_refused_not_ignored(tmp_path):
+    # pyinfra keeps any data key: settings beside 'specfleet' would be dropped without a word and
+    # the deploy would run on the defaults (another models_root, another SGLang).
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        "hosts = [\n"
+        "    ('flat', {'ssh_hostname': 'h', 'models_root': '/data', 'sglang': {'version': '0.5.11'}}),\n"
+        "    ('typo', {'specfleat': {'port': 30001}}),\n"
+        "    ('case', {'Specfleet': {'port': 30001}}),\n"
+        "    ('ok', {'specfleet': {'port': 30001}, 'specfleet_bench': {}, 'port': 22}),\n"
+        "    ('defaults', {'ssh_user': 'root', 'colour': 'blue'}),\n"
+        "]\n"
+    )
+    from specfleet.core.settings import check_inventory_settings
+
+    ctx_state.set(State())
+    inventory = make_inventory(str(inv))
+    with pytest.raises(SettingsError) as err:
+        check_inventory_settings(inventory)
+    text = str(err.value)
+    assert "3 hosts have bad settings" in text
+    assert ("[flat] data 'models_root', 'sglang' at the top level, where specfleet does not read "
+            "settings") in text
+    assert "fix: move them under 'specfleet': {'specfleet': {'models_root': ...}}" in text
+    assert "[typo] data key 'specfleat' is not read (did you mean 'specfleet'?)" in text
+    assert "[case] data key 'Specfleet' is not read" in text
+    assert "fix: rename it to 'specfleet'" in text
+    # Beside real specfleet data a top-level 'port' is someone else's; specfleet_* keys are the
+    # deploys' own (specfleet_bench, specfleet_sweep); a host of no settings names is the defaults.
+    assert "[ok]" not in text and "[defaults]" not in text
+    hosts = {h.name: h for h in inventory}
+    assert settings_for_host(hosts["ok"]).port == 30001
+    assert settings_for_host(hosts["defaults"]).port == 30000
+
+
+def test_settings_given_to_data_as_pyinfra_takes_it_but_specfleet_does_not_are_refused(tmp_path):
+    inv = tmp_path / "inv.py"
+    inv.write_text("hosts = [('a', {'specfleet': {'port': 30001}})]\n")
+    from specfleet.core.settings import check_inventory_settings
+
+    def check(override):
+        ctx_state.set(State())
+        return check_inventory_settings(make_inventory(str(inv), override_data=override))
+
+    with pytest.raises(SettingsError) as err:
+        check({"port": 30005})  # --data port=30005
+    text = str(err.value)
+    assert "[a] --data 'port': a setting outside 'specfleet', which specfleet does not read" in text
+    assert "fix: pass --data 'specfleet={\"port\": ...}'" in text
+    with pytest.raises(SettingsError) as err:
+        check({"specfleet.plan.tp_size": 4})  # --data specfleet.plan.tp_size=4
+    text = str(err.value)
+    assert "[a] data key 'specfleet.plan.tp_size' is not read: pyinfra does not split" in text
+    assert 'fix: nest it: specfleet={"plan": {"tp_size": ...}}' in text
+    # The way that works merges over the inventory's settings key by key.
+    s = check({"specfleet": {"plan": {"tp_size": 4}}, "ssh_user": "ubuntu"})["a"]
+    assert (s.port, s.plan.tp_size) == (30001, 4)
+
+
+def test_settings_nested_under_specfleet_twice_say_to_unwrap_them():
+    # `specfleet plan --settings` takes the settings themselves: a copy of an inventory's
+    # {"specfleet": {...}} gets the fix that works, not "remove it".
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"specfleet": {"port": 30001}}, host="h")
+    text = str(err.value)
+    assert "[h] unknown settings key 'specfleet': these are the settings already" in text
+    assert "up one level" in text and "remove it" not in text
+
+
 def test_fleet_example_agrees_on_one_rollout():
     from specfleet.fleet.rollout import resolve_options
 

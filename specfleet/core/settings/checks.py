@@ -86,6 +86,10 @@ def schema_problems(errors: list[dict[str, Any]], root: type = Settings) -> list
 def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Problem:
     value = err["input"]
     if err["type"] == "extra_forbidden":
+        if key == schema.DATA_KEY:  # a settings file (specfleet plan) copied from an inventory
+            return Problem(key, f"unknown settings key '{key}': these are the settings already",
+                           f"take what is under '{key}' up one level: {{\"port\": 30000}}, not "
+                           f"{{\"{key}\": {{\"port\": 30000}}}}")  # fmt: skip
         leaf = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
         if close:
@@ -99,12 +103,19 @@ def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Pro
                    ctx["fix"].replace("{key}", key))
     if err["type"] == "missing":
         return Problem(key, f"settings key '{key}' is required",
-                       f"set {schema.DATA_KEY}['{key}'] in the host or group data")
+                       f"set {data_path(key)} in the host or group data")
     expected = type_name(tp)
     found = (f"a {type(value).__name__} (not shown: it is a secret)" if key in schema.SECRET_KEYS
              else f"{value!r} ({type(value).__name__})")  # fmt: skip
     return bad(key, found, expected,
-               f"set {schema.DATA_KEY}['{key}'] in the host or group data to {expected}")
+               f"set {data_path(key)} in the host or group data to {expected}")
+
+
+def data_path(key: str) -> str:
+    """A key as the data spells it, ``plan.tp_size`` -> ``specfleet['plan']['tp_size']``: a fix
+    that said ``specfleet['plan.tp_size']`` would send the user to write an unknown key."""
+    parts = re.findall(r"\[(\d+)\]|([^.\[\]]+)", key)
+    return schema.DATA_KEY + "".join(f"[{i}]" if i else f"[{name!r}]" for i, name in parts)
 
 
 def _unwrap(tp: Any) -> Any:  # the type under Annotated and Optional

@@ -2,6 +2,8 @@
 defaults and checked once per distinct data. Host data wins over group data, which wins over
 ``all``; sections merge key by key, so a group can set ``target.revision`` and a host ``port``."""
 
+import difflib
+import functools
 import json
 import math
 import os
@@ -92,7 +94,58 @@ def settings_for_host(host: Any) -> Settings:
         return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
     layers = [inventory.get_data(), *map(inventory.get_group_data, getattr(host, "groups", ())),
               inventory.get_host_data(host.name), inventory.get_override_data()]
+    stray = stray_problems(layers, override=inventory.get_override_data())
+    if stray:
+        raise host_error(host.name, stray)
     return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
+
+
+@functools.lru_cache(maxsize=1024)  # the same few keys on every host, on every call
+def _near_data_key(key: str) -> bool:
+    """``specfleat``, ``Specfleet``: a misspelt ``specfleet`` (``specfleet_bench`` is a deploy's
+    own data)."""
+    return (key != DATA_KEY and not key.startswith(DATA_KEY + "_")
+            and bool(difflib.get_close_matches(key.lower(), [DATA_KEY], n=1, cutoff=0.8)))
+
+
+def stray_problems(layers: Iterable[Mapping[str, Any]],
+                   override: Mapping[str, Any] | None = None) -> list[Problem]:  # fmt: skip
+    """Settings meant for specfleet where it never reads them, which pyinfra keeps without a
+    word: a data key spelt near ``specfleet`` or dotted under it (pyinfra does not split
+    ``--data specfleet.port=1``), and settings names at the top of the run's ``--data``
+    (``override``) or of the data of a host that has no ``specfleet`` data at all (its deploy
+    would run on the defaults)."""
+    layers = list(layers)
+    keys = sorted({key for layer in layers for key in layer if isinstance(key, str)})
+    problems = []
+    for key in keys:
+        if key.startswith(DATA_KEY + "."):
+            nested = "..."
+            for part in reversed(key.split(".")[1:]):
+                nested = f'{{"{part}": {nested}}}'
+            problems.append(Problem(
+                key, f"data key '{key}' is not read: pyinfra does not split dotted keys",
+                f"nest it: {DATA_KEY}={nested} (--data merges it over the inventory's settings "
+                "key by key)"))
+        elif _near_data_key(key):
+            problems.append(Problem(key, f"data key '{key}' is not read (did you mean "
+                                    f"'{DATA_KEY}'?)", f"rename it to '{DATA_KEY}'"))
+    overridden = sorted(key for key in override or () if key in Settings.model_fields)
+    if overridden:
+        names = ", ".join(f"'{key}'" for key in overridden)
+        problems.append(Problem(
+            overridden[0], f"--data {names}: a setting outside '{DATA_KEY}', which specfleet "
+            "does not read",
+            f"pass --data '{DATA_KEY}={{\"{overridden[0]}\": ...}}' (merged over the inventory's "
+            "settings key by key)"))
+    misplaced = [key for key in keys if key in Settings.model_fields]
+    if misplaced and not problems and all(layer.get(DATA_KEY) is None for layer in layers):
+        names = ", ".join(f"'{key}'" for key in misplaced)
+        problems.append(Problem(
+            misplaced[0], f"data {names} at the top level, where specfleet does not read settings "
+            f"(it reads only the '{DATA_KEY}' key)",
+            f"move them under '{DATA_KEY}': {{'{DATA_KEY}': {{'{misplaced[0]}': ...}}}}"))
+    return problems
 
 
 def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
