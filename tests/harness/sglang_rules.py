@@ -827,11 +827,16 @@ def machine_from_nvidia_smi() -> Machine | None:
         return None
 
 
+class RulesNotRun(Exception):
+    """The harness could not run a tree's rules here (e.g. 0.5.23's msgspec is not importable):
+    no verdict, which the caller must not take for "it would start"."""
+
+
 def tree_refusal(tree: str, argv: list[str], machine: Machine) -> str | None:
     """What the SGLang at ``tree`` (its ``sglang`` folder) would stop with on ``argv``: its own
     parser's or rule methods' message, or (modelled from the fraction its code computed and the
     weights in the model folders) pool_configurator.py's "Not enough memory"; None when it would
-    start. Anything the harness cannot run on this tree is not a verdict: None."""
+    start. Anything the harness cannot run on this tree is not a verdict: RulesNotRun."""
     import json
 
     try:
@@ -846,9 +851,9 @@ def tree_refusal(tree: str, argv: list[str], machine: Machine) -> str | None:
     except ArgumentRefused as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - a rule the harness cannot run here is no verdict
-        print(f"standin: SGLang's rules not run on {tree}: {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
-        return None
+        raise RulesNotRun(
+            f"SGLang's rules not run on {tree}: {type(exc).__name__}: {exc}"
+        ) from exc
     if verdict.refused is not None:
         return verdict.refused
     weights = folder_bytes(args.model_path)
