@@ -235,8 +235,12 @@ def ddtree_settings(plan: dict) -> dict:
     }
 
 
+def standin_record(demo, host: str) -> dict:
+    return json.loads(demo.fleet.run(host, "cat /run/standin.json", check=True).stdout)
+
+
 def standin_argv(demo, host: str) -> list[str]:
-    return json.loads(demo.fleet.run(host, "cat /run/standin.json", check=True).stdout)["argv"]
+    return standin_record(demo, host)["argv"]
 
 
 def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
@@ -266,6 +270,10 @@ def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
     assert res.returncode == 0, text[-4000:]
     argv = standin_argv(demo, "h1")
     assert argv[0] == f"{DDTREE_VENV}/bin/python"
+    # The start is a verdict: the fork's own parser and rules ran on its flags and accepted them.
+    rules = standin_record(demo, "h1")["sglang_rules"]
+    assert rules["ran"] is True and rules["refusal"] is None, rules
+    assert rules["tree"].startswith(f"{DDTREE_VENV}/lib/"), rules
     assert "--speculative-dflash-enable-ddtree" in argv
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(FIRST_BUDGET)
     assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"

@@ -35,9 +35,11 @@ the GPU memory and the weights per GPU. That step is modelled, not executed.
 """
 
 from __future__ import annotations
+import __future__
 
 import argparse
 import ast
+import copy
 import enum
 import importlib.abc
 import importlib.machinery
@@ -310,25 +312,56 @@ PARSER_REGISTRIES = (
 )  # fmt: skip
 
 
-def _class_dict_keys(source: str, cls: str, attr: str) -> list[str]:
+@cache
+def _parsed(source: str) -> ast.Module:
+    """A wheel module's syntax tree, parsed once per process: every machine profile's Release
+    reads the same files, and parsing them again is most of what a new profile would cost."""
+    return ast.parse(source)
+
+
+@cache
+def _compiled(source: str, filename: str):
+    """A wheel module's code object, compiled once per process; each Release still executes it
+    into its own fresh module, so the machine predicates it binds at import stay its own."""
+    return compile(source, filename, "exec")
+
+
+@cache
+def _top_level_code(source: str) -> tuple[tuple[str, bool, Any], ...]:
+    """(name, is a class, code object) of each module-level ``def`` and ``class`` of ``source``
+    in order, each compiled alone under ``from __future__ import annotations`` and without its
+    decorators (the statement from its ``def``/``class`` line on), to run in the caller's names."""
+    out = []
+    for node in _parsed(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bare = copy.copy(node)
+            bare.decorator_list = []
+            code = compile(
+                ast.Module(body=[bare], type_ignores=[]), f"<{node.name}>", "exec",
+                flags=__future__.annotations.compiler_flag, dont_inherit=True,
+            )  # fmt: skip
+            out.append((node.name, isinstance(node, ast.ClassDef), code))
+    return tuple(out)
+
+
+@cache
+def _class_dict_keys(source: str, cls: str, attr: str) -> tuple[str, ...]:
     """The string keys of the dict literal ``attr`` in class ``cls`` of ``source``."""
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parsed(source)):
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for stmt in node.body:
                 target = getattr(stmt, "target", None) or (getattr(stmt, "targets", None) or [None])[0]
                 if isinstance(target, ast.Name) and target.id == attr and isinstance(stmt.value, ast.Dict):
-                    return [k.value for k in stmt.value.keys if isinstance(k, ast.Constant)]
+                    return tuple(k.value for k in stmt.value.keys if isinstance(k, ast.Constant))
     raise StubCalled(f"{cls}.{attr} not found as a dict literal")
 
 
 def _exec_class(source: str, cls: str, names: Mapping[str, Any]) -> type:
     """Execute only class ``cls`` of a wheel module (whose other imports cannot load here)."""
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            code = "from __future__ import annotations\n" + ast.get_source_segment(source, node)
+    for name, is_class, code in _top_level_code(source):
+        if is_class and name == cls:
             namespace = {"Enum": enum.Enum, "IntEnum": enum.IntEnum, "auto": enum.auto, **names}
-            exec(compile(code, f"<{cls}>", "exec"), namespace)
+            exec(code, namespace)
             return namespace[cls]
     raise StubCalled(f"class {cls} not found")
 
@@ -338,23 +371,28 @@ def _exec_functions(source: str, names: Mapping[str, Any]) -> dict[str, Any]:
     configs/model_config.py imports torch): each ``def`` executed alone, beside the module's
     literal constants, so its predicates over an HF config (is_deepseek_v4 ...) are the wheel's."""
     namespace: dict[str, Any] = dict(names)
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef):
-            code = "from __future__ import annotations\n" + ast.get_source_segment(source, node)
+    for _name, is_class, code in _top_level_code(source):
+        if not is_class:
             try:
-                exec(compile(code, f"<{node.name}>", "exec"), namespace)
+                exec(code, namespace)
             except NameError:
-                continue  # a default or decorator naming what is not here: not a predicate
+                continue  # a default naming what is not here: not a predicate
     return {k: v for k, v in namespace.items() if callable(v) and k not in names}
 
 
 def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
-    """Module-level ``NAME = <literal>`` of a wheel module (nothing when it is not a file)."""
+    """Module-level ``NAME = <literal>`` of a wheel module (nothing when it is not a file); a
+    copy, so a rule that changes a list it was handed cannot reach the next Release."""
+    return copy.deepcopy(_literal_constants_once(version, dotted))
+
+
+@cache
+def _literal_constants_once(version: str, dotted: str) -> dict[str, Any]:
     source = _wheel_files(version).get(dotted.replace(".", "/") + ".py")
     out: dict[str, Any] = {}
     if source is None:
         return out
-    for node in ast.parse(source).body:
+    for node in _parsed(source).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name):
@@ -365,17 +403,18 @@ def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
     return out
 
 
-def _imports(source: str, top_level: bool = False) -> list[tuple[str, list[str]]]:
+@cache
+def _imports(source: str, top_level: bool = False) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(module, names) of every ``from sglang... import`` and ``import sglang...``: anywhere, or
     only at module level."""
     found = []
-    tree = ast.parse(source)
+    tree = _parsed(source)
     for node in tree.body if top_level else ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang"):
-            found.append((node.module, [a.name for a in node.names]))
+            found.append((node.module, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
-            found.extend((a.name, []) for a in node.names if a.name.startswith("sglang"))
-    return found
+            found.extend((a.name, ()) for a in node.names if a.name.startswith("sglang"))
+    return tuple(found)
 
 
 class _WheelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -530,7 +569,7 @@ class Release:
             mod.__path__ = []
         with self.installed():
             sys.modules[dotted] = mod
-            exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+            exec(_compiled(source, mod.__file__), mod.__dict__)
         setattr(self.modules[parent], leaf, mod)
         self.modules[dotted] = mod
         return mod
@@ -788,11 +827,16 @@ def machine_from_nvidia_smi() -> Machine | None:
         return None
 
 
+class RulesNotRun(Exception):
+    """The harness could not run a tree's rules here (e.g. 0.5.23's msgspec is not importable):
+    no verdict, which the caller must not take for "it would start"."""
+
+
 def tree_refusal(tree: str, argv: list[str], machine: Machine) -> str | None:
     """What the SGLang at ``tree`` (its ``sglang`` folder) would stop with on ``argv``: its own
     parser's or rule methods' message, or (modelled from the fraction its code computed and the
     weights in the model folders) pool_configurator.py's "Not enough memory"; None when it would
-    start. Anything the harness cannot run on this tree is not a verdict: None."""
+    start. Anything the harness cannot run on this tree is not a verdict: RulesNotRun."""
     import json
 
     try:
@@ -807,9 +851,9 @@ def tree_refusal(tree: str, argv: list[str], machine: Machine) -> str | None:
     except ArgumentRefused as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - a rule the harness cannot run here is no verdict
-        print(f"standin: SGLang's rules not run on {tree}: {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
-        return None
+        raise RulesNotRun(
+            f"SGLang's rules not run on {tree}: {type(exc).__name__}: {exc}"
+        ) from exc
     if verdict.refused is not None:
         return verdict.refused
     weights = folder_bytes(args.model_path)

@@ -13,7 +13,9 @@ its ServerArgs, API key included, on the logger `sglang.srt.entrypoints.engine`.
 
 Its own options come first and are named --standin-*:
   --standin-record PATH   write {"argv": [exact argv from /proc/self/cmdline], "env": {...},
-                          "cwd": ..., "pid": ...} to PATH (JSON) at start
+                          "cwd": ..., "pid": ...} to PATH (JSON) at start, then once SGLang's
+                          rules were tried, with "sglang_rules": {"tree", "ran", "refusal",
+                          "why_not"} added (sglang_verdict below)
   --standin-load-s N      answer 503 on /health_generate for N seconds ("loading the model")
   --standin-exit N        exit with status N right after recording (a server that crashes)
   --standin-exit-after-s S  with --standin-exit: "load" (503) for S seconds first, then exit
@@ -39,10 +41,11 @@ stand-in's own (one line per rank), not torch's.
 
 With SGLang's --enable-metrics it serves /metrics with SGLang's metric names (DayTwo below).
 
-It refuses to start where the installed SGLang would (sglang_refusal below): the tree this
+It refuses to start where the installed SGLang would (sglang_verdict below): the tree this
 interpreter would import runs its own parser and rule methods on the flags (sglang_rules.py,
 uploaded beside this file), and "Not enough memory" is modelled from the fraction that code chose,
-nvidia-smi's GPU memory and the model folders' weights. No tree (or no sglang_rules.py): no check.
+nvidia-smi's GPU memory and the model folders' weights. No tree (or no sglang_rules.py, or a tree
+whose rules cannot run here, e.g. 0.5.23's without msgspec): no check, and the record says why.
 
 The readiness gate's correctness probe gets SGLang's native /generate (meta_info with the
 per-request acceptance length) and non-streaming /v1/chat/completions answers from this stand-in's
@@ -305,19 +308,31 @@ class DayTwo:
         return "\n".join(out) + "\n" + (perf.metrics_text() if perf is not None else "")
 
 
-def sglang_refusal(argv: list) -> str | None:
-    """SGLang's own message for these flags on the installed tree, or None (see the docstring)."""
-    try:
-        import importlib.util
+def sglang_verdict(argv: list) -> tuple[str | None, dict]:
+    """(SGLang's own message for these flags on the installed tree, or None; what was judged):
+    the second is {"tree", "ran", "refusal", "why_not"}, written to --standin-record, so a test
+    that expects a verdict can tell "the rules ran and it starts" from "no rules ran"."""
+    import importlib.util
 
-        import sglang_rules
+    judged = {"tree": None, "ran": False, "refusal": None, "why_not": None}
+    try:
         spec = importlib.util.find_spec("sglang")
     except (ImportError, ValueError):
-        return None
+        spec = None
     tree = list(spec.submodule_search_locations or [None])[0] if spec else None
-    machine = sglang_rules.machine_from_nvidia_smi() if tree else None
+    judged["tree"] = tree
+    if tree is None:
+        judged["why_not"] = f"no sglang package importable by {sys.executable}"
+        return None, judged
+    try:
+        import sglang_rules
+    except ImportError:
+        judged["why_not"] = "sglang_rules.py is not beside the stand-in"
+        return None, judged
+    machine = sglang_rules.machine_from_nvidia_smi()
     if machine is None:
-        return None
+        judged["why_not"] = "nvidia-smi reported no GPUs"
+        return None, judged
     flags, args = [], iter(argv)
     for arg in args:  # the flags SGLang would get: this stand-in's own --standin-* X go
         if arg.startswith("--standin-"):
@@ -325,7 +340,21 @@ def sglang_refusal(argv: list) -> str | None:
                 next(args, None)
             continue
         flags.append(arg)
-    return sglang_rules.tree_refusal(tree, flags, machine)
+    try:
+        refusal = sglang_rules.tree_refusal(tree, flags, machine)
+    except sglang_rules.RulesNotRun as exc:
+        print(f"standin: {exc}", file=sys.stderr, flush=True)
+        judged["why_not"] = str(exc)
+        return None, judged
+    judged.update(ran=True, refusal=refusal)
+    return refusal, judged
+
+
+def write_record(path: str, record: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -608,10 +637,7 @@ def main() -> int:
             import hashlib
 
             record["api_key_sha_prefix"] = hashlib.sha256(api_key.encode()).hexdigest()[:12]
-        tmp = args.standin_record + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, args.standin_record)
+        write_record(args.standin_record, record)
 
     # As SGLang does at start (srt/entrypoints/engine.py, _launch_subprocesses: configure_logger,
     # then `logger.info(f"{server_args=}")`, the dataclass repr), API key included.
@@ -621,7 +647,10 @@ def main() -> int:
         f"port={args.port}, api_key={api_key!r}, admin_api_key=None)"
     )
 
-    refusal = sglang_refusal(sys.argv[1:])
+    refusal, judged = sglang_verdict(sys.argv[1:])
+    if args.standin_record:
+        # Written again once judged: the record exists from the start, as before the check.
+        write_record(args.standin_record, {**record, "sglang_rules": judged})
     if refusal:
         print(refusal, file=sys.stderr, flush=True)
         return 2 if ": error: " in refusal else 1

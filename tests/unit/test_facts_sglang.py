@@ -128,11 +128,16 @@ def wheel_path(version: str) -> Path:
     return sglang_wheel(version)
 
 
-@pytest.fixture(scope="module")
-def wheel_trees(tmp_path_factory) -> dict[str, Path]:
-    trees = {}
-    for version in EXPECTED:
-        tree = tmp_path_factory.mktemp(f"sglang-{version}")
+class _WheelTrees(dict):
+    """{version: the release's package unpacked}, each wheel unpacked on first use and then
+    shared by the module's tests (the collector only reads the tree)."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self._tmp = tmp_path_factory
+
+    def __missing__(self, version: str) -> Path:
+        tree = self._tmp.mktemp(f"sglang-{version}")
         with zipfile.ZipFile(wheel_path(version)) as wheel:
             members = [
                 n
@@ -140,8 +145,13 @@ def wheel_trees(tmp_path_factory) -> dict[str, Path]:
                 if n.startswith(NEEDED_PREFIXES) or n.split("/")[0].endswith(".dist-info")
             ]
             wheel.extractall(tree, members)
-        trees[version] = tree
-    return trees
+        self[version] = tree
+        return tree
+
+
+@pytest.fixture(scope="module")
+def wheel_trees(tmp_path_factory) -> dict[str, Path]:
+    return _WheelTrees(tmp_path_factory)
 
 
 @pytest.mark.parametrize("version", sorted(EXPECTED))
@@ -385,13 +395,8 @@ def test_ddtree_fork_tree_from_the_shared_tarball():
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_no_release_in_the_version_table_has_ddtree(version, tmp_path):
-    with zipfile.ZipFile(wheel_path(version)) as wheel:
-        wheel.extractall(tmp_path, [
-            n for n in wheel.namelist()
-            if n.startswith(NEEDED_PREFIXES) or n.split("/")[0].endswith(".dist-info")
-        ])  # fmt: skip
-    value = collect(tmp_path)
+def test_no_release_in_the_version_table_has_ddtree(version, wheel_trees):
+    value = collect(wheel_trees[version])
     assert value["version"] == version
     assert value["features"]["ddtree"] is False
     assert "ddtree" not in value and "layout_release" not in value

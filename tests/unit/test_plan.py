@@ -750,18 +750,49 @@ MALFORMED_FACTS = [
 ]
 
 
-@pytest.mark.parametrize("change, names", [m[1:] for m in MALFORMED_FACTS],
-                         ids=[m[0] for m in MALFORMED_FACTS])
-def test_cli_malformed_facts_exit_2_with_an_error_naming_the_fact(tmp_path, change, names):
+def plan_cli_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """``python -m specfleet.plan ARGS`` as its ``main`` (exit status, stdout, stderr): the same
+    code as the process, without an interpreter start and specfleet's imports for each call."""
+    from specfleet import plan as plan_cli
+
+    capsys.readouterr()
+    rc = plan_cli.main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _write_malformed(tmp_path: Path, change) -> Path:
     out = change(_cli_facts())
     path = tmp_path / "facts.json"
     path.write_bytes(out if isinstance(out, bytes) else json.dumps(out).encode())
+    return path
+
+
+@pytest.mark.parametrize("change, names", [m[1:] for m in MALFORMED_FACTS],
+                         ids=[m[0] for m in MALFORMED_FACTS])
+def test_cli_malformed_facts_exit_2_with_an_error_naming_the_fact(tmp_path, capsys, change, names):
+    path = _write_malformed(tmp_path, change)
+    rc, out, err = plan_cli_in_process(capsys, "--facts", str(path), "--json")
+    assert rc == 2, (out, err)
+    error = json.loads(out)["error"]
+    assert names in error, error
+    assert "Traceback" not in err and "Traceback" not in out
+    # Without --json: one error line on stderr, no traceback.
+    rc, out, err = plan_cli_in_process(capsys, "--facts", str(path))
+    assert rc == 2 and err.startswith("error: ") and names in err and not out, (out, err)
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", ["gpus not a list", "nested too deep"])
+def test_cli_malformed_facts_exit_2_as_a_process(tmp_path, case):
+    """The process itself (the cases above run its main in-process): exit status 2, the error
+    on stdout (--json) or one line on stderr, never a traceback; the deepest input included."""
+    _id, change, names = next(m for m in MALFORMED_FACTS if m[0] == case)
+    path = _write_malformed(tmp_path, change)
     res = run_cli("--facts", str(path), "--json")
     assert res.returncode == 2, (res.stdout, res.stderr)
-    error = json.loads(res.stdout)["error"]
-    assert names in error, error
+    assert names in json.loads(res.stdout)["error"]
     assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
-    # Without --json: one error line on stderr, no traceback.
     res = run_cli("--facts", str(path))
     assert res.returncode == 2 and res.stderr.startswith("error: ") and names in res.stderr
     assert "Traceback" not in res.stderr

@@ -67,7 +67,8 @@ def _host(tmp_path_factory, release: str) -> Path:
     return root
 
 
-def start(host: Path, profile: str, flags: list[str]) -> subprocess.CompletedProcess:
+def start(host: Path, profile: str, flags: list[str],
+          python: tuple[str, ...] = (sys.executable,)) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PATH": f"{host / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
@@ -75,8 +76,23 @@ def start(host: Path, profile: str, flags: list[str]) -> subprocess.CompletedPro
         "STANDIN_NVIDIA_SMI_PROFILE": str(NVIDIA / profile),
         "STANDIN_NVIDIA_SMI_RUNTIME": str(host / f"runtime-{profile}"),
     }
-    argv = [sys.executable, str(host / "standin_sglang_server.py"), "--standin-exit", "0", *flags]
+    record = host / "standin.json"
+    record.unlink(missing_ok=True)
+    argv = [*python, str(host / "standin_sglang_server.py"), "--standin-record", str(record),
+            "--standin-exit", "0", *flags]  # fmt: skip
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def judged(host: Path) -> dict:
+    """What the last start recorded of SGLang's rules (its --standin-record)."""
+    return json.loads((host / "standin.json").read_text())["sglang_rules"]
+
+
+def assert_rules_ran(host: Path) -> None:
+    """A start is a verdict only where the tree's rules ran: "no rules" must not read as "starts"."""
+    rules = judged(host)
+    assert rules["ran"] is True, f"SGLang's rules did not run: {rules['why_not']}"
+    assert rules["tree"] == str(host / "site-packages" / "sglang"), rules
 
 
 def plan_flags(host: Path, profile: str, topo: str, release: str = "0.5.11") -> list[str]:
@@ -102,6 +118,8 @@ def test_b200_host_starts(host):
     out = start(host, "b200x8", plan_flags(host, "b200x8", "b200x8"))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "exiting with status 0 as asked" in out.stdout
+    assert_rules_ran(host)
+    assert judged(host)["refusal"] is None
 
 
 def test_a_flag_the_tree_lacks_is_refused_by_its_parser(host):
@@ -126,6 +144,25 @@ def test_0_5_23_b200_host_starts(host_0_5_23):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "rules not run" not in out.stderr
     assert "exiting with status 0 as asked" in out.stdout
+    assert_rules_ran(host_0_5_23)
+    assert judged(host_0_5_23)["refusal"] is None
+
+
+def test_0_5_23_without_msgspec_is_no_verdict(host_0_5_23):
+    """A fleet host's --no-deps install has no msgspec: 0.5.23's rules cannot run there. The
+    stand-in then starts, as it does with no tree, but says so (stderr and the record), and a test
+    that expects a verdict fails on it instead of reading the start as "SGLang accepts it"."""
+    short = plan_flags(host_0_5_23, "b200x8", "b200x8", "0.5.23")
+    short[short.index("--speculative-draft-window-size") + 1] = "4"  # refused where judged
+    # -S: no site-packages, so the unit venv's msgspec is not importable (PYTHONPATH still is).
+    out = start(host_0_5_23, "b200x8", short, python=(sys.executable, "-S"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "standin: SGLang's rules not run on " in out.stderr
+    rules = judged(host_0_5_23)
+    assert rules["ran"] is False and rules["refusal"] is None
+    assert "No module named 'msgspec'" in rules["why_not"], rules
+    with pytest.raises(AssertionError, match="SGLang's rules did not run: .*msgspec"):
+        assert_rules_ran(host_0_5_23)
 
 
 def test_0_5_23_refuses_the_old_window_flag_and_a_short_window(host_0_5_23):
