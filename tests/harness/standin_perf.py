@@ -194,6 +194,11 @@ class Perf:
             # Prefill: a fixed cost plus the prompt, longer while others decode.
             time.sleep(0.02 + prompt_tokens * 2e-5)
             done, carry = 0, 0.0
+            # Each step is due at a deadline, not after a fixed sleep: a late wake-up on a loaded
+            # machine is made up by the next step, so the measured speed is the model's and not
+            # the model's less the scheduler's delay per step (which favoured the budgets with
+            # the fewest steps).
+            due = time.monotonic()
             while done < max_tokens:
                 carry += accept
                 step = min(max(1, int(carry)), max_tokens - done)
@@ -203,7 +208,8 @@ class Perf:
                 alone = (ddtree_single_tps(self.point, self.ddtree, self.seed) if self.ddtree
                          else single_tps(self.point, self.seed))
                 rate = alone / (1 + CONTENTION * (busy - 1)) / self.slowdown
-                time.sleep(step / rate)
+                due += step / rate
+                time.sleep(max(0.0, due - time.monotonic()))
                 with self.lock:
                     self.accepted += step
                     self.forward_ct += 1
