@@ -37,8 +37,8 @@ def secret_references(s: Settings, environ: Mapping[str, str] | None = None) -> 
     else:
         # Not an error (a token already on the host serves), but a gated repo's 403 comes late.
         token = ("$HF_TOKEN on the control machine: unset, so only the host's own token "
-                 "(~/.cache/huggingface/token) if any; a gated or private repo needs one: "
-                 "export HF_TOKEN (or set weights.token_file)")
+                 f"({w.host_token_path or '~/.cache/huggingface/token'}) if any; a gated or "
+                 "private repo needs one: export HF_TOKEN (or set weights.token_file)")
     return {"api_key": api_key, "hf_token": token}
 
 
