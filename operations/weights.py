@@ -128,11 +128,14 @@ def format_progress(p: dict) -> str:
     total = p.get("bytes_total") or 0
     done = p.get("bytes_done") or 0
     pct = f" ({100 * done / total:.0f} %)" if total else ""
-    line = (
-        f"{p.get('repo_id')}@{(p.get('revision') or p.get('requested') or '?')[:12]} "
-        f"{p.get('state')}: {fmt_gib(done)} of {fmt_gib(total)}{pct}, "
-        f"{p.get('files_done', 0)}/{p.get('files_total', 0)} files"
-    )
+    rev = (p.get("revision") or p.get("requested") or "?")[:12]
+    line = f"{p.get('repo_id')}@{rev} {p.get('state')}"
+    # Starting or listing the repo, no size is known yet: zeros would say one.
+    if total or done or p.get("files_total"):
+        line += (
+            f": {fmt_gib(done)} of {fmt_gib(total)}{pct}, "
+            f"{p.get('files_done', 0)}/{p.get('files_total', 0)} files"
+        )
     rate = p.get("rate_bps") or 0
     if rate and p.get("state") == "downloading":
         line += f", {rate / 1e6:.1f} MB/s"

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"error": message}))
         else:
-            print(f"error: {message}", file=sys.stderr)
+            print(f"specfleet: {message}", file=sys.stderr)  # the prefix of every CLI error
         return 2
 
     try:

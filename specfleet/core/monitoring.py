@@ -90,30 +90,45 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def relay_target_problem(name: str, address: str, s: Settings) -> SpecfleetError | None:
-    """A relay that listens on the loopback, scraped from another machine: it would never
-    answer (the relay has no auth, so the loopback is its default)."""
-    if is_loopback(s.metrics.relay_listen) and not is_loopback(address):
+def relay_target_problem(hosts: list[tuple[str, str, Settings]]) -> SpecfleetError | None:
+    """Relays that listen on the loopback, scraped from another machine: they would never
+    answer (the relay has no auth, so the loopback is its default). One error for every such
+    host of ``(host name, address, settings)``, with the data that opens each."""
+    bad = [(name, address, s) for name, address, s in hosts
+           if is_loopback(s.metrics.relay_listen) and not is_loopback(address)]
+    if not bad:
+        return None
+    name, address, s = bad[0]
+    example = f'specfleet = {{"metrics": {{"relay_listen": "{address}"}}}}'
+    fix = (f"give each host's data its fleet address, e.g. {example} for {name} (or '0.0.0.0' "
+           "in group data, behind a firewall that admits only the scraper), deploy again, then "
+           "run specfleet monitoring again; the relay has no auth")
+    if len(bad) == 1:
         return SpecfleetError(
             f"the metrics relay listens on {s.metrics.relay_listen} (metrics.relay_listen), so "
-            f"Prometheus cannot scrape it at {address}:{s.metrics.relay_port}", host=name,
-            fix="set metrics.relay_listen to the host's fleet address (or '0.0.0.0' behind a "
-            "firewall that admits only the scraper) and deploy again; the relay has no auth")
-    return None
+            f"Prometheus cannot scrape it at {address}:{s.metrics.relay_port}; nothing was "
+            "written", host=name, fix=fix)
+    return SpecfleetError(
+        f"the metrics relay listens on the loopback (metrics.relay_listen) of {len(bad)} hosts, "
+        "so a Prometheus on another machine cannot scrape them; nothing was written:\n" + "\n".join(
+            f"  {n}: {t.metrics.relay_listen}, scraped at {a}:{t.metrics.relay_port}"
+            for n, a, t in bad), fix=fix)
 
 
 def file_sd(hosts: list[tuple[str, str, Settings]]) -> dict[str, list[dict[str, Any]]]:
     """The file_sd target lists of a fleet: ``{job: [{"targets": [...], "labels": {...}}]}``
     from ``(host name, address, settings)``. A host without a relay has no server target; a
     relay on the loopback of a host scraped from elsewhere is refused (``SpecfleetError``)."""
+    relayed = [(n, a, s) for n, a, s in hosts
+               if s.metrics.enable and s.metrics.relay_port is not None]
+    problem = relay_target_problem(relayed)
+    if problem is not None:
+        raise problem
     sglang, node = [], []
     for name, address, s in hosts:
         addr = f"[{address}]" if ":" in address else address
         labels = {"host": name, "service": s.service_name}
         if s.metrics.enable and s.metrics.relay_port is not None:
-            problem = relay_target_problem(name, address, s)
-            if problem is not None:
-                raise problem
             sglang.append({"targets": [f"{addr}:{s.metrics.relay_port}"], "labels": labels})
         node.append({"targets": [f"{addr}:{s.metrics.node_exporter_port}"],
                      "labels": {"host": name}})  # fmt: skip

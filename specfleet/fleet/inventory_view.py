@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,9 +15,10 @@ from specfleet.fleet.pyinfra_run import session
 HIDDEN = "(set inline in the inventory; not shown)"
 
 
-def secret_references(s: Settings) -> dict[str, str]:
+def secret_references(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Where each secret of a host comes from, as a reference (a file, a variable), never its
-    value (pure)."""
+    value; of a variable, whether ``environ`` (default ``os.environ``) sets it."""
+    env = os.environ if environ is None else environ
     if s.api_key is not None:
         api_key = "inline api_key in the inventory (not shown; prefer api_key_file)"
     elif s.api_key_file:
@@ -27,19 +29,26 @@ def secret_references(s: Settings) -> dict[str, str]:
     if w.token_file:
         token = f"file {w.token_file} on the control machine"
     elif w.token_env:
-        token = f"${w.token_env} on the control machine"
+        token = f"${w.token_env} on the control machine: " + (
+            "set" if (env.get(w.token_env) or "").strip()
+            else f"unset (a deploy stops until it is exported: export {w.token_env})")
+    elif (env.get("HF_TOKEN") or "").strip():
+        token = "$HF_TOKEN on the control machine: set"
     else:
-        token = "$HF_TOKEN on the control machine, else the host's own token"
+        # Not an error (a token already on the host serves), but a gated repo's 403 comes late.
+        token = ("$HF_TOKEN on the control machine: unset, so only the host's own token "
+                 f"({w.host_token_path or '~/.cache/huggingface/token'}) if any; a gated or "
+                 "private repo needs one: export HF_TOKEN (or set weights.token_file)")
     return {"api_key": api_key, "hf_token": token}
 
 
-def settings_view(s: Settings) -> dict[str, Any]:
+def settings_view(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A host's settings as plain data with every secret value replaced by ``HIDDEN`` and the
-    references listed under ``secrets`` (pure)."""
+    references listed under ``secrets``."""
     data = s.model_dump()
     if data.get("api_key") is not None:
         data["api_key"] = HIDDEN
-    data["secrets"] = secret_references(s)
+    data["secrets"] = secret_references(s, environ)
     return data
 
 

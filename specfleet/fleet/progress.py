@@ -35,6 +35,9 @@ def fleet_download(progress: Iterable[dict]) -> dict[str, float]:
 
 def download_words(d: dict[str, float], hosts: int) -> str:
     """``412.0 of 4480.0 GiB across 8 hosts, 1.9 GB/s, 38 min left``."""
+    if not d["total"]:  # nothing listed yet: zeros would say a size
+        return f"no size known yet on {hosts} host{'s' * (hosts != 1)}" if hosts \
+            else "no host downloading"
     gib = 1024**3
     words = f"{d['done'] / gib:.1f} of {d['total'] / gib:.1f} GiB across {hosts} hosts"
     if d["rate"]:

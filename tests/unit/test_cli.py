@@ -169,6 +169,30 @@ h2only = (["h2"], {"specfleet": {"api_key": "sk-do-not-print-me", "plan": {"tp_s
     assert "name one of: h1, h2" in capsys.readouterr().err
 
 
+def test_settings_says_whether_the_hf_token_is_set_never_its_value(tmp_path, capsys,
+                                                                    monkeypatch):
+    """A gated or private repo needs a token: ``settings`` says when none is given on the
+    control machine, and only 'set' when one is."""
+    inv = tmp_path / "inv.py"
+    inv.write_text('hosts = ["h1"]\n')
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert cli.main(["settings", str(inv)]) == 0
+    out = capsys.readouterr().out
+    assert 'hf_token: "$HF_TOKEN on the control machine: unset' in out, out
+    assert "gated or private" in out and "export HF_TOKEN" in out
+    monkeypatch.setenv("HF_TOKEN", "hf_do_not_print_me")
+    assert cli.main(["settings", str(inv), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "hf_do_not_print_me" not in out
+    assert json.loads(out)["h1"]["secrets"]["hf_token"] == "$HF_TOKEN on the control machine: set"
+    # A variable of the settings' own choosing, unset: the deploy would stop, and says so here.
+    inv.write_text('hosts = [("h1", {"specfleet": {"weights": {"token_env": "HF_TOKEN_PROD"}}})]\n')
+    monkeypatch.delenv("HF_TOKEN_PROD", raising=False)
+    assert cli.main(["settings", str(inv), "--json"]) == 0
+    token = json.loads(capsys.readouterr().out)["h1"]["secrets"]["hf_token"]
+    assert token.startswith("$HF_TOKEN_PROD on the control machine: unset"), token
+
+
 @pytest.mark.parametrize("text, names", [
     ("@local", ["@local"]), ("h1", ["h1"]), ("h1,h2", ["h1", "h2"]),
     ("@ssh/h1,@local", ["@ssh/h1", "@local"]), ("@docker/debian:12", ["@docker/debian:12"]),

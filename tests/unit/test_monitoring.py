@@ -323,6 +323,26 @@ def test_a_loopback_relay_is_refused_as_a_remote_target_with_the_fix(tmp_path):
     assert (tmp_path / "open" / "prometheus.yml").exists()
 
 
+def test_loopback_relays_of_several_hosts_are_one_error_naming_each_with_the_data_to_set(
+        tmp_path):
+    """The default relay (loopback) on every host of an inventory, as in the example fleet:
+    one error naming every host and where it would be scraped, that nothing was written, and
+    the data that fixes it (not the first host alone, to be met again host by host)."""
+    from specfleet.core.errors import SpecfleetError
+
+    hosts = [("h1", "10.0.0.1", _settings()), ("h2", "10.0.0.2", _settings()),
+             ("h3", "10.0.0.3", _settings(metrics={"relay_listen": "10.0.0.3"}))]
+    with pytest.raises(SpecfleetError) as err:
+        write_monitoring(hosts, tmp_path)
+    text = err.value.render()
+    assert "of 2 hosts" in text and "nothing was written" in text, text
+    assert "h1: 127.0.0.1, scraped at 10.0.0.1:30091" in text, text
+    assert "h2: 127.0.0.1, scraped at 10.0.0.2:30091" in text, text
+    assert "h3" not in text
+    assert """specfleet = {"metrics": {"relay_listen": "10.0.0.1"}}""" in text, text
+    assert not (tmp_path / "targets").exists()
+
+
 def test_every_dashboard_query_parses_as_promql(tmp_path):
     """Each panel's query, with the host picker's values put in as Grafana does, is valid PromQL
     (promtool checks it as a recording rule)."""

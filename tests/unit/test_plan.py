@@ -779,7 +779,7 @@ def test_cli_malformed_facts_exit_2_with_an_error_naming_the_fact(tmp_path, caps
     assert "Traceback" not in err and "Traceback" not in out
     # Without --json: one error line on stderr, no traceback.
     rc, out, err = plan_cli_in_process(capsys, "--facts", str(path))
-    assert rc == 2 and err.startswith("error: ") and names in err and not out, (out, err)
+    assert rc == 2 and err.startswith("specfleet: ") and names in err and not out, (out, err)
     assert "Traceback" not in err
 
 
@@ -794,7 +794,7 @@ def test_cli_malformed_facts_exit_2_as_a_process(tmp_path, case):
     assert names in json.loads(res.stdout)["error"]
     assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
     res = run_cli("--facts", str(path))
-    assert res.returncode == 2 and res.stderr.startswith("error: ") and names in res.stderr
+    assert res.returncode == 2 and res.stderr.startswith("specfleet: ") and names in res.stderr
     assert "Traceback" not in res.stderr
 
 
@@ -865,7 +865,19 @@ def test_cli_human_rendering(tmp_path):
     assert "attention-backend" in out.stdout and "argv: " in out.stdout
     bad = run_cli("--facts", str(tmp_path / "facts.json"))
     assert bad.returncode == 2
-    assert bad.stderr.startswith("error: SGLang is not installed")
+    assert bad.stderr.startswith("specfleet: SGLang is not installed")
+
+
+def test_specfleet_plan_says_its_error_as_every_subcommand_does(tmp_path, capsys):
+    """``specfleet plan`` and ``python -m specfleet.plan`` (above) prefix an error as the rest of
+    the CLI does (``specfleet: ...``), not ``error: ...``."""
+    from specfleet import cli
+
+    (tmp_path / "facts.json").write_text(json.dumps(host_facts("h200x2", sglang=None)))
+    capsys.readouterr()
+    assert cli.main(["plan", "--facts", str(tmp_path / "facts.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specfleet: SGLang is not installed"), err
 
 
 # --------------------------------------------------------------------------------------------------

@@ -433,6 +433,14 @@ def test_the_fleet_download_adds_every_hosts_progress_up():
     assert fleet_download([])["eta"] is None
 
 
+def test_the_fleet_download_before_any_size_is_known_says_so_not_zeros():
+    from specfleet.fleet.progress import download_words, fleet_download
+
+    assert download_words(fleet_download([]), 0) == "no host downloading"
+    listing = fleet_download([{"bytes_done": 0, "bytes_total": 0, "state": "planning"}] * 2)
+    assert download_words(listing, 2) == "no size known yet on 2 hosts"
+
+
 def test_the_live_view_renders_every_host_in_its_batch():
     from rich.console import Console
 
@@ -445,7 +453,7 @@ def test_the_live_view_renders_every_host_in_its_batch():
     console = Console(record=True, width=120)
     console.print(view.table())
     text = console.export_text()
-    assert "prefetch: 0.0 of 0.0 GiB across 0 hosts" in text
+    assert "prefetch: no host downloading" in text
     for h in H4:
         assert h in text
     assert "batch 1/2 gate" in text and "canary" in text

@@ -501,6 +501,32 @@ def test_settings_given_to_data_as_pyinfra_takes_it_but_specfleet_does_not_are_r
     assert (s.port, s.plan.tp_size) == (30001, 4)
 
 
+def test_a_bad_data_value_is_said_once_naming_the_hosts_it_reaches(tmp_path):
+    """--data (or a group's data) reaches many hosts with the same bad value: one problem, said
+    once with the hosts it applies to, not a copy per host."""
+    inv = tmp_path / "inv.py"
+    inv.write_text("hosts = [('a', {}), ('b', {}), ('c', {}), ('d', {'specfleet': {'prot': 1}})]\n")
+    from specfleet.core.settings import check_inventory_settings
+
+    def check(override):
+        ctx_state.set(State())
+        return check_inventory_settings(make_inventory(str(inv), override_data=override))
+
+    with pytest.raises(SettingsError) as err:
+        check({"specfleet.port": "x"})  # --data specfleet.port=x: every host
+    text = str(err.value)
+    assert text.count("data key 'specfleet.port' is not read") == 1, text
+    assert text.count('fix: nest it: specfleet={"port": ...}') == 1, text
+    assert text.startswith("[all 4 hosts] data key 'specfleet.port'"), text
+    with pytest.raises(SettingsError) as err:
+        check({"specfleet": {"port": "x"}})  # d has a problem of its own besides
+    text = str(err.value)
+    assert text.startswith("4 hosts have bad settings:\n"), text
+    assert text.count("settings key 'port' is 'x' (str), expected an integer") == 2, text
+    assert "[a, b, c] settings key 'port' is 'x'" in text
+    assert "[d] 2 settings are bad:" in text and "[d] unknown settings key 'prot'" in text
+
+
 def test_settings_nested_under_specfleet_twice_say_to_unwrap_them():
     # `specfleet plan --settings` takes the settings themselves: a copy of an inventory's
     # {"specfleet": {...}} gets the fix that works, not "remove it".

@@ -175,6 +175,19 @@ def test_parse_job_and_progress_line():
     assert parse_job([f"unit {unit}", "progress", "{cut"])["progress"] is None
 
 
+def test_a_progress_line_before_the_size_is_known_has_no_zero_sizes():
+    """While the agent starts and lists the repo, it knows no size yet: the line says the state,
+    not "0.0 MiB of 0.0 MiB, 0/0 files"."""
+    for state in ("starting", "planning"):
+        prog = {"repo_id": "a/b", "requested": "main", "revision": None, "state": state,
+                "bytes_done": 0, "bytes_total": 0, "files_done": 0, "files_total": 0}
+        assert format_progress(prog) == f"a/b@main {state}"
+    # Known, even with nothing left to fetch: the sizes are said.
+    done = {"repo_id": "a/b", "revision": "c" * 40, "state": "verifying", "bytes_done": GIB,
+            "bytes_total": GIB, "files_done": 1, "files_total": 1}
+    assert "1.0 GiB of 1.0 GiB (100 %), 1/1 files" in format_progress(done)
+
+
 def test_job_command_lists_units_and_reads_progress_locally(tmp_path):
     """The job command run for real: with no such unit it still prints the progress file."""
     progress = tmp_path / "p q.json"

@@ -162,16 +162,35 @@ def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
             good[host.name] = settings_for_host(host)
         except SettingsError as exc:
             bad.append(exc)
-    if len(bad) == 1:
-        raise bad[0]
-    if bad:
+    said = said_once(bad, len(good) + len(bad))
+    if len(said) == 1:
+        raise said[0]
+    if said:
         raise SettingsError(f"{len(bad)} hosts have bad settings:\n" + "\n".join(
-            e.render() for e in bad), fix="fix each key above in the inventory or group data")
+            e.render() for e in said), fix="fix each key above in the inventory or group data")
     try:
         _ALL_HOSTS[inventory] = good
     except TypeError:
         pass  # an inventory that cannot be weakly referenced is simply read again
     return dict(good)
+
+
+def said_once(bad: list[SettingsError], hosts: int) -> list[SettingsError]:
+    """Errors that differ only in the host they name as one naming those hosts: a bad ``--data``
+    or group value reaches each host alike, and a copy per host buries the one fix."""
+    mark = "\0host\0"
+    same: dict[tuple[str, str | None], list[SettingsError]] = {}
+    for e in bad:
+        same.setdefault((e.problem.replace(f"[{e.host}] ", mark), e.fix), []).append(e)
+    said = []
+    for (problem, fix), errors in same.items():
+        if len(errors) == 1:
+            said.append(errors[0])
+            continue
+        names = [e.host or "" for e in errors]
+        host = f"all {hosts} hosts" if len(names) == hosts else ", ".join(names)
+        said.append(SettingsError(problem.replace(mark, f"[{host}] "), host=host, fix=fix))
+    return said
 
 
 # pyinfra runs a deploy file once per host, and each run asks for every host's settings: the
