@@ -1,5 +1,6 @@
 """The typed settings object: merging over defaults and clear errors for bad data."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -477,14 +478,18 @@ def test_settings_where_specfleet_does_not_read_them_are_refused_not_ignored(tmp
     assert settings_for_host(hosts["defaults"]).port == 30000
 
 
+def check_with_data(inv: Path, override: dict) -> dict:
+    """check_inventory_settings on ``inv`` with ``override`` as pyinfra's --data gives it."""
+    from specfleet.core.settings import check_inventory_settings
+
+    ctx_state.set(State())
+    return check_inventory_settings(make_inventory(str(inv), override_data=override))
+
+
 def test_settings_given_to_data_as_pyinfra_takes_it_but_specfleet_does_not_are_refused(tmp_path):
     inv = tmp_path / "inv.py"
     inv.write_text("hosts = [('a', {'specfleet': {'port': 30001}})]\n")
-    from specfleet.core.settings import check_inventory_settings
-
-    def check(override):
-        ctx_state.set(State())
-        return check_inventory_settings(make_inventory(str(inv), override_data=override))
+    check = functools.partial(check_with_data, inv)
 
     with pytest.raises(SettingsError) as err:
         check({"port": 30005})  # --data port=30005
@@ -506,11 +511,7 @@ def test_a_bad_data_value_is_said_once_naming_the_hosts_it_reaches(tmp_path):
     once with the hosts it applies to, not a copy per host."""
     inv = tmp_path / "inv.py"
     inv.write_text("hosts = [('a', {}), ('b', {}), ('c', {}), ('d', {'specfleet': {'prot': 1}})]\n")
-    from specfleet.core.settings import check_inventory_settings
-
-    def check(override):
-        ctx_state.set(State())
-        return check_inventory_settings(make_inventory(str(inv), override_data=override))
+    check = functools.partial(check_with_data, inv)
 
     with pytest.raises(SettingsError) as err:
         check({"specfleet.port": "x"})  # --data specfleet.port=x: every host
