@@ -49,6 +49,8 @@ STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 # The stand-in server's performance model, imported from beside it (/v1/completions, speeds).
 STANDIN_PERF = "/opt/specfleet-standin/standin_perf.py"
 STANDIN_RULES = "/opt/specfleet-standin/sglang_rules.py"
+# Where the stand-in writes what it was started with and what SGLang's rules said of it.
+STANDIN_RECORD = "/run/standin.json"
 TARGET = "demo/Kimi-K2.6-mini"
 DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
 # The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
@@ -107,11 +109,21 @@ def stale_mask_port(workdir: Path) -> dict:
     return {"patch": {**port_settings(), "test_recipe": str(recipe)}}
 
 
+def host_venv(host: str) -> str:
+    """The host's SGLang venv: CT200's own, else the deploy's default."""
+    return CT200_VENV if host == "ct200" else "/opt/specfleet/sglang"
+
+
 def standin_python(host: str) -> str:
     """The interpreter of the host's SGLang venv, as the real server's ``VENV/bin/python -m
     sglang.launch_server``: the stand-in then sees the SGLang tree the deploy installed (and
-    decides from it, e.g. a stale verify mask). Other hosts: the deploy's default venv."""
-    return f"{CT200_VENV if host == 'ct200' else '/opt/specfleet/sglang'}/bin/python"
+    decides from it, e.g. a stale verify mask)."""
+    return f"{host_venv(host)}/bin/python"
+
+
+def standin_record(fleet: Fleet, host: str, path: str = STANDIN_RECORD) -> dict:
+    """The stand-in's --standin-record on a host: its argv, env, pid and ``sglang_rules``."""
+    return json.loads(fleet.run(host, f"cat {path}", check=True).stdout)
 
 
 @dataclass
@@ -139,7 +151,7 @@ class Demo:
                         "allow_http_hosts": [urllib.parse.urlsplit(self.hub.url).hostname]},
             "readiness_timeout_s": 120.0,
             "launcher": [standin_python(host) if self.standin_in_venv else "/usr/bin/python3",
-                         STANDIN, "--standin-record", "/run/standin.json"],
+                         STANDIN, "--standin-record", STANDIN_RECORD],
         }
         if host in GROUP["members"]:
             data["group"] = dict(GROUP)
