@@ -86,6 +86,14 @@ def specfleet(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def unit_sha(demo, host: str) -> str:
     return demo.fleet.run(host, f"cat {UNIT_FILES} | sha1sum", check=True).stdout.split()[0]
 
@@ -140,23 +148,32 @@ def test_sweep_resumes_after_a_kill_and_leaves_the_host_on_the_best_point(demo):
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env(), stdout=log, stderr=log,
                             start_new_session=True)
     state_path = out / "state.json"
+
+    def points_done() -> int:
+        if not state_path.exists():
+            return 0
+        return sum(p["status"] == "done" for p in json.loads(state_path.read_text())["points"].values())
+
     deadline = time.monotonic() + 600
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if state_path.exists():
-                state = json.loads(state_path.read_text())
-                if sum(p["status"] == "done" for p in state["points"].values()) >= 2:
-                    break
+        while proc.poll() is None and points_done() < 2:
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited 600 s for the sweep to finish 2 points: {points_done()} done"
+                            f"\n{(demo.workdir / 'sweep-killed.log').read_text()[-4000:]}")
             time.sleep(0.5)
         assert proc.poll() is None, (demo.workdir / "sweep-killed.log").read_text()
         time.sleep(3)  # into the next point's deploy
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        for _ in range(100):  # every process of the group gone (pyinfra reaped by init)
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
+        # Every process of the group gone (pyinfra reaped by init) before the sweep runs again:
+        # a survivor would still be deploying a point beside the resumed sweep.
+        gone_by = time.monotonic() + 10
+        while group_alive(proc.pid):
+            if time.monotonic() > gone_by:
+                left = subprocess.run(["ps", "-o", "pid,stat,args", "-s", str(proc.pid)],
+                                      capture_output=True, text=True).stdout
+                pytest.fail(f"the killed sweep's processes (session {proc.pid}) are still there "
+                            f"10 s after SIGKILL:\n{left}")
             time.sleep(0.1)
     finally:
         log.close()
