@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import Fleet, HostSpec
+from tests.harness.core import fleet_tag
 from tests.harness.port_build import port_settings, write_stale_mask_recipe
 from tests.harness.sources import PR20547_TARBALL
 from tests.harness.weights_support import StandinHub, make_repo, random_bytes
@@ -233,9 +234,17 @@ def serve(fleet: Fleet, workdir: Path, standin_in_venv: bool = True) -> Demo:
     return Demo(fleet, hub, workdir, revisions, standin_in_venv=standin_in_venv)
 
 
-def up(name: str = "demo", hosts: list[HostSpec] | None = None,
+def demo_name() -> str:
+    """``demo``, or ``demo-TAG`` under SPECFLEET_FLEET_TAG=TAG: ``Fleet.up`` tears down an older
+    fleet of the same name, so a tagged demo (a helper's, CI's) must not take down another one."""
+    tag = fleet_tag()
+    return f"demo-{tag}" if tag else "demo"
+
+
+def up(name: str | None = None, hosts: list[HostSpec] | None = None,
        workdir: Path | None = None, standin_in_venv: bool = True,
        owner_pid: int | None = None) -> Demo:
+    name = name or demo_name()
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
     fleet = Fleet.up(name, hosts or HOSTS, owner_pid=owner_pid)
     demo = serve(fleet, workdir, standin_in_venv=standin_in_venv)
@@ -273,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if first.returncode == 0 and second.returncode == 0 else 1
     finally:
         if args.keep:
-            print(f"==> left running: python -m tests.fleet down --name {demo.fleet.name}")
+            print(f"==> left running: python -m tests.fleet ssh --name {demo.fleet.name} ct200, "
+                  f"then python -m tests.fleet down --name {demo.fleet.name}")
         else:
             demo.down()
 
