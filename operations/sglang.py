@@ -199,7 +199,7 @@ def installed(
         return
     decision, requirement = _decide(current, direct, version, git_url, git_ref, source_path)
     if decision.action == "noop" and has_python:
-        host.noop(decision.reason)
+        host.noop(f"{decision.reason} in {venv}")
         return
     if source_path:
         _check_source_tree(source_path)
@@ -734,9 +734,11 @@ def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
         no_deps=sg.no_deps,
     )
     metas = {}
+    # The label is one row of pyinfra's Results for every host: the venv is each host's own
+    # (CT200 reuses its venv), so the host's lines name it, not the label.
     metas["installed"] = installed(
         name=f"SGLang {sg.git_ref if git else sg.source_path if from_tree else sg.version} "
-        f"installed in {settings.venv}",
+        "installed",
         venv=settings.venv,
         version=sg.version,
         python=settings.python,

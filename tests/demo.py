@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import Fleet, HostSpec
+from tests.harness.core import fleet_tag
 from tests.harness.port_build import port_settings, write_stale_mask_recipe
 from tests.harness.sources import PR20547_TARBALL
 from tests.harness.weights_support import StandinHub, make_repo, random_bytes
@@ -49,6 +50,8 @@ STANDIN = "/opt/specfleet-standin/standin_sglang_server.py"
 # The stand-in server's performance model, imported from beside it (/v1/completions, speeds).
 STANDIN_PERF = "/opt/specfleet-standin/standin_perf.py"
 STANDIN_RULES = "/opt/specfleet-standin/sglang_rules.py"
+# Where the stand-in writes what it was started with and what SGLang's rules said of it.
+STANDIN_RECORD = "/run/standin.json"
 TARGET = "demo/Kimi-K2.6-mini"
 DRAFTER = "demo/Kimi-K2.6-DFlash-mini"
 # The demo's HF token: a throwaway value the stand-in hub accepts for the gated drafter.
@@ -107,11 +110,21 @@ def stale_mask_port(workdir: Path) -> dict:
     return {"patch": {**port_settings(), "test_recipe": str(recipe)}}
 
 
+def host_venv(host: str) -> str:
+    """The host's SGLang venv: CT200's own, else the deploy's default."""
+    return CT200_VENV if host == "ct200" else "/opt/specfleet/sglang"
+
+
 def standin_python(host: str) -> str:
     """The interpreter of the host's SGLang venv, as the real server's ``VENV/bin/python -m
     sglang.launch_server``: the stand-in then sees the SGLang tree the deploy installed (and
-    decides from it, e.g. a stale verify mask). Other hosts: the deploy's default venv."""
-    return f"{CT200_VENV if host == 'ct200' else '/opt/specfleet/sglang'}/bin/python"
+    decides from it, e.g. a stale verify mask)."""
+    return f"{host_venv(host)}/bin/python"
+
+
+def standin_record(fleet: Fleet, host: str, path: str = STANDIN_RECORD) -> dict:
+    """The stand-in's --standin-record on a host: its argv, env, pid and ``sglang_rules``."""
+    return json.loads(fleet.run(host, f"cat {path}", check=True).stdout)
 
 
 @dataclass
@@ -139,7 +152,7 @@ class Demo:
                         "allow_http_hosts": [urllib.parse.urlsplit(self.hub.url).hostname]},
             "readiness_timeout_s": 120.0,
             "launcher": [standin_python(host) if self.standin_in_venv else "/usr/bin/python3",
-                         STANDIN, "--standin-record", "/run/standin.json"],
+                         STANDIN, "--standin-record", STANDIN_RECORD],
         }
         if host in GROUP["members"]:
             data["group"] = dict(GROUP)
@@ -221,9 +234,17 @@ def serve(fleet: Fleet, workdir: Path, standin_in_venv: bool = True) -> Demo:
     return Demo(fleet, hub, workdir, revisions, standin_in_venv=standin_in_venv)
 
 
-def up(name: str = "demo", hosts: list[HostSpec] | None = None,
+def demo_name() -> str:
+    """``demo``, or ``demo-TAG`` under SPECFLEET_FLEET_TAG=TAG: ``Fleet.up`` tears down an older
+    fleet of the same name, so a tagged demo (a helper's, CI's) must not take down another one."""
+    tag = fleet_tag()
+    return f"demo-{tag}" if tag else "demo"
+
+
+def up(name: str | None = None, hosts: list[HostSpec] | None = None,
        workdir: Path | None = None, standin_in_venv: bool = True,
        owner_pid: int | None = None) -> Demo:
+    name = name or demo_name()
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"specfleet-{name}-"))
     fleet = Fleet.up(name, hosts or HOSTS, owner_pid=owner_pid)
     demo = serve(fleet, workdir, standin_in_venv=standin_in_venv)
@@ -261,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if first.returncode == 0 and second.returncode == 0 else 1
     finally:
         if args.keep:
-            print(f"==> left running: python -m tests.fleet down --name {demo.fleet.name}")
+            print(f"==> left running: python -m tests.fleet ssh --name {demo.fleet.name} ct200, "
+                  f"then python -m tests.fleet down --name {demo.fleet.name}")
         else:
             demo.down()
 

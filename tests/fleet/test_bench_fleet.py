@@ -23,7 +23,7 @@ import time
 import pytest
 
 from specfleet.core import bench as core
-from tests.demo import DEMO_TOKEN, REPO_ROOT, STANDIN, TEST_ENV, up
+from tests.demo import DEMO_TOKEN, REPO_ROOT, STANDIN, STANDIN_RECORD, TEST_ENV, standin_record, up
 from tests.harness import HostSpec
 from tests.harness import standin_perf as perf
 from tests.harness.sources import (
@@ -31,6 +31,7 @@ from tests.harness.sources import (
     DDTREE_FORK_TARBALL,
     ddtree_fork_host_script,
 )
+from tests.unit.test_standin_refusal import assert_accepted
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -45,7 +46,7 @@ UNIT_FILES = "/etc/systemd/system/specfleet-sglang.service /etc/specfleet/specfl
 
 
 def launcher() -> list[str]:
-    return ["/usr/bin/python3", STANDIN, "--standin-record", "/run/standin.json",
+    return ["/usr/bin/python3", STANDIN, "--standin-record", STANDIN_RECORD,
             "--standin-perf-seed", str(SEED)]
 
 
@@ -83,6 +84,14 @@ def env() -> dict[str, str]:
 def specfleet(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specfleet.cli", *args], cwd=REPO_ROOT, env=env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def unit_sha(demo, host: str) -> str:
@@ -139,23 +148,32 @@ def test_sweep_resumes_after_a_kill_and_leaves_the_host_on_the_best_point(demo):
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env(), stdout=log, stderr=log,
                             start_new_session=True)
     state_path = out / "state.json"
+
+    def points_done() -> int:
+        if not state_path.exists():
+            return 0
+        return sum(p["status"] == "done" for p in json.loads(state_path.read_text())["points"].values())
+
     deadline = time.monotonic() + 600
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if state_path.exists():
-                state = json.loads(state_path.read_text())
-                if sum(p["status"] == "done" for p in state["points"].values()) >= 2:
-                    break
+        while proc.poll() is None and points_done() < 2:
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited 600 s for the sweep to finish 2 points: {points_done()} done"
+                            f"\n{(demo.workdir / 'sweep-killed.log').read_text()[-4000:]}")
             time.sleep(0.5)
         assert proc.poll() is None, (demo.workdir / "sweep-killed.log").read_text()
         time.sleep(3)  # into the next point's deploy
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        for _ in range(100):  # every process of the group gone (pyinfra reaped by init)
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
+        # Every process of the group gone (pyinfra reaped by init) before the sweep runs again:
+        # a survivor would still be deploying a point beside the resumed sweep.
+        gone_by = time.monotonic() + 10
+        while group_alive(proc.pid):
+            if time.monotonic() > gone_by:
+                left = subprocess.run(["ps", "-o", "pid,stat,args", "-s", str(proc.pid)],
+                                      capture_output=True, text=True).stdout
+                pytest.fail(f"the killed sweep's processes (session {proc.pid}) are still there "
+                            f"10 s after SIGKILL:\n{left}")
             time.sleep(0.1)
     finally:
         log.close()
@@ -190,7 +208,7 @@ def test_sweep_resumes_after_a_kill_and_leaves_the_host_on_the_best_point(demo):
     assert final["current"] == best_key and final["finished"]
 
     # The server runs the winner's flags...
-    argv_now = json.loads(demo.fleet.run("h2", "cat /run/standin.json", check=True).stdout)["argv"]
+    argv_now = standin_record(demo.fleet, "h2")["argv"]
     now = perf.point_from_argv(argv_now)
     assert (now.block, now.window) == expected
     # ...and the deploy path with the winning overrides has nothing left to change.
@@ -227,20 +245,16 @@ def ddtree_settings(plan: dict) -> dict:
     return {
         "venv": DDTREE_VENV,
         "sglang": {"kind": "source", "source_path": DDTREE_FORK_HOST_SRC},
-        "launcher": [f"{DDTREE_VENV}/bin/python", STANDIN, "--standin-record",
-                     "/run/standin.json", "--standin-perf-seed", str(SEED)],
+        "launcher": [f"{DDTREE_VENV}/bin/python", STANDIN, "--standin-record", STANDIN_RECORD,
+                     "--standin-perf-seed", str(SEED)],
         # The sweep's budget corners are slow on purpose (see the module's fixture).
         "probe": {"min_accept_length": 1.0},
         "plan": plan,
     }
 
 
-def standin_record(demo, host: str) -> dict:
-    return json.loads(demo.fleet.run(host, "cat /run/standin.json", check=True).stdout)
-
-
 def standin_argv(demo, host: str) -> list[str]:
-    return standin_record(demo, host)["argv"]
+    return standin_record(demo.fleet, host)["argv"]
 
 
 def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
@@ -271,9 +285,7 @@ def test_ddtree_fork_planned_swept_by_budget_and_rolled_out(demo):
     argv = standin_argv(demo, "h1")
     assert argv[0] == f"{DDTREE_VENV}/bin/python"
     # The start is a verdict: the fork's own parser and rules ran on its flags and accepted them.
-    rules = standin_record(demo, "h1")["sglang_rules"]
-    assert rules["ran"] is True and rules["refusal"] is None, rules
-    assert rules["tree"].startswith(f"{DDTREE_VENV}/lib/"), rules
+    assert_accepted(standin_record(demo.fleet, "h1")["sglang_rules"], f"{DDTREE_VENV}/lib")
     assert "--speculative-dflash-enable-ddtree" in argv
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(FIRST_BUDGET)
     assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"

@@ -36,11 +36,14 @@ from tests.demo import (
     REPO_ROOT,
     TARGET,
     Demo,
+    host_venv,
     serve,
+    standin_record,
 )
 from tests.harness import HostSpec
 from tests.harness.sources import PR20547_TARBALL, RECORD_CHECK
 from tests.harness.weights_support import commit_files, random_bytes
+from tests.unit.test_standin_refusal import assert_accepted
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -218,7 +221,12 @@ def model_info(env: Env, host: str, port: int = 30000) -> dict:
 
 
 def standin_argv(env: Env, host: str) -> list[str]:
-    return json.loads(env.run(host, "cat /run/standin.json"))["argv"]
+    return standin_record(env.fleet, host)["argv"]
+
+
+def assert_sglang_accepted(env: Env, host: str) -> None:
+    """The host's server started, and SGLang's rules on its venv's tree ran on the flags."""
+    assert_accepted(standin_record(env.fleet, host)["sglang_rules"], host_venv(host))
 
 
 @pytest.fixture(scope="module")
@@ -289,6 +297,7 @@ def test_first_run_converges_every_host(env):
         assert results[host]["Preflight"] == "No changes"
         settings = settings_from_dict(env.demo.settings(host), host=host)
         assert model_info(env, host)["model_path"] == serve_path(settings, "target")
+        assert_sglang_accepted(env, host)
         assert env.starts(host) == before[host] + 1
         assert env.run(host, f"test -e {LOCK} && echo held || echo free").strip() == "free"
     # CT200's existing venv is reused in place, not replaced by a new one.
@@ -395,6 +404,7 @@ def test_changed_settings_restart_exactly_once(env):
         moved["h100"])
     argv = standin_argv(env, "b200")
     assert argv[argv.index("--context-length") + 1] == "4096"
+    assert_sglang_accepted(env, "b200")
     assert env.run("h100", "readlink /srv/models/demo--Kimi-K2.6-mini/current").strip().endswith(
         new_rev)
     assert "--context-length" not in standin_argv(env, "h200")

@@ -21,7 +21,7 @@ from tests.harness import (
     parse_hosts,
     standin_nvidia_smi,
 )
-from tests.harness.core import FIXTURES_NVIDIA, NO_GPU
+from tests.harness.core import FIXTURES_NVIDIA, NO_GPU, TAG_ENV
 from tests.harness.weights_support import StandinHub, make_repo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,7 +275,7 @@ def test_second_fleet_is_isolated_keeps_a_persistent_disk_and_goes_away(
     removes the fleet, its disk's mounts and every server started beside it on its bridge (a
     stand-in hub, as ``.ci/demo --keep`` leaves one), even when the one that started it is gone."""
     tag = f"isolated-{os.getpid()}"
-    monkeypatch.setenv("SPECFLEET_FLEET_TAG", tag)
+    monkeypatch.setenv(TAG_ENV, tag)
     other = make_fleet("isolated", [HostSpec("a1", disk="16M", persistent=True)],
                        wheelhouse_needed=False)
     assert other.subnet != fleet.subnet

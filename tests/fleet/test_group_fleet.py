@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo import serve
-from tests.fleet.test_deploy_fleet import Env, changed, op_results
+from tests.demo import serve, standin_record
+from tests.fleet.test_deploy_fleet import Env, assert_sglang_accepted, changed, op_results
 from tests.harness import HostSpec
 
 pytestmark = pytest.mark.timeout(1800)
@@ -37,7 +37,7 @@ class GroupEnv(Env):
         return self.demo.write_inventory(self.demo.workdir / name, **over)
 
     def argv(self, host: str) -> list[str]:
-        return json.loads(self.run(host, "cat /run/standin.json"))["argv"]
+        return standin_record(self.fleet, host)["argv"]
 
     def pid(self, host: str) -> str:
         return self.run(host, f"systemctl show -p MainPID --value {UNIT}").strip()
@@ -62,8 +62,9 @@ def test_group_converges_as_one_server_then_changes_nothing(genv):
         assert argv[at : at + 8] == ["--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr",
                                      f"{ip0}:20000", "--dist-timeout", "20"]  # fmt: skip
         assert argv[argv.index("--tp-size") + 1] == "16"
-        env = json.loads(genv.run(host, "cat /run/standin.json"))["env"]
+        env = standin_record(genv.fleet, host)["env"]
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] != "lo"
+        assert_sglang_accepted(genv, host)
     journal0 = genv.run("g0", f"journalctl -u {UNIT} -o cat --no-pager")
     assert "all 2 node ranks joined" in journal0
     assert f"node rank 1 joined from {genv.fleet.hosts['g1']}" in journal0

@@ -30,6 +30,12 @@ from typing import Any
 from tests.harness import rootfs, wheelhouse
 
 STATE_ROOT = Path(os.environ.get("SPECFLEET_FLEET_STATE", "/run/specfleet-fleet"))
+# Tags every fleet booted under it (``down --tag T`` removes exactly those).
+TAG_ENV = "SPECFLEET_FLEET_TAG"
+
+
+def fleet_tag() -> str:
+    return os.environ.get(TAG_ENV, "")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES_NVIDIA = REPO_ROOT / "tests" / "fixtures" / "nvidia"
 STANDIN_NVIDIA_SMI = REPO_ROOT / "tests" / "harness" / "standin_nvidia_smi.py"
@@ -479,7 +485,7 @@ class Fleet:
             state: dict[str, Any] = {
                 "name": name, "idx": idx, "subnet": f"10.250.{idx}.0/24",
                 "bridge": f"sfbr{idx}", "bridge_ip": f"10.250.{idx}.1", "rootfs": str(root),
-                "created": time.time(), "tag": os.environ.get("SPECFLEET_FLEET_TAG", ""),
+                "created": time.time(), "tag": fleet_tag(),
                 "owner_pid": owner_pid,
                 "hosts": {}, "wheelhouse": None,
             }

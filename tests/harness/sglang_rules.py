@@ -40,10 +40,12 @@ import __future__
 import argparse
 import ast
 import copy
+import decimal
 import enum
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
 import types
 import zipfile
@@ -380,6 +382,22 @@ def _exec_functions(source: str, names: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in namespace.items() if callable(v) and k not in names}
 
 
+# utils.common's argparse value types (0.5.11-0.5.14: --context-length's human_readable_int):
+# stdlib only, so the wheel's own functions parse the flags, not stand-ins.
+COMMON_ARG_TYPES = ("human_readable_int",)
+
+
+def _common_arg_types(version: str) -> dict[str, Any]:
+    source = _wheel_files(version).get("sglang/srt/utils/common.py")
+    if source is None:
+        return {}
+    namespace: dict[str, Any] = {"re": re, "argparse": argparse, "Decimal": decimal.Decimal}
+    for name, _is_class, code in _top_level_code(source):
+        if name in COMMON_ARG_TYPES:
+            exec(code, namespace)
+    return {name: namespace[name] for name in COMMON_ARG_TYPES if name in namespace}
+
+
 def _literal_constants(version: str, dotted: str) -> dict[str, Any]:
     """Module-level ``NAME = <literal>`` of a wheel module (nothing when it is not a file); a
     copy, so a rule that changes a list it was handed cannot reach the next Release."""
@@ -463,7 +481,7 @@ class Release:
         self._fake("sglang.srt.utils.hf_transformers_utils").check_gguf_file = lambda p: False
         self._fake("sglang.srt.debug_utils.cuda_coredump")
         common = self._fake("sglang.srt.utils.common")
-        for name, fn in machine.predicates().items():
+        for name, fn in {**_common_arg_types(version), **machine.predicates()}.items():
             setattr(common, name, fn)
             # sglang/srt/utils/__init__.py re-exports common's names (0.5.23 imports both ways).
             setattr(self.modules["sglang.srt.utils"], name, fn)

@@ -228,6 +228,17 @@ def test_harness_refuses_what_sglang_refuses():
     )
 
 
+@pytest.mark.parametrize("release", ["0.5.11", "0.5.14"])
+def test_context_length_is_parsed_by_the_wheels_own_type(release):
+    """--context-length (a deploy's plan.extra_args) goes through utils.common's
+    human_readable_int: the wheel's own, so "4k" is 4000 and a bad value is SGLang's refusal."""
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, release)
+    m = machine("h200x2", 1)
+    assert judge(release, m, [*argv, "--context-length", "4k"]).refused is None
+    assert "Invalid integer value: 'four'" in judge(release, m, [*argv, "--context-length",
+                                                                 "four"]).refused
+
+
 def test_harness_refuses_what_0_5_23_refuses():
     """0.5.23's own parser and resolution hooks refuse bad argv in the harness: the old window
     flag is gone, the window must hold a block, DFLASH needs pp_size 1."""
