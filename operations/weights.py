@@ -9,6 +9,7 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Mapping
 from io import StringIO
 from typing import Any
 
@@ -48,6 +49,7 @@ from specfleet.core.layout import (
     weights_job_paths,
 )
 from specfleet.core.resources import hostside_path
+from specfleet.core.secrets import control_token_source
 from specfleet.core.settings import Settings, WeightsOptions
 from specfleet.hostside.weights_agent import GIB, disk_preflight, fmt_gib, job_id
 
@@ -68,32 +70,30 @@ _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def read_control_token(
-    token_file: str | None, environ: dict | None = None, token_env: str | None = None
+    token_file: str | None, environ: Mapping[str, str] | None = None, token_env: str | None = None
 ) -> str | None:
-    """The token given on the control machine, read now (at deploy time): the file
-    ``token_file`` (``weights.token_file``), else the environment variable named ``token_env``
-    (``weights.token_env``), else ``HF_TOKEN``; None when none of them gives one.
+    """The token given on the control machine, read now (at deploy time), from where
+    ``control_token_source`` says; None when that is an unset ``HF_TOKEN``.
 
     A file or a variable named in the settings that gives no token is an error, not "no token":
     the settings said where the token is.
     """
     env = os.environ if environ is None else environ
-    if token_file:
-        return read_secret_file(token_file, "weights.token_file", "the token")
-    if token_env:
-        token = (env.get(token_env) or "").strip()
-        if not token:
-            raise SpecfleetError(
-                f"weights.token_env names {token_env}, which is not set (or empty) in the control "
-                "machine's environment",
-                fix=f"export {token_env} with the token before the run, or unset weights.token_env",
-            )
-        return token
-    token = (env.get("HF_TOKEN") or "").strip()
-    return token or None
+    source = control_token_source(token_file, token_env, env)
+    if source.kind == "file":
+        return read_secret_file(source.name, "weights.token_file", "the token")
+    if source.is_set:
+        return env[source.name].strip()
+    if source.named:
+        raise SpecfleetError(
+            f"weights.token_env names {source.name}, which is not set (or empty) in the control "
+            "machine's environment",
+            fix=f"export {source.name} with the token before the run, or unset weights.token_env",
+        )
+    return None
 
 
-def control_token(w: WeightsOptions, environ: dict | None = None) -> str | None:
+def control_token(w: WeightsOptions, environ: Mapping[str, str] | None = None) -> str | None:
     """``read_control_token`` with the host's ``weights`` settings (token_file, token_env)."""
     return read_control_token(w.token_file, environ, w.token_env)
 

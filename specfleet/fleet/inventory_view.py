@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specfleet.core.secrets import control_token_source
 from specfleet.core.settings import Settings, settings_for_host
 from specfleet.fleet.pyinfra_run import session
 
@@ -17,8 +17,8 @@ HIDDEN = "(set inline in the inventory; not shown)"
 
 def secret_references(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Where each secret of a host comes from, as a reference (a file, a variable), never its
-    value; of a variable, whether ``environ`` (default ``os.environ``) sets it."""
-    env = os.environ if environ is None else environ
+    value; of a variable, whether ``environ`` (default ``os.environ``) sets it (the token's
+    source is ``control_token_source``'s, the rule a deploy reads it by)."""
     if s.api_key is not None:
         api_key = "inline api_key in the inventory (not shown; prefer api_key_file)"
     elif s.api_key_file:
@@ -26,19 +26,19 @@ def secret_references(s: Settings, environ: Mapping[str, str] | None = None) -> 
     else:
         api_key = "none (the server takes requests without a key)"
     w = s.weights
-    if w.token_file:
-        token = f"file {w.token_file} on the control machine"
-    elif w.token_env:
-        token = f"${w.token_env} on the control machine: " + (
-            "set" if (env.get(w.token_env) or "").strip()
-            else f"unset (a deploy stops until it is exported: export {w.token_env})")
-    elif (env.get("HF_TOKEN") or "").strip():
-        token = "$HF_TOKEN on the control machine: set"
+    source = control_token_source(w.token_file, w.token_env, environ)
+    if source.kind == "file":
+        token = f"file {source.name} on the control machine"
+    elif source.is_set:
+        token = f"${source.name} on the control machine: set"
+    elif source.named:
+        token = (f"${source.name} on the control machine: unset (a deploy stops until it is "
+                 f"exported: export {source.name})")
     else:
         # Not an error (a token already on the host serves), but a gated repo's 403 comes late.
-        token = ("$HF_TOKEN on the control machine: unset, so only the host's own token "
+        token = (f"${source.name} on the control machine: unset, so only the host's own token "
                  f"({w.host_token_path or '~/.cache/huggingface/token'}) if any; a gated or "
-                 "private repo needs one: export HF_TOKEN (or set weights.token_file)")
+                 f"private repo needs one: export {source.name} (or set weights.token_file)")
     return {"api_key": api_key, "hf_token": token}
 
 

@@ -146,6 +146,37 @@ def test_a_named_token_variable_that_is_unset_is_an_error_not_no_token(environ):
     assert "export HF_TOKEN_PROD" in err.value.fix
 
 
+@pytest.mark.parametrize(
+    ("weights", "environ", "shown"),
+    [
+        ({}, {"HF_TOKEN": "hf_x"}, "$HF_TOKEN on the control machine: set"),
+        ({}, {"HF_TOKEN": " \n"}, "$HF_TOKEN on the control machine: unset, so only"),
+        ({}, {}, "$HF_TOKEN on the control machine: unset, so only"),
+        ({"token_env": "HF_P"}, {"HF_P": "hf_p", "HF_TOKEN": ""}, "$HF_P on the control machine: set"),
+        ({"token_env": "HF_P"}, {"HF_TOKEN": "hf_x"}, "$HF_P on the control machine: unset (a deploy"),
+        ({"token_file": "TOKFILE"}, {"HF_TOKEN": "hf_x"}, "file TOKFILE on the control machine"),
+    ],
+)
+def test_specfleet_settings_says_the_token_source_a_deploy_reads(tmp_path, weights, environ, shown):
+    """``specfleet settings`` and the deploy follow one rule (``control_token_source``): what the
+    view calls set is what the deploy reads, unset-and-named is what stops it, a file is read."""
+    from specfleet.fleet.inventory_view import secret_references
+
+    tok = tmp_path / "tok"
+    tok.write_text("hf_file\n")
+    weights = {k: (str(tok) if v == "TOKFILE" else v) for k, v in weights.items()}
+    w = _settings(weights=weights).weights
+    said = secret_references(_settings(weights=weights), environ)["hf_token"]
+    assert said.startswith(shown.replace("TOKFILE", str(tok))), said
+    if said.endswith(": set") or said.startswith("file "):
+        assert control_token(w, environ) in {"hf_x", "hf_p", "hf_file"}
+    elif "a deploy stops" in said:
+        with pytest.raises(SpecfleetError, match="not set"):
+            control_token(w, environ)
+    else:
+        assert control_token(w, environ) is None
+
+
 def test_token_file_that_is_not_text_is_an_error(tmp_path):
     f = tmp_path / "tok"
     f.write_bytes(b"\xff\xfe")

@@ -438,7 +438,8 @@ def test_a_type_fix_names_the_key_as_the_data_spells_it():
         settings_from_dict({"plan": {"tp_size": "8"}, "probe": {"questions": [{"prompt": 1}]}},
                            host="h")
     text = str(err.value)
-    assert "fix: set specfleet['plan']['tp_size'] in the host or group data to an integer" in text
+    assert ("fix: set specfleet['plan']['tp_size'] to an integer or null where it is given (the "
+            "host or group data, or --data)") in text
     assert "specfleet['probe']['questions'][0]['answer']" in text  # a required key, by index
     assert "specfleet['plan.tp_size']" not in text
 

@@ -108,7 +108,8 @@ def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Pro
     found = (f"a {type(value).__name__} (not shown: it is a secret)" if key in schema.SECRET_KEYS
              else f"{value!r} ({type(value).__name__})")  # fmt: skip
     return bad(key, found, expected,
-               f"set {data_path(key)} in the host or group data to {expected}")
+               f"set {data_path(key)} to {expected} where it is given (the host or group data, "
+               "or --data)")
 
 
 def data_path(key: str) -> str:

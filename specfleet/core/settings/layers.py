@@ -73,12 +73,15 @@ _BUILT: dict[tuple[str, str, bool], Settings | SettingsError] = {}
 _BUILT_MAX = 4096
 
 
+FIX_WHERE_GIVEN = "fix each key above where it is given (the host or group data, or --data)"
+
+
 def host_error(host: str, problems: list[Problem]) -> SettingsError:  # every problem of a host
     errors = [SettingsError(p.text, host=host, fix=p.fix) for p in problems]
     if len(errors) == 1:
         return errors[0]
     return SettingsError(f"{len(errors)} settings are bad:\n" + "\n".join(e.render() for e in
-                         errors), host=host, fix="fix each key above in the host or group data")
+                         errors), host=host, fix=FIX_WHERE_GIVEN)
 
 
 def settings_from_dict(data: Mapping[str, Any] | None, host: str = "",
@@ -167,7 +170,7 @@ def check_inventory_settings(inventory: Any) -> dict[str, Settings]:
         raise said[0]
     if said:
         raise SettingsError(f"{len(bad)} hosts have bad settings:\n" + "\n".join(
-            e.render() for e in said), fix="fix each key above in the inventory or group data")
+            e.render() for e in said), fix=FIX_WHERE_GIVEN)
     try:
         _ALL_HOSTS[inventory] = good
     except TypeError:
