@@ -8,7 +8,11 @@ be left alone, and the replacements must still agree with pyinfra's (or this tes
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pyinfra
@@ -23,6 +27,7 @@ util = importlib.import_module("pyinfra.api.util")
 operation_module = importlib.import_module("pyinfra.api.operation")
 arguments = importlib.import_module("pyinfra.api.arguments")
 facts_module = importlib.import_module("pyinfra.api.facts")
+ROOT = Path(__file__).resolve().parents[2]
 
 ORIGINAL_ORDER = speedups._ORIGINALS.get(
     "get_operation_order_from_stack", util.get_operation_order_from_stack)
@@ -120,3 +125,94 @@ def test_global_arguments_match_pyinfra():
     first = speedups.global_arguments_once()
     first.clear()
     assert speedups.global_arguments_once() == ORIGINAL_HINTS()
+
+
+# Run as pyinfra runs (gevent's monkey-patching first): a real paramiko client connected to a real
+# paramiko server over a socket pair, quieted, then closed while its reader waits in a read.
+IDLE_SCRIPT = """
+from gevent import monkey
+monkey.patch_all()
+
+import json, socket, threading, time
+from pathlib import Path
+from types import SimpleNamespace
+
+import paramiko
+
+from operations import pyinfra_speedups as speedups
+
+class Server(paramiko.ServerInterface):
+    def get_allowed_auths(self, username):
+        return "password"
+
+    def check_auth_password(self, username, password):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel, command):
+        def answer():
+            time.sleep(0.5)  # the client's reader waits in a read meanwhile
+            channel.sendall(b"ran " + command + b"\\n")
+            channel.send_exit_status(0)
+            channel.close()
+        threading.Thread(target=answer, daemon=True).start()
+        return True
+
+ours, theirs = socket.socketpair()
+server = paramiko.Transport(theirs)
+server.add_server_key(paramiko.RSAKey.generate(2048))
+threading.Thread(target=server.start_server, kwargs={"server": Server()}, daemon=True).start()
+client = paramiko.SSHClient()
+client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+client.connect("h1", sock=ours, username="u", password="p", look_for_keys=False,
+               allow_agent=False)
+transport = client.get_transport()
+before = transport.sock.gettimeout()
+hosts = [SimpleNamespace(name="h1", connector=SimpleNamespace(client=client)),
+         SimpleNamespace(name="h2", connector=SimpleNamespace(client=None))]
+changed = speedups.quiet_idle_transports(hosts)
+again = speedups.quiet_idle_transports(hosts)
+after = transport.sock.gettimeout()
+asked = time.monotonic()
+_, out, _ = client.exec_command("true")
+answer = out.read().decode()
+answered_in_s = time.monotonic() - asked
+time.sleep(0.3)  # the reader now waits in a read with the new timeout
+started = time.monotonic()
+client.close()
+while transport.is_alive() and time.monotonic() - started < 30:
+    time.sleep(0.005)
+print(json.dumps({"before": before, "after": after, "changed": changed, "again": again,
+                  "answer": answer, "answered_in_s": answered_in_s,
+                  "closed_in_s": time.monotonic() - started, "alive": transport.is_alive()}))
+"""
+
+
+def test_idle_connections_wake_rarely_and_still_end_at_once_when_closed(tmp_path):
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == 0.1  # paramiko's own wake-up, which this replaces
+    assert seen["after"] == speedups.IDLE_CHECK_S
+    assert (seen["changed"], seen["again"]) == (1, 0)  # a closed or absent one is left alone
+    # A command's answer arrives when it is sent, not at the reader's next wake-up.
+    assert seen["answer"] == "ran true\n"
+    assert 0.5 <= seen["answered_in_s"] < 0.5 + speedups.IDLE_CHECK_S / 5, seen
+    # Closed while its reader waits: it ends at once, not at its next wake-up.
+    assert not seen["alive"]
+    assert seen["closed_in_s"] < speedups.IDLE_CHECK_S / 5, seen
+
+
+def test_idle_connections_are_left_alone_without_gevent():
+    # A plain thread blocked in a read would see a close only at its next wake-up.
+    from gevent import monkey
+
+    assert not monkey.is_module_patched("socket")
+    client = SimpleNamespace(get_transport=lambda: pytest.fail("looked at a transport"))
+    assert speedups.quiet_idle_transports([SimpleNamespace(connector=SimpleNamespace(
+        client=client))]) == 0
