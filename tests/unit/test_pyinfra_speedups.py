@@ -208,11 +208,13 @@ def test_idle_connections_wake_rarely_and_still_end_at_once_when_closed(tmp_path
     assert seen["closed_in_s"] < speedups.IDLE_CHECK_S / 5, seen
 
 
-def test_idle_connections_are_left_alone_without_gevent():
-    # A plain thread blocked in a read would see a close only at its next wake-up.
-    from gevent import monkey
-
-    assert not monkey.is_module_patched("socket")
+def test_idle_connections_are_left_alone_without_gevent(monkeypatch):
+    # A plain thread blocked in a read would see a close only at its next wake-up. (An earlier
+    # test of this process may have imported specfleet.fleet, which patches with gevent.)
+    asked = []
+    monkeypatch.setattr(speedups.monkey, "is_module_patched",
+                        lambda name: asked.append(name) or False)
     client = SimpleNamespace(get_transport=lambda: pytest.fail("looked at a transport"))
     assert speedups.quiet_idle_transports([SimpleNamespace(connector=SimpleNamespace(
         client=client))]) == 0
+    assert asked == ["socket"]
