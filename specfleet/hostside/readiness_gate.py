@@ -14,9 +14,10 @@ With --probe JSON, a healthy server must then also answer right: the correctness
 question at temperature 0, several at once, to /v1/chat/completions (thinking off, the answer is
 `content`) and to SGLang's native /generate (at least max_tokens output tokens, so speculative
 verify runs, batched; its meta_info gives each request's acceptance length). It passes when at
-least min_correct answers match their regex and the mean acceptance length is within
-[min_accept_length, the server's --speculative-num-draft-tokens] (the floor at most halfway
-from 1.0 to that block size).
+least min_correct answers match their regex and the mean acceptance length is at least
+min_accept_length (at most halfway from 1.0 to the server's --speculative-num-draft-tokens) and
+no request's is above that block size plus the prefill token's share (SGLang's
+spec_accept_length counts the first output token, which prefill makes, over the verify steps).
 
 Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage;
 4 the server serves, but the probe found wrong answers or a wrong acceptance length.
@@ -168,12 +169,40 @@ def ask(base: str, key: str | None, question: dict, spec: dict) -> dict:
     }, key, timeout)
     meta = body.get("meta_info") if isinstance(body, dict) else None
     if isinstance(meta, dict):
-        out["meta"] = {k: meta[k] for k in ("spec_accept_length", "spec_accepted_drafts",
-                                            "spec_proposed_drafts", "completion_tokens")
-                       if k in meta}
+        out["meta"] = {k: meta[k] for k in META_KEYS if k in meta}
     else:
         out.setdefault("error", f"/generate gave {code}: {str(body)[:120]}")
     return out
+
+
+# meta_info's draft counts (srt/managers/tokenizer_manager.py _calculate_spec_decoding_metrics):
+# (correct, proposed) under each release's names, newest first. 0.5.11 has only the old pair;
+# 0.5.12 added the new one beside it (the old kept as aliases); 0.5.21 dropped the old.
+DRAFT_COUNT_NAMES = (("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+                     ("spec_accepted_drafts", "spec_proposed_drafts"))
+META_KEYS = ("spec_accept_length", "spec_verify_ct", "completion_tokens",
+             *(name for pair in DRAFT_COUNT_NAMES for name in pair))
+
+
+def draft_counts(meta: dict) -> tuple[object, object]:
+    """(drafts accepted, drafts proposed) from one request's meta_info, under whichever names
+    its release writes; (None, None) when it writes neither."""
+    for correct, proposed in DRAFT_COUNT_NAMES:
+        if proposed in meta:
+            return meta.get(correct), meta[proposed]
+    return None, None
+
+
+def accept_ceiling(meta: dict, block: int) -> float:
+    """The highest spec_accept_length one request can report at this block size. SGLang divides
+    every output token by the verify steps (``completion_tokens / spec_verify_ct``), and the
+    first output token comes from prefill, not from a verify: a request that accepts every draft
+    reads up to block + 1 / spec_verify_ct (7.11 at block 7 over 64 tokens). Without the step
+    count (nor the tokens to work it out), one step: block + 1."""
+    steps = meta.get("spec_verify_ct")
+    if not steps and meta.get("completion_tokens") and meta.get("spec_accept_length"):
+        steps = meta["completion_tokens"] / meta["spec_accept_length"]
+    return block + 1 / steps if steps else block + 1.0
 
 
 def accept_floor(configured: float, block: int | None) -> tuple[float, str]:
@@ -222,17 +251,23 @@ def judge(answers: list, spec: dict, speculative: bool,
     low, floor_named = accept_floor(float(spec["min_accept_length"]), block)
     seen = (f"mean acceptance length {mean:.2f} (per question: "
             + ", ".join(f"{x:.2f}" for x in lengths) + ")")
+    over = [] if block is None else [
+        (m["spec_accept_length"], accept_ceiling(m, block)) for m in metas
+        if "spec_accept_length" in m and m["spec_accept_length"] > accept_ceiling(m, block) + 1e-6]
     if mean < low:
         problems.append(f"{seen} is below {floor_named}")
-    elif block is not None and mean > block + 1e-6:
-        problems.append(f"{seen} is above the block size {block}: not a real acceptance")
+    elif over:
+        problems.append(
+            f"{seen}: {over[0][0]:.2f} is above {over[0][1]:.2f}, the block size {block} plus "
+            "the one token prefill gives: not a real acceptance")
     elif problems:
         problems.append(seen)
     else:
-        lines.append(f"probe: {seen}, within [{low:g}, {block if block else 'block size'}]")
+        top = f"{block} + prefill's 1/spec_verify_ct" if block else "block size"
+        lines.append(f"probe: {seen}, within [{low:g}, {top}]")
+    counts = [draft_counts(m) for m in metas]
     all_accepted = len(lengths) == len(metas) and all(
-        m.get("spec_proposed_drafts") and m.get("spec_accepted_drafts")
-        == m.get("spec_proposed_drafts") for m in metas)
+        proposed and accepted == proposed for accepted, proposed in counts)
     if all_accepted and (block is None or mean >= block - 1e-6):
         note = ("SUSPICIOUS: every draft token was accepted on every question (the length is "
                 "the block size): a verify that does not check the drafts, such as one reading "

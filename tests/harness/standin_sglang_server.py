@@ -63,6 +63,7 @@ import json
 import logging
 import logging.config
 import os
+import re
 import socket
 import sys
 import threading
@@ -520,14 +521,15 @@ def answer_tokens(body: dict, max_tokens: int, stale: bool) -> list:
 
 def decode_answer(perf, words: list, max_tokens: int, block: int, stale: bool,
                   ignore_eos: bool) -> tuple:
-    """Decode as a speculative server does, in verify steps: returns (text, completion tokens,
-    verify steps, accepted drafts). A stale mask accepts every draft of each block."""
+    """Decode as a speculative server does: the first token from prefill, the rest in verify
+    steps (each its accepted drafts plus one); returns (text, completion tokens, verify steps,
+    accepted drafts). A stale mask accepts every draft of each block."""
     total = max_tokens if ignore_eos else len(words) + 1  # + the end-of-sequence token
     total = max(1, min(total, max_tokens))
     accept = float(block) if stale else (
         perf_module.accept_length(perf.point, perf.seed) if perf is not None else 3.0)
     rate = perf_module.single_tps(perf.point, perf.seed) if perf is not None else 160.0
-    done, steps, carry = 0, 0, 0.0
+    done, steps, carry = 1, 0, 0.0  # prefill's token
     while done < total:
         carry += accept
         step = min(max(1, int(carry)), total - done)
@@ -536,7 +538,31 @@ def decode_answer(perf, words: list, max_tokens: int, block: int, stale: bool,
         done, steps = done + step, steps + 1
     # The end-of-sequence token is counted, never written; past the answer (ignore_eos), filler.
     filler = words + ["tok"] * max(0, total - len(words)) if ignore_eos else words
-    return " ".join(filler[:total]), total, steps, total - steps
+    return " ".join(filler[:total]), total, steps, total - 1 - steps
+
+
+# meta_info's draft counts, (correct, proposed), as 0.5.11 names them; a tree's own are read from
+# its srt/managers/tokenizer_manager.py (0.5.12 added spec_num_correct_drafts /
+# spec_num_proposed_drafts beside these, 0.5.21 dropped these).
+DRAFT_COUNT_NAMES_0_5_11 = (("spec_accepted_drafts", "spec_proposed_drafts"),)
+
+
+def draft_count_names(tree) -> tuple:
+    """The (correct, proposed) meta_info name pairs the tree's tokenizer manager writes, in the
+    order it writes them: ``meta_info["spec_..._drafts"] = <correct> / <proposed>`` read from
+    its ``_calculate_spec_decoding_metrics``; 0.5.11's names without a tree."""
+    if tree is None:
+        return DRAFT_COUNT_NAMES_0_5_11
+    try:
+        with open(os.path.join(tree, "srt/managers/tokenizer_manager.py"), encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        return DRAFT_COUNT_NAMES_0_5_11
+    names = re.findall(r'meta_info\["(spec_\w+_drafts)"\]\s*=\s*(\w+)', source)
+    correct = [n for n, _ in names if "proposed" not in n]
+    proposed = [n for n, _ in names if "proposed" in n]
+    pairs = tuple(zip(correct, proposed, strict=False))
+    return pairs or DRAFT_COUNT_NAMES_0_5_11
 
 
 def handle_answer_post(handler, path: str, argv: list, perf, served: str) -> bool:
@@ -578,8 +604,11 @@ def handle_answer_post(handler, path: str, argv: list, perf, served: str) -> boo
         proposed = steps * (block - 1)
         if speculative and proposed > 0:
             meta.update(spec_accept_rate=accepted / proposed,
-                        spec_accept_length=completion / steps, spec_accepted_drafts=accepted,
-                        spec_proposed_drafts=proposed, spec_verify_ct=steps)
+                        spec_accept_length=completion / steps, spec_verify_ct=steps)
+            if not hasattr(handler.server, "draft_count_names"):
+                handler.server.draft_count_names = draft_count_names(installed_sglang_tree())
+            for correct, total in handler.server.draft_count_names:
+                meta.update({correct: accepted, total: proposed})
         handler._send(200, {"text": text, "output_ids": list(range(completion)),
                             "meta_info": meta})
         return True

@@ -35,15 +35,28 @@ standin = _load("standin_server_under_test",
 SPEC = probe_spec(settings_from_dict({}).probe)
 
 
-def answers(right: int, accept: float, block: int = 8, all_accepted: bool = False) -> list:
+# meta_info's draft counts under each release's names (tokenizer_manager.py
+# _calculate_spec_decoding_metrics): 0.5.11 the old pair only, 0.5.12-0.5.20 both, 0.5.21 new only.
+NAMES = {
+    "0.5.11": [("spec_accepted_drafts", "spec_proposed_drafts")],
+    "0.5.12": [("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+               ("spec_accepted_drafts", "spec_proposed_drafts")],
+    "0.5.21": [("spec_num_correct_drafts", "spec_num_proposed_drafts")],
+}
+
+
+def answers(right: int, accept: float, block: int = 8, all_accepted: bool = False,
+            release: str = "0.5.11") -> list:
     out = []
     for i, q in enumerate(SPEC["questions"]):
         steps = 16
         proposed = steps * (block - 1)
         accepted = proposed if all_accepted else int(round(accept * steps)) - steps
+        meta = {"spec_accept_length": accept, "spec_verify_ct": steps}
+        for correct, total in NAMES[release]:
+            meta.update({correct: accepted, total: proposed})
         out.append({**q, "content": "Paris 42 144 63 72 Au 7 Jupiter" if i < right else "no idea",
-                    "meta": {"spec_accept_length": accept, "spec_accepted_drafts": accepted,
-                             "spec_proposed_drafts": proposed}})
+                    "meta": meta})
     return out
 
 
@@ -73,14 +86,14 @@ def test_acceptance_below_the_floor_or_above_the_block_fails():
     passed, lines = gate.judge(answers(8, 1.1), SPEC, True, 8)
     assert not passed and "below probe.min_accept_length 2" in lines[-1]
     passed, lines = gate.judge(answers(8, 9.0), SPEC, True, 8)
-    assert not passed and "above the block size 8" in lines[-1]
+    assert not passed and "9.00 is above 8.06, the block size 8 plus the one token" in lines[-1]
 
 
 def test_a_small_block_caps_the_floor_halfway_so_a_right_server_can_pass():
     # Two draft tokens: a mean of 2.0 would need every draft accepted (suspicious).
     passed, lines = gate.judge(answers(8, 1.7, block=2), SPEC, True, 2)
     assert passed, lines
-    assert "within [1.5, 2]" in lines[-1]
+    assert "within [1.5, 2 + prefill's 1/spec_verify_ct]" in lines[-1]
     passed, lines = gate.judge(answers(8, 1.2, block=2), SPEC, True, 2)
     assert not passed
     assert "below the floor 1.5 (probe.min_accept_length 2, capped halfway to the block size 2)" \
@@ -98,6 +111,41 @@ def test_every_draft_accepted_everywhere_is_reported_as_suspicious():
     mixed = answers(8, 8.0, all_accepted=True)
     mixed[3]["meta"]["spec_accepted_drafts"] -= 1
     assert "SUSPICIOUS" not in " ".join(gate.judge(mixed, SPEC, True, 8)[1])
+
+
+@pytest.mark.parametrize("release", sorted(NAMES))
+def test_every_draft_accepted_is_seen_under_each_releases_field_names(release):
+    passed, lines = gate.judge(answers(8, 8.0, all_accepted=True, release=release), SPEC, True, 8)
+    assert passed and "SUSPICIOUS" in lines[-1]
+    mixed = answers(8, 8.0, all_accepted=True, release=release)
+    correct = NAMES[release][0][0]
+    mixed[3]["meta"][correct] -= 1
+    assert "SUSPICIOUS" not in " ".join(gate.judge(mixed, SPEC, True, 8)[1])
+
+
+def test_the_prefill_token_lets_every_draft_accepted_read_above_the_block():
+    # Block 7, 64 tokens, every draft accepted: prefill makes the first token, 9 verify steps of
+    # 7 the other 63; SGLang reports 64 / 9 = 7.11 (completion_tokens / spec_verify_ct).
+    block, steps, tokens = 7, 9, 64
+    run = answers(8, tokens / steps, block=block, all_accepted=True)
+    for a in run:
+        a["meta"].update(spec_verify_ct=steps, completion_tokens=tokens,
+                         spec_accepted_drafts=steps * (block - 1),
+                         spec_proposed_drafts=steps * (block - 1))
+    passed, lines = gate.judge(run, SPEC, True, block)
+    assert passed, lines
+    assert "mean acceptance length 7.11" in " ".join(lines)
+    assert "SUSPICIOUS" in lines[-1]
+    # Without the step count it is worked out from the tokens and the length.
+    for a in run:
+        del a["meta"]["spec_verify_ct"]
+    assert gate.judge(run, SPEC, True, block)[0]
+    # One token more than prefill and every step can give is still impossible.
+    for a in run:
+        a["meta"].update(spec_verify_ct=steps, spec_accept_length=(tokens + 1) / steps)
+    passed, lines = gate.judge(run, SPEC, True, block)
+    assert not passed and "7.22 is above 7.11, the block size 7 plus the one token prefill" \
+        in lines[-1]
 
 
 def test_no_acceptance_reported_fails_and_no_speculation_skips_the_check():
@@ -285,3 +333,28 @@ def test_a_probe_files_own_questions_without_a_count_need_seven_eighths_of_them(
     assert probe_from_file(probe, text, "/p.json").min_correct == 3
     text = json.dumps({"questions": [{"prompt": f"q{i}", "answer": "a"} for i in range(16)]})
     assert probe_from_file(probe, text, "/p.json").min_correct == 14
+
+
+@pytest.mark.parametrize("release, names", [
+    ("0.5.11", (("spec_accepted_drafts", "spec_proposed_drafts"),)),
+    ("0.5.12", (("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+                ("spec_accepted_drafts", "spec_proposed_drafts"))),
+    ("0.5.23", (("spec_num_correct_drafts", "spec_num_proposed_drafts"),)),
+])
+def test_the_standin_writes_the_draft_counts_its_trees_release_writes(tmp_path, release, names):
+    member = "sglang/srt/managers/tokenizer_manager.py"
+    with zipfile.ZipFile(sglang_wheel(release)) as zf:
+        zf.extract(member, tmp_path)
+    assert standin.draft_count_names(str(tmp_path / "sglang")) == names
+    # No tree (a stand-in outside a venv): 0.5.11's.
+    assert standin.draft_count_names(None) == tuple(NAMES["0.5.11"])
+
+
+def test_the_standin_makes_the_first_token_in_prefill_as_sglang_does():
+    # A stale mask accepts every draft: block 7 over 64 tokens is 1 + 9 verify steps of 7.
+    text, completion, steps, accepted = standin.decode_answer(None, [], 64, 7, True, True)
+    assert (completion, steps, accepted) == (64, 9, 9 * 6)
+    meta = {"spec_accept_length": completion / steps, "spec_verify_ct": steps,
+            "completion_tokens": completion}
+    assert round(meta["spec_accept_length"], 2) == 7.11
+    assert gate.accept_ceiling(meta, 7) == pytest.approx(7 + 1 / 9)
