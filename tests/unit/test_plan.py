@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from facts.gpu import Gpus, GpuTopology, parse_query_gpu
-from specfleet.core.errors import SpecfleetError
+from specfleet.core.errors import SettingsError, SpecfleetError
 from specfleet.core.plan import (
     DEFAULT_BLOCK_SIZE,
     KIMI_K26_WEIGHTS_BYTES,
@@ -205,10 +205,12 @@ def test_matrix(arch, link, gpus, topo, build):
             err.value.problem,
         )
         assert "the weights need 70.1 GiB per GPU" in err.value.problem
-        assert "below plan.min_kv_gib 4 GiB" in err.value.problem
+        assert "no KV pool at all, below plan.min_request_tokens 32,768" in err.value.problem
         assert "Not enough memory" in err.value.problem
         assert "settings 'group'" in err.value.fix
-        assert "plan.mem_fraction_static to at least 0.93" in err.value.fix
+        # 70.1 GiB of weights + 32,768 tokens (2.4 GiB at 0.5.11's 77,184 bytes each, 2.2 GiB at
+        # 0.5.23's 73,344) over 79.6 GiB.
+        assert re.search(r"plan\.mem_fraction_static to at least 0\.9[01]\d", err.value.fix)
         return
 
     plan = make_plan(facts, settings(), DRAFTER_CONFIG)
@@ -918,10 +920,30 @@ def test_ct200_plan():
     # 0.85 x 95.6 GiB = 81.3 GiB per GPU, 70.1 GiB of it weights.
     room = plan.reason("kv-cache-room")
     assert room.choice == "11.2 GiB/GPU"
+    # SGLang 0.5.11's own accounting (pool_configurator.py, dflash_utils.py): the MLA cell
+    # (512 + 64) x 61 layers x 2 bytes = 70,272, scaled by 67/61 for the drafter's 6 layers.
     assert room.why == (
         "mem_fraction_static 0.850 x 95.6 GiB = 81.3 GiB per GPU, minus 70.1 GiB of weights per "
-        "GPU: about 163,290 tokens of KV cache"
+        "GPU: about 155,166 tokens of KV cache by SGLang 0.5.11's accounting (77,184 bytes per "
+        "token: the target's cell of 70,272 scaled by 67/61 for the drafter's 6 layers)"
     )
+    # Not one full-context request fits: a warning with the cap, and the plan stays.
+    request = plan.reason("request-tokens")
+    assert (request.choice, request.kind) == ("about 155,000 of 262,144", "warning")
+    assert request.why.startswith("requests capped at about 155,000 of 262,144 tokens")
+    assert "shared by up to 48 running requests" in request.why
+    # The 0.85 is named as overriding SGLang's own fraction, with its reason.
+    fraction = plan.reason("mem-fraction-static")
+    assert fraction.why.startswith("SM120: at most 0.85, more has been seen to OOM with K2.6; "
+                                   "it overrides the 0.")
+    assert "SGLang 0.5.11 would choose on 97887 MiB GPUs at TP 8" in fraction.why
+    # The requests DFLASH refuses on 0.5.11, and the tool calls that become one.
+    refused = plan.reason("refused-requests")
+    assert refused.choice == "logprobs, grammar"
+    assert "answers these with an error (HTTP 400)" in refused.why
+    assert 'tool_choice "required", a named tool_choice or a strict tool' in refused.why
+    assert 'with --tool-call-parser kimi_k2 only tool_choice "auto" or "none"' in refused.why
+    assert "srt/managers/scheduler.py validate_dflash_request" in refused.why
     # Stock 0.5.11 runs v1; CT200 opts in to the PR#20547 port, so before SGLang is installed
     # (--dry) the prediction is the same launch with the v2 switches the port brings.
     assert plan.reason("dflash-worker").choice == "v1"
@@ -969,11 +991,61 @@ def test_explicit_fraction_that_fits_names_its_risk():
     assert "out of memory under load is possible" in why
 
 
-def test_min_kv_gib_setting():
+def test_min_request_tokens_setting():
     facts = host_facts("rtx6000x8", sglang="0.5.14")
     with pytest.raises(PlanError) as err:
-        make_plan(facts, settings(plan={"min_kv_gib": 12}), DRAFTER_CONFIG)
-    assert "leaving 11.2 GiB for the KV cache, below plan.min_kv_gib 12 GiB" in err.value.problem
+        make_plan(facts, settings(plan={"min_request_tokens": 200000}), DRAFTER_CONFIG)
+    assert ("leaving 11.2 GiB for the KV cache: a KV pool of 155,166 tokens by SGLang 0.5.14's "
+            "accounting") in err.value.problem
+    assert "so no request may hold more; below plan.min_request_tokens 200,000" in \
+        err.value.problem
+    assert "or lower plan.min_request_tokens (now 200,000)" in err.value.fix
+    # The default, 32,768, keeps the plan.
+    assert make_plan(facts, settings(), DRAFTER_CONFIG).reason("request-tokens").kind == "warning"
+
+
+def test_a_full_context_request_that_fits_is_said_with_how_many_fit():
+    # 8x B200 at 0.9 (SM100), 0.5.23's accounting: the target's cell plus the drafter's own.
+    plan = make_plan(host_facts("b200x8", sglang="0.5.23"), settings(), DRAFTER_CONFIG)
+    assert "73,344 bytes per token: the target's cell of 70,272 plus the drafter's 3,072" in \
+        plan.reason("kv-cache-room").why
+    request = plan.reason("request-tokens")
+    assert (request.choice, request.kind) == ("262,144 of 262,144", "info")
+    assert re.match(r"one request may hold its full context; \d+ full-context requests fit",
+                    request.why)
+
+
+@pytest.mark.parametrize("key", ["plan.min_kv_gib", "group.min_kv_gib_per_gpu"])
+def test_the_gib_floors_are_gone_with_the_key_that_replaced_them(key):
+    section, leaf = key.split(".")
+    data = {section: {leaf: 4}}
+    if section == "group":
+        data["group"].update(name="g", members=["a", "b"])
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict(data)
+    assert f"settings key '{key}' is gone: the KV floor is plan.min_request_tokens" in \
+        err.value.render()
+
+
+@pytest.mark.parametrize("release, port, env", [
+    ("0.5.11", 55535, None), ("0.5.11", 55536, "45536"), ("0.5.14", 60000, "50000"),
+    ("0.5.23", 60000, None),
+])
+def test_the_port_rule_plans_sglang_grpc_port_where_the_release_needs_it(release, port, env):
+    # 0.5.11-0.5.15 derive the gRPC port as --port + 10000 and refuse it above 65535 unless
+    # SGLANG_GRPC_PORT is set (server_args.py); 0.5.16 on only in gRPC mode.
+    plan = make_plan(host_facts("b200x8", sglang=release), settings(port=port), DRAFTER_CONFIG)
+    assert plan.env.get("SGLANG_GRPC_PORT") == env
+    reason = plan.reason("grpc-port")
+    assert (reason is None) == (env is None)
+    if env is not None:
+        assert f"--port + 10000 = {port + 10000} and refuses to start above 65535" in reason.why
+    # The user's own value is kept, and said.
+    mine = make_plan(host_facts("b200x8", sglang="0.5.11"),
+                     settings(port=60000, plan={"extra_env": {"SGLANG_GRPC_PORT": "40000"}}),
+                     DRAFTER_CONFIG)
+    assert mine.env["SGLANG_GRPC_PORT"] == "40000"
+    assert mine.reason("grpc-port").kind == "override"
 
 
 def test_sm120_flashinfer_target_choice():

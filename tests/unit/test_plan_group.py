@@ -107,22 +107,34 @@ def test_group_matrix(profile, n, topo, arch, nvlink, build):
 
 
 def test_two_h200x2_hosts_refused_with_numbers_and_the_count_that_fits():
-    with pytest.raises(GroupPlanError) as err:
+    # 561 GiB over 4 GPUs of 140.4 GiB: held, with no KV pool after SGLang's fraction.
+    with pytest.raises(PlanError) as err:
         make_group_plan(members("h200x2", 2), DRAFTER_CONFIG)
+    assert err.value.problem.startswith("serving group kimi-pair (2 hosts, TP 4): ")
+    assert "the weights need 140.2 GiB per GPU" in err.value.problem
+    assert "no KV pool at all, below plan.min_request_tokens 32,768" in err.value.problem
+    # 600 GiB are not held at all: the group says so, with the count that holds them.
+    with pytest.raises(GroupPlanError) as err:
+        make_group_plan(members("h200x2", 2), DRAFTER_CONFIG, weights_bytes=600 * GIB)
     e = err.value
     assert e.host == "g0"
-    assert "2 hosts x 2 GPUs of 140 GiB hold 561 GiB of weights as 140.2 GiB per GPU" in e.problem
-    assert "leaving 0.2 GiB per GPU for KV cache, below group.min_kv_gib_per_gpu 8" in e.problem
-    assert "3 such hosts would leave at least 8 GiB per GPU" in e.problem
-    # And three of them do fit, with that room.
-    fit = make_group_plan(members("h200x2", 3), DRAFTER_CONFIG).reasons[0]
-    assert "93.5 GiB per GPU, 46.9 GiB per GPU left" in fit.why
+    assert ("2 hosts x 2 GPUs of 140 GiB cannot hold 600 GiB of weights (150.0 GiB per GPU); "
+            "3 such hosts would hold them") in e.problem
+    # And three of them do, the KV pool then in tokens on each member's plan as on one host.
+    group = make_group_plan(members("h200x2", 3), DRAFTER_CONFIG)
+    assert "93.5 GiB per GPU, 46.9 GiB per GPU before SGLang's memory fraction" in \
+        group.reasons[0].why
+    plan = group.plans["g0"]
+    assert "tokens of KV cache by SGLang 0.5.23's accounting" in plan.reason("kv-cache-room").why
+    assert plan.reason("request-tokens") is not None
 
 
-def test_min_kv_room_is_a_setting():
-    data = group_data(2, min_kv_gib_per_gpu=50)
-    with pytest.raises(GroupPlanError, match="below group.min_kv_gib_per_gpu 50"):
+def test_the_kv_floor_of_a_group_is_plan_min_request_tokens_as_on_one_host():
+    data = {**group_data(2), "plan": {"min_request_tokens": 2_000_000}}
+    with pytest.raises(PlanError) as err:
         make_group_plan(members("h100x8", 2, topo="b200x8", data=data), DRAFTER_CONFIG)
+    assert err.value.problem.startswith("serving group kimi-pair (2 hosts, TP 16): ")
+    assert "below plan.min_request_tokens 2,000,000" in err.value.problem
 
 
 def test_rdma_ports_become_nccl_ib_hca():
@@ -231,7 +243,7 @@ def test_single_host_plan_unchanged_by_groups():
 
 def test_group_plan_errors_are_specfleet_errors_and_render():
     with pytest.raises(SpecfleetError) as err:
-        make_group_plan(members("h200x2", 2), DRAFTER_CONFIG)
+        make_group_plan(members("h200x2", 2), DRAFTER_CONFIG, weights_bytes=600 * GIB)
     assert err.value.render().startswith("[g0] serving group kimi-pair:")
 
 
@@ -245,7 +257,7 @@ def test_group_plan_errors_are_specfleet_errors_and_render():
         ({"name": "x", "members": ["g0", "g1"], "rendezvous_port": 30000}, "other than"),
         ({"name": "x", "members": ["g0", "g1"], "interface": "eth0 bad"}, "interface's name"),
         ({"name": "x", "members": ["g0", "g1"], "addresses": {"g7": "10.0.0.1"}}, "of a member"),
-        ({"name": "x", "members": ["g0", "g1"], "min_kv_gib_per_gpu": -1}, ">= 0"),
+        ({"name": "x", "members": ["g0", "g1"], "min_kv_gib_per_gpu": 8}, "plan.min_request_tokens"),
         ({"name": "x", "members": ["g0", "g1"], "dist_timeout_s": 0}, ">= 1"),
     ],
 )

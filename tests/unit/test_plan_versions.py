@@ -192,3 +192,55 @@ def test_compressed_tensors_specifier_fits_wheel_requirement(version):
 def test_every_version_has_a_row(sglang, dflash):
     assert version_row(sglang).dflash == dflash
     assert isinstance(compressed_tensors_specifier(sglang), SpecifierSet)
+
+
+# --------------------------------------------------------------------------------------------------
+# What a DFLASH server refuses, the draft counts it reports, the port rule, the KV accounting:
+# each row against its wheel.
+# --------------------------------------------------------------------------------------------------
+
+
+def _wheel_sources(release: str, *paths: str) -> dict[str, str]:
+    with zipfile.ZipFile(sglang_wheel(release)) as zf:
+        names = set(zf.namelist())
+        return {p: zf.read(f"sglang/{p}").decode() for p in paths if f"sglang/{p}" in names}
+
+
+def _function(source: str, name: str) -> str:
+    """The text of function (or method) ``name``: to the next line indented no deeper."""
+    start = source.index(f"def {name}(")
+    indent = start - source.rindex("\n", 0, start) - 1
+    end = re.compile(rf"\n {{0,{indent}}}[^\s)]").search(source, start)
+    return source[start:end.start() if end else None]
+
+
+@pytest.mark.parametrize("release", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.23"])
+def test_refusals_draft_counts_port_rule_and_kv_accounting_match_the_wheel(release):
+    row = version_row(release)
+    src = _wheel_sources(release, "srt/managers/scheduler.py", "srt/speculative/dflash_utils.py",
+                         "srt/managers/tokenizer_manager.py", "srt/server_args.py",
+                         "srt/arg_groups/serving_hook.py",
+                         "srt/model_executor/pool_configurator.py")
+    where = next(p for p in ("srt/speculative/dflash_utils.py", "srt/managers/scheduler.py")
+                 if "def validate_dflash_request(" in src.get(p, ""))
+    body = _function(src[where], "validate_dflash_request")
+    refused = tuple(name for name, mark in (("logprobs", "req.return_logprob"),
+                                            ("grammar", "json_schema is not None"),
+                                            ("hidden_states", "req.return_hidden_states"))
+                    if mark in body)
+    assert row.dflash_refused_requests == refused
+    assert where in row.dflash_refusals_source
+    written = re.findall(r'meta_info\["(spec_\w+_drafts)"\]',
+                         _function(src["srt/managers/tokenizer_manager.py"],
+                                   "_calculate_spec_decoding_metrics"))
+    assert written == [name for pair in row.meta_draft_counts for name in pair]
+    # 0.5.11-0.5.15: the gRPC port is SGLANG_GRPC_PORT or --port + 10000, checked always.
+    unconditional = "grpc_port_env if grpc_port_env is not None else self.port + 10000"
+    args = src["srt/server_args.py"] + src.get("srt/arg_groups/serving_hook.py", "")
+    assert (row.grpc_port_offset == versions.GRPC_PORT_OFFSET) == (unconditional in args)
+    assert "must be between 1 and 65535" in args
+    # The drafter in the KV pool: scaled by layers, or its own cell added.
+    pool = src["srt/model_executor/pool_configurator.py"]
+    own = "draft_cell_size_per_token=_dflash_draft_cell_size" in pool
+    assert row.dflash_draft_kv == (versions.DRAFT_KV_OWN_CELL if own
+                                   else versions.DRAFT_KV_BY_LAYERS)

@@ -166,9 +166,9 @@ def plan_version(plan) -> str:
 
 
 def _argv_without_memory_check(gpus, topo, nhosts, release) -> list[str]:
-    """The argv a refused host would run: the plan with min_kv_gib 0 and a tiny weights size."""
+    """The argv a refused host would run: the plan with min_request_tokens 0 and a tiny weights size."""
     sglang = release if release in INSTALLED else None
-    data = {"sglang": {"version": release}, "plan": {"min_kv_gib": 0}}
+    data = {"sglang": {"version": release}, "plan": {"min_request_tokens": 0}}
     if nhosts != 1:
         raise AssertionError("no group is refused in PROFILES")
     plan = make_plan(host_facts(gpus, topo, sglang=sglang), settings_from_dict(data),
@@ -210,7 +210,7 @@ def test_the_matrix_fails_the_old_planner(release):
     matrix check on that plan fails with SGLang's own fraction (modelled "Not enough memory")."""
     sglang = release if release in INSTALLED else None
     old = make_plan(host_facts("h100x8", "b200x8", sglang=sglang),
-                    settings_from_dict({"sglang": {"version": release}, "plan": {"min_kv_gib": 0}}),
+                    settings_from_dict({"sglang": {"version": release}, "plan": {"min_request_tokens": 0}}),
                     DRAFTER_CONFIG, predicted=sglang is None, weights_bytes=1)  # fmt: skip
     with pytest.raises(AssertionError, match="Not enough memory at model load"):
         check_against_sglang("h100x8", "h100x8", "b200x8", 1, release, old, None)

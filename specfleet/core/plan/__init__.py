@@ -25,7 +25,7 @@ from typing import Any
 from specfleet.core.plan.allreduce import plan_all_reduce
 from specfleet.core.plan.attention import plan_attention
 from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, GroupRole, PlanContext
-from specfleet.core.plan.dflash import block_size, plan_dflash
+from specfleet.core.plan.dflash import block_size, plan_dflash, plan_refused_requests
 from specfleet.core.plan.gpus import plan_gpus
 from specfleet.core.plan.inputs import FactsInputError, check_facts, one_host_facts
 from specfleet.core.plan.launch import (
@@ -63,6 +63,7 @@ TOPICS = (
     plan_all_reduce,
     plan_metrics,
     plan_model_args,
+    plan_refused_requests,
 )
 
 

@@ -140,3 +140,29 @@ def block_size(drafter_config: Mapping[str, Any] | None) -> tuple[int, ReasonKin
             "block_size), or pass --speculative-num-draft-tokens in plan.extra_args",
         )
     return raw, "rule", "the drafter's config.json block_size"
+
+
+def plan_refused_requests(c: PlanContext) -> None:
+    """The requests this release's DFLASH server refuses (the version table's
+    ``dflash_refused_requests``): users get an error for them, not an answer, so the plan says
+    which, and how a chat request with tools becomes one."""
+    row = c.row
+    refused = row.dflash_refused_requests if row is not None else ()
+    if not refused:
+        c.b.why("refused-requests", "none", f"DFLASH on SGLang {c.version} serves every request "
+                f"({row.dflash_refusals_source if row else 'version table'})", c.src)
+        return
+    parser = next((v for k, v in c.b.flags if k == "--tool-call-parser"), None)
+    what = "; ".join(f"{name}: {versions.DFLASH_REFUSAL_WHAT[name]}" for name in refused)
+    tools = ""
+    if "grammar" in refused and parser:
+        tools = (f"; so with --tool-call-parser {parser} only tool_choice \"auto\" or \"none\" "
+                 "with non-strict tools is served")
+    c.b.why(
+        "refused-requests",
+        ", ".join(refused),
+        f"DFLASH on SGLang {c.version} answers these with an error (HTTP 400), not an answer: "
+        f"{what}{tools} ({row.dflash_refusals_source})",
+        c.src,
+    )
+

@@ -7,7 +7,8 @@ numbers, when:
 
 - the members do not agree on the group (name, members, port), or one has no facts;
 - their GPUs differ in count (SGLang puts tp_size / nnodes ranks on every node);
-- the weights do not fit the group's GPUs with ``group.min_kv_gib_per_gpu`` to spare;
+- the weights do not fit the group's GPUs (the KV floor, ``plan.min_request_tokens``, is each
+  member's plan's, in tokens, as on a single host);
 - a member's peers cannot reach it (its address is on none of its interfaces);
 - the members' plans differ anywhere but the rank and the local interface, or they run different
   SGLang installs or weights revisions: SGLang does not compare its ranks' arguments itself, and a
@@ -226,28 +227,25 @@ def _fit(
                       "checked", "info")  # fmt: skip
     shard_gib = size / GIB / tp
     room = gpu_gib - shard_gib
-    if room < group.min_kv_gib_per_gpu:
-        per_node = (gpu_gib - group.min_kv_gib_per_gpu) * (tp // n)
-        need = math.ceil(size / GIB / per_node) if per_node > 0 else None
-        more = (
-            f"{need} such hosts would leave at least {group.min_kv_gib_per_gpu:g} GiB per GPU"
-            if need
-            else "no number of such hosts can"
-        )
+    if room <= 0:
+        per_node = gpu_gib * (tp // n)
+        need = math.floor(size / GIB / per_node) + 1 if per_node > 0 else None
+        more = (f"{need} such hosts would hold them (then each member's plan checks the KV pool "
+                "against plan.min_request_tokens)" if need else "no number of such hosts can")
         raise GroupPlanError(
-            f"serving group {group.name}: {n} hosts x {tp // n} GPUs of {gpu_gib:.0f} GiB hold "
-            f"{size / GIB:.0f} GiB of weights as {shard_gib:.1f} GiB per GPU, leaving "
-            f"{room:.1f} GiB per GPU for KV cache, below group.min_kv_gib_per_gpu "
-            f"{group.min_kv_gib_per_gpu:g}; {more}",
+            f"serving group {group.name}: {n} hosts x {tp // n} GPUs of {gpu_gib:.0f} GiB cannot "
+            f"hold {size / GIB:.0f} GiB of weights ({shard_gib:.1f} GiB per GPU); {more}",
             host=ordered[0].host,
-            fix="add members to the group, use GPUs with more memory, or lower "
-            "group.min_kv_gib_per_gpu knowing it serves fewer and shorter requests",
+            fix="add members to the group, or use GPUs with more memory",
         )
+    # The KV floor is each member's plan's (memory.py): the tokens one request may hold after
+    # SGLang's memory fraction, plan.min_request_tokens, as on a single host.
     return Reason(
         "group-memory",
         f"{tp} x {gpu_gib:.0f} GiB",
         f"{size / GIB:.0f} GiB of weights as {shard_gib:.1f} GiB per GPU, {room:.1f} GiB per GPU "
-        f"left for KV cache (at least {group.min_kv_gib_per_gpu:g}: group.min_kv_gib_per_gpu)",
+        "before SGLang's memory fraction (the KV pool in tokens: kv-cache-room and "
+        "request-tokens, at least plan.min_request_tokens)",
     )
 
 

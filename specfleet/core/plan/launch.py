@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specfleet.core.layout import serve_path, sglang_python
 from specfleet.core.plan.context import PlanContext
+from specfleet.core.tables import sglang_versions as versions
 from specfleet.core.tables.models import model_row
 
 
@@ -34,6 +35,33 @@ def plan_model_args(c: PlanContext) -> None:
     b.flag("--host", s.listen_host)
     b.flag("--port", s.port)
     b.why("listen", f"{s.listen_host}:{s.port}", "settings listen_host and port")
+    _grpc_port(c)
+
+
+def _grpc_port(c: PlanContext) -> None:
+    """The port rule (the version table's ``grpc_port_offset``): a release that derives its gRPC
+    port as --port + 10000 refuses at start a --port above 55535, unless SGLANG_GRPC_PORT names
+    one; the plan names one (never bound: specfleet does not turn SGLang's gRPC server on)."""
+    b, s, row = c.b, c.settings, c.row
+    offset = row.grpc_port_offset if row is not None else None
+    if offset is None or s.port + offset <= versions.MAX_PORT:
+        return
+    given = s.plan.extra_env.get("SGLANG_GRPC_PORT")
+    if given is not None:
+        b.why("grpc-port", f"SGLANG_GRPC_PORT={given}", f"plan.extra_env: SGLang {c.version} "
+              f"would otherwise derive {s.port + offset} from --port {s.port}", "override")
+        return
+    grpc = s.port - offset
+    b.env["SGLANG_GRPC_PORT"] = str(grpc)
+    b.why(
+        "grpc-port",
+        f"SGLANG_GRPC_PORT={grpc}",
+        f"SGLang {c.version} sets its gRPC port to --port + {offset} = {s.port + offset} and "
+        f"refuses to start above {versions.MAX_PORT} unless SGLANG_GRPC_PORT is set "
+        "(server_args.py _handle_deprecated_args); a port below --port is named instead (not "
+        "listened on: the gRPC server stays off)",
+        c.src,
+    )
 
 
 def plan_metrics(c: PlanContext) -> None:

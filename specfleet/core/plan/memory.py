@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from specfleet.core.plan.context import GIB, MIB, PlanContext
 from specfleet.core.tables.models import known_weights_bytes, model_row
-from specfleet.core.tables.sglang_versions import DFLASH_MAX_RUNNING_REQUESTS, sglang_mem_fraction
+from specfleet.core.tables.sglang_versions import (
+    DFLASH_MAX_RUNNING_REQUESTS,
+    DRAFT_KV_BY_LAYERS,
+    kv_cell_bytes,
+    sglang_mem_fraction,
+)
 
 
 def plan_gpu_memory(c: PlanContext) -> None:
@@ -85,7 +90,12 @@ def plan_mem_fraction(c: PlanContext) -> None:
         )
     elif rule.mem_fraction is not None:
         mfs = rule.mem_fraction
-        b.why("mem-fraction-static", mfs, rule.mem_fraction_why)
+        over = (
+            f"; it overrides the {sglang_mfs:.3f} SGLang {c.version} would choose on "
+            f"{gpu_mib} MiB GPUs at TP {c.tp} ({row.memory.source})"
+            if sglang_mfs is not None else "; it overrides SGLang's own choice"
+        )
+        b.why("mem-fraction-static", mfs, rule.mem_fraction_why + over)
     elif sglang_mfs is not None:
         mfs = None
         b.why(
@@ -131,6 +141,10 @@ def _smallest_gpu_mib(c: PlanContext) -> int:
 
 
 def _kv_room(c: PlanContext, mfs: float | None, gpu_mib: int, model, explicit: bool) -> None:
+    """The KV pool per GPU in GiB and, by the release's own accounting, in tokens: what one
+    request may hold (SGLang caps each request at the pool) and how many full-context requests
+    fit. Below plan.min_request_tokens (or no room at all) there is no plan; a pool that holds
+    no full-context request is a warning with the cap."""
     b, size, tp = c.b, c.size, c.tp
     if mfs is None or size is None or not gpu_mib or not tp:
         b.why("kv-cache-room", "unknown", "weights size or memory fraction unknown", "info")
@@ -138,10 +152,11 @@ def _kv_room(c: PlanContext, mfs: float | None, gpu_mib: int, model, explicit: b
     budget = mfs * gpu_mib * MIB
     per_gpu = size / tp
     room = budget - per_gpu
-    tokens = _kv_tokens(room, model, tp)
-    minimum = c.overrides.min_kv_gib
-    if room < minimum * GIB:
-        need = (per_gpu + minimum * GIB) / (gpu_mib * MIB)
+    cell, how = _kv_cell(c, model)
+    tokens = int(max(room, 0) // cell) if cell else None
+    minimum = c.overrides.min_request_tokens
+    if room <= 0 or (tokens is not None and tokens < minimum):
+        need = (per_gpu + max(minimum * cell, 1)) / (gpu_mib * MIB)
         where = (
             f"serving group {c.group.name} ({c.group.nnodes} hosts, TP {tp})"
             if c.group is not None
@@ -161,12 +176,21 @@ def _kv_room(c: PlanContext, mfs: float | None, gpu_mib: int, model, explicit: b
                 "keeps less than its own estimate for activations and CUDA graphs, and may run "
                 "out of memory under load)"
             )
+        if room > 0:
+            fixes.append(f"or lower plan.min_request_tokens (now {minimum:,}) knowing no request "
+                         f"may then hold more than {tokens:,} tokens")
+        below = (
+            f": a KV pool of {tokens:,} tokens by SGLang {c.version}'s accounting ({how}), so no "
+            f"request may hold more; below plan.min_request_tokens {minimum:,}"
+            if tokens is not None and room > 0
+            else f": no KV pool at all, below plan.min_request_tokens {minimum:,} (SGLang stops "
+            "at model load with \"Not enough memory\")"
+        )
         raise b.error(
             f"{where}: mem_fraction_static {mfs:.3f} ({whose}) gives "
             f"{budget / GIB:.1f} GiB per GPU for weights and KV cache; the weights need "
-            f"{per_gpu / GIB:.1f} GiB per GPU, leaving {room / GIB:.1f} GiB for the KV cache, "
-            f"below plan.min_kv_gib {minimum:g} GiB (SGLang stops at model load with "
-            "\"Not enough memory\")",
+            f"{per_gpu / GIB:.1f} GiB per GPU, leaving {room / GIB:.1f} GiB for the KV cache"
+            + below,
             "; ".join(fixes),
         )
     b.why(
@@ -174,18 +198,58 @@ def _kv_room(c: PlanContext, mfs: float | None, gpu_mib: int, model, explicit: b
         f"{room / GIB:.1f} GiB/GPU",
         f"mem_fraction_static {mfs:.3f} x {gpu_mib / 1024:.1f} GiB = {budget / GIB:.1f} GiB per "
         f"GPU, minus {per_gpu / GIB:.1f} GiB of weights per GPU"
-        + (f": about {tokens:,} tokens of KV cache" if tokens else ""),
+        + (f": about {tokens:,} tokens of KV cache by SGLang {c.version}'s accounting ({how})"
+           if tokens is not None else ": tokens unknown (no KV cell size for this model)"),
         "info",
+    )
+    context = model.context_length if model is not None else 0
+    if tokens is None or not context:
+        return
+    running = c.overrides.extra_args.get("--max-running-requests") or DFLASH_MAX_RUNNING_REQUESTS
+    full = tokens // context
+    if full >= 1:
+        b.why(
+            "request-tokens",
+            f"{context:,} of {context:,}",
+            f"one request may hold its full context; {full} full-context request"
+            f"{'s fit' if full > 1 else ' fits'} in the KV pool at once, shared by up to "
+            f"{running} running requests",
+            "info",
+        )
+        return
+    b.why(
+        "request-tokens",
+        f"about {tokens // 1000 * 1000:,} of {context:,}",
+        f"requests capped at about {tokens // 1000 * 1000:,} of {context:,} tokens: SGLang caps "
+        f"each request at its KV pool (managers/tp_worker.py max_req_len), which holds "
+        f"{tokens:,} tokens, shared by up to {running} running requests; not one full-context "
+        "request fits (more GPU memory, more hosts in a serving group, or a higher "
+        "plan.mem_fraction_static raise it)",
+        "warning",
     )
 
 
-def _kv_tokens(room: float, model, tp: int) -> int:
-    """Tokens of KV cache that ``room`` bytes per GPU hold (target + drafter), 0 when unknown."""
-    if model is None or not model.kv_bytes_per_token or room <= 0:
-        return 0
-    draft_heads = max(1, model.draft_kv_heads // max(tp, 1)) if model.draft_kv_heads else 0
-    per_token = model.kv_bytes_per_token + draft_heads * model.draft_kv_bytes_per_token_per_head
-    return int(room // per_token)
+def _kv_cell(c: PlanContext, model) -> tuple[int, str]:
+    """SGLang's KV bytes per token on each GPU, drafter included, by the release's accounting
+    (``sglang_versions.kv_cell_bytes``), and how it is made up; (0, "") when unknown."""
+    if model is None or not model.kv_bytes_per_token:
+        return 0, ""
+    raw = (c.drafter_config or {}).get("num_hidden_layers")
+    draft_layers = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 \
+        else model.draft_num_layers
+    heads = max(1, model.draft_kv_heads // max(c.tp, 1)) if model.draft_kv_heads else 0
+    draft_cell = heads * model.draft_kv_bytes_per_token_per_head
+    scheme = c.row.dflash_draft_kv if c.row is not None else DRAFT_KV_BY_LAYERS
+    target = model.kv_bytes_per_token
+    cell = kv_cell_bytes(scheme, target, model.num_layers, draft_layers, draft_cell)
+    if scheme == DRAFT_KV_BY_LAYERS and model.num_layers and draft_layers:
+        how = (f"{cell:,} bytes per token: the target's cell of {target:,} scaled by "
+               f"{model.num_layers + draft_layers}/{model.num_layers} for the drafter's "
+               f"{draft_layers} layers")
+    else:
+        how = (f"{cell:,} bytes per token: the target's cell of {target:,} plus the drafter's "
+               f"{cell - target:,}")
+    return cell, how
 
 
 def _max_running_requests(c: PlanContext) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from specfleet.core.errors import SpecfleetError
 
-ReasonKind = Literal["rule", "override", "predicted", "assumed", "info"]
+ReasonKind = Literal["rule", "override", "predicted", "assumed", "info", "warning"]
 
 
 class PlanError(SpecfleetError):

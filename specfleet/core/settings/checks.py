@@ -83,6 +83,14 @@ def schema_problems(errors: list[dict[str, Any]], root: type = Settings) -> list
     return [_problem(key, err, *where[key]) for key, err in chosen.items()]
 
 
+# Keys a release removed, and what replaced them.
+GONE = {
+    key: "the KV floor is plan.min_request_tokens, the tokens one request may hold by SGLang's "
+    "own accounting, one basis for single hosts and serving groups"
+    for key in ("plan.min_kv_gib", "group.min_kv_gib_per_gpu")
+}
+
+
 def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Problem:
     value = err["input"]
     if err["type"] == "extra_forbidden":
@@ -90,6 +98,10 @@ def _problem(key: str, err: dict[str, Any], tp: Any, siblings: list[str]) -> Pro
             return Problem(key, f"unknown settings key '{key}': these are the settings already",
                            f"take what is under '{key}' up one level: {{\"port\": 30000}}, not "
                            f"{{\"{key}\": {{\"port\": 30000}}}}")  # fmt: skip
+        if key in GONE:
+            return Problem(key, f"settings key '{key}' is gone: {GONE[key]}",
+                           "remove it; set plan.min_request_tokens (default 32768) for another "
+                           "floor")  # fmt: skip
         leaf = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
         if close:

@@ -290,9 +290,11 @@ class PlanOverrides(Section):
     mem_fraction_static: Annotated[float, number(0, 1, low_open=True, high_open=True,
                                                  fix="use e.g. 0.85")] | None = None
     """SGLang's --mem-fraction-static."""
-    min_kv_gib: Annotated[float, number(0, fix="use e.g. 4 (the default): the KV cache room per "
-                                        "GPU a plan must leave")] = 4.0  # fmt: skip
-    """The KV cache room per GPU (GiB) below which no plan is made (too few tokens to serve)."""
+    min_request_tokens: Annotated[int, number(0, integer=True, fix="use e.g. 32768 (the "
+                                  "default): the tokens one request must be able to hold")
+                                  ] = 32768  # fmt: skip
+    """The tokens one request must be able to hold (SGLang caps each at its KV pool, counted by
+    its own accounting) below which no plan is made; single hosts and serving groups alike."""
     draft_window_size: Annotated[int, _at_least_1("use e.g. 4096 (the default), at least the "
                                                   "drafter's block size")] = 4096  # fmt: skip
     """The drafter's window."""
@@ -366,9 +368,6 @@ class ServingGroup(Section):
                                    "unset it to use the interface that holds each member's "
                                    "address")] | None = None  # fmt: skip
     """The NIC NCCL and Gloo use (default: the one holding the address)."""
-    min_kv_gib_per_gpu: Annotated[float, number(0, fix="set {key} to the GiB per GPU to keep for "
-                                  "KV cache, e.g. 8")] = 8.0  # fmt: skip
-    """A layout leaving less per GPU for KV cache is refused."""
     dist_timeout_s: Annotated[int, _at_least_1("use e.g. 600 (seconds the ranks wait for each "
                                                "other)")] = 600  # fmt: skip
     """SGLang's --dist-timeout, in seconds."""

@@ -28,6 +28,11 @@ class ModelRow:
     kv_bytes_per_token: int = 0
     draft_kv_bytes_per_token_per_head: int = 0
     draft_kv_heads: int = 0
+    # The target's and the drafter's layers (SGLang's KV accounting scales by them) and the
+    # target's context length (config.json max_position_embeddings).
+    num_layers: int = 0
+    draft_num_layers: int = 0
+    context_length: int = 0
 
 
 # moonshotai/Kimi-K2.6 safetensors (554.30 GiB) + z-lab/Kimi-K2.6-DFlash (6.48 GiB), sglang.md s3.
@@ -55,6 +60,10 @@ KIMI_K26 = ModelRow(
     kv_bytes_per_token=KIMI_K26_KV_BYTES_PER_TOKEN,
     draft_kv_bytes_per_token_per_head=KIMI_K26_DFLASH_KV_BYTES_PER_HEAD,
     draft_kv_heads=8,
+    num_layers=61,
+    draft_num_layers=6,
+    # text_config max_position_embeddings.
+    context_length=262144,
 )
 # Exact repo ids whose size is known.
 WEIGHTS_BYTES: dict[str, int] = {KIMI_K26_TARGET: KIMI_K26_WEIGHTS_BYTES}

@@ -319,6 +319,69 @@ def vlm_factor(vit_layers: int, vit_hidden: int) -> float:
 DFLASH_MAX_RUNNING_REQUESTS = 48
 
 
+# --------------------------------------------------------------------------------------------------
+# Requests a DFLASH server refuses, the draft counts it reports, the port it needs
+# --------------------------------------------------------------------------------------------------
+# A request DFLASH cannot serve is aborted by the scheduler with validate_dflash_request's message
+# (0.5.11-0.5.12 srt/managers/scheduler.py; from 0.5.13 srt/speculative/dflash_utils.py): the
+# client gets an error (HTTP 400), not an answer. What each refusal covers, by the request fields
+# that set it (0.5.11 entrypoints/openai/protocol.py to_sampling_params and serving_chat.py
+# _process_messages: with tools and a tool-call parser, tool_choice "required", a named tool, or
+# tool_choice "auto" with a tool marked strict becomes a structural_tag; without a parser
+# "required" / a named tool becomes a json_schema).
+DFLASH_REFUSAL_WHAT = {
+    "logprobs": "log probabilities (logprobs / top_logprobs on the OpenAI APIs, return_logprob "
+    "on /generate)",
+    "grammar": "constrained output (response_format json_object / json_schema / structural_tag, "
+    "regex, ebnf; on the chat API tool_choice \"required\", a named tool_choice or a strict "
+    "tool, which SGLang turns into a grammar)",
+    "hidden_states": "return_hidden_states (refused with the overlap worker)",
+}
+DFLASH_REFUSALS_SOURCE_0_5_11 = "srt/managers/scheduler.py validate_dflash_request"
+DFLASH_REFUSALS_SOURCE = "srt/speculative/dflash_utils.py validate_dflash_request"
+
+# meta_info's per-request draft counts, (accepted, proposed) name pairs in the order a release
+# writes them (srt/managers/tokenizer_manager.py _calculate_spec_decoding_metrics): 0.5.11 the old
+# pair; 0.5.12 added spec_num_correct_drafts / spec_num_proposed_drafts, keeping the old as
+# "backward-compat aliases"; 0.5.21 dropped the old (read in the 0.5.11-0.5.23 wheels).
+DRAFT_COUNTS_OLD = ("spec_accepted_drafts", "spec_proposed_drafts")
+DRAFT_COUNTS_NEW = ("spec_num_correct_drafts", "spec_num_proposed_drafts")
+
+# The port rule: 0.5.11-0.5.15 set grpc_port to SGLANG_GRPC_PORT or else --port + 10000, and
+# refuse at start ("SGLANG_GRPC_PORT (N) must be between 1 and 65535") when it is above 65535,
+# gRPC used or not (server_args.py ServerArgs._handle_deprecated_args; seen on a real server).
+# From 0.5.16 the port + 10000 default applies only in the legacy gRPC modes, which specfleet
+# never starts.
+GRPC_PORT_OFFSET = 10000
+MAX_PORT = 65535
+
+# How a DFLASH server counts its drafter in the KV pool (model_executor/pool_configurator.py,
+# DefaultPoolConfigurator): "layers" (0.5.11-0.5.17, dflash_utils.py
+# scale_kv_cell_size_per_token_for_dflash without a draft cell): the target's bytes per token
+# scaled by (target layers + draft layers) / target layers, rounded up; "own" (0.5.18 on,
+# _dflash_draft_cell_size): the target's plus the drafter's own cell. The pool holds
+# available bytes // that many tokens, and no request may hold more (managers/tp_worker.py
+# max_req_len = min(context_len - 1, max_token_pool_size - 1)).
+DRAFT_KV_BY_LAYERS = "layers"
+DRAFT_KV_OWN_CELL = "own"
+
+
+def kv_cell_bytes(scheme: str, target_cell: int, target_layers: int, draft_layers: int,
+                  draft_cell: int) -> int:
+    """SGLang's bytes per token of KV pool on one GPU, drafter included.
+
+    >>> kv_cell_bytes("layers", (512 + 64) * 61 * 2, 61, 6, 3072)
+    77184
+    >>> kv_cell_bytes("own", (512 + 64) * 61 * 2, 61, 6, 3072)
+    73344
+    """
+    if scheme == DRAFT_KV_OWN_CELL:
+        return target_cell + draft_cell
+    if target_layers <= 0 or draft_layers <= 0:
+        return target_cell
+    return (target_cell * (target_layers + draft_layers) + target_layers - 1) // target_layers
+
+
 @dataclass(frozen=True)
 class VersionRow:
     """What one range of SGLang releases has."""
@@ -350,6 +413,17 @@ class VersionRow:
     metrics_flag: str | None = "--enable-metrics"
     # How this release chooses mem_fraction_static.
     memory: MemoryRule = MEMORY_0_5_11
+    # The requests a DFLASH server of this release refuses (keys of DFLASH_REFUSAL_WHAT), and
+    # where it decides.
+    dflash_refused_requests: tuple[str, ...] = ("logprobs", "grammar")
+    dflash_refusals_source: str = DFLASH_REFUSALS_SOURCE_0_5_11
+    # The per-request draft counts meta_info carries: (accepted, proposed) name pairs.
+    meta_draft_counts: tuple[tuple[str, str], ...] = (DRAFT_COUNTS_OLD,)
+    # The port rule: the gRPC port this release derives from --port (--port + this) and refuses
+    # above 65535 unless SGLANG_GRPC_PORT is set; None where an HTTP-only server has no such rule.
+    grpc_port_offset: int | None = GRPC_PORT_OFFSET
+    # How the drafter counts in the KV pool (DRAFT_KV_BY_LAYERS / DRAFT_KV_OWN_CELL).
+    dflash_draft_kv: str = DRAFT_KV_BY_LAYERS
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def features(self) -> dict:
@@ -383,6 +457,15 @@ VERSIONS: tuple[VersionRow, ...] = (
         dflash_dp_attention_needs=("--enable-dp-lm-head",),
         multinode_source=MULTINODE_SOURCE_0_5_23,
         memory=MEMORY_0_5_23,
+        # 0.5.23 (read): only return_hidden_states with the overlap worker; the new draft-count
+        # names only; no port rule for an HTTP server. Per wheel (read): 0.5.16 refuses logprobs
+        # and grammar, 0.5.17 logprobs, 0.5.18 on neither; the old names are there to 0.5.20.
+        dflash_refused_requests=("hidden_states",),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW,),
+        grpc_port_offset=None,
+        # 0.5.18 on (read: 0.5.18, 0.5.23); 0.5.16-0.5.17 scale by layers.
+        dflash_draft_kv=DRAFT_KV_OWN_CELL,
         notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
     ),
     VersionRow(
@@ -400,6 +483,10 @@ VERSIONS: tuple[VersionRow, ...] = (
         dflash_draft_backends=_DRAFT_0_5_14,
         multinode_source=MULTINODE_SOURCE_0_5_14,
         memory=MEMORY_0_5_14,
+        # dflash_utils.py validate_dflash_request: logprobs, hidden states with overlap, grammar.
+        dflash_refused_requests=("logprobs", "grammar", "hidden_states"),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
     ),
     VersionRow(
         # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).
@@ -410,6 +497,11 @@ VERSIONS: tuple[VersionRow, ...] = (
         draft_window_flag=DRAFT_WINDOW_FLAG_V1,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
         dflash_draft_backends=_DRAFT_0_5_11,
+        # Read: validate_dflash_request (scheduler.py in 0.5.12, dflash_utils.py in 0.5.13)
+        # refuses logprobs and grammar; both draft-count name pairs.
+        dflash_refusals_source="srt/managers/scheduler.py (0.5.12), "
+        "srt/speculative/dflash_utils.py (0.5.13) validate_dflash_request",
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
     ),
     VersionRow(
         # Read from the 0.5.11 wheel: server_args.py add_argument("--speculative-dflash-draft-
