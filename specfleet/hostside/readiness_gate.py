@@ -12,12 +12,15 @@ again) the budget counts from the server's start, not from the gate's, and the j
 
 With --probe JSON, a healthy server must then also answer right: the correctness probe sends each
 question at temperature 0, several at once, to /v1/chat/completions (thinking off, the answer is
-`content`) and to SGLang's native /generate (at least max_tokens output tokens, so speculative
-verify runs, batched; its meta_info gives each request's acceptance length). It passes when at
-least min_correct answers match their regex and the mean acceptance length is at least
-min_accept_length (at most halfway from 1.0 to the server's --speculative-num-draft-tokens) and
-no request's is above that block size plus the prefill token's share (SGLang's
-spec_accept_length counts the first output token, which prefill makes, over the verify steps).
+`content`) and to SGLang's native /generate, whose meta_info gives each request's acceptance
+length: the question through the model's chat template (token ids made by the server's own
+interpreter and tokenizer), decoded to the model's own end of turn, as users' requests are; where
+the template cannot be applied here, the raw question for max_tokens tokens (ignore_eos), said.
+It passes when at least min_correct answers match their regex and the mean acceptance length
+is at least min_accept_length (at most halfway from 1.0 to the server's
+--speculative-num-draft-tokens) and no request's is above that block size plus the prefill
+token's share (SGLang's spec_accept_length counts the first output token, which prefill makes,
+over the verify steps).
 
 Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage;
 4 the server serves, but the probe found wrong answers or a wrong acceptance length.
@@ -148,25 +151,78 @@ def http_post(url: str, body: dict, key: str | None, timeout: float) -> tuple[in
         return code, raw[:200]
 
 
-def ask(base: str, key: str | None, question: dict, spec: dict) -> dict:
+# The probe's chat-template kwargs: thinking off, as the chat request asks (SGLang passes
+# chat_template_kwargs to the template; serving_chat.py _apply_jinja_template).
+CHAT_TEMPLATE_KWARGS = {"thinking": False}
+
+# Run by the server's own interpreter (its venv has transformers, as SGLang's chat API uses it):
+# the probe's questions as the chat API turns them into tokens (apply_chat_template with the
+# generation prompt, the chat_template_kwargs), the request on stdin, the ids as JSON on stdout.
+TEMPLATE_SCRIPT = """
+import json, sys
+spec = json.load(sys.stdin)
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=spec["trust_remote_code"])
+out = []
+for prompt in spec["prompts"]:
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
+                                  add_generation_prompt=True, **spec["kwargs"])
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    out.append([int(i) for i in ids])
+print(json.dumps(out))
+"""
+
+
+def chat_prompts(argv: list[str], prompts: list[str],
+                 timeout: float = 300.0) -> tuple[list | None, str]:
+    """Each prompt as the chat API's template makes it (token ids), by the server's own
+    interpreter and tokenizer (argv[0], --model-path); (None, why not) when that cannot run."""
+    python = argv[0] if argv else ""
+    model = argv_value(argv, "--model-path")
+    if not (os.path.isabs(python) and os.access(python, os.X_OK)) or not model:
+        return None, f"the server's interpreter or --model-path is not on its command line " \
+                     f"({python or 'no argv'})"
+    request = {"model": model, "prompts": prompts, "kwargs": CHAT_TEMPLATE_KWARGS,
+               "trust_remote_code": "--trust-remote-code" in argv}
+    try:
+        res = subprocess.run([python, "-c", TEMPLATE_SCRIPT], input=json.dumps(request),
+                             capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python} could not apply the chat template ({exc})"
+    try:
+        ids = json.loads(res.stdout)
+    except ValueError:
+        ids = None
+    if res.returncode != 0 or not isinstance(ids, list) or len(ids) != len(prompts):
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{python} could not apply the chat template: {last[:160]}"
+    return ids, ""
+
+
+def ask(base: str, key: str | None, question: dict, spec: dict,
+        prompt_ids: list | None = None) -> dict:
     """One question, twice: the chat API for the answer (thinking off; SGLang's chat template
-    kwargs), the native /generate for the acceptance length (ignore_eos: max_tokens tokens)."""
+    kwargs), the native /generate for the acceptance length. With ``prompt_ids`` (the question
+    through the chat template, ``chat_prompts``) /generate decodes the same request the chat API
+    does, to the model's own end of turn; without, the raw text for max_tokens (ignore_eos)."""
     timeout = float(spec["timeout_s"])
     out: dict = {"prompt": question["prompt"], "answer": question["answer"]}
     code, body = http_post(base + "/v1/chat/completions", {
         "messages": [{"role": "user", "content": question["prompt"]}],
         "temperature": 0, "max_tokens": int(spec["max_tokens"]),
-        "chat_template_kwargs": {"thinking": False},
+        "chat_template_kwargs": CHAT_TEMPLATE_KWARGS,
     }, key, timeout)
     try:
         out["content"] = body["choices"][0]["message"]["content"] or ""  # type: ignore[index]
     except (TypeError, KeyError, IndexError):
         out["error"] = f"/v1/chat/completions gave {code}: {str(body)[:120]}"
-    code, body = http_post(base + "/generate", {
-        "text": question["prompt"],
-        "sampling_params": {"temperature": 0, "max_new_tokens": int(spec["max_tokens"]),
-                            "ignore_eos": True},
-    }, key, timeout)
+    params = {"temperature": 0, "max_new_tokens": int(spec["max_tokens"])}
+    if prompt_ids is not None:
+        request: dict = {"input_ids": prompt_ids, "sampling_params": params}
+    else:
+        request = {"text": question["prompt"], "sampling_params": {**params, "ignore_eos": True}}
+    code, body = http_post(base + "/generate", request, key, timeout)
     meta = body.get("meta_info") if isinstance(body, dict) else None
     if isinstance(meta, dict):
         out["meta"] = {k: meta[k] for k in META_KEYS if k in meta}
@@ -288,14 +344,25 @@ def shorten(text: str, width: int = 60) -> str:
 
 
 def run_probe(base: str, key: str | None, spec: dict, speculative: bool,
-              block: int | None) -> tuple[bool, list]:
-    """Every question at once, ``concurrency`` in flight; then ``judge``."""
+              block: int | None, argv: list[str] | None = None) -> tuple[bool, list]:
+    """Every question at once, ``concurrency`` in flight; then ``judge``. Acceptance is measured
+    on the questions through the chat template (``chat_prompts``, with the server's ``argv``),
+    or, where that cannot run, on the raw questions, said in the first line."""
     from concurrent.futures import ThreadPoolExecutor
 
     questions = spec["questions"]
+    ids, why = (None, "") if not speculative else chat_prompts(
+        argv or [], [q["prompt"] for q in questions])
     with ThreadPoolExecutor(max_workers=max(1, int(spec["concurrency"]))) as pool:
-        answers = list(pool.map(lambda q: ask(base, key, q, spec), questions))
-    return judge(answers, spec, speculative, block)
+        answers = list(pool.map(lambda i: ask(base, key, questions[i], spec,
+                                              ids[i] if ids else None), range(len(questions))))
+    passed, lines = judge(answers, spec, speculative, block)
+    if speculative:
+        lines.insert(1, "probe: acceptance measured on the chat-templated questions, each to "
+                     "the model's own end of turn" if ids else
+                     f"probe: acceptance measured on the raw questions for {spec['max_tokens']} "
+                     f"tokens (ignore_eos), not through the chat template: {why}")
+    return passed, lines
 
 
 def listener_pids(port: int) -> set[int]:
@@ -445,7 +512,7 @@ def probe_server(base: str, key: str | None, probe: dict, argv: list[str], serve
     block = argv_value(argv, "--speculative-num-draft-tokens")
     speculative = argv_value(argv, "--speculative-algorithm") is not None
     passed, lines = run_probe(base, key, probe, speculative,
-                              int(block) if block and block.isdigit() else None)
+                              int(block) if block and block.isdigit() else None, argv)
     for line in lines[:-1] if not passed else lines:
         say(line)
     if not passed:

@@ -358,3 +358,113 @@ def test_the_standin_makes_the_first_token_in_prefill_as_sglang_does():
             "completion_tokens": completion}
     assert round(meta["spec_accept_length"], 2) == 7.11
     assert gate.accept_ceiling(meta, 7) == pytest.approx(7 + 1 / 9)
+
+
+# --------------------------------------------------------------------------------------------------
+# Acceptance on the chat-templated probe, to the model's own end of turn
+# --------------------------------------------------------------------------------------------------
+
+STANDIN_TRANSFORMERS = Path(__file__).parents[1] / "harness" / "standin_transformers"
+# A chat template shaped like Kimi K2's (user and assistant turns between <|im_...|> markers, an
+# empty think block when thinking is off); written here, not the model's file.
+TEMPLATE = (
+    "{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>"
+    "{% if thinking is defined and not thinking %}<think></think>{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": TEMPLATE, "auto_map": {"AutoTokenizer": ["tokenization_kimi.X", None]}}))
+    monkeypatch.setenv("PYTHONPATH", str(STANDIN_TRANSFORMERS))
+    return tmp_path
+
+
+def server_argv(model: Path) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+            "--trust-remote-code", "--speculative-algorithm", "DFLASH",
+            "--speculative-num-draft-tokens", "8"]
+
+
+def test_the_probe_is_templated_by_the_servers_own_interpreter_and_tokenizer(model_dir):
+    ids, why = gate.chat_prompts(server_argv(model_dir), ["What is 6 * 7?", "Capital of Japan?"])
+    assert why == "" and len(ids) == 2
+    assert "".join(map(chr, ids[0])) == (
+        "<|im_user|>user<|im_middle|>What is 6 * 7?<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>")
+
+
+def test_where_the_template_cannot_be_applied_the_gate_says_why(model_dir, monkeypatch):
+    argv = server_argv(model_dir)
+    # No --trust-remote-code on the server: the tokenizer will not load, and the error is said.
+    ids, why = gate.chat_prompts([a for a in argv if a != "--trust-remote-code"], ["q"])
+    assert ids is None and "needs trust_remote_code=True" in why
+    monkeypatch.delenv("PYTHONPATH")  # an interpreter without transformers
+    ids, why = gate.chat_prompts(argv, ["q"])
+    assert ids is None and "No module named 'transformers'" in why
+    assert gate.chat_prompts(["python3", "-m", "x"], ["q"])[0] is None  # not an absolute path
+
+
+def _capture_server(bodies: list):
+    """A loopback HTTP server that records each POST and answers as SGLang's two endpoints do."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append((self.path, body))
+            if self.path == "/generate":
+                out = {"text": "x", "meta_info": {
+                    "completion_tokens": 4, "spec_verify_ct": 1, "spec_accept_length": 4.0,
+                    "spec_num_correct_drafts": 3, "spec_num_proposed_drafts": 7}}
+            else:
+                out = {"choices": [{"message": {"content": "Paris 42 144 63 72 Au 7 Jupiter"}}]}
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_acceptance_is_measured_on_the_templated_probe_to_the_models_end_of_turn(model_dir):
+    bodies: list = []
+    server = _capture_server(bodies)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        spec = {**SPEC, "questions": SPEC["questions"][:2], "min_correct": 2}
+        passed, lines = gate.run_probe(base, None, spec, True, 8, server_argv(model_dir))
+        # No tokenizer for the interpreter: the raw question, for max_tokens, said so.
+        raw: list = []
+        bodies_raw = _capture_server(raw)
+        base_raw = f"http://127.0.0.1:{bodies_raw.server_address[1]}"
+        _, raw_lines = gate.run_probe(base_raw, None, spec, True, 8, ["python3"])
+        bodies_raw.shutdown()
+    finally:
+        server.shutdown()
+    assert passed, lines
+    assert lines[1] == ("probe: acceptance measured on the chat-templated questions, each to the "
+                        "model's own end of turn")
+    generate = [b for path, b in bodies if path == "/generate"]
+    assert len(generate) == 2
+    for body in generate:
+        assert "text" not in body and "ignore_eos" not in body["sampling_params"]
+        text = "".join(map(chr, body["input_ids"]))
+        assert text.startswith("<|im_user|>user<|im_middle|>")
+        assert text.endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
+    chat = [b for path, b in bodies if path == "/v1/chat/completions"]
+    assert all(b["chat_template_kwargs"] == {"thinking": False} for b in chat)
+    assert raw_lines[1].startswith("probe: acceptance measured on the raw questions for 64 "
+                                   "tokens (ignore_eos), not through the chat template: ")
+    assert all(b["sampling_params"]["ignore_eos"] for path, b in raw if path == "/generate")
