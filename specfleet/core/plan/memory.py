@@ -58,7 +58,7 @@ def plan_gpu_memory(c: PlanContext) -> None:
 def plan_mem_fraction(c: PlanContext) -> None:
     """The memory fraction (the rule's, an override's, or the one SGLang will choose), the KV cache
     room it leaves per GPU in GiB and tokens, and no plan where that room is below
-    plan.min_kv_gib: SGLang would stop at model load with "Not enough memory"."""
+    plan.min_request_tokens (see ``_kv_room``)."""
     b, ov, rule, row = c.b, c.overrides, c.rule, c.row
     model = model_row(c.settings.target.repo_id)
     gpu_mib = _smallest_gpu_mib(c)
