@@ -952,6 +952,9 @@ def test_ct200_plan():
     assert dry.env == {**BASE_ENV, **SPEC_V2_ENV}
     assert dry.reason("dflash-worker").choice == "v2 (PR#20547)"
     assert dry.reason("sglang").choice == "0.5.11 + this project's PR#20547 port"
+    # --dry says the same about requests: 0.5.11's refusals and the cap.
+    for topic in ("refused-requests", "request-tokens", "kv-cache-room"):
+        assert dry.reason(topic).choice == plan.reason(topic).choice, topic
     # Backing out of v2 with the flag alone (#29): the port honours it, the plan says v1.
     off = ct200_settings()
     off = off.model_copy(update={"plan": off.plan.model_copy(
@@ -989,6 +992,21 @@ def test_explicit_fraction_that_fits_names_its_risk():
     why = plan.reason("mem-fraction-static").why
     assert "above the 0.727 SGLang 0.5.23 would choose" in why
     assert "out of memory under load is possible" in why
+
+
+def test_cli_states_ct200s_refusals_and_request_cap(tmp_path, capsys):
+    # `specfleet plan` on CT200's facts and settings, before SGLang is installed (as --dry).
+    (tmp_path / "facts.json").write_text(json.dumps(host_facts("rtx6000x8", sglang=None)))
+    inventory = runpy.run_path(str(ROOT / "inventories" / "ct200.py"))
+    (tmp_path / "settings.json").write_text(json.dumps(inventory["ct200"][0][1]["specfleet"]))
+    rc, out, err = plan_cli_in_process(capsys, "--facts", str(tmp_path / "facts.json"),
+                                       "--settings", str(tmp_path / "settings.json"),
+                                       "--predicted")
+    assert rc == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "logprobs, grammar: DFLASH on SGLang 0.5.11" in lines["refused-requests"]
+    assert "requests capped at about 155,000 of 262,144 tokens" in lines["request-tokens"]
+    assert lines["request-tokens"].endswith("[warning]")
 
 
 def test_min_request_tokens_setting():
