@@ -529,16 +529,17 @@ def decode_answer(perf, words: list, max_tokens: int, block: int, stale: bool,
     accept = float(block) if stale else (
         perf_module.accept_length(perf.point, perf.seed) if perf is not None else 3.0)
     rate = perf_module.single_tps(perf.point, perf.seed) if perf is not None else 160.0
-    done, steps, carry = 1, 0, 0.0  # prefill's token
+    done, steps, carry, accepted = 1, 0, 0.0, 0  # prefill's token
     while done < total:
         carry += accept
-        step = min(max(1, int(carry)), total - done)
-        carry -= step
+        verified = max(1, int(carry))  # this step's accepted drafts + the bonus token
+        step = min(verified, total - done)  # the request ends at max_tokens: the rest is cut
+        carry -= verified
         time.sleep(step / max(rate, 1.0))
-        done, steps = done + step, steps + 1
+        done, steps, accepted = done + step, steps + 1, accepted + min(verified, block) - 1
     # The end-of-sequence token is counted, never written; past the answer (ignore_eos), filler.
     filler = words + ["tok"] * max(0, total - len(words)) if ignore_eos else words
-    return " ".join(filler[:total]), total, steps, total - 1 - steps
+    return " ".join(filler[:total]), total, steps, accepted
 
 
 # meta_info's draft counts, (correct, proposed), as 0.5.11 names them; a tree's own are read from

@@ -358,6 +358,10 @@ def test_the_standin_makes_the_first_token_in_prefill_as_sglang_does():
             "completion_tokens": completion}
     assert round(meta["spec_accept_length"], 2) == 7.11
     assert gate.accept_ceiling(meta, 7) == pytest.approx(7 + 1 / 9)
+    # Block 8 over 64 tokens: 1 + 7 steps of 8, and an eighth step cut to 7 tokens at
+    # max_tokens; its drafts were all accepted all the same (what the fleet's broken verify sees).
+    _, completion, steps, accepted = standin.decode_answer(None, [], 64, 8, True, True)
+    assert (completion, steps, accepted) == (64, 8, 8 * 7)
 
 
 # --------------------------------------------------------------------------------------------------
