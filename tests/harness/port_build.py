@@ -41,6 +41,9 @@ DATA = REPO / "specfleet" / "patchdata" / "pr20547" / "sglang-0.5.11"
 # penalties dropped, --disable-overlap-schedule overridden, upstream text in adaptation.diff).
 UNFIXED_COMMIT = "48fd89f07389c400e2608a2d53a92c551702492a"
 UNFIXED_DATA = "specfleet/patchdata/pr20547/sglang-0.5.11"
+# The last commit with the port as it was before issue #52 (stop strings inside an accepted block
+# missed, EOS at the length cap emitted as "length", the KV reservation from batch.seq_lens).
+BEFORE_52_COMMIT = "5a531c740b317d616b2274240872c0167f309ce8"
 # The file whose verify-mask policy the fix changes (0.5.14's TritonAttnBackend entry).
 MASK_FILE = "sglang/srt/speculative/dflash_utils.py"
 
@@ -95,6 +98,15 @@ def build_stale_mask(mirrors: list[str] | None = None) -> dict[str, str]:
 
 def build_fixed(mirrors: list[str] | None = None) -> dict[str, str]:
     recipe = load_recipe()
+    return build(recipe, recipe_reader(recipe, mirrors)).files
+
+
+def build_before_52(mirrors: list[str] | None = None) -> dict[str, str]:
+    """The port's files as its recipe made them before issue #52 (commit ``BEFORE_52_COMMIT``),
+    from the same pinned sources: the tree the #52 tests must fail on."""
+    recipe = json.loads(subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{BEFORE_52_COMMIT}:{UNFIXED_DATA}/{RECIPE_FILE}"],
+        check=True, capture_output=True, text=True).stdout)  # fmt: skip
     return build(recipe, recipe_reader(recipe, mirrors)).files
 
 

@@ -1,0 +1,272 @@
+"""Issue #52: the PR#20547 port on SGLang 0.5.11 against 0.5.11's own DFlash v1 and upstream's later
+fixes, run from the patched files' own code on the CPU.
+
+Each check compiles the functions it needs from the port's built tree (``tests.harness.port_build``)
+and runs them with only torch-level pieces stood in (a numpy tensor, a tokenizer of a few words),
+on two trees: the port as its recipe was before #52 (``build_before_52``) must fail it, the port of
+the recipe must pass it.
+
+- stop strings inside an accepted block (0.5.14's string logic, under 0.5.11's ``check_finished``);
+- an EOS inside a block that crosses ``max_new_tokens`` (0.5.18's order: tokens before the length);
+- the KV reservation of the v2 ``prepare_for_decode`` for a request at its cap (0.5.14's reserve
+  from ``kv_committed_len``): every slot it maps lies inside the request's ``req_to_token`` row.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import shutil
+import types
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.harness.port_build import build_before_52, build_fixed
+from tests.harness.sources import sglang_wheel
+from tests.unit.test_pr20547_fixes import T, method, stubbed
+
+SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
+DFLASH_INFO_V2 = "sglang/srt/speculative/dflash_info_v2.py"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("sglang-0.5.11-issue52")
+    with zipfile.ZipFile(sglang_wheel("0.5.11")) as zf:
+        zf.extractall(dest, [n for n in zf.namelist() if n.startswith("sglang/")])
+    return dest
+
+
+@pytest.fixture(scope="module", params=["before", "fixed"])
+def tree(request, pristine, tmp_path_factory) -> tuple[str, Path]:
+    files = build_before_52() if request.param == "before" else build_fixed()
+    dest = tmp_path_factory.mktemp(request.param)
+    shutil.copytree(pristine / "sglang", dest / "sglang")
+    for path, text in files.items():
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_text(text)
+    return request.param, dest
+
+
+# --------------------------------------------------------------------------------------------------
+# 1 and 2: Req.check_finished on a multi-token block
+# --------------------------------------------------------------------------------------------------
+
+FINISH_CLASSES = ("BaseFinishReason", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR",
+                  "FINISHED_MATCHED_REGEX", "FINISH_LENGTH", "FINISH_ABORT")  # fmt: skip
+REQ_METHODS = ("finished", "check_finished", "tail_str", "_stop_match_tail_len",
+               "_check_token_based_finish", "_check_str_based_finish",
+               "_locate_str_stop_finished_len", "_check_vocab_boundary_finish",
+               "_cap_finished_len_at_max_new_tokens")  # fmt: skip
+
+
+class WordTokenizer:
+    """A stand-in for the request's HF tokenizer: one word per token id, decode joins them (the
+    only tokenizer calls ``check_finished`` makes are ``decode`` and the EOS fields)."""
+
+    WORDS = {1: "the", 2: " cat", 3: " sat", 4: " on", 5: " mat", 6: ".", 7: " STOP", 9: "</s>"}
+    eos_token_id = 9
+    additional_stop_token_ids = None
+
+    def decode(self, ids) -> str:
+        return "".join(self.WORDS[i] for i in ids)
+
+
+def req_class(root: Path) -> type:
+    """0.5.11's ``Req`` cut down to the methods that decide a finish (as the tree has them), with
+    the finish-reason classes of the same file."""
+    file = root / SCHEDULE_BATCH
+    tree = ast.parse(file.read_text())
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in FINISH_CLASSES]
+    env: dict = {}
+    import re
+    import typing
+    env.update({name: getattr(typing, name) for name in ("List", "Optional", "Union")})
+    env.update(re=re, HTTPStatus=__import__("http").HTTPStatus)
+    exec(compile(ast.Module(body=classes, type_ignores=[]), str(file), "exec"), env)
+    req = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Req")
+    names = [n.name for n in req.body if isinstance(n, ast.FunctionDef) and n.name in REQ_METHODS]
+    return type("Req", (), {name: method(file, "Req", name, env) for name in names})
+
+
+def new_req(root: Path, prompt_out: list[int], block: list[int], max_new_tokens: int,
+            stop_strs: tuple[str, ...] = ()):
+    """A request after 0.5.11's multi-token result path: ``output_ids.extend(block)``; then
+    ``check_finished(len(block))`` is what the scheduler calls."""
+    req = req_class(root)()
+    req.output_ids = list(prompt_out) + list(block)
+    req.finished_reason = None
+    req.finished_len = None
+    req.to_finish = None
+    req.grammar = None
+    req.decoded_text = ""  # 0.5.11's scheduler never updates it
+    req.vocab_size = 100
+    req.eos_token_ids = {9}
+    req.tokenizer = WordTokenizer()
+    req.rid = "r0"
+    req.sampling_params = types.SimpleNamespace(
+        max_new_tokens=max_new_tokens, ignore_eos=False, stop_token_ids=set(),
+        stop_strs=list(stop_strs),
+        # SamplingParams.normalize: the longest stop string in tokens ("STOP" is one token).
+        stop_str_max_len=1 if stop_strs else 0, stop_regex_strs=[], stop_regex_max_len=0,
+    )  # fmt: skip
+    return req
+
+
+def test_a_stop_string_early_in_an_accepted_block_finishes_the_request_there(tree):
+    which, root = tree
+    # As upstream's own test (0.5.14): a one-token stop string at block position 1, four accepted.
+    before_block = [1, 2, 3]
+    block = [4, 7, 5, 6]
+    req = new_req(root, before_block, block, max_new_tokens=64, stop_strs=(" STOP",))
+    req.check_finished(len(block))
+    if which == "before":
+        # tail_str() decodes the last stop_str_max_len + 1 tokens (" mat."): the stop is missed
+        # and the request runs on past it.
+        assert req.finished_reason is None
+    else:
+        assert type(req.finished_reason).__name__ == "FINISH_MATCHED_STR"
+        assert req.finished_reason.matched == " STOP"
+        # Everything through the stop string is kept, nothing after it.
+        assert req.finished_len == len(before_block) + 2
+        assert req.output_ids[: req.finished_len][-1] == 7
+
+
+def test_an_eos_in_a_block_that_crosses_the_cap_finishes_on_the_eos(tree):
+    which, root = tree
+    before_block = [1, 2, 3, 4, 5, 6, 1, 2]  # 8 tokens out, the cap is 10
+    block = [9, 3, 4, 5]  # EOS first: output 9, one more to the cap, two past it
+    req = new_req(root, before_block, block, max_new_tokens=10)
+    req.check_finished(len(block))
+    if which == "before":
+        # The length cap is tested first: finished as "length" at 10, the token after the EOS
+        # is emitted.
+        assert type(req.finished_reason).__name__ == "FINISH_LENGTH"
+        assert req.finished_len == 10 and req.output_ids[8:10] == [9, 3]
+    else:
+        assert type(req.finished_reason).__name__ == "FINISH_MATCHED_TOKEN"
+        assert req.finished_reason.matched == 9
+        assert req.finished_len == len(before_block) + 1
+    # An EOS past the cap is still capped at it (0.5.18's _cap_finished_len_at_max_new_tokens).
+    late = new_req(root, before_block, [3, 4, 5, 9], max_new_tokens=10)
+    late.check_finished(4)
+    assert type(late.finished_reason).__name__ == "FINISH_LENGTH" and late.finished_len == 10
+
+
+def test_a_block_with_no_stop_still_finishes_at_the_cap(tree):
+    _, root = tree
+    req = new_req(root, [1, 2, 3, 4, 5, 6, 1, 2], [3, 4, 5, 6], max_new_tokens=10,
+                  stop_strs=(" STOP",))  # fmt: skip
+    req.check_finished(4)
+    assert type(req.finished_reason).__name__ == "FINISH_LENGTH" and req.finished_len == 10
+
+
+# --------------------------------------------------------------------------------------------------
+# 3: the KV reservation near the context limit
+# --------------------------------------------------------------------------------------------------
+
+
+class Tensor(T):
+    """``T`` (tests.unit.test_pr20547_fixes) with the few more torch methods prepare_for_decode
+    calls."""
+
+    def clone(self):
+        return Tensor(self.a.copy())
+
+    def tolist(self):
+        return self.a.tolist()
+
+    def sum(self):
+        return Tensor(self.a.sum())
+
+    def item(self):
+        return self.a.item()
+
+    def to(self, *args, dtype=None, device=None):
+        return Tensor(self.a.astype(dtype)) if dtype is not None else Tensor(self.a.copy())
+
+    def __getitem__(self, key):
+        return Tensor(self.a[key])
+
+    def __add__(self, other):
+        return Tensor(self.a + (other.a if isinstance(other, T) else other))
+
+    def __sub__(self, other):
+        return Tensor(self.a - (other.a if isinstance(other, T) else other))
+
+
+def reservation_at_the_cap(root: Path, context_len: int = 64, block: int = 8) -> dict:
+    """Run the v2 ``prepare_for_decode`` of the tree for one request at its cap, with
+    ``assign_req_to_token_pool_func`` (the kernel that writes ``req_to_token``) replaced by a
+    recorder. Returns the row width and the (start, end) offsets it would write."""
+    prompt = 10
+    # tp_worker: max_req_len = context_len - 1; init_req_max_new_tokens: max_req_len - prompt - 1.
+    max_new_tokens = context_len - 1 - prompt - 1
+    out = max_new_tokens - 1  # the scheduler has not seen it finish: one token short of the cap
+    committed = prompt + out - 1  # prefill commits the prompt; each verify commits its accept_len
+    # 0.5.11's model runner: req_to_token rows are context_len + 4 + speculative_num_draft_tokens.
+    row = context_len + 4 + block
+    writes: list[tuple[int, int]] = []
+
+    def assign_req_to_token_pool_func(req_pool_indices, req_to_token, start, end, out_loc, bs):
+        writes.extend(zip(start.tolist(), end.tolist(), strict=True))
+
+    req = types.SimpleNamespace(
+        kv_committed_len=committed,
+        kv_allocated_len=committed + block,  # what the step before reserved
+        output_ids=[1] * out, origin_input_ids=[1] * prompt,
+        sampling_params=types.SimpleNamespace(top_k=1),
+    )  # fmt: skip
+    batch = types.SimpleNamespace(
+        device="cpu", reqs=[req], batch_size=lambda: 1, maybe_wait_verify_done=lambda: None,
+        # Under overlap the device's seq_lens already hold the block in flight (accepted whole).
+        seq_lens=Tensor(np.array([committed + block], np.int64)),
+        req_pool_indices=Tensor(np.array([0])),
+        req_to_token_pool=types.SimpleNamespace(req_to_token=Tensor(np.zeros((1, row), np.int32))),
+        token_to_kv_pool_allocator=types.SimpleNamespace(page_size=1),
+        tree_cache=None,
+        sampling_info=types.SimpleNamespace(
+            penalizer_orchestrator=types.SimpleNamespace(is_required=False)),
+    )  # fmt: skip
+    file = root / DFLASH_INFO_V2
+    with stubbed():
+        import sys
+
+        torch = sys.modules["torch"]
+        torch.Tensor = Tensor
+        torch.int32, torch.int64 = np.int32, np.int64
+        torch.tensor = lambda data, dtype=None, device=None: Tensor(np.array(data, dtype=dtype))
+        torch.maximum = lambda x, y: Tensor(np.maximum(x.a, y.a))
+        env = {
+            "torch": torch, "ScheduleBatch": object,
+            "_get_overlap_plan_stream": lambda device: (None, contextlib.nullcontext()),
+            "get_global_server_args": lambda: types.SimpleNamespace(
+                speculative_num_draft_tokens=block),
+            "alloc_token_slots": lambda cache, n: Tensor(np.arange(n)),
+            "assign_req_to_token_pool_func": assign_req_to_token_pool_func,
+        }  # fmt: skip
+        source = ast.parse(file.read_text())
+        if any(isinstance(n, ast.FunctionDef) and n.name == "_cumulate_penalizer_tokens"
+               for n in source.body):  # fmt: skip
+            env["_cumulate_penalizer_tokens"] = method(file, None, "_cumulate_penalizer_tokens",
+                                                       env)  # fmt: skip
+        prepare = method(file, "DFlashDraftInputV2", "prepare_for_decode", env)
+        prepare(types.SimpleNamespace(verify_done=None), batch)
+    return {"row": row, "writes": writes, "allocated": req.kv_allocated_len}
+
+
+def test_the_v2_reservation_stays_inside_the_request_row_at_its_cap(tree):
+    which, root = tree
+    got = reservation_at_the_cap(root)
+    assert got["writes"], got  # the step reserves slots
+    ends = [end for _, end in got["writes"]]
+    if which == "before":
+        # seq_lens + 2B from the device: context_len + 20 for B = 8, past the 76-wide row (the
+        # tail lands in the next request's row, or past the tensor).
+        assert max(ends) == 64 + 20 > got["row"], got
+    else:
+        assert all(start <= end <= got["row"] for start, end in got["writes"]), got
+        assert got["allocated"] == max(ends)
