@@ -8,7 +8,9 @@ unzipped wheel); ``OUT`` gets the files the port modifies or creates (``OUT/sgla
 ready to copy over ``SITE``. The upstream text comes through the recipe's reader from the mirrors
 (default: ``../shared/fixtures/sglang-pr20547/`` and the wheelhouse), each file checked against
 its sha256. ``--unfixed`` builds the port as it was before issue #29 (commit ``UNFIXED_COMMIT``:
-its ``adaptation.diff`` over the PR diff's hunks, GNU patch), to compare the two on a GPU.
+its ``adaptation.diff`` over the PR diff's hunks, GNU patch), to compare the two on a GPU;
+``--before-52`` the port as its recipe was before issue #52; ``--stale-mask`` the fixed port less
+its verify-mask fix; ``--rope`` adds the drafter RoPE patch's ``models/dflash.py`` (#52).
 """
 
 from __future__ import annotations
@@ -107,6 +109,16 @@ def build_before_52(mirrors: list[str] | None = None) -> dict[str, str]:
     recipe = json.loads(subprocess.run(
         ["git", "-C", str(REPO), "show", f"{BEFORE_52_COMMIT}:{UNFIXED_DATA}/{RECIPE_FILE}"],
         check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    return build(recipe, recipe_reader(recipe, mirrors)).files
+
+
+def build_dflash_rope(mirrors: list[str] | None = None) -> dict[str, str]:
+    """The drafter RoPE patch's file (issue #52: 0.5.11's ``models/dflash.py`` with 0.5.14's
+    ``get_rope_config`` reading), which a deploy applies wherever 0.5.11 runs DFlash, beside the
+    port or without it: {path: text}."""
+    from specfleet.core.sglang.dflash_rope import load_rope_patch
+
+    recipe = load_rope_patch("0.5.11").recipe
     return build(recipe, recipe_reader(recipe, mirrors)).files
 
 
@@ -210,6 +222,10 @@ def main(argv=None) -> int:
     ap.add_argument("--unfixed", action="store_true", help="the port as it was before #29")
     ap.add_argument("--stale-mask", action="store_true", help="the fixed port less its verify-mask "
                     "fix (0.5.11's dflash_utils.py kept): isolates the mask on a GPU")
+    ap.add_argument("--rope", action="store_true", help="also the drafter RoPE patch's "
+                    "models/dflash.py (#52), which a deploy applies on every 0.5.11 host")
+    ap.add_argument("--before-52", action="store_true", help="the port as it was before #52 "
+                    "(commit BEFORE_52_COMMIT), to compare on a GPU")
     ap.add_argument("--mirror", action="append", help="a folder or URL base with the sources "
                     "(repeatable; default: shared fixtures and the wheelhouse)")
     args = ap.parse_args(argv)
@@ -220,10 +236,14 @@ def main(argv=None) -> int:
         return 2
     if args.unfixed:
         files = build_unfixed(args.site)
+    elif args.before_52:
+        files = build_before_52(args.mirror)
     else:
         files = build_stale_mask(args.mirror) if args.stale_mask else build_fixed(args.mirror)
     if args.stale_mask:
         files.pop(MASK_FILE, None)
+    if args.rope:
+        files.update(build_dflash_rope(args.mirror))
     for path, text in sorted(files.items()):
         dest = args.out / path
         dest.parent.mkdir(parents=True, exist_ok=True)
