@@ -45,16 +45,15 @@ def rope_restore_steps(venv: str, marker: dict | None):
 
 
 def _built(patch, source: str | list[str] | None):
-    """(diff, sha256 of the file it makes), or None while planning when the pinned sources
-    cannot be reached here (said; a real run stops with the fix)."""
+    """(diff, sha256 of the file it makes), or None when the pinned wheels cannot be fetched
+    from this machine: said with the fix, and the host goes on without the patch (its drafter
+    is slower without it, not wrong)."""
     mirrors = [source] if isinstance(source, str) else list(source or ())
     try:
         return patch.build(UpstreamSources(patch.sources, mirrors, host=host.name))
     except UpstreamUnreachable as exc:
-        if host.state.is_executing:
-            raise
-        logger.warning(f"{host.print_prefix}{exc.problem}: this plan leaves the drafter's RoPE "
-                       f"as SGLang has it; a real run stops here (fix: {exc.fix})")  # fmt: skip
+        logger.warning(f"{host.print_prefix}{exc.problem}: the drafter RoPE patch is left out, "
+                       f"the drafter runs at base 1e6 (fix: {exc.fix})")  # fmt: skip
         return None
     except (RecipeError, PatchFormatError) as exc:
         raise SpecfleetError(
@@ -77,11 +76,11 @@ def _without_sglang(venv: str, source: str | list[str] | None, present: bool,
                              fix="run sglang.installed before sglang.dflash_rope")  # fmt: skip
     version = predicted_install(sglang_version)["version"]
     patch = load_rope_patch(version)
-    built = _built(patch, source) if patch else None
     decision = decide_dflash_rope(f"{version} (to be installed)", patch and patch.release_sha256,
                                   None, present=True, patch=patch,
-                                  wanted_id=built and patch_id(built[0]))  # fmt: skip
-    if decision.noop or built is None:
+                                  wanted_id=patch and patch_id(patch))  # fmt: skip
+    built = None if decision.noop else _built(patch, source)
+    if built is None:
         host.noop(decision.reason)
         return
     logger.info(f"{host.print_prefix}{decision.reason}")
@@ -124,16 +123,16 @@ def dflash_rope(
     marker = cached_fact(host, PatchState, venv=venv, state_dir=d)
     patch = load_rope_patch(version)
     hashes = dict(host.get_fact(FileHashes, directory=site, paths=(TARGET,)) or {}) if site else {}
-    built = _built(patch, source) if patch and present else None
     decision = decide_dflash_rope(version, hashes.get(TARGET), marker, present=present,
-                                  patch=patch, wanted_id=built and patch_id(built[0]))  # fmt: skip
+                                  patch=patch, wanted_id=patch and patch_id(patch))  # fmt: skip
+    built = _built(patch, source) if "apply" in decision.steps else None
     if decision.warning:
         logger.warning(f"{host.print_prefix}{decision.warning}")
     if decision.noop:
         host.noop(decision.reason)
         return
     if "apply" in decision.steps and built is None:
-        host.noop(f"{decision.reason}: not in this plan (its sources cannot be fetched here)")
+        host.noop(f"{decision.reason}: left out (its pinned wheels cannot be fetched here)")
         return
     logger.info(f"{host.print_prefix}{decision.reason}")
     commands: list[Any] = []
@@ -152,7 +151,7 @@ def dflash_rope(
                 FileUploadCommand(StringIO(diff.text), f"{d}/applied.diff"),
                 script_command(apply_script(d, site, diff)),
                 FunctionCommand(_verify_or_roll_back,
-                                (venv, version, site, patch_id(diff), want, connector_args), {}),
+                                (venv, version, site, patch_id(patch), want, connector_args), {}),
             ]  # fmt: skip
     yield from commands
 

@@ -130,7 +130,7 @@ def test_the_patch_is_0511s_file_with_0514s_two_lines():
 def test_the_decision_applies_only_to_the_wheels_own_file_and_is_reversible():
     patch = load_rope_patch("0.5.11")
     diff, _ = patch.build(recipe_reader(patch.recipe))
-    pid = patch_id(diff)
+    pid = patch_id(patch)
     pristine = patch.release_sha256
     d = decide_dflash_rope("0.5.11", pristine, None, present=True, patch=patch, wanted_id=pid)
     assert (d.steps, d.row) == (("apply",), APPLY)
@@ -178,10 +178,10 @@ def test_the_patch_applies_to_the_wheels_file_and_restores_it_byte_for_byte(whee
     assert (site / TARGET).read_text() == build_dflash_rope()[TARGET]
     import hashlib
     assert hashlib.sha256((site / TARGET).read_bytes()).hexdigest() == want
-    (d / "sha256").write_text(patch_id(diff) + "\n")
+    (d / "sha256").write_text(patch_id(patch) + "\n")
     fact = PatchState()
     state = fact.process(sh(fact.command(str(venv), state_dir=str(d))).stdout.splitlines())
-    assert state["sha256"] == patch_id(diff) and state["intact"] is True
+    assert state["sha256"] == patch_id(patch) and state["intact"] is True
     # The PR#20547 marker's folder is another: this patch is not taken for the port.
     assert fact.process(sh(fact.command(str(venv))).stdout.splitlines()) is None
     r = sh(restore_script(str(d)))

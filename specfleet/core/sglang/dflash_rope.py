@@ -59,9 +59,12 @@ class RopePatch:
         return patch, hashlib.sha256(built.files[TARGET].encode("utf-8")).hexdigest()
 
 
-def patch_id(patch: FilteredPatch) -> str:
-    """The patch's identity, written as its marker: the sha256 of the diff it applies."""
-    return hashlib.sha256(patch.text.encode("utf-8")).hexdigest()
+def patch_id(patch: RopePatch) -> str:
+    """The patch's identity, written as its marker: the sha256 of its recipe (canonical JSON).
+    The recipe pins every line it takes by the sha256 of its source file, so the same id is the
+    same file, and an applied patch is recognised without fetching its sources."""
+    canonical = json.dumps(patch.recipe, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def load_rope_patch(version: str, package: str = PATCHDATA_PACKAGE) -> RopePatch | None:
@@ -102,8 +105,7 @@ def decide_dflash_rope(
 ) -> RopeDecision:
     """What to do with the drafter RoPE patch on one tree. ``file_sha256``: the tree's
     ``models/dflash.py`` now; ``marker``: the PatchState fact of the patch's state folder;
-    ``patch``: the patch for this release (None: none); ``wanted_id``: the id of the patch built
-    from the pinned sources (None when they were not built: not needed or not reachable)."""
+    ``patch``: the patch for this release (None: none); ``wanted_id``: its ``patch_id``."""
     steps: list[str] = []
     warning = None
     marker = marker or {}
@@ -118,7 +120,7 @@ def decide_dflash_rope(
                 return RopeDecision(("restore",), RESTORE,
                                     f"removes the drafter RoPE patch {short(applied)} from "
                                     f"SGLang {version}")  # fmt: skip
-            if wanted_id is None or applied == wanted_id:
+            if applied == wanted_id:
                 return RopeDecision((), APPLIED, f"the drafter RoPE patch {short(applied)} is "
                                     f"applied to SGLang {version}")  # fmt: skip
             return RopeDecision(("restore", "apply"), APPLY,
