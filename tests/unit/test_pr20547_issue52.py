@@ -270,3 +270,71 @@ def test_the_v2_reservation_stays_inside_the_request_row_at_its_cap(tree):
     else:
         assert all(start <= end <= got["row"] for start, end in got["writes"]), got
         assert got["allocated"] == max(ends)
+
+
+# --------------------------------------------------------------------------------------------------
+# 5: the verify-mask policy through 0.5.11's wrapping attention backends
+# --------------------------------------------------------------------------------------------------
+
+
+def backend_class(root: Path, rel: str, name: str) -> type:
+    """Class ``name`` of an SGLang file, its imports bound to ``object`` (only the wrapping
+    constructors run here, which store the backends they are given)."""
+    file = root / rel
+    tree = ast.parse(file.read_text())
+    env: dict = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                env[(alias.asname or alias.name).split(".")[0]] = object
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    exec(compile(ast.Module(body=[cls], type_ignores=[]), str(file), "exec"), env)
+    return env[name]
+
+
+def mask_policies(root: Path) -> dict[str, tuple[str, bool]]:
+    """``resolve_dflash_verify_mask_policy`` of the tree for triton reached through each of
+    0.5.11's wrappers (built by their own constructors)."""
+    from tests.unit.test_pr20547_fixes import load
+
+    stubs = {
+        "sglang__srt__layers__quantization__unquant": {"UnquantizedLinearMethod": object},
+        "sglang__srt__utils": {"is_cuda": lambda: False, "is_musa": lambda: False},
+    }
+    with stubbed(**stubs):
+        utils = load(root / "sglang/srt/speculative/dflash_utils.py", "dflash_utils_52")
+    triton = type("TritonAttnBackend", (), {})  # the skip-set matches the type's name
+    other = type("FlashInferAttnBackend", (), {})
+    attention = "sglang/srt/layers/attention/"
+    hybrid = backend_class(root, attention + "hybrid_attn_backend.py", "HybridAttnBackend")
+    tbo = backend_class(root, attention + "tbo_backend.py", "TboAttnBackend")
+    linear = types.SimpleNamespace  # HybridLinearAttnBackend: full_attn_backend
+
+    def runner(mode: str):
+        return types.SimpleNamespace(kv_cache_dtype=None, server_args=types.SimpleNamespace(
+            speculative_attention_mode=mode))  # fmt: skip
+
+    cases = {
+        "triton": triton(),
+        "hybrid_prefill": hybrid(runner("prefill"), prefill_backend=triton(),
+                                 decode_backend=other()),
+        "hybrid_decode": hybrid(runner("decode"), prefill_backend=other(),
+                                decode_backend=triton()),
+        "tbo": tbo(primary=triton(), children=[triton(), triton()]),
+        "tbo_hybrid_linear": tbo(primary=linear(full_attn_backend=triton()),
+                                 children=[triton(), triton()]),
+    }  # fmt: skip
+    return {k: utils.resolve_dflash_verify_mask_policy(v) for k, v in cases.items()}
+
+
+def test_triton_through_a_hybrid_or_two_batch_overlap_backend_skips_the_mask(tree):
+    which, root = tree
+    got = mask_policies(root)
+    assert got["triton"] == ("TritonAttnBackend", False)  # #29's fix, both trees
+    if which == "before":
+        # Matched by the wrapper's name: the graph is captured reading a mask the v2 verify
+        # never refreshes.
+        assert got["hybrid_prefill"] == ("HybridAttnBackend", True)
+        assert got["tbo"] == ("TboAttnBackend", True)
+    else:
+        assert set(got.values()) == {("TritonAttnBackend", False)}, got
