@@ -338,3 +338,123 @@ def test_triton_through_a_hybrid_or_two_batch_overlap_backend_skips_the_mask(tre
         assert got["tbo"] == ("TboAttnBackend", True)
     else:
         assert set(got.values()) == {("TritonAttnBackend", False)}, got
+
+
+# --------------------------------------------------------------------------------------------------
+# 4: the ranks under sampling (two CPU processes in a gloo group, real torch.distributed)
+# --------------------------------------------------------------------------------------------------
+
+# Run by each rank with the CPU-torch Python (tests.harness.torch_cpu): argv = tree, rank, store.
+# The patched module runs as written; only its imports from SGLang are given here: 0.5.11's own
+# _get_or_create_chain_verify_buffers and GroupCoordinator.broadcast (compiled from the wheel's
+# files), the gloo world as the TP group, and a STAND-IN for sgl_kernel's
+# tree_speculative_sampling_target_only (a CUDA op: nothing can run it here), which on a chain
+# accepts draft j while uniform_samples[i, j] < target_probs[i, j, candidate] and samples the
+# final token from the target distribution with the final coin, as the op's contract says.
+RANK_SCRIPT = r'''
+import ast, json, sys, types
+import torch, torch.distributed as dist
+
+tree, rank, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+
+def function(path, cls, name, env):
+    src = ast.parse(open(path).read())
+    body = src.body
+    if cls:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    fn = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    fn.decorator_list = []
+    scope = dict(env)
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), scope)
+    return scope[name]
+
+srt = tree + "/sglang/srt/"
+buffers = function(srt + "speculative/dflash_utils.py", None, "_get_or_create_chain_verify_buffers",
+                   {"torch": torch, "_DFLASH_CHAIN_VERIFY_BUFFERS": {}})
+group = types.SimpleNamespace(world_size=2, ranks=[0, 1], rank_in_group=rank,
+                              device_group=dist.group.WORLD)
+group.broadcast = types.MethodType(
+    function(srt + "distributed/parallel_state.py", "GroupCoordinator", "broadcast",
+             {"torch": torch}), group)
+
+def standin_tree_speculative_sampling_target_only(*, predicts, accept_index, accept_token_num,
+        candidates, uniform_samples, uniform_samples_for_final_sampling, target_probs, **_):
+    bs, n = candidates.shape
+    for i in range(bs):
+        k = 0
+        accept_index[i].fill_(-1)
+        accept_index[i, 0] = i * n
+        while k + 1 < n and uniform_samples[i, k + 1] < target_probs[i, k, candidates[i, k + 1]]:
+            k += 1
+            accept_index[i, k] = i * n + k
+            predicts[i * n + k - 1] = candidates[i, k]
+        cdf = torch.cumsum(target_probs[i, k], 0)
+        predicts[i * n + k] = int(torch.searchsorted(cdf, uniform_samples_for_final_sampling[i]))
+        accept_token_num[i] = k
+
+def module(name, **names):
+    mod = types.ModuleType(name)
+    mod.__dict__.update(names)
+    sys.modules[name] = mod
+
+module("sglang.srt.layers.sampler", apply_custom_logit_processor=None)
+module("sglang.srt.sampling.penaltylib.repetition_penalty", apply_scaling_penalties=None)
+module("sglang.srt.speculative.dflash_utils", _DFLASH_SAMPLING_VERIFY_AVAILABLE=True,
+       _get_or_create_chain_verify_buffers=buffers, top_k_renorm_prob=None,
+       top_p_renorm_prob=None,
+       tree_speculative_sampling_target_only=standin_tree_speculative_sampling_target_only)
+module("sglang.srt.distributed", get_tp_group=lambda: group)
+module("sglang.srt.layers.dp_attention", get_attention_tp_group=lambda: group,
+       is_dp_attention_enabled=lambda: False)
+path = srt + "speculative/dflash_utils_pr20547.py"
+mod = types.ModuleType("dflash_utils_pr20547")
+exec(compile(open(path).read(), path, "exec"), mod.__dict__)
+
+bs, n, vocab = 2, 4, 8
+candidates = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 1]])
+logits = torch.zeros((bs * n, vocab))
+logits[torch.arange(bs * n), candidates.roll(-1, 1).reshape(-1)] = 2.0  # drafts are likely
+info = types.SimpleNamespace(temperatures=torch.ones((bs, 1)), need_top_k_sampling=False,
+                             need_top_p_sampling=False)
+# Each rank draws its own coins (torch.rand on every rank): rank 0 accepts the whole chain and
+# samples low, rank 1 rejects the first draft and samples high.
+coins = torch.full((bs, n), 0.0 if rank == 0 else 0.999)
+final = torch.full((bs,), 0.01 if rank == 0 else 0.99)
+accept_len, bonus = mod.compute_dflash_sampling_accept_len_and_bonus(
+    candidates=candidates, next_token_logits=logits, sampling_info=info, threshold_single=1.0,
+    threshold_acc=1.0, uniform_samples=coins, uniform_samples_for_final_sampling=final)
+print(json.dumps({"rank": rank, "accept_len": accept_len.tolist(), "bonus": bonus.tolist()}))
+dist.destroy_process_group()
+'''
+
+
+def sampled_verify_on_two_ranks(root: Path, tmp_path: Path) -> list[dict]:
+    import json
+    import subprocess
+
+    from tests.harness.torch_cpu import torch_python
+
+    python = str(torch_python())
+    store = tmp_path / "gloo-store"
+    procs = [subprocess.Popen([python, "-c", RANK_SCRIPT, str(root), str(rank), str(store)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]  # fmt: skip
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr[-3000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_every_rank_keeps_rank_0s_sampled_decision(tree, tmp_path):
+    which, root = tree
+    rank0, rank1 = sampled_verify_on_two_ranks(root, tmp_path)
+    # Rank 0's own draw: the whole chain accepted, the bonus sampled from the low end.
+    assert rank0["accept_len"] == [3, 3], rank0
+    if which == "before":
+        # No broadcast: each rank keeps its own decision, and the ranks part ways.
+        assert rank1["accept_len"] == [0, 0] and rank1["bonus"] != rank0["bonus"], rank1
+    else:
+        assert (rank1["accept_len"], rank1["bonus"]) == (rank0["accept_len"], rank0["bonus"])

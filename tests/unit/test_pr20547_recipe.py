@@ -71,7 +71,9 @@ def test_the_repository_holds_no_upstream_sglang_code():
 def test_the_recipe_holds_and_every_own_line_has_its_reason(recipe):
     assert check_recipe(recipe) == []
     own = own_lines(recipe)
-    assert 0 < len(own) <= 80  # the port is upstream's code; what this project wrote is small
+    # The port is upstream's code; what this project wrote is small (#52 added the rank-0
+    # broadcast's two lines and a debug hook of nine).
+    assert 0 < len(own) <= 100
     assert all(why.strip() and why != "TODO" for _, _, why in own)
     taken = count_taken(recipe)
     assert taken["pr20547-head"] > 900
