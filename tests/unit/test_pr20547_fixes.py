@@ -322,7 +322,8 @@ def verify_with_penalties(root: Path) -> np.ndarray:
     bs, block, vocab = 2, 3, 8
     fields = sampling_info_fields(root)
     assert {"acc_additive_penalties", "acc_scaling_penalties", "penalizer_orchestrator"} <= fields
-    assert "acc_linear_penalties" not in fields  # what the PR reads: no release defines it
+    # What the PR reads: 0.5.9 defined it, 0.5.10 renamed it (0.5.14 / 0.5.23 still read it).
+    assert "acc_linear_penalties" not in fields
 
     class SamplingInfo(types.SimpleNamespace):
         def __len__(self):
