@@ -294,20 +294,29 @@ def backend_class(root: Path, rel: str, name: str) -> type:
 
 def mask_policies(root: Path) -> dict[str, tuple[str, bool]]:
     """``resolve_dflash_verify_mask_policy`` of the tree for triton reached through each of
-    0.5.11's wrappers (built by their own constructors)."""
+    0.5.11's wrappers (built by their own constructors; 0.5.11's ForwardMode, whose
+    ``is_target_verify`` HybridAttnBackend._select_backend asks)."""
+    import enum
+
     from tests.unit.test_pr20547_fixes import load
 
-    stubs = {
-        "sglang__srt__layers__quantization__unquant": {"UnquantizedLinearMethod": object},
-        "sglang__srt__utils": {"is_cuda": lambda: False, "is_musa": lambda: False},
-    }
-    with stubbed(**stubs):
-        utils = load(root / "sglang/srt/speculative/dflash_utils.py", "dflash_utils_52")
-    triton = type("TritonAttnBackend", (), {})  # the skip-set matches the type's name
-    other = type("FlashInferAttnBackend", (), {})
     attention = "sglang/srt/layers/attention/"
     hybrid = backend_class(root, attention + "hybrid_attn_backend.py", "HybridAttnBackend")
     tbo = backend_class(root, attention + "tbo_backend.py", "TboAttnBackend")
+    file = root / "sglang/srt/model_executor/forward_batch_info.py"
+    cls = next(n for n in ast.parse(file.read_text()).body
+               if isinstance(n, ast.ClassDef) and n.name == "ForwardMode")  # fmt: skip
+    env = {"IntEnum": enum.IntEnum, "auto": enum.auto}
+    exec(compile(ast.Module(body=[cls], type_ignores=[]), str(file), "exec"), env)
+    stubs = {
+        "sglang__srt__layers__quantization__unquant": {"UnquantizedLinearMethod": object},
+        "sglang__srt__utils": {"is_cuda": lambda: False, "is_musa": lambda: False},
+        "sglang__srt__layers__attention__hybrid_attn_backend": {"HybridAttnBackend": hybrid},
+        "sglang__srt__layers__attention__tbo_backend": {"TboAttnBackend": tbo},
+        "sglang__srt__model_executor__forward_batch_info": {"ForwardMode": env["ForwardMode"]},
+    }
+    triton = type("TritonAttnBackend", (), {})  # the skip-set matches the type's name
+    other = type("FlashInferAttnBackend", (), {})
     linear = types.SimpleNamespace  # HybridLinearAttnBackend: full_attn_backend
 
     def runner(mode: str):
@@ -324,7 +333,9 @@ def mask_policies(root: Path) -> dict[str, tuple[str, bool]]:
         "tbo_hybrid_linear": tbo(primary=linear(full_attn_backend=triton()),
                                  children=[triton(), triton()]),
     }  # fmt: skip
-    return {k: utils.resolve_dflash_verify_mask_policy(v) for k, v in cases.items()}
+    with stubbed(**stubs):
+        utils = load(root / "sglang/srt/speculative/dflash_utils.py", "dflash_utils_52")
+        return {k: utils.resolve_dflash_verify_mask_policy(v) for k, v in cases.items()}
 
 
 def test_triton_through_a_hybrid_or_two_batch_overlap_backend_skips_the_mask(tree):
