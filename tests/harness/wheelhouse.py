@@ -35,6 +35,7 @@ DOWNLOADS: list[tuple[list[str], bool]] = [
     (["sglang==0.5.12"], False),
     (["sglang==0.5.13"], False),
     (["sglang==0.5.14"], False),
+    (["sglang==0.5.18"], False),
     (["sglang==0.5.23"], False),
     (["compressed-tensors==0.9.4"], False),
     (["compressed-tensors==0.18.0"], False),
