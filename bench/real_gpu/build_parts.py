@@ -219,6 +219,7 @@ def install(name: str, wheels: list[Path]) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     say(f"{name}: installing {len(wheels)} wheels --target {target}")
     sh([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+        "--ignore-requires-python",
         "--target", str(target), *PIP_TARGET, *map(str, wheels)])
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts point at this machine
     stamp.write_text(fp)

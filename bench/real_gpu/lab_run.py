@@ -59,8 +59,10 @@ from drive import HERE, OUT, STANDIN_DIR, log
 RUN = os.environ.get("RG_RUN", "run5")
 LAB = Path(os.environ.get("RG_LAB_DIR", HERE / "lab"))
 MODELS = Path(os.environ.get("RG_LAB_MODELS", HERE / "models"))
-TARGET_LINK = Path("/srv/models/moonshotai--Kimi-K2.6/current")
-DRAFTER_LINK = Path("/srv/models/z-lab--Kimi-K2.6-DFlash/current")
+# The plan's model paths (the settings' defaults); the rehearsal puts the links elsewhere.
+LINK_ROOT = Path(os.environ.get("RG_LINK_ROOT", "/srv/models"))
+TARGET_LINK = LINK_ROOT / "moonshotai--Kimi-K2.6" / "current"
+DRAFTER_LINK = LINK_ROOT / "z-lab--Kimi-K2.6-DFlash" / "current"
 BUDGET_S = float(os.environ.get("REAL_GPU_BUDGET_S", "540"))
 T0 = time.monotonic()
 ACCEPT_TOL = 0.05
