@@ -226,11 +226,11 @@ def install(name: str, wheels: list[Path]) -> Path:
     return target
 
 
-def pack(name: str, folder: Path) -> list[Path]:
-    """``tar | zstd -12 --long=27`` split into NAME.tar.zst.NN of at most PART_BYTES; kept if the
-    folder's stamp is the one packed."""
+def pack(name: str, folder: Path, part_bytes: int) -> list[Path]:
+    """``tar | zstd -12 --long=27`` split into NAME.tar.zst.NN of at most ``part_bytes``; kept if
+    the folder's stamp and the part size are the ones packed."""
     PARTS.mkdir(parents=True, exist_ok=True)
-    stamp = (BUILD / f"{name}.stamp").read_text()
+    stamp = f"{(BUILD / f'{name}.stamp').read_text()} {part_bytes}"
     done = PARTS / f"{name}.packed"
     parts = sorted(PARTS.glob(f"{name}.tar.zst.*"))
     if done.is_file() and done.read_text() == stamp and parts:
@@ -240,7 +240,7 @@ def pack(name: str, folder: Path) -> list[Path]:
         p.unlink()
     say(f"{name}: packing {folder}")
     sh(f"tar -C {folder} -cf - . | zstd -q -12 --long=27 -T0 | "
-       f"split -d -a 2 -b {PART_BYTES} - {PARTS}/{name}.tar.zst.", shell=True)
+       f"split -d -a 2 -b {part_bytes} - {PARTS}/{name}.tar.zst.", shell=True)
     sh(f"cat {PARTS}/{name}.tar.zst.* | zstd -q -t --long=27", shell=True)
     done.write_text(stamp)
     return sorted(PARTS.glob(f"{name}.tar.zst.*"))
@@ -270,6 +270,11 @@ def run_folder(wheels: dict[str, Path]) -> list[Path]:
             ROOT / "tests" / "harness" / "port_build.py", HERE / "build_port_trees.py"]:
         if p.is_file():
             fp.update(p.name.encode() + p.read_bytes())
+    shared = Path(os.environ.get("SPECFLEET_SHARED") or ROOT.parent / "shared")
+    if not (shared / "fixtures" / "sglang-pr20547").is_dir():
+        raise SystemExit(f"build_parts: the port recipe reads its upstream text from "
+                         f"{shared}/fixtures/sglang-pr20547, which is not there: set "
+                         "SPECFLEET_SHARED to the shared/ folder (e.g. in a worktree)")
     if not (port_stamp.is_file() and port_stamp.read_text() == fp.hexdigest()):
         say("port trees: bench/real_gpu/build_port_trees.py (the port recipe)")
         sh([sys.executable, str(HERE / "build_port_trees.py"), str(wheels["sglang"]), str(out)],
@@ -360,9 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{len(wheels)} wheels: {' '.join(sorted(p.name for p in wheels.values()))}")
     kernel = [wheels["sglang-kernel"]]
     site = [p for n, p in wheels.items() if n not in ("sglang-kernel", "zstandard")]
-    parts = pack("kernel", install("kernel", kernel)) + pack("site312", install("site312", site))
-    run_files = run_folder(wheels)
+    # Each call's room: 64 MiB less the tree and a reserve for what it may gain (the lab pair's
+    # safetensors); the parts fill it, at most PART_BYTES each.
     room = CARRY_LIMIT - tree - int(args.tree_reserve_mib * MiB)
+    part_bytes = min(PART_BYTES, room)
+    parts = (pack("kernel", install("kernel", kernel), part_bytes)
+             + pack("site312", install("site312", site), part_bytes))
+    run_files = run_folder(wheels)
     bins = carry(parts, run_files, room)
     say(f"tree {tree / MiB:.1f} MiB + reserve {args.tree_reserve_mib} MiB: "
         f"{len(bins)} carry folders")
