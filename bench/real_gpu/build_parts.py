@@ -137,6 +137,10 @@ def wheel_requires(path: Path) -> list[str]:
     return msg.get_all("Requires-Dist") or []
 
 
+# The image's packages the carried set needs (the rehearsal installs them as the image's stand-in).
+IMAGE_NEEDS: dict[str, str] = {}
+
+
 def carried(name: str, spec: SpecifierSet) -> bool:
     if name in EXCLUDE or (name.startswith("nvidia-") and name not in KEEP_NVIDIA):
         return False
@@ -159,7 +163,9 @@ def resolve() -> dict[str, Path]:
         specs[name] = SpecifierSet(pin)
     have: dict[str, Path] = {}
     why: dict[str, str] = {}
+    IMAGE_NEEDS.clear()
     frontier = [n for n in specs if carried(n, specs[n])]
+    IMAGE_NEEDS.update({n: str(specs[n]) for n in specs if n in IMAGE and n not in frontier})
     for level in range(12):
         if not frontier:
             break
@@ -196,6 +202,8 @@ def resolve() -> dict[str, Path]:
                         del have[dep]
                     if carried(dep, merged) and dep not in have and dep not in nxt:
                         nxt.append(dep)
+                    elif dep in IMAGE and dep not in EXCLUDE and not dep.startswith("nvidia-"):
+                        IMAGE_NEEDS[dep] = str(merged)
         frontier = nxt
     for n in list(have):  # one version of each (several may lie in the download folder)
         if not carried(n, specs.get(n, SpecifierSet())):
@@ -362,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     wheels = resolve()
     (BUILD / "wheels.json").write_text(json.dumps(
         {n: p.name for n, p in sorted(wheels.items())}, indent=1) + "\n")
+    (BUILD / "image-needs.txt").write_text("".join(
+        f"{n}\n" for n in sorted(IMAGE_NEEDS) if n not in wheels))
     say(f"{len(wheels)} wheels: {' '.join(sorted(p.name for p in wheels.values()))}")
     kernel = [wheels["sglang-kernel"]]
     site = [p for n, p in wheels.items() if n not in ("sglang-kernel", "zstandard")]

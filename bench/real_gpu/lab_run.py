@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -66,6 +67,10 @@ DRAFTER_LINK = LINK_ROOT / "z-lab--Kimi-K2.6-DFlash" / "current"
 BUDGET_S = float(os.environ.get("REAL_GPU_BUDGET_S", "540"))
 T0 = time.monotonic()
 ACCEPT_TOL = 0.05
+# Seconds a server is estimated to need, start to stop, with its checks (run 4: ready after 72 s
+# plain and 146 s DFLASH with graphs to bs 48; bs 8 captures fewer graphs): one is started only
+# where the call's budget has that much left, so that no call ends with a server half done.
+NEED_S = 170
 CTX_SMALL = 128
 GRAPHS_OFF = {"--disable-cuda-graph": True}
 RECORD: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "servers": {}}
@@ -288,12 +293,16 @@ def serve(spec: dict, lab: dict, venvs: dict) -> dict | None:
                    "extra_args": spec.get("extra", {}), "checks": spec["checks"]}
     RECORD["servers"][tag] = entry
     if venv is None or not Path(venv).exists() and not os.environ.get("RG_DRY"):
-        entry["skipped"] = f"no venv for {spec['venv']} ({venv})"
+        entry["skipped"] = (spec["what"] if spec["venv"] == "none"
+                            else f"no venv for {spec['venv']} ({venv})")
         save()
         return None
-    ready_s = min(spec.get("ready_s", 200), left() - 40)
-    if ready_s < 60 and not os.environ.get("RG_DRY"):
-        entry["skipped"] = f"out of time ({left():.0f} s left of the call's budget)"
+    need = spec.get("need_s", NEED_S)
+    ready_s = min(spec.get("ready_s", 200), left() - 20)
+    if left() < need and not os.environ.get("RG_DRY"):
+        entry["skipped"] = (f"out of time: {left():.0f} s left of the call's budget, about "
+                            f"{need} s needed (the next call runs it)")
+        log(f"{tag}: {entry['skipped']}")
         save()
         return None
     log(f"{tag}: facts, plan, unit ({spec['what']})")
@@ -421,6 +430,9 @@ def power(lab: dict) -> dict:
             nexts.setdefault(a, set()).add(b)
             transitions += 1
     conflicts = sum(1 for s in nexts.values() if len(s) > 1)
+    batched = [(r.get("output_ids") == lab["prompts"][i]["expected"])
+               for layout, rows in zip(lab["layouts"], g["batches"], strict=False)
+               for i, r in zip(layout, rows, strict=False)]
     ok = total > 0 and match == total and conflicts > 0
     why = []
     if match != total:
@@ -428,7 +440,9 @@ def power(lab: dict) -> dict:
     if conflicts == 0:
         why.append("the next token is a function of the previous token alone (0 conflicts)")
     return {"verdict": "power" if ok else "no power", "why_not": why,
-            "outputs_as_reference": f"{match}/{total}", "transitions": transitions,
+            "outputs_as_reference": f"{match}/{total}",
+            "batched_outputs_as_reference": f"{sum(batched)}/{len(batched)}",
+            "transitions": transitions,
             "conflicts": conflicts, "previous_tokens_seen": len(nexts)}
 
 
@@ -529,7 +543,9 @@ def summary(lab: dict) -> dict:
     s["servers"] = {t: {k: e.get(k) for k in ("what", "ready_s", "server_s", "healthy",
                                               "skipped", "checks_done")}
                     for t, e in RECORD["servers"].items()}
-    s["not_run"] = [f"{t}: {e.get('skipped') or ('no outputs' if not e.get('checks_done') else '')}"
+    s["not_run"] = [f"{t}: " + (e.get("skipped") or ("dry rehearsal: stopped before the server"
+                                                    if e.get("dry") else e.get("error")
+                                                    or "no outputs (the server never answered)"))
                     for t, e in RECORD["servers"].items() if not e.get("checks_done")]
     s["not_run"] += [f"{t}: not reached" for t in [x["tag"] for x in SERVERS]
                      if t not in RECORD["servers"]]
@@ -551,13 +567,13 @@ def save() -> None:
 MAIN, WEAK, ROPE = "lab-drafter", "lab-drafter-weak", "lab-drafter-rope50k"
 SERVERS = [
     {"tag": "S1", "what": "stock 0.5.11 plain fa3", "settings": "lab-plain", "venv": "stock",
-     "checks": ["gen", "stop"], "ready_s": 160},
+     "checks": ["gen", "stop"], "ready_s": 160, "need_s": 120},
     {"tag": "S2", "what": "stock 0.5.11 DFLASH v1 fa3, main drafter", "settings": "lab-dflash",
      "venv": "stock", "drafter": MAIN, "checks": ["probe", "gen", "stop"]},
     {"tag": "S3", "what": "stock 0.5.11 DFLASH v1 fa3, weak drafter", "settings": "lab-dflash",
      "venv": "stock", "drafter": WEAK, "checks": ["gen"]},
     {"tag": "S4", "what": "port fixed, plain triton", "settings": "lab-plain-triton",
-     "venv": "fixed", "checks": ["gen", "stop"], "ready_s": 160},
+     "venv": "fixed", "checks": ["gen", "stop"], "ready_s": 160, "need_s": 120},
     {"tag": "S5", "what": "port stale-mask (no mask fix), DFLASH v2 triton, graphs on",
      "settings": "lab-dflash-triton", "venv": "stale-mask", "drafter": MAIN,
      "checks": ["probe", "gen"]},
@@ -566,7 +582,8 @@ SERVERS = [
      "checks": ["probe", "gen", "stop"]},
     {"tag": "S7", "what": f"port fixed, DFLASH v2 triton, graphs off, --context-length {CTX_SMALL}",
      "settings": "lab-dflash-triton", "venv": "fixed", "drafter": MAIN,
-     "extra": {**GRAPHS_OFF, "--context-length": str(CTX_SMALL)}, "checks": ["gen", "cap"]},
+     "extra": {**GRAPHS_OFF, "--context-length": str(CTX_SMALL)}, "checks": ["gen", "cap"],
+     "need_s": 130},
     {"tag": "S8", "what": "stock 0.5.11 DFLASH v1 fa3, rope50k drafter", "settings": "lab-dflash",
      "venv": "stock", "drafter": ROPE, "checks": ["gen"]},
     {"tag": "S9", "what": "the RoPE patch, rope50k drafter", "settings": "lab-dflash",
@@ -576,8 +593,34 @@ SERVERS = [
 ]
 
 
+def reap_leftovers() -> list[str]:
+    """A call cut at its limit leaves the server it had started running (its own session, as a
+    unit's main process): end those this script started (their pid files), before the next."""
+    ended = []
+    for pidfile in STANDIN_DIR.glob("*.pid"):
+        try:
+            pid = int(pidfile.read_text().strip())
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"sglang" not in cmd:
+            continue
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(5)
+        ended.append(f"{pidfile.name}: pid {pid}")
+    return ended
+
+
 def main() -> int:
     (OUT / "plans").mkdir(parents=True, exist_ok=True)
+    left_over = reap_leftovers()
+    if left_over:
+        RECORD.setdefault("reaped", []).extend(left_over)
+        log(f"ended servers an earlier call left running: {left_over}")
     (STANDIN_DIR / "bin").mkdir(parents=True, exist_ok=True)
     sc = STANDIN_DIR / "bin" / "systemctl"
     sc.write_text(drive.STANDIN_SYSTEMCTL)

@@ -12,6 +12,8 @@
 # servers. RG_DRY=1: facts, plans and units only (the CPU rehearsal: bench/real_gpu/rehearse.sh).
 set -u
 C=${CARRY:-.carry5}
+FAILED=0
+fail() { echo "FAILED: $*"; FAILED=$((FAILED + 1)); }
 P=${RG_PARTS:-/root/parts}
 mkdir -p $P && mv $C/*.tar.zst.* $P/ 2>/dev/null
 W=${RG_WORK:-/tmp/real_gpu}; mkdir -p "$W"; export RG_WORK=$W
@@ -39,17 +41,17 @@ if [ ! -f $V/.lab-setup-done ]; then
   mkdir -p /tmp/zs && $PY -m zipfile -e $C/zstandard-*.whl /tmp/zs
   $PY -m venv --without-pip $V/sglang
   SP=$(echo $V/sglang/lib/python3*/site-packages)
-  ( unz $P/kernel.tar.zst.* | tar -C $SP -x || echo "FAILED: kernel unpack" ) & KJOB=$!
-  unz $P/site312.tar.zst.* | tar -C $SP -x || echo "FAILED: site unpack"
+  ( set -o pipefail; unz $P/kernel.tar.zst.* | tar -C $SP -x ) & KJOB=$!
+  ( set -o pipefail; unz $P/site312.tar.zst.* | tar -C $SP -x ) || fail "site312 unpack"
   echo "import site; site.addsitedir('$T')" > $SP/zz-image-torch.pth
   for kind in $TREES; do
     $PY -m venv --without-pip $V/sglang-port-$kind
     PSP=$(echo $V/sglang-port-$kind/lib/python3*/site-packages)
-    cp -a $SP/sglang $SP/sglang-0.5.11.dist-info $PSP/ && tar -C $PSP -xzf $C/port-$kind.tar.gz || echo "FAILED: port tree $kind"
+    cp -a $SP/sglang $SP/sglang-0.5.11.dist-info $PSP/ && tar -C $PSP -xzf $C/port-$kind.tar.gz || fail "port tree $kind"
     base_pth $PSP
   done
-  wait $KJOB
-  touch $V/.lab-setup-done
+  wait $KJOB || fail "kernel unpack"
+  [ $FAILED = 0 ] && touch $V/.lab-setup-done
 else
   echo "setup kept from an earlier call"
 fi
@@ -69,5 +71,7 @@ export VENV_STOCK=$V/sglang VENV_FIXED=$V/sglang-port-fixed VENV_STALE_MASK=$V/s
 [ -d $V/sglang-port-rope ] && export VENV_ROPE=$V/sglang-port-rope
 export REAL_GPU_BUDGET_S=$(( ${RG_BUDGET:-585} - SECONDS ))
 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 $V/sglang/bin/python bench/real_gpu/lab_run.py
+RC=$?
 kill $PACKER 2>/dev/null; pack
-echo "all done at $SECONDS s"
+echo "all done at $SECONDS s (lab_run.py rc $RC, $FAILED setup failures)"
+[ $FAILED = 0 ] && exit $RC || exit 3

@@ -15,7 +15,9 @@
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 R=${R:-/tmp/rehearse-lab}
-PY312=${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3.12)}
+PY312=${PY312:-python3.12}
+$PY312 -c 1 2>/dev/null || PY312=$(ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)
+$PY312 -c 'import sys; assert sys.version_info[:2] == (3, 12)' || { echo "rehearse: no Python 3.12 (set PY312)"; exit 1; }
 rm -rf "$R/work" "$R/venvs" "$R/links" "$R/parts" "$R/carry"
 mkdir -p "$R/bin" "$R/parts" "$R/carry" "$R/links"
 N=$(ls -d "$REPO"/.carry[0-9]* 2>/dev/null | sed 's/.*carry//' | sort -n | tail -1)
@@ -30,12 +32,12 @@ cat > "$R/bin/nvidia-smi" <<EOF
 STANDIN_NVIDIA_SMI_PROFILE=$REPO/tests/fixtures/nvidia/${RG_NVIDIA_PROFILE:-h200x2} STANDIN_NVIDIA_SMI_RUNTIME=$R/standin-run exec python3 -IS $REPO/tests/harness/standin_nvidia_smi.py "\$@"
 EOF
 chmod +x "$R/bin/nvidia-smi"
-# STAND-IN for the image's site-packages: the pure-Python packages of the image the run imports
-# (specfleet's needs the image holds; KINDS.md's list), for Python 3.12; no torch.
-if [ ! -f "$R/image/.done" ]; then
-  $PY312 -m pip install -q --target "$R/image" --no-compile jinja2 click rich packaging \
-    huggingface_hub pyyaml requests typing-extensions idna certifi urllib3 charset-normalizer \
-    anyio h11 httpx httpcore filelock fsspec tqdm psutil && touch "$R/image/.done"
+# STAND-IN for the image's site-packages: the image's packages (KINDS.md's list) that the carried
+# set needs and build_parts therefore left out, for Python 3.12; no torch.
+NEEDS=$REPO/build/real_gpu/image-needs.txt  # written by build_parts: the image's, not carried
+if ! cmp -s "$NEEDS" "$R/image/.done"; then
+  rm -rf "$R/image"
+  $PY312 -m pip install -q --target "$R/image" --no-compile -r "$NEEDS" && cp "$NEEDS" "$R/image/.done"
 fi
 # The lab pair: the checkout's, else PLACEHOLDERS (said in the log and the record).
 if [ -f "$REPO/bench/real_gpu/lab/reference.json" ] && [ -d "$REPO/bench/real_gpu/models/lab-target" ]; then
