@@ -64,8 +64,10 @@ PART_BYTES = 60_000_000  # the issue's "parts of at most 60 MB"
 CARRY_LIMIT = 64 * MiB  # the device's carry limit per call, the working tree included
 
 # What the run needs, at the top: SGLang's release and the tools drive.py runs with its interpreter.
+# dill: 0.5.11's sampling/sampling_batch_info.py imports sampling/custom_logit_processor.py, which
+# imports dill at the top, and no Requires-Dist of the set names it.
 ROOTS = ["sglang==0.5.11", "pyinfra==3.10.0", "click>=8", "huggingface_hub>=0.30", "packaging>=23",
-         "pydantic>=2", "jinja2>=3", "rich>=13"]
+         "pydantic>=2", "jinja2>=3", "rich>=13", "dill"]
 # Pins the issue and runs 1-4 name (a --no-deps walk has no resolver: these keep one version).
 PINS = {"sglang-kernel": "==0.4.2", "transformers": "==5.6.0", "flashinfer-python": "==0.6.8.post1",
         # the versions run 4's server ran with
@@ -74,7 +76,8 @@ PINS = {"sglang-kernel": "==0.4.2", "transformers": "==5.6.0", "flashinfer-pytho
 # GPUs or features a DFLASH text server never loads (run 4's server started without them).
 EXCLUDE = {"torch", "torchvision", "torchaudio", "triton", "flashinfer-cubin", "flash-attn-4",
            "nvidia-cutlass-dsl", "quack-kernels", "datasets", "modelscope", "decord2", "av",
-           "torchcodec", "ipython", "py-spy", "build", "timm", "nvidia-ml-py"}
+           "torchcodec", "py-spy", "build", "timm", "nvidia-ml-py"}
+# (not IPython: sglang/__init__.py imports sglang/utils.py, which imports IPython.display)
 KEEP_NVIDIA = {"nvidia-cudnn-frontend"}
 # The image's own, whatever a wheel's pin says (mistral-common asks numpy<2.4 at install time;
 # the image's torch and scipy are built against its numpy 2.5.2: a second numpy would shadow it).
@@ -378,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     # Each call's room: 64 MiB less the tree and a reserve for what it may gain (the lab pair's
     # safetensors); the parts fill it, at most PART_BYTES each.
     room = CARRY_LIMIT - tree - int(args.tree_reserve_mib * MiB)
-    part_bytes = min(PART_BYTES, room)
+    # whole MiB, so that a small change of the tree does not repack everything
+    part_bytes = min(PART_BYTES, room // MiB * MiB)
     parts = (pack("kernel", install("kernel", kernel), part_bytes)
              + pack("site312", install("site312", site), part_bytes))
     run_files = run_folder(wheels)

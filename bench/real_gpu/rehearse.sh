@@ -52,6 +52,13 @@ PATH="$R/bin:$PATH" RG_DRY=1 RG_WORK=$R/work OUT=$R/out RG_PARTS=$R/parts CARRY=
   RG_VENV_ROOT=$R/venvs RG_IMAGE_PYTHON=$PY312 RG_IMAGE_SITE=$R/image RG_LINK_ROOT=$R/links \
   bash bench/real_gpu/lab_run.sh
 rc=$?
+# What the server would fail to import (the image's torch, triton, torchvision are not here).
+SP=$(echo $R/venvs/sglang/lib/python3*/site-packages)
+for v in "$R"/venvs/sglang "$R"/venvs/sglang-port-*; do
+  echo "import scan: $(basename $v)"
+  python3 bench/real_gpu/import_scan.py $(echo $v/lib/python3*/site-packages) "$SP" "$R/image" \
+    --image torch triton torchvision torchaudio | grep -v '^conditional' || rc=4
+done
 # What the rehearsal rendered outside $R (the units and env files of drive.render_unit, at the
 # deploy's paths; no systemd here): removed, by their names.
 for f in /etc/systemd/system/specfleet-S[0-9]*.service /etc/specfleet/specfleet-S[0-9]*.env; do
