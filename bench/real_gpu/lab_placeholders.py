@@ -58,20 +58,26 @@ def main(out: str) -> None:
         (models / name / "config.json").write_text(json.dumps(drafter_config(rope), indent=1))
     lab.mkdir(parents=True, exist_ok=True)
     prompts = []
-    for i in range(8):
-        seg = [9 + (i * 5 + j * 3) % 55 for j in range(4 + i)]
+    for i in range(16):
+        seg = [9 + (i * 5 + j * 3) % 55 for j in range(4 + i % 8)]
         ids = [BOS] + [seg[k % len(seg)] for k in range(2 * len(seg) + 1)]
         exp = [seg[(2 * len(seg) + 1 + k) % len(seg)] for k in range(48)]
-        prompts.append({"input_ids": ids, "expected_output_ids": exp, "max_new_tokens": 48})
+        prompts.append({"index": i, "kind": "raw", "input_ids": ids, "expected_output": exp,
+                        "drafters": {"lab-drafter": {"spec_accept_length": 7.9},
+                                     "lab-drafter-weak": {"spec_accept_length": 5.3},
+                                     "lab-drafter-rope50k": {"spec_accept_length": 7.8}}})
     (lab / "reference.json").write_text(json.dumps({
-        "placeholder": True, "prompts": prompts,
-        "acceptance": {"lab-drafter": {"mean": 7.9}, "lab-drafter-weak": {"mean": 5.3},
-                       "lab-drafter-rope50k": {"mean": 7.8}}}, indent=1))
+        "placeholder": True, "max_new_tokens": 48, "prompts": prompts,
+        "mean_spec_accept_length": {"lab-drafter": 7.9, "lab-drafter-weak": 5.3,
+                                    "lab-drafter-rope50k": 7.8}}, indent=1))
+    layouts = {"alone": [[i] for i in range(16)],
+               "batch6": [list(range(k, min(k + 6, 16))) for k in range(0, 16, 6)],
+               "batch8": [list(range(k, min(k + 8, 16))) for k in range(0, 16, 8)]}
+    other = {"alone": [], "batch6": [1, 2, 8, 13], "batch8": [3, 9, 10]}
     (lab / "stale_mask_prediction.json").write_text(json.dumps({
-        "placeholder": True, "alone": [{"prompt": i, "tokens_differ": False} for i in range(8)],
-        "batches": [{"batch": list(range(8)), "tokens_differ": [False] + [True] * 3 + [False] * 4},
-                    {"batch": list(range(6)), "tokens_differ": [False, True] + [False] * 4}]},
-        indent=1))
+        "placeholder": True, "layouts": layouts, "drafters": {"lab-drafter": {
+            k: {"prompts_with_other_tokens": v, "prompts_with_other_acceptance": v}
+            for k, v in other.items()}}}, indent=1))
     (lab / "probe.json").write_text(json.dumps({
         "placeholder": True,
         "questions": [{"prompt": "abcdabcd", "answer": "abcd"}], "max_tokens": 40,

@@ -33,17 +33,11 @@ verdicts, recomputed from the record at each save); a second call on the warm ma
 (a server with outputs is kept). ``RG_DRY=1``: facts, plans and units only (no server), a
 rehearsal where no GPU is. ``RG_ONLY=S1,S2``: only those servers.
 
-reference.json (what is read; other spellings are accepted, see ``load_lab``)::
-
-  {"prompts": [{"input_ids": [..], "expected_output_ids": [..], "max_new_tokens": 48}, ..],
-   "batches": [[0, 1, 2, 3, 4, 5, 6, 7], ..],               # optional: layouts of 6-8
-   "acceptance": {"lab-drafter": {"mean": 7.9, "per_prompt": [..]}, "lab-drafter-weak": ..,
-                  "lab-drafter-rope50k": ..}}
-
-stale_mask_prediction.json::
-
-  {"alone": [{"prompt": 0, "tokens_differ": false}, ..],
-   "batches": [{"batch": [0, 1, .., 7], "tokens_differ": [false, true, ..]}, ..]}
+reference.json (bench/real_gpu/lab/reference.py): ``max_new_tokens``, ``prompts[i].input_ids``,
+``.expected_output``, ``.drafters[NAME].spec_accept_length``, ``mean_spec_accept_length[NAME]``;
+stale_mask_prediction.json (lab/stale_mask.py): ``layouts`` (``batch6``, ``batch8``: lists of
+prompt indices) and ``drafters["lab-drafter"][LAYOUT].prompts_with_other_tokens``; probe.json:
+the readiness gate's ``--probe``.
 """
 
 from __future__ import annotations
@@ -97,49 +91,40 @@ def _first(d: dict, *keys, default=None):
 
 
 def load_lab() -> dict:
+    """reference.json, stale_mask_prediction.json and probe.json as bench/real_gpu/lab writes
+    them (reference.py, stale_mask.py)."""
     ref = json.loads((LAB / "reference.json").read_text())
+    max_new = int(ref.get("max_new_tokens", 48))
     prompts = []
-    for i, p in enumerate(_first(ref, "prompts", "cases", default=[])):
-        ids = _first(p, "input_ids", "prompt_ids", "ids", "tokens")
-        exp = _first(p, "expected_output_ids", "expected", "output_ids", "greedy")
-        if ids is None or exp is None:
-            raise SystemExit(f"reference.json prompt {i}: no input_ids / expected_output_ids")
-        prompts.append({"input_ids": ids, "expected": exp,
-                        "max_new_tokens": int(_first(p, "max_new_tokens", default=len(exp))),
-                        "ignore_eos": bool(_first(p, "ignore_eos", default=True))})
+    for i, p in enumerate(ref["prompts"]):
+        if "input_ids" not in p or "expected_output" not in p:
+            raise SystemExit(f"{LAB}/reference.json prompt {i}: no input_ids / expected_output")
+        prompts.append({"input_ids": p["input_ids"], "expected": p["expected_output"],
+                        "kind": p.get("kind"), "max_new_tokens": max_new, "ignore_eos": True})
     acc = {}
-    for name, v in (_first(ref, "acceptance", "reference_acceptance", default={}) or {}).items():
-        if isinstance(v, dict):
-            acc[name] = {"mean": _first(v, "mean", "acceptance_length", "overall"),
-                         "per_prompt": _first(v, "per_prompt", "prompts", default=None)}
-        else:
-            acc[name] = {"mean": v, "per_prompt": None}
+    for name, mean in (ref.get("mean_spec_accept_length") or {}).items():
+        acc[name] = {"mean": mean, "per_prompt": [
+            ((p.get("drafters") or {}).get(name) or {}).get("spec_accept_length")
+            for p in ref["prompts"]]}
     pred_file = LAB / "stale_mask_prediction.json"
     pred = json.loads(pred_file.read_text()) if pred_file.is_file() else {}
+    main_pred = (pred.get("drafters") or {}).get("lab-drafter") or {}
     layouts, predicted = [], []
-    for b in _first(pred, "batches", "batched", "layouts", default=[]) or []:
-        idx = _first(b, "batch", "prompts", "layout")
-        diff = _first(b, "tokens_differ", "differs", "differ", default=[])
-        if diff and all(isinstance(x, bool) for x in diff):
-            diff = [j for j, x in enumerate(diff) if x]
-        layouts.append(list(idx))
-        predicted.append(sorted(diff))
-    alone_pred = [j for j, a in enumerate(_first(pred, "alone", default=[]) or [])
-                  if (a.get("tokens_differ") if isinstance(a, dict) else a)]
-    for b in _first(ref, "batches", default=[]) or []:
-        if list(b) not in layouts:
-            layouts.append(list(b))
-            predicted.append(None)
-    if not layouts:  # the issue's batches of 8 and 6
-        n = len(prompts)
-        layouts = [list(range(i, min(i + 8, n))) for i in range(0, n, 8)]
-        layouts += [list(range(i, min(i + 6, n))) for i in range(0, n, 6)]
-        layouts = [b for b in layouts if len(b) >= 6]
-        predicted = [None] * len(layouts)
+    lay = pred.get("layouts") or {
+        "batch6": [list(range(k, min(k + 6, len(prompts)))) for k in range(0, len(prompts), 6)],
+        "batch8": [list(range(k, min(k + 8, len(prompts)))) for k in range(0, len(prompts), 8)]}
+    for lname in ("batch6", "batch8"):
+        other = set((main_pred.get(lname) or {}).get("prompts_with_other_tokens", []))
+        for layout in lay.get(lname, []):
+            layouts.append(list(layout))
+            predicted.append([j for j, i in enumerate(layout) if i in other]
+                             if lname in main_pred else None)
+    alone = main_pred.get("alone") or {}
     probe = json.loads((LAB / "probe.json").read_text())
     return {"prompts": prompts, "acceptance": acc, "layouts": layouts, "predicted": predicted,
-            "alone_predicted": alone_pred, "prediction_file": pred_file.is_file(), "probe": probe,
-            "vocab": vocab()}
+            "alone_predicted": sorted(alone.get("prompts_with_other_tokens", [])),
+            "alone_predicted_acceptance": sorted(alone.get("prompts_with_other_acceptance", [])),
+            "prediction_file": pred_file.is_file(), "probe": probe, "vocab": vocab()}
 
 
 def vocab() -> dict[int, str]:
@@ -211,10 +196,14 @@ def generate(lab: dict, only_fitting: int | None = None) -> dict:
 
 
 def acceptance(rows: list[dict]) -> float | None:
-    """SGLang's own: completion_tokens over spec_verify_ct, summed over the prompts alone."""
-    tokens = sum((r.get("meta") or {}).get("completion_tokens") or 0 for r in rows)
-    verify = sum((r.get("meta") or {}).get("spec_verify_ct") or 0 for r in rows)
-    return round(tokens / verify, 4) if verify else None
+    """SGLang's own ``meta_info`` spec_accept_length (completion_tokens / spec_verify_ct) of each
+    prompt alone, averaged over the prompts as reference.json's mean_spec_accept_length is."""
+    vals = []
+    for r in rows:
+        m = r.get("meta") or {}
+        if m.get("spec_verify_ct"):
+            vals.append(m.get("spec_accept_length") or m["completion_tokens"] / m["spec_verify_ct"])
+    return round(sum(vals) / len(vals), 4) if vals else None
 
 
 def stop_check(lab: dict) -> dict:
@@ -457,8 +446,13 @@ def acceptance_vs_reference(tag: str, drafter: str, lab: dict) -> dict:
         out["difference"] = round(got - ref, 4)
         out["within_0.05"] = abs(got - ref) <= ACCEPT_TOL
     if g:
-        out["per_prompt_sglang"] = [(r.get("meta") or {}).get("spec_accept_length")
-                                    for r in g["single"]]
+        got_pp = [(r.get("meta") or {}).get("spec_accept_length") for r in g["single"]]
+        ref_pp = (lab["acceptance"].get(drafter) or {}).get("per_prompt") or []
+        out["per_prompt_sglang"] = got_pp
+        out["per_prompt_reference"] = ref_pp
+        out["prompts_equal_to_reference"] = sum(
+            1 for x, y in zip(got_pp, ref_pp, strict=False)
+            if x is not None and y is not None and abs(x - y) < 1e-3)
     return out
 
 

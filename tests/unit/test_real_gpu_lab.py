@@ -76,12 +76,15 @@ def test_stale_mask_verdict_follows_the_prediction(lab_run):
 
 def test_acceptance_is_sglangs_own_within_005(lab_run):
     lab = lab_run.load_lab()
-    rows = [{"meta": {"completion_tokens": 48, "spec_verify_ct": 6}}] * 3  # 8.0
+    rows = [{"meta": {"completion_tokens": 48, "spec_verify_ct": 6,
+                      "spec_accept_length": 8.0}}] * 3
     lab_run.RECORD["servers"]["S2"] = {"generate": {"single": rows, "batches": [],
                                                     "acceptance_length": lab_run.acceptance(rows)}}
     got = lab_run.acceptance_vs_reference("S2", "lab-drafter", lab)  # placeholder reference 7.9
     assert got["sglang"] == 8.0 and got["within_0.05"] is False
-    rows = [{"meta": {"completion_tokens": 79, "spec_verify_ct": 10}}]
+    rows = [{"meta": {"completion_tokens": 48, "spec_verify_ct": 6, "spec_accept_length": 8.0}},
+            {"meta": {"completion_tokens": 47, "spec_verify_ct": 6,
+                      "spec_accept_length": 47 / 6}}]  # mean 7.917, as the reference's mean
     lab_run.RECORD["servers"]["S2"]["generate"]["acceptance_length"] = lab_run.acceptance(rows)
     assert lab_run.acceptance_vs_reference("S2", "lab-drafter", lab)["within_0.05"] is True
 
