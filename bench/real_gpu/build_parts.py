@@ -305,25 +305,25 @@ def run_folder(wheels: dict[str, Path]) -> list[Path]:
 
 
 def carry(parts: list[Path], run_files: list[Path], room: int) -> list[list[Path]]:
-    """Into .carry1..N: the parts (first fit, biggest first), the run call's files last."""
+    """Into .carry1..N: the parts and the run call's files (one item), first fit, biggest first;
+    the folder holding the run call's files last."""
     for old in ROOT.glob(".carry*"):
         if old.is_dir() and re.fullmatch(r"\.carry\d+", old.name):
             shutil.rmtree(old)
+    items = [[p] for p in parts] + [list(run_files)]
     bins: list[list[Path]] = []
-    for p in sorted(parts, key=lambda p: -p.stat().st_size):
-        size = p.stat().st_size
+    for item in sorted(items, key=lambda it: -sum(p.stat().st_size for p in it)):
+        size = sum(p.stat().st_size for p in item)
         if size > room:
-            raise SystemExit(f"build_parts: part {p.name} ({size} B) is larger than the room "
-                             f"of a call ({room} B): lower PART_BYTES")
+            raise SystemExit(f"build_parts: {item[0].name} ({size} B) is larger than the room "
+                             f"of a call ({room} B)")
         for b in bins:
             if sum(x.stat().st_size for x in b) + size <= room:
-                b.append(p)
+                b.extend(item)
                 break
         else:
-            bins.append([p])
-    bins.append(list(run_files))
-    if sum(p.stat().st_size for p in run_files) > room:
-        raise SystemExit("build_parts: the run call's own files exceed a call's room")
+            bins.append(list(item))
+    bins.sort(key=lambda b: run_files[0] in b)
     for i, b in enumerate(bins, 1):
         d = ROOT / f".carry{i}"
         d.mkdir()
