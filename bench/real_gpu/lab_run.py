@@ -26,7 +26,7 @@ pytorch``, greedy; each prompt alone and the batches of 6-8):
   S8 stock DFLASH v1, rope50k ...... 6 acceptance lost
   S9 the RoPE patch, rope50k ....... 6 acceptance back (stock + the patched models/dflash.py
                                      where the port build has it, else the fixed port)
-  S10 port unfixed (before #29) .... informational, last
+  S10 port unfixed (before #29) .... informational, only with RG_ALL=1 or RG_ONLY=S10
 
 Everything goes to ``$RG_WORK/record.json`` as it happens, and ``$RG_WORK/summary.json`` (the
 verdicts, recomputed from the record at each save); a second call on the warm machine resumes
@@ -644,6 +644,10 @@ def main() -> int:
     only = set(filter(None, os.environ.get("RG_ONLY", "").split(",")))
     for spec in SERVERS:
         if only and spec["tag"] not in only:
+            continue
+        if spec["tag"] == "S10" and not (only or os.environ.get("RG_ALL")):
+            RECORD["servers"].setdefault("S10", {"what": spec["what"], "skipped": (
+                "informational, not run by default (RG_ALL=1 or RG_ONLY=S10 runs it)")})
             continue
         try:
             serve(spec, lab, venvs)
