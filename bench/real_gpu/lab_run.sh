@@ -14,6 +14,12 @@ set -u
 C=${CARRY:-.carry5}
 FAILED=0
 fail() { echo "FAILED: $*"; FAILED=$((FAILED + 1)); }
+# The lab pair must be in the tree (merged): else stop now, before the setup's minutes.
+LABD=${RG_LAB_DIR:-bench/real_gpu/lab}; MODD=${RG_LAB_MODELS:-bench/real_gpu/models}
+for f in $LABD/reference.json $LABD/probe.json $MODD/lab-target/config.json $MODD/lab-target/tokenizer.json $MODD/lab-drafter/config.json; do
+  [ -f "$f" ] || { echo "lab_run.sh: $f is not in this tree: merge the lab pair (issue 49) first"; exit 2; }
+done
+[ -n "${RG_DRY:-}" ] || ls $MODD/lab-target/*.safetensors >/dev/null 2>&1 || { echo "lab_run.sh: no safetensors in $MODD/lab-target"; exit 2; }
 P=${RG_PARTS:-/root/parts}
 mkdir -p $P && mv $C/*.tar.zst.* $P/ 2>/dev/null
 W=${RG_WORK:-/tmp/real_gpu}; mkdir -p "$W"; export RG_WORK=$W
