@@ -272,21 +272,45 @@ MEMORY_RULE_GPUS = [(81559, (9, 0)), (143771, (9, 0)), (183359, (10, 0)), (97887
 def test_version_table_memory_rule_is_0_5_23s(gpu, tp, model):
     """The version table's MemoryRule for 0.5.23 gives the fraction memory_hook.py computes when
     run (not only on the profiles' shapes): each memory tier, TP 2/8/16, K2.6 and text-only K2."""
+    assert_memory_rule_is_releases("0.5.23", gpu, tp, model)
+    assert version_row("0.5.23").memory is MEMORY_0_5_23
+
+
+def assert_memory_rule_is_releases(release, gpu, tp, model):
     from specfleet.core.tables.sglang_versions import sglang_mem_fraction
 
-    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, release)
     argv[argv.index("--tp-size") + 1] = str(tp)
-    m = Machine(gpu[0], gpu[1], tp)
     fields = KIMI_K26_MODEL if model == "vision" else KIMI_K2_TEXT_MODEL
-    verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, tp), argv, model=fields)
+    # The harness's predicates do not read the device count: one Release per GPU, any TP.
+    verdict = judge(release, Machine(gpu[0], gpu[1], 8), argv, model=fields)
+    assert verdict.refused is None, verdict.refused
     vision = fields["vision_config"]
     ours, _ = sglang_mem_fraction(
-        MEMORY_0_5_23, m.memory_mib, tp, speculative=True, mla=True,
+        version_row(release).memory, gpu[0], tp, speculative=True, mla=True,
         architecture=fields["architectures"][0],
         vision=None if vision is None else (vision["num_hidden_layers"], vision["hidden_size"]),
     )  # fmt: skip
-    assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9)
-    assert version_row("0.5.23").memory is MEMORY_0_5_23
+    assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9), (
+        f"the version table's memory rule for {release} gives {ours}, its own code "
+        f"{verdict.mem_fraction_static} ({gpu[0]} MiB, TP {tp}, {model})"
+    )
+
+
+# One GPU of each memory tier whose rule differs between releases (the 20-35 GiB tier raised in
+# 0.5.20), and one above 60 GiB (the 10 GiB reserve floor); TP below and above 4.
+EVERY_RELEASE_GPUS = [(32607, (12, 0)), (143771, (9, 0))]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("gpu", EVERY_RELEASE_GPUS, ids=[str(g[0]) for g in EVERY_RELEASE_GPUS])
+@pytest.mark.parametrize("tp", [2, 8])
+@pytest.mark.parametrize("model", ["vision", "text"])
+def test_version_table_memory_rule_is_each_releases(release, gpu, tp, model):
+    """Each row's MemoryRule gives the fraction its release's own code computes (the draft-model
+    reserve to 0.5.13, whether Kimi K2.5's prefill graph reserve counts from 0.5.16, the tiers
+    of 0.5.20 on), for K2.6 and text-only K2."""
+    assert_memory_rule_is_releases(release, gpu, tp, model)
 
 
 DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}

@@ -120,6 +120,8 @@ _BACKENDS_0_5_11 = frozenset(
         "trtllm_mha", "trtllm_mla", "wave",
     }
 )  # fmt: skip
+_BACKENDS_0_5_12 = _BACKENDS_0_5_11 | {"dsv4", "tokenspeed_mla"}
+# 0.5.13 and 0.5.14 (cutedsl_mla and dsa join).
 _BACKENDS_0_5_14 = frozenset(
     {
         "aiter", "ascend", "cutedsl_mla", "cutlass_mla", "dsa", "dsv4", "dual_chunk_flash_attn",
@@ -237,6 +239,9 @@ class MemoryRule:
     multimodal_prefill_graph_archs: frozenset[str] = frozenset()
     # chunked_prefill_size and the decode CUDA graph max batch by GPU memory (MEMORY_TIERS).
     tiers: tuple[tuple[float, int, int, int], ...] = ()
+    # Whether a text-only MLA model keeps the prefill CUDA graph (so its MLA reserve counts):
+    # 0.5.16-0.5.17 make the breakable graph the default and turn it off for MLA attention.
+    text_mla_prefill_graph: bool = True
 
 
 # (upper bound of GPU MiB, chunked_prefill_size, decode max bs at tp < 4, at tp >= 4), first match.
@@ -270,15 +275,25 @@ MEMORY_0_5_14 = MemoryRule(
     "reserve since 0.5.14), adjust_mem_fraction_for_vlm",
     draft_reserve_mib=0,
 )
-# 0.5.16-0.5.18: server_args.py still, and Kimi K2.5 keeps the prefill CUDA graph, so the MLA
-# reserve counts: 0.5.16 puts it in multimodal_piecewise_cuda_graph_supported_model_archs
-# (_apply_cuda_graph_compatibility switches the breakable graph to tc_piecewise for it), 0.5.18
-# also in multimodal_breakable_cuda_graph_supported_model_archs (it keeps the breakable graph).
+# 0.5.16-0.5.18: server_args.py still. 0.5.16 makes the breakable prefill CUDA graph the default;
+# Kimi K2.5 is in multimodal_piecewise_cuda_graph_supported_model_archs, so
+# _apply_cuda_graph_compatibility switches it to tc_piecewise and its MLA reserve counts, while a
+# text-only MLA model (DeepseekV3) stays breakable, which _disable_breakable_cudagraph_if_
+# incompatible turns off ("MLA attention"; 0.5.17: "MLA attention (non-DSA)"): no reserve.
+# 0.5.18 drops that rule and puts Kimi K2.5 in the breakable list too: both keep the graph.
 MEMORY_0_5_16 = MemoryRule(
     source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
     "reserve), adjust_mem_fraction_for_vlm; Kimi K2.5/K2.6 keep the prefill CUDA graph "
     "(_apply_cuda_graph_compatibility, model_config.py multimodal_piecewise_cuda_graph_supported_"
-    "model_archs)",
+    "model_archs), a text-only MLA model does not (_disable_breakable_cudagraph_if_incompatible)",
+    draft_reserve_mib=0,
+    multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+    text_mla_prefill_graph=False,
+)
+MEMORY_0_5_18 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
+    "reserve), adjust_mem_fraction_for_vlm; Kimi K2.5/K2.6 keep the prefill CUDA graph "
+    "(model_config.py multimodal_breakable_cuda_graph_supported_model_archs)",
     draft_reserve_mib=0,
     multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
 )
@@ -330,7 +345,10 @@ def sglang_mem_fraction(
         # "DP attention needs more padding", and more for a large decode graph (0.5.11
         # _handle_gpu_memory_settings, 0.5.23 memory_hook.py reserve_for_graph_mb).
         reserved += max_bs * attn_dp_size * (4.5 if max_bs > DP_ATTENTION_LARGE_BS else 3)
-    prefill_graph = vision is None or architecture in rule.multimodal_prefill_graph_archs
+    if vision is None:
+        prefill_graph = rule.text_mla_prefill_graph or not mla
+    else:
+        prefill_graph = architecture in rule.multimodal_prefill_graph_archs
     if prefill_graph and mla:
         reserved += MLA_PREFILL_GRAPH_RESERVE_MIB
     if gpu_mib > LARGE_GPU_MIB:
@@ -468,10 +486,22 @@ VERSIONS: tuple[VersionRow, ...] = (
         memory=MEMORY_0_5_19,
     ),
     VersionRow(
-        # Read from the 0.5.17 and 0.5.18 wheels: hpc_ops joins the registry, DFLASH's draft
-        # backends add trtllm_mha. 0.5.18 pins torch 2.13 and puts Kimi K2.5 in the breakable
-        # CUDA-graph list too (it keeps its prefill graph either way: the same fraction).
-        sglang=SpecifierSet(">=0.5.17.dev0,<0.5.19.dev0"),
+        # Read from the 0.5.18 wheel: torch 2.13; a text-only MLA model keeps the breakable
+        # prefill CUDA graph and Kimi K2.5 joins the breakable list (MEMORY_0_5_18).
+        sglang=SpecifierSet(">=0.5.18.dev0,<0.5.19.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_17,
+        speculative_algorithms=_ALGOS_0_5_16,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_17,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_18,
+    ),
+    VersionRow(
+        # Read from the 0.5.17 wheel: hpc_ops joins the registry, DFLASH's draft backends add
+        # trtllm_mha.
+        sglang=SpecifierSet(">=0.5.17.dev0,<0.5.18.dev0"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_17,
         speculative_algorithms=_ALGOS_0_5_16,
@@ -511,10 +541,24 @@ VERSIONS: tuple[VersionRow, ...] = (
         memory=MEMORY_0_5_14,
     ),
     VersionRow(
-        # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).
-        sglang=SpecifierSet(">=0.5.12.dev0,<0.5.14.dev0"),
+        # Read from the 0.5.13 wheel (sglang.md section 2 had it as 0.5.11 plus FROZEN_KV_MTP):
+        # the 0.5.14 registry already, dflash_worker.py's draft backends add "ascend", and the
+        # DFLASH checks move to arg_groups/speculative_hook.py _handle_dflash.
+        sglang=SpecifierSet(">=0.5.13.dev0,<0.5.14.dev0"),
         dflash="v1",
-        attention_backends=_BACKENDS_0_5_11,
+        attention_backends=_BACKENDS_0_5_14,
+        speculative_algorithms=_ALGOS_0_5_12,
+        draft_window_flag=DRAFT_WINDOW_FLAG_V1,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_14,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+    ),
+    VersionRow(
+        # Read from the 0.5.12 wheel: FROZEN_KV_MTP joins the algorithms, dsv4 and
+        # tokenspeed_mla the registry; the DFLASH checks are still in server_args.py.
+        sglang=SpecifierSet(">=0.5.12.dev0,<0.5.13.dev0"),
+        dflash="v1",
+        attention_backends=_BACKENDS_0_5_12,
         speculative_algorithms=_ALGOS_0_5_12,
         draft_window_flag=DRAFT_WINDOW_FLAG_V1,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
