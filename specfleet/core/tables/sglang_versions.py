@@ -655,10 +655,18 @@ RELEASE_FOR_WORKER = {"v1": "0.5.11", "v2": "0.5.14"}
 # the DDTree fork's tree) is planned with the row of the release whose files it has: the first
 # marker (a path under the sglang package; a trailing "/" a folder) the tree holds, newest first.
 # Read from the wheels: srt/arg_groups/ appears in 0.5.12, speculative_hook.py in 0.5.13,
-# arg_utils.py in 0.5.14, the fields/ folder in 0.5.23; the fork's arg_groups/ is 0.5.13's file
-# for file, with the v1 DFLASH worker, as 0.5.13.
+# arg_utils.py in 0.5.14, speculative/draft_worker_common.py in 0.5.16, kimi_k3_hook.py in 0.5.17,
+# dflash_disaggregation.py in 0.5.18, the resolution pipeline in 0.5.19, the fields/ folder in
+# 0.5.20, kv_shard_hook.py in 0.5.22, dflash_dp.py in 0.5.23 (each kept by every later release);
+# the fork's arg_groups/ is 0.5.13's file for file, with the v1 DFLASH worker, as 0.5.13.
 LAYOUT_MARKERS: tuple[tuple[str, str], ...] = (
-    ("srt/arg_groups/fields/", "0.5.23"),
+    ("srt/speculative/dflash_dp.py", "0.5.23"),
+    ("srt/arg_groups/kv_shard_hook.py", "0.5.22"),
+    ("srt/arg_groups/fields/", "0.5.20"),
+    ("srt/arg_groups/pipeline.py", "0.5.19"),
+    ("srt/speculative/dflash_disaggregation.py", "0.5.18"),
+    ("srt/arg_groups/kimi_k3_hook.py", "0.5.17"),
+    ("srt/speculative/draft_worker_common.py", "0.5.16"),
     ("srt/arg_groups/arg_utils.py", "0.5.14"),
     ("srt/arg_groups/speculative_hook.py", "0.5.13"),
     ("srt/arg_groups/", "0.5.12"),
