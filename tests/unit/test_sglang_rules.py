@@ -320,9 +320,20 @@ DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}
 @pytest.mark.parametrize("release", RELEASES)
 def test_dp_attention_agrees_with_sglang(release, lm_head):
     """plan.extra_args turning on dp attention: the planner refuses exactly what SGLang refuses
-    (0.5.11-0.5.14: DFLASH never runs with dp attention; 0.5.23: only with --enable-dp-lm-head),
-    and a plan it makes passes the matrix check."""
-    extra = {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})}
+    (0.5.11-0.5.22: DFLASH never runs with dp attention on CUDA; 0.5.23: only with
+    --enable-dp-lm-head), and a plan it makes passes the matrix check."""
+    check_dp_attention(release, {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})})
+
+
+@pytest.mark.parametrize("release", ["0.5.22", "0.5.23"])
+def test_attn_dp_size_agrees_with_sglang(release):
+    """--attn-dp-size N (a flag from 0.5.22; --enable-dp-attention its deprecated spelling
+    there): 0.5.22 refuses it with DFLASH as it refuses --enable-dp-attention, 0.5.23 runs it
+    with --enable-dp-lm-head. The planner agrees on both."""
+    check_dp_attention(release, {"--attn-dp-size": 2, "--enable-dp-lm-head": True})
+
+
+def check_dp_attention(release, extra):
     sglang = release if release in INSTALLED else None
     data = {"sglang": {"version": release}, "plan": {"extra_args": extra}}
     facts = host_facts("b200x8", "b200x8", sglang=sglang)
@@ -341,8 +352,10 @@ def test_dp_attention_agrees_with_sglang(release, lm_head):
     verdict = judge(release, machine("b200x8", 1), argv)
     assert verdict.refused is not None, f"SGLang {release} accepts {argv}; the planner: {refusal}"
     assert "dp attention" in verdict.refused, verdict.refused
-    assert "--enable-dp-attention must not" in refusal.problem or (
-        f"with {verdict.refused.rsplit(' ', 1)[1].rstrip('.')}" in refusal.problem
+    assert (
+        "--enable-dp-attention must not" in refusal.problem
+        or f"which DFLASH on SGLang {release} refuses" in refusal.problem
+        or f"with {verdict.refused.rsplit(' ', 1)[1].rstrip('.')}" in refusal.problem
     ), (verdict.refused, refusal.problem)
 
 
