@@ -1,10 +1,11 @@
 """SGLang's own rules, run on a plan: each release's rule modules loaded standalone from its wheel.
 
 ``import sglang`` pulls in torch, triton, orjson and transformers, none of which is here. So this
-harness reads the modules that hold the rules in that release (0.5.11-0.5.14:
-``sglang/srt/server_args.py`` and 0.5.13+ ``arg_groups/speculative_hook.py``; 0.5.23:
-``server_args.py`` and ``arg_groups/fields/*`` for the msgspec record and the command line, and
-the resolution hooks ``arg_groups/{cuda_graph,memory,attention,speculative}_hook.py``, see
+harness reads the modules that hold the rules in that release (0.5.11-0.5.18:
+``sglang/srt/server_args.py``, 0.5.13+ ``arg_groups/speculative_hook.py``, 0.5.15+
+``arg_groups/overrides.py``, 0.5.17+ ``arg_groups/kimi_k3_hook.py``; 0.5.19 on:
+``server_args.py`` (0.5.20 on with ``arg_groups/fields/*``) for the record and the command line,
+and the resolution hooks ``arg_groups/{cuda_graph,memory,attention,speculative}_hook.py``, see
 PIPELINE_MODULES and PIPELINE_STEPS) straight out of the real PyPI wheel and executes them as
 they are, with these stand-ins and nothing else:
 
@@ -25,9 +26,11 @@ methods are called, in ``__post_init__``'s order: the piecewise CUDA graph decis
 memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), the
 attention-backend compatibility rule (``page_size`` for trtllm_mla ...), and the
 speculative-decoding checks (DFLASH: dp attention, pp size, draft window, ``max_running_requests``,
-overlap schedule). 0.5.23 has no such ``__post_init__`` (``resolve_once`` runs
+overlap schedule); from 0.5.15 after ``_handle_missing_default_values`` (the DFLASH check reads
+the device it fills in). 0.5.19 on have no such ``__post_init__`` (``resolve_once`` runs
 ``arg_groups/pipeline.py``): its ``from_cli_args`` runs as it is, then only the pipeline steps in
-PIPELINE_STEPS, through its own ``run_hook``, on the record sealed as ``resolve_once`` seals it.
+PIPELINE_STEPS that the release's own pipeline.py calls, through its own ``run_hook`` (0.5.20 on;
+0.5.19 calls them directly), on the record sealed as ``resolve_once`` seals it (0.5.20 on).
 
 "Not enough memory" is raised by SGLang at model load (``pool_configurator.py``), not by
 ``ServerArgs``: ``Verdict.kv_room_gib`` models it from the fraction SGLang's code computed here,
