@@ -216,6 +216,24 @@ def test_the_matrix_fails_the_old_planner(release):
         check_against_sglang("h100x8", "h100x8", "b200x8", 1, release, old, None)
 
 
+def test_pipeline_steps_are_each_releases():
+    """The harness runs a pipeline step only where the release's own pipeline.py calls it: the
+    one step a release lacks is handle_deprecated_dp_attention before 0.5.22 (a renamed or
+    dropped step would show here rather than go unrun)."""
+    from packaging.version import Version
+
+    from tests.harness.sglang_rules import PIPELINE_MARKER, PIPELINE_STEPS, pipeline_steps
+    from tests.harness.sglang_rules import wheel_text as text
+
+    pipelined = [r for r in RELEASES if Version(r) >= Version("0.5.19")]
+    assert pipelined and all("run_resolution_pipeline" in text(r, PIPELINE_MARKER) for r in pipelined)
+    for release in pipelined:
+        missing = [name for step in PIPELINE_STEPS if step not in pipeline_steps(release)
+                   for name in step[1:]]  # fmt: skip
+        expected = [] if Version(release) >= Version("0.5.22") else ["handle_deprecated_dp_attention"]
+        assert missing == expected, release
+
+
 def test_harness_refuses_what_sglang_refuses():
     """The harness can fail: 0.5.11's own parser and DFLASH checks refuse bad argv."""
     argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.11")
