@@ -69,6 +69,7 @@ MEMORY_RULE_MODULE = {
     "0.5.12": "sglang/srt/server_args.py",
     "0.5.13": "sglang/srt/server_args.py",
     "0.5.14": "sglang/srt/server_args.py",
+    "0.5.15": "sglang/srt/server_args.py",
     "0.5.16": "sglang/srt/server_args.py",
     "0.5.17": "sglang/srt/server_args.py",
     "0.5.18": "sglang/srt/server_args.py",

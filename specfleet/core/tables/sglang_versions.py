@@ -275,6 +275,16 @@ MEMORY_0_5_14 = MemoryRule(
     "reserve since 0.5.14), adjust_mem_fraction_for_vlm",
     draft_reserve_mib=0,
 )
+# 0.5.15: the breakable prefill CUDA graph becomes the default, and _disable_breakable_cudagraph_
+# if_incompatible turns it off for MLA attention and for a multimodal model: no MLA reserve for
+# DeepseekV3 or Kimi K2.5/K2.6.
+MEMORY_0_5_15 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
+    "reserve), adjust_mem_fraction_for_vlm; the breakable prefill CUDA graph is off for MLA "
+    "attention (_disable_breakable_cudagraph_if_incompatible)",
+    draft_reserve_mib=0,
+    text_mla_prefill_graph=False,
+)
 # 0.5.16-0.5.18: server_args.py still. 0.5.16 makes the breakable prefill CUDA graph the default;
 # Kimi K2.5 is in multimodal_piecewise_cuda_graph_supported_model_archs, so
 # _apply_cuda_graph_compatibility switches it to tc_piecewise and its MLA reserve counts, while a
@@ -525,12 +535,24 @@ VERSIONS: tuple[VersionRow, ...] = (
         memory=MEMORY_0_5_16,
     ),
     VersionRow(
+        # Read from the 0.5.15 wheel: 0.5.14's in every field but the memory rule (the breakable
+        # prefill CUDA graph, MEMORY_0_5_15); arg_groups/overrides.py appears.
+        sglang=SpecifierSet(">=0.5.15.dev0,<0.5.16.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_14,
+        speculative_algorithms=_ALGOS_0_5_12,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_14,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_15,
+    ),
+    VersionRow(
         # Read from the 0.5.14 wheel: dflash_worker.py is gone (v1 removed, sglang PR #27959),
         # dflash_worker_v2.py present, no SGLANG_ENABLE_DFLASH_SPEC_V2 in environ.py (v2 is the
         # default path). server_args.py declares speculative_draft_window_size as a field and
         # keeps --speculative-dflash-draft-window-size as a hidden DeprecatedAliasStoreAction.
-        # The 0.5.15 wheel read too: the same in every field (it adds arg_groups/overrides.py).
-        sglang=SpecifierSet(">=0.5.14.dev0,<0.5.16.dev0"),
+        sglang=SpecifierSet(">=0.5.14.dev0,<0.5.15.dev0"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_14,
         speculative_algorithms=_ALGOS_0_5_12,
@@ -655,9 +677,10 @@ RELEASE_FOR_WORKER = {"v1": "0.5.11", "v2": "0.5.14"}
 # the DDTree fork's tree) is planned with the row of the release whose files it has: the first
 # marker (a path under the sglang package; a trailing "/" a folder) the tree holds, newest first.
 # Read from the wheels: srt/arg_groups/ appears in 0.5.12, speculative_hook.py in 0.5.13,
-# arg_utils.py in 0.5.14, speculative/draft_worker_common.py in 0.5.16, kimi_k3_hook.py in 0.5.17,
-# dflash_disaggregation.py in 0.5.18, the resolution pipeline in 0.5.19, the fields/ folder in
-# 0.5.20, kv_shard_hook.py in 0.5.22, dflash_dp.py in 0.5.23 (each kept by every later release);
+# arg_utils.py in 0.5.14, overrides.py in 0.5.15, speculative/draft_worker_common.py in 0.5.16,
+# kimi_k3_hook.py in 0.5.17, dflash_disaggregation.py in 0.5.18, the resolution pipeline in
+# 0.5.19, the fields/ folder in 0.5.20, kv_shard_hook.py in 0.5.22, dflash_dp.py in 0.5.23 (each
+# kept by every later release);
 # the fork's arg_groups/ is 0.5.13's file for file, with the v1 DFLASH worker, as 0.5.13.
 LAYOUT_MARKERS: tuple[tuple[str, str], ...] = (
     ("srt/speculative/dflash_dp.py", "0.5.23"),
@@ -667,6 +690,7 @@ LAYOUT_MARKERS: tuple[tuple[str, str], ...] = (
     ("srt/speculative/dflash_disaggregation.py", "0.5.18"),
     ("srt/arg_groups/kimi_k3_hook.py", "0.5.17"),
     ("srt/speculative/draft_worker_common.py", "0.5.16"),
+    ("srt/arg_groups/overrides.py", "0.5.15"),
     ("srt/arg_groups/arg_utils.py", "0.5.14"),
     ("srt/arg_groups/speculative_hook.py", "0.5.13"),
     ("srt/arg_groups/", "0.5.12"),
