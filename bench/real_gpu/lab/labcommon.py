@@ -2,7 +2,7 @@
 DFlash drafter's training-time forward. Runs only in the lab's own environment (torch,
 transformers 5.6.0, dflash 0.1.0; see README.md here), never in CI or the project's .venv.
 
-The task: "a random segment, then that segment repeated" (induction). A segment is 4 to 12
+The task: "a random segment, then that segment repeated" (induction). A segment is 4 to 8
 distinct symbols; the text is the segment cycled. Raw text continues the cycle; in chat the user
 turn holds two or more periods of it and the assistant repeats the segment from its start.
 """
@@ -22,7 +22,7 @@ TOK = {t: i for i, t in enumerate(VOCAB)}
 PAD, BOS, EOS, MASK, USER, ASSISTANT, SYSTEM, EOT, UNK = range(9)
 FIRST_SYMBOL = len(SPECIALS)
 SEQ_LEN = 96           # training length: the pair is reliable to 96 positions
-MIN_SEG, MAX_SEG = 4, 12
+MIN_SEG, MAX_SEG = 4, 8     # the first training phase ran with 12 (rebuild.sh)
 BLOCK = 8
 
 CHAT_TEMPLATE = (
@@ -41,8 +41,15 @@ def build_tokenizer(out_dir: Path) -> None:
     """tokenizer.json (one token per character, the specials as added tokens, BOS prepended by
     the post-processor, Fuse decoder so text decodes without spaces) and tokenizer_config.json
     with the chat template; loadable by transformers' AutoTokenizer (PreTrainedTokenizerFast)."""
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
-                            processors)
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
 
     tok = Tokenizer(models.WordLevel(vocab=TOK, unk_token="<|unk|>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -169,3 +176,80 @@ def draft_blocks(drafter, target, feats, tokens, starts):
                   target_hidden=feats)
     logits = drafter.compute_logits(out, target.lm_head)
     return logits.view(B, nb, BLOCK, -1)[:, :, 1:, :]
+
+
+class DFlashRequest:
+    """One request of SGLang 0.5.11's greedy DFLASH (see verify_step)."""
+
+    def __init__(self, prompt: list[int], target, layer_ids):
+        import torch
+        from transformers import DynamicCache
+        self.prompt = prompt
+        self.cache = DynamicCache(config=target.config)
+        with torch.no_grad():      # the prefill: causal, eager
+            out = target(input_ids=torch.tensor([prompt]), past_key_values=self.cache,
+                         use_cache=True, output_hidden_states=True)
+        self.committed = list(prompt) + [int(out.logits[0, -1].argmax())]
+        self.feats = target_features(out.hidden_states, layer_ids)[0]   # [P, F]
+        self.produced = 1
+        self.steps: list[int] = []
+        self.draft_margins: list[float] = []   # per verify: the drafter's smallest top-1/top-2
+
+    @property
+    def seq_len(self) -> int:          # tokens whose K/V are in the target cache
+        return len(self.committed) - 1
+
+    def done(self, max_new: int) -> bool:
+        return self.produced >= max_new
+
+
+def causal_mask(offset: int, seq_len: int):
+    """[1, 1, B, seq_len + B] bool: the prefix, and the block causally (the correct verify)."""
+    import torch
+    m = torch.ones(BLOCK, seq_len + BLOCK, dtype=torch.bool)
+    m[:, seq_len:] = torch.ones(BLOCK, BLOCK, dtype=torch.bool).tril()
+    return m[None, None]
+
+
+def verify_step(reqs, target, drafter, layer_ids, max_new: int, mask_fn=causal_mask):
+    """One DFLASH verify of a batch (requests in batch order), as SGLang 0.5.11 does it: each
+    request's block [last committed token, <|MASK|> x 7] at positions seq_len..seq_len+7 is
+    drafted (the drafter sees the target features of every committed position), verified by the
+    target with the cache of the committed tokens and ``mask_fn(mask offset, seq_len)`` (the
+    offset: cumsum of B * (seq_len + B) over the requests before it, SGLang's mask_indptr), and
+    the longest prefix of drafts equal to the target's argmax is committed plus the target's
+    next token (cut at max_new, req.check_finished). The committed block tokens keep their K/V
+    and hidden states from this pass (keep_mask)."""
+    import torch
+    B = BLOCK
+    offset = 0
+    for q in reqs:
+        s = q.seq_len
+        with torch.no_grad():
+            dl = draft_blocks(drafter, target, q.feats[None, :s], torch.tensor([q.committed]),
+                              [[s]])[0, 0]
+        block = [q.committed[s]] + [int(x) for x in dl.argmax(-1)]
+        top = torch.topk(dl, 2).values
+        q.draft_margins.append(round(float((top[:, 0] - top[:, 1]).min()), 3))
+        mask = mask_fn(offset, s)
+        offset += B * (s + B)
+        with torch.no_grad():
+            out = target(input_ids=torch.tensor([block]), past_key_values=q.cache, use_cache=True,
+                         attention_mask=mask, position_ids=torch.arange(s, s + B)[None],
+                         output_hidden_states=True)
+        pred = [int(x) for x in out.logits[0].argmax(-1)]
+        acc = 0
+        while acc < B - 1 and block[acc + 1] == pred[acc]:
+            acc += 1
+        proposed = block[1:acc + 1] + [pred[acc]]
+        appended = 0
+        for t in proposed:
+            q.committed.append(t)
+            q.produced += 1
+            appended += 1
+            if q.produced >= max_new:
+                break
+        q.cache.crop(s + appended)       # keep_mask: the block's first `appended` tokens
+        f = target_features(out.hidden_states, layer_ids)[0, :appended]
+        q.feats = torch.cat([q.feats, f])
+        q.steps.append(appended)

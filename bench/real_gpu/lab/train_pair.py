@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import labcommon as lc  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-MODELS = HERE.parent / "models"
+MODELS = Path(os.environ.get("LAB_MODELS", HERE.parent / "models"))
 TARGET_LAYER_IDS = [0, 1]   # at most L-2 = 1: 0.5.11 captures the input of layer id+1
 
 
@@ -147,15 +148,15 @@ def accuracy(model, rng, n=256):
     return acc
 
 
-def train_target(steps: int, bs: int, lr: float, resume: bool) -> None:
+def train_target(steps: int, bs: int, lr: float, resume: bool, run: str = "narrow-target",
+                 seed: int = 49) -> None:
     """Train the narrow target from scratch (seed 49), or on from work/narrow-target (a run that
     stopped short of the accuracy; seed 50 for its batches)."""
     from transformers import DeepseekV3ForCausalLM
-    torch.manual_seed(50 if resume else 49)
-    rng = random.Random(50 if resume else 49)
+    torch.manual_seed(seed + 1 if resume else seed)
+    rng = random.Random(seed + 1 if resume else seed)
     if resume:
-        model = DeepseekV3ForCausalLM.from_pretrained(HERE / "work" / "narrow-target",
-                                                      dtype=torch.float32)
+        model = DeepseekV3ForCausalLM.from_pretrained(HERE / "work" / run, dtype=torch.float32)
     else:
         model = DeepseekV3ForCausalLM(target_config(SMALL))
     model.train()
@@ -177,6 +178,7 @@ def train_target(steps: int, bs: int, lr: float, resume: bool) -> None:
         if step % 25 == 0 or step == steps - 1:
             log(f"target step {step} loss {loss.item():.4f} ({time.time() - t0:.0f} s)")
         if step % 50 == 49 and step >= 99:
+            model.save_pretrained(HERE / "work" / run, safe_serialization=True)
             acc = accuracy(model, random.Random(99), 64)
             log(f"target step {step} accuracy {acc:.4f}")
             if acc >= 0.999:
@@ -184,7 +186,9 @@ def train_target(steps: int, bs: int, lr: float, resume: bool) -> None:
                 steps = step + 1
                 break
     model.eval()
-    model.save_pretrained(HERE / "work" / "narrow-target", safe_serialization=True)
+    model.save_pretrained(HERE / "work" / run, safe_serialization=True)
+    if run != "narrow-target":
+        return
     save_target(model, {"steps": steps, "batch": bs, "lr": lr, "resumed": resume,
                         "cpu_seconds": round(time.time() - t0)})
 
@@ -216,8 +220,10 @@ def save_target(model, stats: dict) -> None:
 
 
 def load_target():
+    """The narrow target (the same function as lab-target, 8x cheaper on the CPU)."""
     from transformers import DeepseekV3ForCausalLM
-    model = DeepseekV3ForCausalLM.from_pretrained(MODELS / "lab-target", dtype=torch.float32)
+    model = DeepseekV3ForCausalLM.from_pretrained(HERE / "work" / "narrow-target",
+                                                  dtype=torch.float32)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -305,17 +311,22 @@ def main() -> int:
     ap.add_argument("--target-steps", type=int, default=600)
     ap.add_argument("--target-batch", type=int, default=16)
     ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--run", default="narrow-target", help="work/RUN holds the narrow model")
+    ap.add_argument("--seed", type=int, default=49)
     ap.add_argument("--resume", action="store_true",
                     help="train the target on from work/narrow-target")
     ap.add_argument("--drafter-steps", type=int, default=400)
     ap.add_argument("--weak-steps", type=int, default=100)
     ap.add_argument("--only", nargs="*", help="drafters to train (default all)")
+    ap.add_argument("--max-seg", type=int, default=lc.MAX_SEG,
+                    help="the longest segment (period) of the task")
     ap.add_argument("--threads", type=int, default=1,
                     help="1: on a shared 2-core machine two OpenMP threads spin and run 4x slower")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    lc.MAX_SEG = a.max_seg
     if a.stage in ("target", "all"):
-        train_target(a.target_steps, a.target_batch, a.target_lr, a.resume)
+        train_target(a.target_steps, a.target_batch, a.target_lr, a.resume, a.run, a.seed)
     if a.stage == "widen":
         from transformers import DeepseekV3ForCausalLM
         narrow = DeepseekV3ForCausalLM.from_pretrained(HERE / "work" / "narrow-target",
@@ -325,9 +336,14 @@ def main() -> int:
                     if (MODELS / "lab-target" / "train_stats.json").exists() else {})
     if a.stage in ("drafters", "all"):
         target = load_target()
-        log("generating the target's greedy continuations")
-        data = continuation_data(target, n_batches=24, per_batch=16, seed=7)
-        log("done")
+        cache = HERE / "work" / "continuations.pt"
+        if cache.exists():
+            data = torch.load(cache)
+        else:
+            log("generating the target's greedy continuations")
+            data = continuation_data(target, n_batches=24, per_batch=16, seed=7)
+            torch.save(data, cache)
+            log("done")
         todo = {"lab-drafter": (a.drafter_steps, 1e6, 11),
                 "lab-drafter-weak": (a.weak_steps, 1e6, 12),
                 "lab-drafter-rope50k": (a.drafter_steps, 50000.0, 11)}
