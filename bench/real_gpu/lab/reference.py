@@ -93,7 +93,7 @@ def candidates(seed: int, n_raw: int, n_chat: int):
     for i in range(n_raw + n_chat):
         L = rng.randint(lc.MIN_SEG, lc.MAX_SEG)
         seg = lc.segment(rng, L)
-        n = rng.randint(2 * L, min(3 * L, 36))
+        n = rng.randint(3 * L, min(5 * L, 40))     # more periods: a surer target
         text = "".join(lc.VOCAB[t] for t in lc.cycle(seg, n))
         kind = "raw" if i < n_raw else "chat"
         ids = lc.raw_prompt(seg, n) if kind == "raw" else lc.chat_prompt(seg, n)
@@ -108,7 +108,7 @@ def main() -> int:
         "dflash_config"]["target_layer_ids"]
     log("filtering prompts by margin")
     kept = []
-    for c in candidates(4901, 40, 14):
+    for c in candidates(4901, 120, 48):
         outp, margins = greedy_with_margins(target, c["input_ids"], MAX_NEW)
         c["min_margin"] = round(min(margins), 3)
         c["expected_output"] = outp
@@ -124,7 +124,7 @@ def main() -> int:
     prompts = raw + chat
     # the probe: chat answers (content) and raw /generate acceptance, both PROBE_TOKENS long
     probe_q = []
-    for c in candidates(4902, 0, 20):
+    for c in candidates(4902, 0, 60):
         if len(probe_q) == 6:
             break
         chat_out, m1 = greedy_with_margins(target, c["input_ids"], PROBE_TOKENS)

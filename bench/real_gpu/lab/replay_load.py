@@ -220,6 +220,43 @@ def forward(params: dict, cfg: dict, ids: list[int]) -> torch.Tensor:
     return x @ params["lm_head.weight"].T
 
 
+def _swap_halves(t, dim):
+    a, b = t.chunk(2, dim=dim)
+    return torch.cat([b, a], dim=dim)
+
+
+def _fused_kv_first(p, cfg):
+    for i in range(cfg["num_hidden_layers"]):
+        k = f"model.layers.{i}.self_attn.fused_qkv_a_proj_with_mqa.weight"
+        q, kv = p[k].split([cfg["q_lora_rank"], cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]])
+        p[k] = torch.cat([kv, q])[: p[k].shape[0]]
+
+
+def _w13_up_first(p, cfg):
+    for k in [k for k in p if k.endswith("w13_weight") or k.endswith("gate_up_proj.weight")]:
+        p[k] = _swap_halves(p[k], -2)
+
+
+def _kc_vc_swapped(p, cfg):
+    for i in range(cfg["num_hidden_layers"]):
+        a = f"model.layers.{i}.self_attn."
+        p[a + "w_kc"], p[a + "w_vc"] = p[a + "w_vc"].transpose(1, 2), p[a + "w_kc"].transpose(1, 2)
+
+
+def _one_expert_missing(p, cfg):
+    k = "model.layers.1.mlp.experts.w2_weight"
+    p[k] = p[k].clone()
+    p[k][0] = torch.empty_like(p[k][0]).uniform_(-1e-3, 1e-3)    # SGLang's dummy fill
+
+
+MUTANTS = {
+    "fused q/kv-a in the other order": _fused_kv_first,
+    "w13 as [up; gate]": _w13_up_first,
+    "w_kc and w_vc swapped": _kc_vc_swapped,
+    "expert 0's down_proj left a dummy weight": _one_expert_missing,
+}
+
+
 def main() -> int:
     from safetensors.torch import load_file
     from transformers import DeepseekV3ForCausalLM
@@ -246,10 +283,22 @@ def main() -> int:
         same = bool((a.argmax(-1) == b.argmax(-1)).all())
         worst = max(worst, d)
         rows.append({"tokens": len(ids), "max_abs_logit_diff": d, "same_argmax": same})
-    ok = worst < 1e-3 and all(r["same_argmax"] for r in rows)
+    # the replay can fail: each of these wrong loads must move the logits far past the match
+    ids = prompts[0]["input_ids"] + ref[0]["expected_output"]
+    with torch.no_grad():
+        base = hf(input_ids=torch.tensor([ids])).logits[0]
+    mutants = {}
+    for what, change in MUTANTS.items():
+        bad = dict(params)
+        change(bad, cfg)
+        with torch.no_grad():
+            mutants[what] = (forward(bad, cfg, ids) - base).abs().max().item()
+    sensitive = all(d > 100 * max(worst, 1e-5) for d in mutants.values())
+    ok = worst < 1e-3 and all(r["same_argmax"] for r in rows) and sensitive
     out = {"about": __doc__.split("\n\n")[1].strip().replace("\n", " "),
            "sglang_params": len(params), "checkpoint_tensors": len(ckpt),
-           "max_abs_logit_diff": worst, "ok": ok, "per_prompt": rows}
+           "max_abs_logit_diff": worst, "wrong_loads_max_abs_logit_diff": mutants,
+           "ok": ok, "per_prompt": rows}
     (HERE / "replay.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"replay: {len(params)} SGLang parameters from {len(ckpt)} tensors; max |logit "
           f"difference| against transformers {worst:.2e} over {len(rows)} prompts: "

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -299,6 +300,8 @@ def train_drafter(name: str, target, data, steps: int, rope_theta: float, seed: 
     saved.update({k: cfg_dict[k] for k in ("rope_theta", "dflash_config", "block_size",
                                             "num_target_layers", "architectures")})
     (out / "config.json").write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(MODELS / "lab-target" / f, out / f)
     (out / "train_stats.json").write_text(json.dumps(
         {"steps": steps, "rope_theta_trained": rope_theta, "seed": seed,
          "cpu_seconds": round(time.time() - t0)}, indent=1) + "\n")
