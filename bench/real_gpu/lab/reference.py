@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The lab pair's prompts, probe and reference DFlash loop (issue 49), on the CPU.
+
+    /tmp/labenv/bin/python bench/real_gpu/lab/reference.py
+
+1. Draws candidate prompts of the task (raw text and chat; two or more periods), decodes each
+   greedily with the committed target (its bf16 weights, computed in fp32) and keeps those whose
+   top-1/top-2 logit margin is >= MARGIN at every generated position: fa3 and triton, decode and
+   verify, are different bf16 kernels, and a near-tie may flip legitimately. Writes prompts.json
+   and probe.json (the readiness gate's --probe: answers 30 to 40 tokens) beside this file.
+2. Runs greedy DFlash with block 8 for each drafter exactly as SGLang 0.5.11's DFLASH does
+   (speculative/dflash_worker.py, dflash_info.py, dflash_utils.py): the block is [the last
+   committed token, <|MASK|> x 7] at positions seq_len..seq_len+7; the drafter sees the target's
+   layer features of every committed position; the target verifies the block; the longest prefix
+   of drafts equal to the target's argmax is accepted, plus the target's token after it (the
+   bonus). Tokens past max_new_tokens are cut (req.check_finished). SGLang's meta_info
+   spec_accept_length is completion_tokens / spec_verify_ct: the prefill's token counts, the
+   prefill is no verify. Writes reference.json: per prompt, the expected greedy output and, per
+   drafter, the acceptance length as SGLang reports it and per verify step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import labcommon as lc  # noqa: E402
+
+MODELS = Path(os.environ.get("LAB_MODELS", HERE.parent / "models"))
+DRAFTERS = ["lab-drafter", "lab-drafter-weak", "lab-drafter-rope50k"]
+MARGIN = 2.0
+MAX_NEW = 48
+PROBE_TOKENS = 36
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_target():
+    from transformers import DeepseekV3ForCausalLM
+    m = DeepseekV3ForCausalLM.from_pretrained(MODELS / "lab-target", dtype=torch.float32)
+    m.eval()
+    return m
+
+
+def load_drafter(name: str):
+    from dflash.model import DFlashDraftModel
+    d = DFlashDraftModel.from_pretrained(MODELS / name, dtype=torch.float32)
+    d.eval()
+    return d
+
+
+@torch.no_grad()
+def greedy_with_margins(target, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The plain server's greedy decode (KV cache), with each position's top-1/top-2 margin."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=target.config)
+    logits = target(input_ids=torch.tensor([prompt]), past_key_values=cache,
+                    use_cache=True).logits[0, -1]
+    out, margins = [], []
+    for _ in range(n):
+        top = torch.topk(logits, 2).values
+        margins.append(float(top[0] - top[1]))
+        out.append(int(logits.argmax()))
+        logits = target(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache,
+                        use_cache=True).logits[0, -1]
+    return out, margins
+
+
+def dflash_loop(target, drafter, prompt: list[int], max_new: int, layer_ids: list[int]) -> dict:
+    """SGLang 0.5.11's greedy DFLASH for one request alone (labcommon.verify_step)."""
+    q = lc.DFlashRequest(prompt, target, layer_ids)
+    while not q.done(max_new):
+        lc.verify_step([q], target, drafter, layer_ids, max_new)
+    return {"output": q.committed[len(prompt):], "verify_steps": len(q.steps),
+            "accepted_per_verify": q.steps,
+            "spec_accept_length": round(max_new / len(q.steps), 4),
+            "min_draft_margin_per_verify": q.draft_margins}
+
+
+def candidates(seed: int, n_raw: int, n_chat: int):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_raw + n_chat):
+        L = rng.randint(lc.MIN_SEG, lc.MAX_SEG)
+        seg = lc.segment(rng, L)
+        n = rng.randint(3 * L, min(5 * L, 40))     # more periods: a surer target
+        text = "".join(lc.VOCAB[t] for t in lc.cycle(seg, n))
+        kind = "raw" if i < n_raw else "chat"
+        ids = lc.raw_prompt(seg, n) if kind == "raw" else lc.chat_prompt(seg, n)
+        out.append({"kind": kind, "text": text, "input_ids": ids, "period": L})
+    return out
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    target = load_target()
+    layer_ids = json.loads((MODELS / "lab-drafter" / "config.json").read_text())[
+        "dflash_config"]["target_layer_ids"]
+    log("filtering prompts by margin")
+    kept = []
+    for c in candidates(4901, 120, 48):
+        outp, margins = greedy_with_margins(target, c["input_ids"], MAX_NEW)
+        c["min_margin"] = round(min(margins), 3)
+        c["expected_output"] = outp
+        expected = lc.cycle([t for t in c["input_ids"] if t >= lc.FIRST_SYMBOL][:c["period"]],
+                            MAX_NEW, 0 if c["kind"] == "chat" else len(
+                                [t for t in c["input_ids"] if t >= lc.FIRST_SYMBOL]))
+        c["task_correct"] = outp == expected
+        if c["min_margin"] >= MARGIN and c["task_correct"]:
+            kept.append(c)
+    raw = [c for c in kept if c["kind"] == "raw"][:16]
+    chat = [c for c in kept if c["kind"] == "chat"][:8]
+    log(f"kept {len(raw)} raw, {len(chat)} chat prompts (margin >= {MARGIN})")
+    prompts = raw + chat
+    # the probe: chat answers (content) and raw /generate acceptance, both PROBE_TOKENS long
+    probe_q = []
+    for c in candidates(4902, 0, 60):
+        if len(probe_q) == 6:
+            break
+        chat_out, m1 = greedy_with_margins(target, c["input_ids"], PROBE_TOKENS)
+        raw_ids = [lc.BOS] + c["input_ids"][2:-2]
+        _, m2 = greedy_with_margins(target, raw_ids, PROBE_TOKENS)
+        seg = c["input_ids"][2:2 + c["period"]]
+        if chat_out != lc.cycle(seg, PROBE_TOKENS) or min(m1 + m2) < MARGIN:
+            continue
+        answer = "".join(lc.VOCAB[t] for t in chat_out)
+        probe_q.append({"prompt": c["text"], "answer": "^" + answer,
+                        "min_margin": round(min(m1 + m2), 3)})
+    probe = {
+        "about": ("the lab pair's answer probe (bench/real_gpu/lab, issue 49): each prompt is a "
+                  "random segment repeated; the right answer repeats the segment from its start "
+                  f"({PROBE_TOKENS} tokens, one token per character); every position's "
+                  f"top-1/top-2 logit margin >= {MARGIN} in the CPU reference"),
+        "questions": [{"prompt": q["prompt"], "answer": q["answer"]} for q in probe_q],
+        "max_tokens": PROBE_TOKENS, "timeout_s": 60, "min_correct": len(probe_q),
+        "concurrency": len(probe_q), "min_accept_length": 3.0,
+    }
+    log(f"probe: {len(probe_q)} questions")
+    ref = {"about": __doc__.split("\n\n")[1].strip(), "max_new_tokens": MAX_NEW,
+           "block_size": lc.BLOCK, "margin_floor": MARGIN, "prompts": []}
+    drafters = {name: load_drafter(name) for name in DRAFTERS if (MODELS / name).exists()}
+    for i, c in enumerate(prompts):
+        entry = {"index": i, "kind": c["kind"], "text": c["text"], "input_ids": c["input_ids"],
+                 "period": c["period"], "expected_output": c["expected_output"],
+                 "min_target_margin": c["min_margin"], "drafters": {}}
+        for name, d in drafters.items():
+            r = dflash_loop(target, d, c["input_ids"], MAX_NEW, layer_ids)
+            if r["output"] != c["expected_output"]:
+                raise SystemExit(f"{name} changed prompt {i}'s output: the loop is wrong")
+            entry["drafters"][name] = r
+        ref["prompts"].append(entry)
+        log(f"prompt {i}: " + ", ".join(f"{n} {r['spec_accept_length']}"
+                                       for n, r in entry["drafters"].items()))
+    for name in drafters:
+        vals = [p["drafters"][name]["spec_accept_length"] for p in ref["prompts"]]
+        ref.setdefault("mean_spec_accept_length", {})[name] = round(sum(vals) / len(vals), 4)
+    log(f"mean acceptance: {ref.get('mean_spec_accept_length')}")
+    (HERE / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+    pj = {"about": ("the lab pair's prompts (bench/real_gpu/lab/reference.py): token ids "
+                    "(input_ids; BOS first, chat ones through the chat template) and their text "
+                    f"(user content for chat); every generated position's margin >= {MARGIN}"),
+          "max_new_tokens": MAX_NEW,
+          "prompts": [{"kind": c["kind"], "text": c["text"], "input_ids": c["input_ids"]}
+                      for c in prompts]}
+    (HERE / "prompts.json").write_text(json.dumps(pj, indent=1) + "\n")
+    (HERE / "probe.json").write_text(json.dumps(probe, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
