@@ -54,8 +54,12 @@ def main(wheel_511: str, outdir: str) -> None:
         stale.pop(port_build.MASK_FILE, None)  # 0.5.11's own file: the stale mask
         builds = {"fixed": port_build.build_fixed(), "stale-mask": stale,
                   "unfixed": port_build.build_unfixed(site)}
-        if ROPE_FILE in builds["fixed"]:  # the port's drafter-RoPE patch, alone over stock (v1)
-            builds["rope"] = {ROPE_FILE: builds["fixed"][ROPE_FILE]}
+        # The drafter-RoPE patch (#52) is its own recipe, applied beside the port: alone over
+        # stock it is what a deploy gives 0.5.11's DFLASH v1.
+        rope = port_build.build_dflash_rope()
+        if ROPE_FILE not in rope:
+            raise SystemExit(f"the drafter RoPE recipe built no {ROPE_FILE}")
+        builds["rope"] = {ROPE_FILE: rope[ROPE_FILE]}
         every = sorted(set().union(*builds.values()))
         record: dict = {"made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "how": "tests/harness/port_build.py: build_fixed(), build_stale_mask() "
