@@ -1,5 +1,5 @@
 """Rollout step: the readiness gate on each host, then its state kept as the rollback point
-(python -m specfleet.fleet.rollout). A host that fails the gate keeps its earlier point.
+(specfleet rollout). A host that fails the gate keeps its earlier point.
 
 A serving group is gated on its rank 0 (its other ranks answer health checks whatever their
 state); the others keep their state as the rollback point only once rank 0 passed (pyinfra runs

@@ -1,5 +1,5 @@
 """Rollout step with the speed gate on: the readiness gate on each host, WITHOUT keeping its
-state as the rollback point yet (python -m specfleet.fleet.rollout --speed-gate F). The rollout
+state as the rollback point yet (specfleet rollout --speed-gate F). The rollout
 benchmarks the hosts that pass, then keeps the point with ``rollout_checkpoint.py`` only on those
 that kept their speed; a host that lost it rolls back to its earlier point.
 

@@ -1,6 +1,6 @@
 """Only the weights of deploys/kimi_k26.py: the rollout's prefetch stage without fan-out.
 
-    python -m specfleet.fleet.rollout INVENTORY deploys/kimi_k26.py --no-fanout
+    specfleet rollout INVENTORY deploys/kimi_k26.py --no-fanout
 
 downloads the target and drafter to every host first (each from upstream), so that no batch
 waits on a 595 GB download with its server down. Nothing else on the host changes.

@@ -104,7 +104,7 @@ def run_broken_verify(work: Path, keep: bool = False) -> Outcome:
         watcher = threading.Thread(target=watch, args=(demo, stop, seen), daemon=True)
         watcher.start()
         done = subprocess.run(
-            [sys.executable, "-m", "specfleet.fleet.rollout", str(demo.inventory),
+            [sys.executable, "-m", "specfleet.cli", "rollout", str(demo.inventory),
              "deploys/kimi_k26.py", "--no-prefetch", "--report", str(report)],
             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500)
         stop.set()

@@ -603,7 +603,7 @@ def drill_kill_rollout(env: Env, d: Drill) -> None:
                                      "--standin-exit", "3"]) for h in hosts}
     inv2 = env.inventory(bad)
     report = env.work / "rollout-report.json"
-    argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv2), DEPLOY, "--report",
+    argv = [sys.executable, "-m", "specfleet.cli", "rollout", str(inv2), DEPLOY, "--report",
             str(report), "--no-prefetch", "--canary", "d2"]
     run = Run(env, argv)
     seen = wait_until(lambda: env.sh("d2", f"test -e {KEPT} && grep -qsE 'SF_GEN|standin-exit' "
@@ -798,7 +798,7 @@ def drill_fanout_peer_cut(env: Env, d: Drill) -> None:
     rev = env.revs[repo_id]
     rev_dir = f"/srv/models/{repo_id.replace('/', '--')}/{rev}"
     inv = env.inventory({h: env.settings(repo_id) for h in (seed, receiver)})
-    argv = [sys.executable, "-m", "specfleet.fleet.fanout", str(inv), "--order",
+    argv = [sys.executable, "-m", "specfleet.cli", "fanout", str(inv), "--order",
             f"{seed},{receiver}", "--limit", seed, "--limit", receiver]
     since = len(env.hub.log_lines())
     veth = env.fleet.state["hosts"][seed]["veth"]

@@ -15,7 +15,6 @@ plus the API key file's key and the host's Hugging Face token wherever they appe
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -66,16 +65,12 @@ def _write(path: Path, value: Any) -> Path:
     return path
 
 
-def main_monitoring(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="specfleet monitoring")
-    p.add_argument("inventory")
-    p.add_argument("--out", required=True)
-    p.add_argument("--scrape-interval", type=int, default=15)
-    p.add_argument("--alert-for", help="every alert's `for` (e.g. 0s in a test)")
-    a = p.parse_args(argv)
+def main_monitoring(inventory: str, out: str, scrape_interval: int,
+                    alert_for: str | None) -> int:
+    """``specfleet monitoring`` (its options declared in ``specfleet.cli``): prints each file."""
     hosts = [(name, str(data.get("ssh_hostname") or name), s)
-             for name, data, s in load_hosts(a.inventory)]  # fmt: skip
-    for path in write_monitoring(hosts, Path(a.out), a.scrape_interval, a.alert_for):
+             for name, data, s in load_hosts(inventory)]  # fmt: skip
+    for path in write_monitoring(hosts, Path(out), scrape_interval, alert_for):
         print(path)
     return 0
 

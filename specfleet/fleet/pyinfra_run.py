@@ -128,7 +128,7 @@ class PyinfraOptions:
 
     def argv(self) -> list[str]:
         """The same options as flags of ``pyinfra`` (to run it, or for a message telling the
-        user a command); the argparse mains of this floor take the same flags."""
+        user a command); ``specfleet``'s subcommands take the same flags."""
         out: list[str] = []
         for flag, value in (("--user", self.ssh_user), ("--key", self.key),
                             ("--port", self.port), ("--sudo-user", self.sudo_user),
@@ -144,32 +144,6 @@ class PyinfraOptions:
         if self.verbosity:
             out.append("-" + "v" * self.verbosity)
         return out
-
-
-def add_pyinfra_arguments(p: Any) -> None:
-    """pyinfra's connection and execution flags, with its CLI's names, on an argparse parser."""
-    g = p.add_argument_group("pyinfra options (as for pyinfra itself)")
-    g.add_argument("--ssh-user", "--user", dest="ssh_user", help="SSH user to connect as")
-    g.add_argument("--key", "--ssh-key", dest="key", help="private key file for SSH")
-    g.add_argument("--port", "--ssh-port", dest="port", type=int, help="SSH port")
-    g.add_argument("--sudo", action="store_true", help="run every operation with sudo")
-    g.add_argument("--sudo-user", help="the user sudo runs as")
-    g.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override host data for every host (repeatable)")
-    g.add_argument("--config", help="a pyinfra config.py to exec (default: ./config.py if any)")
-    g.add_argument("-v", dest="verbosity", action="count", default=0,
-                   help="print more (-v noop/fact info, -vv input, -vvv output)")
-    g.add_argument("--limit", action="append", default=[], metavar="HOST|GROUP|GLOB",
-                   help="only these hosts or groups (repeatable); others are not touched")
-    g.add_argument("--parallel", type=int, help="at most this many hosts at once per operation")
-
-
-def options_from_args(args: Any) -> PyinfraOptions:
-    return PyinfraOptions(
-        ssh_user=args.ssh_user, key=args.key, port=args.port, sudo=args.sudo,
-        sudo_user=args.sudo_user, data=list(args.data), config=args.config,
-        verbosity=args.verbosity, limit=list(args.limit), parallel=args.parallel,
-    )
 
 
 def select_hosts(hosts: Sequence[str], groups: dict[str, list[str]],

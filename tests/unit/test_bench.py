@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specfleet import cli
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.fleet import bench as fleet_bench
@@ -345,8 +346,8 @@ def test_a_sweep_point_that_finds_the_run_lock_held_is_retried_not_failed(tmp_pa
 
     monkeypatch.setattr(sweep, "run_with_data", fake_run)
     monkeypatch.setattr(sweep, "LOCK_WAIT_S", 0.0)
-    args = sweep.parse_args(["inv.py", "--host", "h1", "--num-draft-tokens", "8",
-                             "--draft-window", "4096", "--no-report", "--allow-serving"])
+    args = cli.flags("sweep", ["inv.py", "--host", "h1", "--num-draft-tokens", "8",
+                               "--draft-window", "4096", "--no-report", "--allow-serving"])
     (tmp_path / "results").mkdir()
     run = sweep.Sweep(args, sweep.grid_from_args(args), tmp_path)
     assert run.run() == 0
