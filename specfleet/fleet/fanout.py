@@ -72,6 +72,7 @@ from specfleet.fleet.pyinfra_run import (
     PyinfraOptions,
     deploy_path,
     hand_down,
+    host_address,
     inventory_groups,
     run_pyinfra,
     select_hosts,
@@ -133,7 +134,7 @@ def load_inventory(inventory: str, only: Sequence[str] | None = None,
     hosts, addresses, settings = [], {}, {}
     for host in inv:
         hosts.append(host.name)
-        addresses[host.name] = resolve_address(host.data.get("ssh_hostname") or host.name)
+        addresses[host.name] = resolve_address(host_address(host.name, host.data))
         if only is None or host.name in only:
             settings[host.name] = settings_for_host(host)
     return hosts, addresses, settings

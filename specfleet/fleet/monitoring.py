@@ -33,7 +33,7 @@ from specfleet.core.monitoring import (
     watchdog_paths,
 )
 from specfleet.core.settings import Settings, settings_for_host
-from specfleet.fleet.pyinfra_run import load_inventory
+from specfleet.fleet.pyinfra_run import host_address, load_inventory
 from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
 
@@ -68,7 +68,7 @@ def _write(path: Path, value: Any) -> Path:
 def main_monitoring(inventory: str, out: str, scrape_interval: int,
                     alert_for: str | None) -> int:
     """``specfleet monitoring`` (its options declared in ``specfleet.cli``): prints each file."""
-    hosts = [(name, str(data.get("ssh_hostname") or name), s)
+    hosts = [(name, host_address(name, data), s)
              for name, data, s in load_hosts(inventory)]  # fmt: skip
     for path in write_monitoring(hosts, Path(out), scrape_interval, alert_for):
         print(path)
