@@ -9,7 +9,10 @@ state), as in ``rollout_gate.py``."""
 from pyinfra import host
 
 from operations import preflight, serving
+from operations.pyinfra_speedups import install as install_speedups
 from specfleet.core.settings import settings_for_host
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_for_host(host)
 rank0 = settings.group.members[0] if settings.group is not None else host.name

@@ -7,7 +7,10 @@ waits on a 595 GB download with its server down. Nothing else on the host change
 """
 
 from operations import preflight, weights
+from operations.pyinfra_speedups import install as install_speedups
 from operations.util import settings_in_play
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

@@ -148,10 +148,30 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def gevent_patched() -> None:
+    """The process patched with gevent, as pyinfra's own CLI patches it, before anything of
+    pyinfra, ``ssl`` or ``paramiko`` is imported: the controllers run hosts in gevent greenlets,
+    and an unpatched socket would block every other host, the run locks' heartbeats and every
+    timeout. Here, at the entry point, never as an import's side effect (``specfleet.fleet``)."""
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
+
+
+def _patched_first(fn: Callable[..., int]) -> Callable[..., int]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        gevent_patched()
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def fleet_options(fn: Callable[..., int]) -> Callable[..., int]:
     """What every fleet command is wrapped in: pyinfra's connection options, click's context
-    (the checkout), and ``guarded``'s exit codes."""
-    return connection_options(click.pass_context(guarded(fn)))
+    (the checkout), ``guarded``'s exit codes, and gevent's patching before its body runs."""
+    return connection_options(click.pass_context(guarded(_patched_first(fn))))
 
 
 def pop_connection(kwargs: dict[str, Any]) -> Any:
@@ -575,6 +595,7 @@ def monitoring(inventory: str, out: str, scrape_interval: int, alert_for: str | 
               help="Seconds for the connection and the journal together.")
 @connection_options
 @guarded
+@_patched_first
 def logs(inventory: str, host: str, lines: int, since: str | None, timeout: float,
          **kw: Any) -> int:
     """A host's server journal, every secret redacted, over pyinfra's connection."""
