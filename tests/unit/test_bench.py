@@ -176,6 +176,7 @@ def server(tmp_path):
     proc.wait(timeout=10)
 
 
+@pytest.mark.local
 def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_result(server, tmp_path):
     out = tmp_path / "bench" / "latest.json"
     argv = ["--url", server.url, "--api-key-file", str(server.key_file), "--concurrency", "1,2",
@@ -199,6 +200,7 @@ def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_resul
         assert "sglang:spec_accept_length{" in resp.read().decode()
 
 
+@pytest.mark.local
 def test_standin_chat_completions_answer_whole_and_streamed(server):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi there"}],
             "max_tokens": 5}
@@ -218,6 +220,7 @@ def test_standin_chat_completions_answer_whole_and_streamed(server):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.local
 def test_bench_client_without_the_key_fails_with_the_reason_and_keeps_no_result(server, tmp_path):
     out = tmp_path / "latest.json"
     assert bench_client.main(["--url", server.url, "--concurrency", "1", "--max-tokens", "4",

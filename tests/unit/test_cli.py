@@ -29,6 +29,7 @@ def test_every_subcommand_s_help_is_its_own(capsys, command):
     assert out.startswith(f"Usage: specfleet {command} [OPTIONS]"), out
 
 
+@pytest.mark.local
 def test_help_and_version_import_no_pyinfra_gevent_or_matplotlib():
     probe = ("import json, sys\nfrom specfleet import cli\n"
              f"rcs = [cli.main([c, '--help']) for c in {ALL!r}] + [cli.main(['--version'])]\n"

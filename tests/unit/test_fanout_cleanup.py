@@ -155,6 +155,7 @@ except BaseException as e:
 """
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("mode", ["plain", "gevent"])
 def test_prefetch_cleans_up_on_sigterm(tmp_path, mode):
     """SIGTERM to the controller while pyinfra runs: the cleanup deploy runs (a second SIGTERM

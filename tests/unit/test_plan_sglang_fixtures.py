@@ -166,11 +166,13 @@ def load(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())["fact"]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fixture_matches_source(name):
     assert load(name) == from_source(name)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fact_parser_agrees_with_independent_reading(name):
     """facts.sglang (host collector + parser) and this file's reading agree on every field."""

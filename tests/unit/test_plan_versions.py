@@ -127,6 +127,7 @@ def declared_flags(zf: zipfile.ZipFile) -> set[str]:
     return flags | {"--" + f.replace("_", "-") for f in fields}
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
 def test_plan_flags_exist_in_wheel(version):
     flags = declared_flags(wheel(version))
@@ -140,11 +141,13 @@ def test_plan_flags_exist_in_wheel(version):
     assert [f for f in used if f not in flags] == []
 
 
+@pytest.mark.local
 def test_old_window_flag_gone_in_0523():
     assert DRAFT_WINDOW_FLAG_V1 not in declared_flags(wheel("0.5.23"))
     assert DRAFT_WINDOW_FLAG not in declared_flags(wheel("0.5.11"))
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
 def test_draft_backends_match_wheel(version):
     zf = wheel(version)
@@ -156,6 +159,7 @@ def test_draft_backends_match_wheel(version):
     assert tuple(re.findall(r'"([^"]+)"', m.group(1))) == version_row(version).dflash_draft_backends
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
 def test_dp_attention_rejection_matches_wheel(version):
     src = _text(wheel(version), "sglang/srt/")
@@ -163,6 +167,7 @@ def test_dp_attention_rejection_matches_wheel(version):
     assert rejects == ("--enable-dp-attention" in dflash_forbidden_flags(version))
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
 def test_compressed_tensors_specifier_fits_wheel_requirement(version):
     zf = wheel(version)

@@ -189,6 +189,7 @@ print(json.dumps({"before": before, "after": after, "changed": changed, "again":
 """
 
 
+@pytest.mark.local
 def test_idle_connections_wake_rarely_and_still_end_at_once_when_closed(tmp_path):
     script = tmp_path / "idle.py"
     script.write_text(IDLE_SCRIPT)
@@ -257,6 +258,7 @@ print(json.dumps({"modules": names, "same": [a is b for a, b in zip(before, afte
 """
 
 
+@pytest.mark.local
 def test_importing_operations_or_the_controllers_patches_nothing():
     """Importing ``operations`` and ``specfleet.fleet`` (every module of both) in a fresh
     process: the standard library is not gevent's and pyinfra's functions are its own. (Before,

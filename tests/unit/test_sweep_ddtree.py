@@ -96,6 +96,7 @@ def ddtree_server(tmp_path):
     yield start, f"http://127.0.0.1:{port}", key
 
 
+@pytest.mark.local
 def test_standin_started_with_the_forks_flags_is_measured_by_the_bench_client(ddtree_server,
                                                                                tmp_path):
     start, url, key = ddtree_server
