@@ -71,8 +71,9 @@ class _Guard:
 
         def init(zf: zipfile.ZipFile, file: Any, *a: Any, **k: Any) -> None:
             # importlib.metadata looks for a zip at each sys.path entry (python3XX.zip): a
-            # path that is no file is no wheel, and ZipFile says so as it always does.
-            if isinstance(file, (str, os.PathLike)) and not os.path.isfile(file):
+            # path read that is no file is no wheel, and ZipFile says so as it always does.
+            mode = a[0] if a else k.get("mode", "r")
+            if mode == "r" and isinstance(file, (str, os.PathLike)) and not os.path.isfile(file):
                 return original(zf, file, *a, **k)
             refused()
 

@@ -319,6 +319,7 @@ def test_plan_reuses_verified_files_of_other_revisions(tmp_path):
     assert plan(job, listing=(new, files))["reuse"] == {}
 
 
+@pytest.mark.local
 def test_tools_pin_huggingface_hub_to_a_tested_range():
     """The hosts' huggingface_hub is pinned with an upper bound (a major release may change the
     API the weights agent uses), and the range holds the versions the agent is tested with: the
