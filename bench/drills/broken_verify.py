@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.drills.run import Drill, DrillFailed, Env
+from bench.drills.kit import Drill, DrillFailed, Env
 from bench.stamp import stamp, stamp_line
 from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, stale_mask_port, up
 from tests.harness import HostSpec

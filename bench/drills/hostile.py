@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-from bench.drills import run as drills
-from bench.drills.run import MB, Drill, Env, Run, check, wait_until
+from bench.drills import kit as drills
+from bench.drills.kit import MB, Drill, Env, Run, check, wait_until
 from tests.fleet.test_day2_fleet import FLOODER
 
 TOOLS = "/opt/specfleet/tools"
