@@ -31,6 +31,7 @@ from specfleet.core.monitoring import (
 from specfleet.core.settings import settings_from_dict
 from specfleet.core.tables.sglang_versions import VERSIONS
 from specfleet.fleet.monitoring import write_monitoring
+from tests.harness.releases import EACH_KIND
 from tests.harness.sources import sglang_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def used_names() -> dict[str, set[str]]:
 
 
 @pytest.mark.local
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_every_sglang_metric_name_we_use_is_in_the_real_wheel(version):
     real = wheel_metric_names(version)
     assert "sglang:generation_tokens_total" in real  # the reader works

@@ -35,6 +35,7 @@ from specfleet.core.plan import (
     make_plan,
 )
 from specfleet.core.settings import settings_from_dict
+from tests.harness.releases import EACH_KIND
 from tests.unit.test_plan_sglang_fixtures import load as load_sglang
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,7 +393,7 @@ def test_predicted_plan_uses_version_table(version, window):
 @pytest.mark.local
 def test_predicted_matches_installed_for_each_release():
     """A --dry plan before install equals the plan once the real wheel's facts are in."""
-    for version in ("0.5.11", "0.5.14", "0.5.23"):
+    for version in EACH_KIND:
         before = make_plan(
             host_facts("h200x2", sglang=None),
             settings(sglang={"version": version}),

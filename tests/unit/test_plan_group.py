@@ -15,6 +15,7 @@ from specfleet.core.plan import KIMI_K26_WEIGHTS_BYTES, PlanError, make_plan
 from specfleet.core.plan.group import NET, RDMA, GroupMember, GroupPlanError, make_group_plan
 from specfleet.core.settings import settings_from_dict
 from specfleet.core.tables.sglang_versions import version_row
+from tests.harness.releases import EACH_KIND
 from tests.unit.test_plan import (
     ARCH,
     BASE_ENV,
@@ -220,7 +221,7 @@ def test_missing_member_refused():
 
 @pytest.mark.local
 @pytest.mark.parametrize("flag", ["--pp-size", "--pipeline-parallel-size"])
-@pytest.mark.parametrize("build", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("build", EACH_KIND)
 def test_pipeline_parallel_refused_citing_sglang(flag, build):
     data = {**group_data(2), "plan": {"extra_args": {flag: 2}}}
     with pytest.raises(PlanError) as err:

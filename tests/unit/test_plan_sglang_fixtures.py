@@ -31,10 +31,11 @@ from pathlib import Path
 import pytest
 
 from facts import sglang as fact
+from tests.harness.releases import EACH_KIND
 from tests.harness.sources import PR20547_COMMIT, pr20547_tree, sglang_wheel
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sglang"
-RELEASES = ("0.5.11", "0.5.14", "0.5.23")
+RELEASES = EACH_KIND
 
 Reader = Callable[[str], "str | None"]
 

@@ -24,6 +24,7 @@ from specfleet.core.tables.sglang_versions import (
     predicted_install,
     version_row,
 )
+from tests.harness.releases import EACH_KIND
 from tests.harness.sources import sglang_wheel
 
 # compressed-tensors releases on PyPI around these sglang releases (sglang.md section 4).
@@ -128,7 +129,7 @@ def declared_flags(zf: zipfile.ZipFile) -> set[str]:
 
 
 @pytest.mark.local
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_plan_flags_exist_in_wheel(version):
     flags = declared_flags(wheel(version))
     used = [
@@ -148,7 +149,7 @@ def test_old_window_flag_gone_in_0523():
 
 
 @pytest.mark.local
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_draft_backends_match_wheel(version):
     zf = wheel(version)
     src = _text(zf, "sglang/srt/speculative/") + _text(zf, "sglang/srt/arg_groups/choices.py")
@@ -160,7 +161,7 @@ def test_draft_backends_match_wheel(version):
 
 
 @pytest.mark.local
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_dp_attention_rejection_matches_wheel(version):
     src = _text(wheel(version), "sglang/srt/")
     rejects = "DFLASH speculative decoding does not support dp attention" in src
@@ -168,7 +169,7 @@ def test_dp_attention_rejection_matches_wheel(version):
 
 
 @pytest.mark.local
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_compressed_tensors_specifier_fits_wheel_requirement(version):
     zf = wheel(version)
     meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
