@@ -11,7 +11,10 @@ alone, with its error, and the others go on.
 """
 
 from operations.kimi_k26 import kimi_k26
+from operations.pyinfra_speedups import install as install_speedups
 from operations.util import settings_in_play
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

@@ -13,7 +13,10 @@ It changes nothing: every host reports "No changes".
 """
 
 from operations import status
+from operations.pyinfra_speedups import install as install_speedups
 from operations.util import settings_in_play
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

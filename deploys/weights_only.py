@@ -1,13 +1,16 @@
 """Only the weights of deploys/kimi_k26.py: the rollout's prefetch stage without fan-out.
 
-    python -m specfleet.fleet.rollout INVENTORY deploys/kimi_k26.py --no-fanout
+    specfleet rollout INVENTORY deploys/kimi_k26.py --no-fanout
 
 downloads the target and drafter to every host first (each from upstream), so that no batch
 waits on a 595 GB download with its server down. Nothing else on the host changes.
 """
 
 from operations import preflight, weights
+from operations.pyinfra_speedups import install as install_speedups
 from operations.util import settings_in_play
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:
