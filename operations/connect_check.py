@@ -1,0 +1,83 @@
+"""The settings check before pyinfra connects: ``config.py`` (which pyinfra's CLI execs from the
+checkout before it loads the inventory) registers it on the run's state.
+
+pyinfra connects to every host before it runs a deploy file, so a settings mistake checked only by
+the deploy (``operations.util.settings_in_play``) shows after a connection, and a host whose
+address is still ``<address of the GPU host>`` shows only as "Could not resolve hostname". Here,
+just before pyinfra connects to a host, that host's settings are checked (every bad key, each
+placeholder left in); a host with bad ones is not connected to at all: its connector is replaced
+by one that fails with the settings error, so pyinfra reports it as a host it could not connect
+to (the others go on, as ``settings_in_play`` promises; with none left pyinfra ends with "No
+hosts remaining!" under the error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.exceptions import ConnectError
+from pyinfra.connectors.base import BaseConnector
+
+from specfleet.core.errors import SettingsError
+from specfleet.core.settings import settings_for_host
+
+
+class RefusedBySettings(BaseConnector):
+    """A host's connector once its settings are found bad: connecting fails with their error,
+    and nothing is sent anywhere (no name lookup, no socket)."""
+
+    handles_execution = True
+
+    def __init__(self, state: Any, host: Any, error: SettingsError) -> None:
+        super().__init__(state, host)
+        self.error = error
+        self.message = error.render().removeprefix(f"[{host.name}] ")  # pyinfra prefixes it
+
+    @staticmethod
+    def make_names_data(name: str) -> Any:  # never used: the host exists already
+        yield name, {}, []
+
+    def connect(self) -> None:
+        raise ConnectError(self.message)
+
+    def run_shell_command(self, *args: Any, **kwargs: Any) -> Any:  # never reached: not connected
+        raise ConnectError(self.message)
+
+    def put_file(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectError(self.message)
+
+    def get_file(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectError(self.message)
+
+
+def refuse_bad_hosts(state: Any) -> list[str]:
+    """Each host in play whose settings are bad gets ``RefusedBySettings`` as its connector;
+    the names of those hosts."""
+    refused = []
+    for host in state.inventory:
+        if not state.is_host_in_limit(host):
+            continue  # --limit: never read another host's data
+        try:
+            settings_for_host(host)
+        except SettingsError as exc:
+            host.connector = RefusedBySettings(state, host, exc.for_host(host.name))
+            refused.append(host.name)
+    return refused
+
+
+def register(state: Any) -> None:
+    """Check the settings of every host in play as soon as pyinfra's CLI has loaded the
+    inventory into ``state`` (``State.init``, right before it connects to every host). pyinfra
+    has no callback between the two (its state callbacks are made by ``init`` itself), so this
+    instance's ``init`` is wrapped, once."""
+    if getattr(state, "_specfleet_checks_settings", False):
+        return
+    original = state.init
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        refuse_bad_hosts(state)
+        return result
+
+    state.init = init
+    state._specfleet_checks_settings = True
