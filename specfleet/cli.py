@@ -267,10 +267,16 @@ def plan(**kw: Any) -> int:
 @click.option("--data", multiple=True, metavar="KEY=VALUE",
               help="Override host data for every host (as pyinfra's --data).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--check-access", is_flag=True,
+              help="Ask the Hub (or weights.hf_endpoint) whether the token may read each gated "
+              "model, before any download.")
 @guarded
-def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool) -> int:
+def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool,
+             check_access: bool = False) -> int:
     """Each host's merged settings (group data, host data, --data), checked; secrets are shown
-    as references, never their values. No connection."""
+    as references, never their values. Refused too: a model without a pinned revision, an SGLang
+    release the version table does not know, a secret file that is not there, an inventory with
+    no hosts. No connection to any host."""
     from specfleet.fleet.inventory_view import merged_settings, render_settings
     from specfleet.fleet.pyinfra_run import PyinfraOptions, load_inventory
 
@@ -282,9 +288,19 @@ def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: b
 
         raise SpecfleetError(f"there is no host {host!r} in {inventory}",
                              fix=f"name one of: {', '.join(names) or '(none)'}")
-    check_settings(inv)
+    if not names:
+        from specfleet.core.errors import SpecfleetError
+
+        raise SpecfleetError(f"there are no hosts in {inventory}",
+                             fix="define a list of hosts in it (inventories/first_host.py shows "
+                             "the least a host needs)")
+    good = check_settings(inv)
     shown = merged_settings(inv, [host] if host else names)
     click.echo(json.dumps(shown, indent=2) if as_json else render_settings(shown))
+    # Shown first, then what would stop the deploy (on stderr, exit 3).
+    from specfleet.fleet.settings_ready import check_ready
+
+    check_ready({n: good[n] for n in ([host] if host else names)}, check_access=check_access)
     return EXIT_OK
 
 
