@@ -242,7 +242,10 @@ INVENTORY = click.argument("inventory", metavar="INVENTORY")
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--facts", required=True, help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--facts", help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--profile", help="Plan a machine type instead of a host's facts (real nvidia-smi "
+              "captures; --list-profiles), SGLang predicted from the settings.")
+@click.option("--list-profiles", is_flag=True, help="List the machine profiles and exit.")
 @click.option("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6).")
 @click.option("--drafter-config", help="JSON: the drafter's config.json.")
 @click.option("--weights-bytes", type=int, help="Target + drafter weights size.")
@@ -258,6 +261,14 @@ def plan(**kw: Any) -> int:
     from specfleet import plan as plan_cli
 
     kw["json"] = kw.pop("as_json")
+    if kw.pop("list_profiles"):
+        from specfleet import profiles
+
+        click.echo(profiles.listing())
+        return EXIT_OK
+    if bool(kw["facts"]) == bool(kw["profile"]):
+        raise click.UsageError("give --facts FILE (a host's facts) or --profile NAME (a machine "
+                               "type), one of them")
     return plan_cli.run(argparse.Namespace(**kw))
 
 

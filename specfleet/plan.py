@@ -72,11 +72,33 @@ def run(args: argparse.Namespace) -> int:
             print(f"specfleet: {message}", file=sys.stderr)  # the prefix of every CLI error
         return 2
 
+    profile_name = getattr(args, "profile", None)
+    predicted = args.predicted
     try:
-        facts = _load_json(args.facts, "facts file")
-        if not isinstance(facts, dict):
-            raise FactsInputError(f"facts file {args.facts} must hold a JSON object of fact names")
-        facts = one_host_facts(facts, args.host)
+        if profile_name:
+            from specfleet import profiles
+
+            profile = profiles.load(profile_name)
+            facts = dict(profile["facts"])
+            predicted = True  # a machine type has no SGLang installed: settings.sglang.version's
+            print(f"profile {profile_name}: {profile['machine']} (no connection; "
+                  f"{profile['source']}); SGLang predicted from settings.sglang.version",
+                  file=sys.stderr if args.json else sys.stdout)
+        else:
+            facts = _load_json(args.facts, "facts file")
+            if not isinstance(facts, dict):
+                raise FactsInputError(
+                    f"facts file {args.facts} must hold a JSON object of fact names")
+            facts = one_host_facts(facts, args.host)
+            missing = [name for name in ("facts.gpu.Gpus", "facts.gpu.GpuTopology")
+                       if name not in facts]
+            if missing:
+                raise FactsInputError(
+                    f"facts file {args.facts} has no {' and no '.join(missing)}: the plan would "
+                    "have to guess the GPUs and whether they are on NVLink",
+                    fix="gather them with pyinfra INVENTORY fact facts.gpu.Gpus "
+                    "facts.gpu.GpuTopology --json (or specfleet probe), or preview a machine "
+                    "type with --profile NAME")
         settings_data = _load_json(args.settings, "settings file") if args.settings else None
         if settings_data is not None and not isinstance(settings_data, dict):
             raise FactsInputError(f"settings file {args.settings} must hold a JSON object")
@@ -97,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             facts,
             settings,
             drafter_config,
-            predicted=args.predicted,
+            predicted=predicted,
             weights_bytes=weights,
             host=args.host,
         )
