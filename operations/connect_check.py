@@ -54,14 +54,14 @@ def refuse_bad_hosts(state: Any) -> list[str]:
     """Each host in play whose settings are bad gets ``RefusedBySettings`` as its connector;
     the names of those hosts."""
     refused = []
-    for host in state.inventory:
-        if not state.is_host_in_limit(host):
+    for each in state.inventory:
+        if not state.is_host_in_limit(each):
             continue  # --limit: never read another host's data
         try:
-            settings_for_host(host)
+            settings_for_host(each)
         except SettingsError as exc:
-            host.connector = RefusedBySettings(state, host, exc.for_host(host.name))
-            refused.append(host.name)
+            each.connector = RefusedBySettings(state, each, exc.for_host(each.name))
+            refused.append(each.name)
     return refused
 
 

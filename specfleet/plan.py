@@ -18,6 +18,7 @@ import json
 import sys
 from typing import Any
 
+from specfleet import profiles
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import FactsInputError, make_plan, one_host_facts
 from specfleet.core.settings import settings_from_dict
@@ -76,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
     predicted = args.predicted
     try:
         if profile_name:
-            from specfleet import profiles
-
             profile = profiles.load(profile_name)
             facts = dict(profile["facts"])
             predicted = True  # a machine type has no SGLang installed: settings.sglang.version's

@@ -85,3 +85,15 @@ def test_a_good_host_next_to_a_bad_one_is_still_connected_to(listener, tmp_path)
     out = res.stdout + res.stderr
     assert "[bad]" in out and "'ssh_hostname' is still the placeholder '<address>'" in out, out
     assert connections(listener) >= 1
+
+
+@pytest.mark.parametrize("deploy", ["kimi_k26.py", "status.py", "weights_only.py"])
+def test_pyinfra_outside_the_checkout_says_where_to_run_it(tmp_path, deploy):
+    """pyinfra finds operations/ only in the current directory: run from elsewhere, a deploy says
+    so and names the checkout, instead of ``ModuleNotFoundError: operations``."""
+    res = subprocess.run([*PYINFRA, "@local", str(REPO / "deploys" / deploy), "--dry"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert f"fix: cd {REPO} and run pyinfra from there" in out, out
+    assert "ModuleNotFoundError" not in out and "Traceback" not in out
