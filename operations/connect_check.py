@@ -7,8 +7,8 @@ address is still ``<address of the GPU host>`` shows only as "Could not resolve 
 just before pyinfra connects to a host, that host's settings are checked (every bad key, each
 placeholder left in); a host with bad ones is not connected to at all: its connector is replaced
 by one that fails with the settings error, so pyinfra reports it as a host it could not connect
-to (the others go on, as ``settings_in_play`` promises; with none left pyinfra ends with "No
-hosts remaining!" under the error).
+to (the others go on, as ``settings_in_play`` promises); when every host in play is bad, the run
+ends before connecting with their errors as its last word (exit 1).
 """
 
 from __future__ import annotations
@@ -51,18 +51,26 @@ class RefusedBySettings(BaseConnector):
 
 
 def refuse_bad_hosts(state: Any) -> list[str]:
-    """Each host in play whose settings are bad gets ``RefusedBySettings`` as its connector;
-    the names of those hosts."""
-    refused = []
-    for each in state.inventory:
-        if not state.is_host_in_limit(each):
-            continue  # --limit: never read another host's data
+    """Each host in play whose settings are bad gets ``RefusedBySettings`` as its connector; the
+    names of those hosts. When every host in play is bad, the run ends here with their errors
+    (exit 1: the settings are the last word, not "No hosts remaining!")."""
+    in_play = [each for each in state.inventory if state.is_host_in_limit(each)]
+    errors: dict[Any, SettingsError] = {}
+    for each in in_play:  # --limit: never read another host's data
         try:
             settings_for_host(each)
         except SettingsError as exc:
-            each.connector = RefusedBySettings(state, each, exc.for_host(each.name))
-            refused.append(each.name)
-    return refused
+            errors[each] = exc.for_host(each.name)
+    if errors and len(errors) == len(in_play):
+        said = [e.render() for e in errors.values()]
+        if len(said) > 1:
+            said.insert(0, f"{len(said)} hosts have bad settings:")
+        # Not an exception pyinfra formats ("Operation error in <file> line <n>": the settings
+        # are not specfleet's code): the message alone, exit 1, after pyinfra's own cleanup.
+        raise SystemExit("\n".join(said))
+    for each, exc in errors.items():
+        each.connector = RefusedBySettings(state, each, exc)
+    return [each.name for each in errors]
 
 
 def register(state: Any) -> None:
