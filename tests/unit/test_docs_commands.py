@@ -28,6 +28,7 @@ INLINE_RE = re.compile(r"`((?:specfleet|pyinfra) [^`]+)`")
 PROGRAMS = ("specfleet", "pyinfra")
 # Files a line names that the user makes (the README's quickstart copies first_host.py).
 USER_FILES = {"inventories/my_host.py", "facts.json", "settings.json", "config.py"}
+INLINE = " ..."  # marks an inline span's command as a synopsis (``is_synopsis``)
 
 
 def documents() -> list[Path]:
@@ -59,7 +60,9 @@ def command_lines(text: str) -> list[tuple[int, str]]:
             pending = None
             found.append((n, body))
         elif fence is None:
-            found += [(n, m.group(1)) for m in INLINE_RE.finditer(line)]
+            # An inline span is a mention in prose ("`specfleet fanout --sshd-port`"): its
+            # options are checked by name, as a synopsis's.
+            found += [(n, m.group(1) + INLINE) for m in INLINE_RE.finditer(line)]
     return found
 
 
@@ -187,4 +190,4 @@ def test_a_new_incoming_page_is_read_too(tmp_path):
     text = "# x\n\n```\nspecfleet status INVENTORY \\\n    --fail-on-drift\n```\n"
     assert command_lines(text) == [(4, "specfleet status INVENTORY --fail-on-drift")]
     assert command_lines("see `pyinfra @local fact facts.gpu.Gpus` here") == [
-        (1, "pyinfra @local fact facts.gpu.Gpus")]
+        (1, "pyinfra @local fact facts.gpu.Gpus ...")]
