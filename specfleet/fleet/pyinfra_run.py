@@ -36,6 +36,7 @@ from specfleet.core.errors import (
     PLANNED_ERROR_ATTR,
     SpecfleetError,
 )
+from specfleet.fleet.user_code import user_code_error
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
@@ -205,8 +206,13 @@ def select_hosts(hosts: Sequence[str], groups: dict[str, list[str]],
 
 def _exec_python(path: Path) -> dict[str, Any]:
     names: dict[str, Any] = {"__file__": str(path)}
-    code = compile(path.read_text(), str(path), "exec")
-    exec(code, names)  # noqa: S102 - an inventory/group-data file is Python, as pyinfra's
+    try:
+        code = compile(path.read_text(), str(path), "exec")
+        exec(code, names)  # noqa: S102 - an inventory/group-data file is Python, as pyinfra's
+    except SpecfleetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's own code: said as theirs, file and line
+        raise user_code_error(exc, [str(path)]) from None
     return names
 
 
