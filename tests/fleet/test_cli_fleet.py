@@ -289,3 +289,28 @@ def test_the_readme_quickstart_runs_line_by_line(demo, tmp_path):
             tunnel.terminate()
             tunnel.wait(timeout=10)
     assert tunnel is not None
+
+
+def test_a_token_without_access_to_the_gated_drafter_is_refused_before_the_target_downloads(
+        demo, tmp_path):
+    """The Hub's refusal of the drafter (gated, the token not let in) comes before any byte of
+    a new target revision: the drafter is fetched first. The stand-in hub's log shows no GET of
+    the target's new files."""
+    from tests.demo import DRAFTER, TARGET
+    from tests.harness.weights_support import commit_files
+
+    # New revisions of both, so that both steps have something to fetch.
+    new = {repo: commit_files(demo.workdir / "mirrors", repo, {"extra.safetensors": b"x" * 4096},
+                              message="a new revision") for repo in (TARGET, DRAFTER)}
+    inv = demo.write_inventory(tmp_path / "newrev.py", ct200={
+        "target": {"revision": new[TARGET]}, "drafter": {"revision": new[DRAFTER]}})
+    before = len(demo.hub.log_lines())
+    rc, out, err, _ = run([PYINFRA, "-y", str(inv), DEPLOY],
+                          environ(HF_TOKEN="hf_not_let_in_" + "1" * 20,
+                                  SPECFLEET_ALLOW_TEST_SETTINGS="1"))
+    text = out + err
+    assert rc != 0
+    assert "Drafter weights" in text and ("403" in text or "not in the authorized list" in text)
+    new_gets = [line for line in demo.hub.log_lines()[before:]
+                if line.startswith(f"GET /{TARGET}/resolve/")]
+    assert new_gets == [], new_gets
