@@ -44,3 +44,26 @@ def test_the_tour_names_no_module_that_is_gone():
              if folder.rstrip("/") in {m.parent.as_posix() for m in modules()}
              for name in re.findall(r"`([a-z_0-9]+\.py)`", row) if (folder, name) not in names]
     assert stale == []
+
+
+def test_the_readme_is_a_front_door():
+    """At most 250 lines, its quickstart marked (tests/fleet/test_cli_fleet.py runs it), the two
+    commands of this repository named as they are, and no history (bench/results/HISTORY.md)."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert text.index("<!-- quickstart -->") < text.index("<!-- /quickstart -->")
+    assert "`.ci/demo`" in text and "`.ci/test`" in text and "`.ci/run`" in text
+    assert "History" not in text
+
+
+def test_every_relative_link_of_the_docs_leads_to_a_file():
+    broken = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
+                REPO / "bench" / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (doc.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target}")
+    assert broken == []
