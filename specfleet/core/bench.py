@@ -286,3 +286,20 @@ def group_data_merged(existing: str | None, arch: str, plan: Mapping[str, Any]) 
         SWEEP_END,
     ]
     return "\n".join([*lines, "", *block]) + "\n"
+
+def sweep_ending(best: str | None, restored: bool, restore_label: str, failed: int,
+                 left: int) -> tuple[str, int]:
+    """The sweep's last line and exit code (``specfleet --help``'s codes: 0 ok; 1 a host failed
+    or a point failed or was left; never 2, a usage error). A failed restore is said as such:
+    the host's plan is then not known, whatever the points did."""
+    if not restored:
+        return (f"the restore of {restore_label} FAILED: the host runs an unknown plan (state.json "
+                "'current' says which one was being deployed); run the sweep again to restore it, "
+                "or deploy the inventory", 1)
+    if best is None:
+        return f"no point could be measured; {restore_label} is back", 1
+    if failed or left:
+        parts = [f"{failed} point(s) failed"] if failed else []
+        parts += [f"{left} point(s) left for the next run"] if left else []
+        return f"best {best} restored; {', '.join(parts)}", 1
+    return f"best {best} restored", 0
