@@ -17,6 +17,7 @@ from typing import Any
 
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.connectors.base import BaseConnector
+from pyinfra.context import ContextObject, ctx_state
 
 from specfleet.core.errors import SettingsError
 from specfleet.core.settings import settings_for_host
@@ -78,6 +79,10 @@ def register(state: Any) -> None:
     inventory into ``state`` (``State.init``, right before it connects to every host). pyinfra
     has no callback between the two (its state callbacks are made by ``init`` itself), so this
     instance's ``init`` is wrapped, once."""
+    if isinstance(state, ContextObject):  # pyinfra's context proxy: the state it holds, if any
+        if not ctx_state.isset():
+            return  # config.py exec'd with no state (specfleet's own runs check the settings)
+        state = ctx_state.get()
     if getattr(state, "_specfleet_checks_settings", False):
         return
     original = state.init
