@@ -27,8 +27,9 @@ through the same path, or with ``--restore previous`` the inventory's own plan.
   refuses it before anything changes (exit 3).
 - **Plots**: ``DIR/report.html`` with PNGs (``specfleet.fleet.report``) when matplotlib is there.
 
-Exit 0 (every point done, best restored), 1 (points failed or left, best restored), 2 (no point
-could be measured: the inventory's plan restored) or 3 (bad input, or refused).
+Exit 0 (every point done, best restored); 1 (the host does not answer, checked before the first
+point; points failed or left; no point could be measured; or the restore failed, said as such) or
+3 (bad input, or refused): ``specfleet --help``'s codes.
 """
 
 from __future__ import annotations
