@@ -45,3 +45,30 @@ def test_an_existing_file_keeps_everything_but_the_swept_keys(tmp_path):
     plan = load(path)["specfleet"]["plan"]
     assert plan["draft_window_size"] == 4096 and "--speculative-num-draft-tokens" not in \
         plan["extra_args"]
+
+
+def test_the_sweep_writes_into_a_folder_it_makes_and_keeps_the_rest(tmp_path):
+    """Sweep.finish with --write-group-data: the folder is made; a second sweep into a file of
+    the user's changes only the swept plan keys."""
+    from types import SimpleNamespace
+
+    from specfleet.fleet.sweep import Sweep
+
+    point = {"num_draft_tokens": 4, "draft_window": 2048}
+    key = core.point_key(point)
+    target = tmp_path / "new" / "group_data" / "h100.py"
+    args = SimpleNamespace(host="box", concurrency="1", requests=0, max_tokens=8,
+                           write_group_data=str(target), no_report=True)
+    sweep = Sweep(args, [point], tmp_path / "out")
+    sweep.state.points[key].update(status="done", result={
+        "meta": {"arch": "sm90"}, "levels": [{"concurrency": 1, "output_tokens_per_s": 9.0}]})
+    (tmp_path / "out").mkdir()
+    sweep.finish(key)
+    plan = core.point_overrides(point)
+    assert load(target)["specfleet"] == {"plan": plan}
+    target.write_text(USERS)
+    sweep.finish(key)
+    data = load(target)
+    assert data["ssh_user"] == "ubuntu" and data["specfleet"]["port"] == 31000
+    assert data["specfleet"]["plan"]["mem_fraction_static"] == 0.8
+    assert data["specfleet"]["plan"]["draft_window_size"] == 2048
