@@ -23,6 +23,9 @@ except ModuleNotFoundError as exc:  # pyinfra puts the current directory on sys.
         f"{__import__('pathlib').Path(__file__).resolve().parents[1]} and run pyinfra from there"
     ) from None
 from operations import status
+from operations.pyinfra_speedups import install as install_speedups
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

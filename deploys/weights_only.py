@@ -1,6 +1,6 @@
 """Only the weights of deploys/kimi_k26.py: the rollout's prefetch stage without fan-out.
 
-    python -m specfleet.fleet.rollout INVENTORY deploys/kimi_k26.py --no-fanout
+    specfleet rollout INVENTORY deploys/kimi_k26.py --no-fanout
 
 downloads the target and drafter to every host first (each from upstream), so that no batch
 waits on a 595 GB download with its server down. Nothing else on the host changes.
@@ -17,6 +17,9 @@ except ModuleNotFoundError as exc:  # pyinfra puts the current directory on sys.
         f"{__import__('pathlib').Path(__file__).resolve().parents[1]} and run pyinfra from there"
     ) from None
 from operations import preflight, weights
+from operations.pyinfra_speedups import install as install_speedups
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

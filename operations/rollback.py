@@ -286,7 +286,7 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
             f"there is no rollback point in {rollback_paths(s).directory}",
             host=host.name,
             fix="take one with rollback.checkpoint before changing the host "
-            "(python -m specfleet.fleet.rollout does it for every host it changes)",
+            "(specfleet rollout does it for every host it changes)",
         )
     return state["saved"]
 

@@ -13,9 +13,9 @@ where there are several). It may also carry ``drafter_config`` (the drafter's co
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from specfleet import profiles
@@ -41,31 +41,22 @@ def _load_json(path: str, what: str) -> Any:
         raise FactsInputError(f"{what} {path} is nested too deep to read") from None
 
 
-def build_parser(prog: str = "python -m specfleet.plan") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="What specfleet would launch on one host, from its facts (no connection).",
-    )
-    add_arguments(parser)
-    return parser
+@dataclass
+class PlanFlags:
+    """``specfleet plan``'s options: declared once, with their help, in ``specfleet.cli``."""
+
+    facts: str | None
+    settings: str | None
+    drafter_config: str | None
+    weights_bytes: int | None
+    predicted: bool
+    host: str | None
+    json: bool
+    profile: str | None = None  # a machine profile (specfleet.profiles) instead of --facts
+    list_profiles: bool = False  # the CLI lists them instead of planning
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--facts", required=True, help="JSON: fact name -> value")
-    parser.add_argument("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6)")
-    parser.add_argument("--drafter-config", help="JSON: the drafter's config.json")
-    parser.add_argument("--weights-bytes", type=int, help="target + drafter weights size")
-    parser.add_argument(
-        "--predicted",
-        action="store_true",
-        help="SGLang not installed yet: predict from settings.sglang.version",
-    )
-    parser.add_argument("--host", help="the host to plan, from a facts file of several; named in "
-                        "messages")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-
-
-def run(args: argparse.Namespace) -> int:
+def run(args: PlanFlags) -> int:
     def fail(message: str) -> int:
         if args.json:
             print(json.dumps({"error": message}))
@@ -73,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"specfleet: {message}", file=sys.stderr)  # the prefix of every CLI error
         return 2
 
-    profile_name = getattr(args, "profile", None)
+    profile_name = args.profile
     predicted = args.predicted
     try:
         if profile_name:
@@ -136,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+if __name__ == "__main__":  # ``python -m specfleet.plan ARGS`` is ``specfleet plan ARGS``
+    from specfleet.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["plan", *sys.argv[1:]]))

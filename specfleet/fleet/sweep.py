@@ -34,11 +34,11 @@ point; points failed or left; no point could be measured; or the restore failed,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,7 @@ from specfleet.fleet.bench import list_hosts, load_result, run_with_data
 from specfleet.fleet.fleet_checks import unreachable_line
 from specfleet.fleet.pyinfra_run import (
     PyinfraOptions,
-    add_pyinfra_arguments,
     deploy_path,
-    options_from_args,
 )
 
 try:  # matplotlib is optional on the control machine: the sweep runs without its report
@@ -108,33 +106,31 @@ class State:
         os.replace(tmp, self.path)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specfleet sweep", description=__doc__.split("\n")[0])
-    p.add_argument("inventory")
-    p.add_argument("--host", required=True)
-    p.add_argument("--num-draft-tokens", default=None,
-                   help="--speculative-num-draft-tokens values (DFlash's block size; default "
-                   "4,8,16 without --ddtree-budgets)")
-    p.add_argument("--ddtree-budgets", default="",
-                   help="plan.ddtree_budget values (DDTree's tree budget), e.g. 8,16,32,64,128")
-    p.add_argument("--draft-window", default="2048,4096", help="plan.draft_window_size values")
-    p.add_argument("--draft-backends", default="",
-                   help="plan.draft_attention_backend values (default: the arch rule's)")
-    p.add_argument("--attention-backends", default="", help="plan.attention_backend values")
-    p.add_argument("--concurrency", default="1,4")
-    p.add_argument("--requests", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--max-minutes", type=float, default=120.0)
-    p.add_argument("--out", help="the sweep's folder (default: sweep-HOST)")
-    p.add_argument("--allow-serving", action="store_true")
-    p.add_argument("--restore", choices=("best", "previous"), default="best")
-    p.add_argument("--write-group-data", help="write the winning plan as this group data file")
-    p.add_argument("--no-report", action="store_true", help="skip the PNG/HTML report")
-    add_pyinfra_arguments(p)
-    return p.parse_args(argv)
+@dataclass
+class SweepFlags:
+    """``specfleet sweep``'s own options: declared once, with their defaults and help, in
+    ``specfleet.cli`` (``cli.flags("sweep", argv)`` gives them from a command line)."""
+
+    inventory: str
+    host: str
+    num_draft_tokens: str | None
+    ddtree_budgets: str
+    draft_window: str
+    draft_backends: str
+    attention_backends: str
+    concurrency: str
+    requests: int
+    max_tokens: int
+    max_minutes: float
+    out: str | None
+    allow_serving: bool
+    restore: str
+    write_group_data: str | None
+    no_report: bool
+    connection: PyinfraOptions = field(default_factory=PyinfraOptions)
 
 
-def grid_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+def grid_from_args(args: SweepFlags) -> list[dict[str, Any]]:
     spec: dict[str, list[Any]] = {}
     tokens = args.num_draft_tokens
     if tokens is None and not args.ddtree_budgets:
@@ -153,7 +149,7 @@ def grid_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 class Sweep:
-    def __init__(self, args: argparse.Namespace, grid: list[dict[str, Any]], out: Path):
+    def __init__(self, args: SweepFlags, grid: list[dict[str, Any]], out: Path):
         self.args = args
         self.out = out
         self.state = State(out / "state.json", args.host, grid)
@@ -168,7 +164,7 @@ class Sweep:
         data.update(extra)
         return run_with_data(self.args.inventory, str(deploy_path(deploy)), [self.args.host],
                              data, self.out / "logs" / f"{label}.log",
-                             getattr(self.args, "connection", None))
+                             self.args.connection)
 
     def run_point(self, key: str, n: int, total: int, allow_serving: bool) -> None:
         """One point, recorded; a host that refuses (serving) stops the sweep (SpecfleetError)."""
@@ -294,10 +290,8 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None) -> int:
-    """``specfleet sweep``: ``connection`` (pyinfra's options) over those of ``argv``."""
-    args = parse_args(argv)
-    args.connection = connection or options_from_args(args)
+def main(args: SweepFlags) -> int:
+    """``specfleet sweep``: its options, pyinfra's connection options among them."""
     try:
         grid = grid_from_args(args)
         if args.max_minutes <= 0:
@@ -327,7 +321,3 @@ def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.harness.releases import WHEELHOUSE
 from tests.harness.rootfs import CACHE_DIR
 
 WHEELHOUSE_DIR = CACHE_DIR / "wheelhouse"
@@ -31,11 +32,7 @@ TARGET = [
 # Each entry is one `pip download` (pins of one project must not share a resolve).
 # (requirements, with_dependencies)
 DOWNLOADS: list[tuple[list[str], bool]] = [
-    (["sglang==0.5.11"], False),
-    (["sglang==0.5.12"], False),
-    (["sglang==0.5.13"], False),
-    (["sglang==0.5.14"], False),
-    (["sglang==0.5.23"], False),
+    *(([f"sglang=={release}"], False) for release in WHEELHOUSE),
     (["compressed-tensors==0.9.4"], False),
     (["compressed-tensors==0.18.0"], False),
     (["huggingface_hub", "packaging"], True),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specfleet import cli
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.fleet import bench as fleet_bench
@@ -175,6 +176,7 @@ def server(tmp_path):
     proc.wait(timeout=10)
 
 
+@pytest.mark.local
 def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_result(server, tmp_path):
     out = tmp_path / "bench" / "latest.json"
     argv = ["--url", server.url, "--api-key-file", str(server.key_file), "--concurrency", "1,2",
@@ -198,6 +200,7 @@ def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_resul
         assert "sglang:spec_accept_length{" in resp.read().decode()
 
 
+@pytest.mark.local
 def test_standin_chat_completions_answer_whole_and_streamed(server):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi there"}],
             "max_tokens": 5}
@@ -217,6 +220,7 @@ def test_standin_chat_completions_answer_whole_and_streamed(server):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.local
 def test_bench_client_without_the_key_fails_with_the_reason_and_keeps_no_result(server, tmp_path):
     out = tmp_path / "latest.json"
     assert bench_client.main(["--url", server.url, "--concurrency", "1", "--max-tokens", "4",
@@ -345,8 +349,8 @@ def test_a_sweep_point_that_finds_the_run_lock_held_is_retried_not_failed(tmp_pa
 
     monkeypatch.setattr(sweep, "run_with_data", fake_run)
     monkeypatch.setattr(sweep, "LOCK_WAIT_S", 0.0)
-    args = sweep.parse_args(["inv.py", "--host", "h1", "--num-draft-tokens", "8",
-                             "--draft-window", "4096", "--no-report", "--allow-serving"])
+    args = cli.flags("sweep", ["inv.py", "--host", "h1", "--num-draft-tokens", "8",
+                               "--draft-window", "4096", "--no-report", "--allow-serving"])
     (tmp_path / "results").mkdir()
     run = sweep.Sweep(args, sweep.grid_from_args(args), tmp_path)
     assert run.run() == 0

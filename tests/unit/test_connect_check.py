@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# They start processes (pyinfra, specfleet, the stand-in hub): the full suite, not the fast lane.
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = [sys.executable, "-m", "pyinfra"]
 

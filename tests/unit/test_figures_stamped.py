@@ -22,6 +22,7 @@ def test_every_figure_line_of_the_readmes_carries_a_commit_stamp():
                      "move them to bench/results/HISTORY.md):\n" + "\n".join(bad))
 
 
+@pytest.mark.local
 def test_every_stamped_commit_is_in_the_history():
     # CI checks out the whole history (tests/unit/test_pr20547_recipe.py reads older commits too).
     missing = sorted(f"{doc.relative_to(ROOT)}: {c}" for doc in st.figures_documents(ROOT)
@@ -95,6 +96,7 @@ def test_a_bench_line_anywhere_in_the_readme_is_a_figure_line(tmp_path):
     assert len(st.unstamped(tmp_path / "README.md", tmp_path)) == 1
 
 
+@pytest.mark.local
 def test_a_commit_that_is_not_in_git_is_found():
     assert st.commit_exists(st.git("rev-parse", "HEAD"))
     assert not st.commit_exists("0000000")

@@ -40,6 +40,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.local
 def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
@@ -66,6 +67,7 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
     assert "specfleet = specfleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
+@pytest.mark.local
 def test_the_wheel_holds_no_upstream_sglang_code_only_the_recipe(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -89,6 +91,7 @@ def zf_read(wheel: Path, name: str) -> str:
         return zf.read(name).decode("utf-8")
 
 
+@pytest.mark.local
 def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -134,6 +137,7 @@ def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.local
 def test_the_wheel_metadata_looks_maintained(wheel):
     """Classifiers, keywords and a version that is the changelog's newest release."""
     import re
@@ -155,6 +159,7 @@ SUBCOMMANDS = ("plan", "settings", "rollout", "fanout", "probe", "status", "remo
 HEAVY = ("pyinfra", "gevent", "matplotlib", "paramiko")
 
 
+@pytest.mark.local
 def test_installed_wheel_helps_with_every_subcommand_outside_a_checkout(wheel, tmp_path):
     """``specfleet --version`` and each subcommand's ``--help`` from the wheel, in a folder with
     no checkout: exit 0, specfleet's own usage, and none of pyinfra, gevent or matplotlib

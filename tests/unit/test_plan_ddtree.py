@@ -39,6 +39,7 @@ def value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+@pytest.mark.local
 def test_fork_planned_with_ddtree_at_a_budget(fork_fact):
     plan = make_plan(fork_facts(fork_fact), settings(ddtree_budget=32), DRAFTER_CONFIG, host="ct")
     argv = plan.argv
@@ -63,6 +64,7 @@ def test_fork_planned_with_ddtree_at_a_budget(fork_fact):
     assert verdict.disable_overlap_schedule is True  # the fork's DFLASH is the non-overlap worker
 
 
+@pytest.mark.local
 def test_fork_block_size_rule_runs_on_its_own_hook(fork_fact):
     """speculative_hook.py: a block size that differs from the draft tokens only passes with the
     switch on (without it: "For DFLASH they must match")."""
@@ -86,6 +88,7 @@ def test_fork_block_size_rule_runs_on_its_own_hook(fork_fact):
     assert "must be >=" in judge(tree, m, short).refused
 
 
+@pytest.mark.local
 def test_fork_without_budget_says_ddtree_is_there(fork_fact):
     plan = make_plan(fork_facts(fork_fact), settings(), DRAFTER_CONFIG)
     assert "--speculative-dflash-enable-ddtree" not in plan.argv
@@ -94,6 +97,7 @@ def test_fork_without_budget_says_ddtree_is_there(fork_fact):
     assert "plan.ddtree_budget" in plan.reason("ddtree").why
 
 
+@pytest.mark.local
 def test_release_without_ddtree_serves_dflash_in_one_line():
     plain = make_plan(host_facts(PROFILE), settings(), DRAFTER_CONFIG)
     asked = make_plan(host_facts(PROFILE), settings(ddtree_budget=32), DRAFTER_CONFIG)
@@ -105,6 +109,7 @@ def test_release_without_ddtree_serves_dflash_in_one_line():
     assert not [r for r in plain.reasons if r.topic.startswith("ddtree")]
 
 
+@pytest.mark.local
 def test_unknown_design_is_served_without_it():
     facts = host_facts(PROFILE)
     install = json.loads(json.dumps(facts["facts.sglang.SGLangInstall"]))
@@ -118,6 +123,7 @@ def test_unknown_design_is_served_without_it():
     assert "DDTree present, unknown design" in reason.why and "crash-loop" in reason.why
 
 
+@pytest.mark.local
 def test_pr29907_design_flags_and_knobs(tmp_path):
     """PR#29907 (authored from its description; its code is not available here)."""
     from tests.unit.test_facts_sglang import write_tree

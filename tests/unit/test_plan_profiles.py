@@ -19,6 +19,9 @@ import pytest
 from specfleet import profiles
 from tests.unit.test_plan import gpus_fact, topology_fact
 
+# They start processes (pyinfra, specfleet, the stand-in hub): the full suite, not the fast lane.
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "specfleet" / "profiles"
 GPUS, TOPOLOGY = "facts.gpu.Gpus", "facts.gpu.GpuTopology"

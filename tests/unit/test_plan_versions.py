@@ -24,6 +24,7 @@ from specfleet.core.tables.sglang_versions import (
     predicted_install,
     version_row,
 )
+from tests.harness.releases import EACH_KIND
 from tests.harness.sources import sglang_wheel
 
 # compressed-tensors releases on PyPI around these sglang releases (sglang.md section 4).
@@ -127,7 +128,8 @@ def declared_flags(zf: zipfile.ZipFile) -> set[str]:
     return flags | {"--" + f.replace("_", "-") for f in fields}
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.local
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_plan_flags_exist_in_wheel(version):
     flags = declared_flags(wheel(version))
     used = [
@@ -140,12 +142,14 @@ def test_plan_flags_exist_in_wheel(version):
     assert [f for f in used if f not in flags] == []
 
 
+@pytest.mark.local
 def test_old_window_flag_gone_in_0523():
     assert DRAFT_WINDOW_FLAG_V1 not in declared_flags(wheel("0.5.23"))
     assert DRAFT_WINDOW_FLAG not in declared_flags(wheel("0.5.11"))
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.local
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_draft_backends_match_wheel(version):
     zf = wheel(version)
     src = _text(zf, "sglang/srt/speculative/") + _text(zf, "sglang/srt/arg_groups/choices.py")
@@ -156,14 +160,16 @@ def test_draft_backends_match_wheel(version):
     assert tuple(re.findall(r'"([^"]+)"', m.group(1))) == version_row(version).dflash_draft_backends
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.local
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_dp_attention_rejection_matches_wheel(version):
     src = _text(wheel(version), "sglang/srt/")
     rejects = "DFLASH speculative decoding does not support dp attention" in src
     assert rejects == ("--enable-dp-attention" in dflash_forbidden_flags(version))
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.local
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_compressed_tensors_specifier_fits_wheel_requirement(version):
     zf = wheel(version)
     meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))

@@ -290,6 +290,7 @@ def verify_mask_outcome(root: Path) -> dict:
     }
 
 
+@pytest.mark.local
 def test_the_triton_verify_graph_never_reads_a_stale_mask(tree):
     which, root = tree
     got = verify_mask_outcome(root)
@@ -390,6 +391,7 @@ def penalizer_fed(root: Path) -> list | None:
     return fed or None
 
 
+@pytest.mark.local
 def test_v2_verify_applies_the_penalties_0511_accumulates(tree):
     which, root = tree
     out = verify_with_penalties(root)
@@ -402,6 +404,7 @@ def test_v2_verify_applies_the_penalties_0511_accumulates(tree):
         assert np.allclose(out, expected), out
 
 
+@pytest.mark.local
 def test_v2_prepare_for_decode_feeds_the_penalizer(tree):
     which, root = tree
     fed = penalizer_fed(root)
@@ -418,6 +421,7 @@ def test_v2_prepare_for_decode_feeds_the_penalizer(tree):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_an_explicit_disable_overlap_schedule_is_honoured_under_both_switches(tree):
     which, root = tree
     both = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}

@@ -56,6 +56,7 @@ def test_leftovers_parser():
     assert Leftovers.default() == {"paths": [], "units": {}, "empty_dirs": [], "venvs": {}}
 
 
+@pytest.mark.local
 def test_leftovers_command_globs_only_the_trailing_star(tmp_path):
     (tmp_path / "a b-1").write_text("x")
     (tmp_path / "a b-2").mkdir()

@@ -11,6 +11,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from facts.rollback import RollbackState, parse_rollback_state
 
 
@@ -40,6 +42,7 @@ def _run(tmp_path: Path, venv: Path) -> tuple[dict, list[str]]:
     return parse_rollback_state(done.stdout.splitlines()), done.stdout.splitlines()
 
 
+@pytest.mark.local
 def test_the_freeze_goes_to_a_private_folder_of_random_name_and_is_removed(tmp_path):
     record = tmp_path / "where"
     venv = _venv(tmp_path, record, "sglang==0.5.11")
@@ -56,6 +59,7 @@ def test_the_freeze_goes_to_a_private_folder_of_random_name_and_is_removed(tmp_p
     assert not os.path.exists(folder)  # cleaned up
 
 
+@pytest.mark.local
 def test_a_failing_freeze_is_reported_as_its_error(tmp_path):
     venv = _venv(tmp_path, tmp_path / "where", "pip: broken", status=1)
     value, _ = _run(tmp_path, venv)

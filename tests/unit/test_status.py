@@ -229,6 +229,7 @@ def _run_fact(cls, **kwargs):
     return cls().process(out.stdout.splitlines())
 
 
+@pytest.mark.local
 def test_health_fact_command_against_the_standin(standin):
     port, config = standin
     with_key = _run_fact(Health, host="127.0.0.1", port=port, secret_file=str(config))
@@ -241,6 +242,7 @@ def test_health_fact_command_against_the_standin(standin):
     assert "k-123" not in Health().command(host="127.0.0.1", port=port, secret_file=str(config))
 
 
+@pytest.mark.local
 def test_run_lock_fact_and_the_lock_column(tmp_path):
     """The RunLock fact reads the lock with the host's clock and the file's mtime; the status
     shows who holds it, since when, and its expiry (or that the next run takes it over)."""

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from specfleet import cli
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.fleet import report, sweep
@@ -22,14 +23,14 @@ FORK_ARGV = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-enable-d
 
 
 def test_budget_axis_in_the_grid_and_the_plan_overrides():
-    args = sweep.parse_args(["inv.py", "--host", "h", "--ddtree-budgets", "8,16,32,64,128",
-                             "--draft-window", "4096"])  # fmt: skip
+    args = cli.flags("sweep", ["inv.py", "--host", "h", "--ddtree-budgets", "8,16,32,64,128",
+                               "--draft-window", "4096"])  # fmt: skip
     grid = sweep.grid_from_args(args)
     assert [p["ddtree_budget"] for p in grid] == [8, 16, 32, 64, 128]
     assert all("num_draft_tokens" not in p for p in grid)  # the budget sets the draft tokens
     assert core.point_key(grid[2]) == "ddtree_budget=32,draft_window=4096"
     assert core.point_overrides(grid[2]) == {"ddtree_budget": 32, "draft_window_size": 4096}
-    plain = sweep.grid_from_args(sweep.parse_args(["inv.py", "--host", "h"]))
+    plain = sweep.grid_from_args(cli.flags("sweep", ["inv.py", "--host", "h"]))
     assert {p["num_draft_tokens"] for p in plain} == {4, 8, 16}
     with pytest.raises(SpecfleetError, match="both a num_draft_tokens and a ddtree_budget"):
         core.parse_grid({"num_draft_tokens": [8], "ddtree_budget": [16, 32]})
@@ -95,6 +96,7 @@ def ddtree_server(tmp_path):
     yield start, f"http://127.0.0.1:{port}", key
 
 
+@pytest.mark.local
 def test_standin_started_with_the_forks_flags_is_measured_by_the_bench_client(ddtree_server,
                                                                                tmp_path):
     start, url, key = ddtree_server

@@ -91,6 +91,7 @@ def test_back_off_doubles_up_to_its_max_and_the_cap_stops_restarts():
     assert st["capped"] and "not restarting: 3 restarts" in reason
 
 
+@pytest.mark.local
 def test_textfile_passes_promtool_check_metrics():
     st = dict(w.new_state(), restarts_total=2, failures=1)
     deployed = {"sglang_version": "0.5.11", "pr20547": "none", "target_revision": "a" * 40,
