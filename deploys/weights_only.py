@@ -6,9 +6,18 @@ downloads the target and drafter to every host first (each from upstream), so th
 waits on a 595 GB download with its server down. Nothing else on the host changes.
 """
 
+try:
+    from operations.util import settings_in_play
+except ModuleNotFoundError as exc:  # pyinfra puts the current directory on sys.path, not this one
+    if exc.name != "operations":
+        raise
+    raise SystemExit(
+        f"specfleet: {__file__} needs the checkout's operations/ and facts/, which pyinfra finds "
+        "in the current directory only\n  fix: cd "
+        f"{__import__('pathlib').Path(__file__).resolve().parents[1]} and run pyinfra from there"
+    ) from None
 from operations import preflight, weights
 from operations.pyinfra_speedups import install as install_speedups
-from operations.util import settings_in_play
 
 install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 

@@ -22,7 +22,7 @@ UNIT_PROPERTIES = (
 
 FILE_MARK = "##file "
 MARKER_MARK = "##restart-pending"
-# A line server.service appends to the marker once it restarted the server for it: the restart's
+# A line serving.service appends to the marker once it restarted the server for it: the restart's
 # invocation, its host time and the fingerprint of the unit's files it started from.
 STARTED_MARK = "##started "
 
@@ -32,7 +32,7 @@ class ServiceState(FactBase[dict[str, Any]]):
     The state of one systemd unit, the files it is built from and its restart-pending marker, read
     with one command. A file that does not exist is left out of ``files``; ``restart_pending`` is
     the marker's text (why a restart is pending) or None when there is no marker;
-    ``restart_started`` is the restart done for it (``server.service`` records it in the marker
+    ``restart_started`` is the restart done for it (``serving.service`` records it in the marker
     right after ``systemctl restart``), or None while the restart is still to be done.
 
     .. code:: python

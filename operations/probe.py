@@ -67,7 +67,7 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
             "pattern": unit_pattern(root),
             "progress_path": weights_job_paths(s.state_dir, root).progress,
         }))
-    # server.unit, server.service
+    # serving.unit, serving.service
     paths = server_paths(s)
     specs += host_specs(s, paths.unit_files()).values()
     # watchdog.service, watchdog.deploy_record

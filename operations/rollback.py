@@ -437,7 +437,7 @@ def files(settings: Settings):
     + settings: the deploy's ``Settings``
 
     A file that did not exist then is removed. When anything changes, the server's
-    restart-pending marker is written first, so ``server.service`` restarts onto the old unit.
+    restart-pending marker is written first, so ``serving.service`` restarts onto the old unit.
     """
     s = settings
     state = _state(s)
@@ -454,7 +454,7 @@ def files(settings: Settings):
                                  for k, a in steps),
         logger.info,
     )
-    # The restart-pending marker first, as server.unit does: server.service restarts onto it.
+    # The restart-pending marker first, as serving.unit does: serving.service restarts onto it.
     yield StringCommand(
         "sh", "-c", QuoteString('mkdir -p "$(dirname "$1")" && printf "%s\\n" "$2" > "$1"'),
         "specfleet", QuoteString(paths.marker), QuoteString("the rollback"),

@@ -174,10 +174,10 @@ def unit(settings: Settings, present: bool = True):
 
     .. code:: python
 
-        unit = server.unit(name="Render the SGLang unit")
-        server.restart_pending(name="Restart for new software or weights",
+        unit = serving.unit(name="Render the SGLang unit")
+        serving.restart_pending(name="Restart for new software or weights",
                                _if=any_changed(software, weights))
-        server.service(name="Run the SGLang server", running=True, enabled=True)
+        serving.service(name="Run the SGLang server", running=True, enabled=True)
     """
     yield from _unit(settings, present)
 
@@ -201,7 +201,7 @@ def _unit(settings: Settings, present: bool):
         raise SpecfleetError(
             f"cannot write the unit from a predicted plan: {current.predicted_because}",
             host=host.name,
-            fix="run the SGLang install and the weights steps before server.unit "
+            fix="run the SGLang install and the weights steps before serving.unit "
             "(deploys/kimi_k26.py does it in that order)",
         )
 
@@ -276,7 +276,7 @@ def _absent(paths: ServerPaths, st: dict[str, Any]):
 @fails_host(all_or_nothing=True)
 def restart_pending(settings: Settings, reason: str = "the software or weights"):
     """
-    Mark the SGLang server for a restart by the next ``server.service``, even across failed runs.
+    Mark the SGLang server for a restart by the next ``serving.service``, even across failed runs.
 
     + settings: the deploy's ``Settings``
     + reason: what changed, kept in the marker and shown when the restart happens
@@ -288,7 +288,7 @@ def restart_pending(settings: Settings, reason: str = "the software or weights")
 
     .. code:: python
 
-        server.restart_pending(
+        serving.restart_pending(
             name="Restart for new software or weights",
             reason="the software or weights",
             _if=any_changed(software, weights),
@@ -307,12 +307,12 @@ def _restart_pending(settings: Settings, reason: str):
 def group_restart(settings: Settings):
     """
     Restart a serving group as one: when any member is marked for a restart, mark and stop every
-    member, so that the next ``server.service`` starts them all together.
+    member, so that the next ``serving.service`` starts them all together.
 
     + settings: the deploy's ``Settings``
 
-    Run it after every step that may mark a restart (``server.unit``, ``server.restart_pending``)
-    and before ``server.service``: pyinfra runs an operation on every host before the next one, so
+    Run it after every step that may mark a restart (``serving.unit``, ``serving.restart_pending``)
+    and before ``serving.service``: pyinfra runs an operation on every host before the next one, so
     each member sees the others' markers here. Restarting members one at a time would let a
     surviving rank meet a new one half-way (SGLang's ranks end on a lost peer, and systemd would
     restart them into the middle of the new start); stopping all first starts the group clean.
@@ -370,10 +370,10 @@ def service(
     + settings: the deploy's ``Settings``
     + running: whether the server should be running
     + enabled: whether the unit should start at boot (``None`` leaves it as it is)
-    + ready: after a (re)start, wait for readiness (``server.ready``) before clearing the marker
+    + ready: after a (re)start, wait for readiness (``serving.ready``) before clearing the marker
 
-    It restarts only when the restart-pending marker is there (written by ``server.unit`` when the
-    unit, env or key changed, or by ``server.restart_pending``), and starts a stopped server. The
+    It restarts only when the restart-pending marker is there (written by ``serving.unit`` when the
+    unit, env or key changed, or by ``serving.restart_pending``), and starts a stopped server. The
     marker is removed only after the server passed the readiness gate, so a run that fails before
     then restarts on the next run instead of reporting "no change" over a stale server.
 
@@ -398,9 +398,9 @@ def _service(settings: Settings, running: bool, enabled: bool | None, ready: boo
             raise SpecfleetError(
                 f"there is no unit file {paths.unit}",
                 host=host.name,
-                fix="run server.unit before server.service",
+                fix="run serving.unit before serving.service",
             )
-        # --dry on a fresh host: server.unit will have written it by the time this executes.
+        # --dry on a fresh host: serving.unit will have written it by the time this executes.
         pending = pending or "the unit is new"
         decision = StartDecision("restart", pending)
     else:

@@ -307,7 +307,10 @@ INVENTORY = click.argument("inventory", metavar="INVENTORY")
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--facts", required=True, help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--facts", help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--profile", help="Plan a machine type instead of a host's facts (real nvidia-smi "
+              "captures; --list-profiles), SGLang predicted from the settings.")
+@click.option("--list-profiles", is_flag=True, help="List the machine profiles and exit.")
 @click.option("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6).")
 @click.option("--drafter-config", help="JSON: the drafter's config.json.")
 @click.option("--weights-bytes", type=int, help="Target + drafter weights size.")
@@ -320,6 +323,14 @@ def plan(**kw: Any) -> int:
     """The launch plan of one host's facts (no connection). Exit 2: facts it cannot plan from."""
     from specfleet import plan as plan_cli
 
+    if kw.pop("list_profiles"):
+        from specfleet import profiles
+
+        click.echo(profiles.listing())
+        return EXIT_OK
+    if bool(kw["facts"]) == bool(kw["profile"]):
+        raise click.UsageError("give --facts FILE (a host's facts) or --profile NAME (a machine "
+                               "type), one of them")
     return plan_cli.run(to_flags("plan", kw))
 
 
@@ -329,10 +340,16 @@ def plan(**kw: Any) -> int:
 @click.option("--data", multiple=True, metavar="KEY=VALUE",
               help="Override host data for every host (as pyinfra's --data).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--check-access", is_flag=True,
+              help="Ask the Hub (or weights.hf_endpoint) whether the token may read each gated "
+              "model, before any download.")
 @guarded
-def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool) -> int:
+def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool,
+             check_access: bool = False) -> int:
     """Each host's merged settings (group data, host data, --data), checked; secrets are shown
-    as references, never their values. No connection."""
+    as references, never their values. Refused too: a model without a pinned revision, an SGLang
+    release the version table does not know, a secret file that is not there, an inventory with
+    no hosts. No connection to any host."""
     from specfleet.fleet.inventory_view import merged_settings, render_settings
     from specfleet.fleet.pyinfra_run import PyinfraOptions, load_inventory
 
@@ -344,9 +361,19 @@ def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: b
 
         raise SpecfleetError(f"there is no host {host!r} in {inventory}",
                              fix=f"name one of: {', '.join(names) or '(none)'}")
-    check_settings(inv)
+    if not names:
+        from specfleet.core.errors import SpecfleetError
+
+        raise SpecfleetError(f"there are no hosts in {inventory}",
+                             fix="define a list of hosts in it (inventories/first_host.py shows "
+                             "the least a host needs)")
+    good = check_settings(inv)
     shown = merged_settings(inv, [host] if host else names)
     click.echo(json.dumps(shown, indent=2) if as_json else render_settings(shown))
+    # Shown first, then what would stop the deploy (on stderr, exit 3).
+    from specfleet.fleet.settings_ready import check_ready
+
+    check_ready({n: good[n] for n in ([host] if host else names)}, check_access=check_access)
     return EXIT_OK
 
 
@@ -589,7 +616,8 @@ def monitoring(inventory: str, out: str, scrape_interval: int, alert_for: str | 
 @cli.command(context_settings=CONTEXT)
 @INVENTORY
 @click.argument("host")
-@click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True,
+              help="How many of the journal's last lines to show.")
 @click.option("--since", help="journalctl's --since (e.g. '-1h', '2026-12-01 14:00').")
 @click.option("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds for the connection and the journal together.")

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from specfleet import profiles
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import FactsInputError, make_plan, one_host_facts
 from specfleet.core.settings import settings_from_dict
@@ -44,13 +45,15 @@ def _load_json(path: str, what: str) -> Any:
 class PlanFlags:
     """``specfleet plan``'s options: declared once, with their help, in ``specfleet.cli``."""
 
-    facts: str
+    facts: str | None
     settings: str | None
     drafter_config: str | None
     weights_bytes: int | None
     predicted: bool
     host: str | None
     json: bool
+    profile: str | None = None  # a machine profile (specfleet.profiles) instead of --facts
+    list_profiles: bool = False  # the CLI lists them instead of planning
 
 
 def run(args: PlanFlags) -> int:
@@ -61,11 +64,31 @@ def run(args: PlanFlags) -> int:
             print(f"specfleet: {message}", file=sys.stderr)  # the prefix of every CLI error
         return 2
 
+    profile_name = args.profile
+    predicted = args.predicted
     try:
-        facts = _load_json(args.facts, "facts file")
-        if not isinstance(facts, dict):
-            raise FactsInputError(f"facts file {args.facts} must hold a JSON object of fact names")
-        facts = one_host_facts(facts, args.host)
+        if profile_name:
+            profile = profiles.load(profile_name)
+            facts = dict(profile["facts"])
+            predicted = True  # a machine type has no SGLang installed: settings.sglang.version's
+            print(f"profile {profile_name}: {profile['machine']} (no connection; "
+                  f"{profile['source']}); SGLang predicted from settings.sglang.version",
+                  file=sys.stderr if args.json else sys.stdout)
+        else:
+            facts = _load_json(args.facts, "facts file")
+            if not isinstance(facts, dict):
+                raise FactsInputError(
+                    f"facts file {args.facts} must hold a JSON object of fact names")
+            facts = one_host_facts(facts, args.host)
+            missing = [name for name in ("facts.gpu.Gpus", "facts.gpu.GpuTopology")
+                       if name not in facts]
+            if missing:
+                raise FactsInputError(
+                    f"facts file {args.facts} has no {' and no '.join(missing)}: the plan would "
+                    "have to guess the GPUs and whether they are on NVLink",
+                    fix="gather them with pyinfra INVENTORY fact facts.gpu.Gpus "
+                    "facts.gpu.GpuTopology --json (or specfleet probe), or preview a machine "
+                    "type with --profile NAME")
         settings_data = _load_json(args.settings, "settings file") if args.settings else None
         if settings_data is not None and not isinstance(settings_data, dict):
             raise FactsInputError(f"settings file {args.settings} must hold a JSON object")
@@ -86,7 +109,7 @@ def run(args: PlanFlags) -> int:
             facts,
             settings,
             drafter_config,
-            predicted=args.predicted,
+            predicted=predicted,
             weights_bytes=weights,
             host=args.host,
         )

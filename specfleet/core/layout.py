@@ -93,7 +93,7 @@ class ServerPaths:
 
     def unit_files(self) -> list[str]:
         """The files whose state ``ServiceState`` reports with the unit's: one set for every
-        step (preflight, server.unit, server.service), so that a probe asks systemctl once."""
+        step (preflight, serving.unit, serving.service), so that a probe asks systemctl once."""
         return [self.unit, self.env, self.secret, self.log_config, self.log_module]
 
 

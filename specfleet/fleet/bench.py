@@ -28,6 +28,7 @@ from typing import Any
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
+from specfleet.fleet.fleet_checks import unreachable_line
 from specfleet.fleet.pyinfra_run import (
     HostStep,
     PyinfraOptions,
@@ -182,6 +183,11 @@ def main(args: BenchFlags) -> int:
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
+    # Every host answers before the first benchmark, or nothing runs: one line, exit 1.
+    unreachable = unreachable_line("bench", args.inventory, connection, hosts)
+    if unreachable:
+        print(unreachable, file=sys.stderr)
+        return 1
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for h in hosts:  # a host that gives no result this time must not show an old one

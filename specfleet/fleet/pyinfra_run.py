@@ -36,6 +36,7 @@ from specfleet.core.errors import (
     PLANNED_ERROR_ATTR,
     SpecfleetError,
 )
+from specfleet.fleet.user_code import is_user_code_error, user_code_error
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
@@ -180,8 +181,13 @@ def select_hosts(hosts: Sequence[str], groups: dict[str, list[str]],
 def _exec_python(path: Path) -> dict[str, Any]:
     """A pyinfra ``config.py``'s names (``Session._config_file``)."""
     names: dict[str, Any] = {"__file__": str(path)}
-    code = compile(path.read_text(), str(path), "exec")
-    exec(code, names)  # noqa: S102 - a config file is Python, as pyinfra's
+    try:
+        code = compile(path.read_text(), str(path), "exec")
+        exec(code, names)  # noqa: S102 - a config file is Python, as pyinfra's
+    except SpecfleetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's own code: said as theirs, file and line
+        raise user_code_error(exc, [str(path)]) from None
     return names
 
 
@@ -222,7 +228,14 @@ def load_inventory(path: str, override_data: dict[str, Any] | None = None,
     # group data), so it reads them as they are now.
     PYTHON_CODES.clear()
     with ctx_state.use(State()):  # as pyinfra's CLI: its files run with a state in context
-        inv = make_inventory(path, override_data=override_data or {}, cwd=os.getcwd())
+        try:
+            inv = make_inventory(path, override_data=override_data or {}, cwd=os.getcwd())
+        except SyntaxError as exc:  # compiled before pyinfra's wrapper: the user's file
+            raise user_code_error(exc, [path]) from None
+        except Exception as exc:
+            if is_user_code_error(exc):  # the inventory's or group data's own Python raised
+                raise user_code_error(exc, [path]) from None
+            raise
     if not len(inv):
         raise SpecfleetError(
             f"the inventory {path} has no host (pyinfra read it as a module or a host name that "

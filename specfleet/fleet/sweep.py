@@ -27,8 +27,9 @@ through the same path, or with ``--restore previous`` the inventory's own plan.
   refuses it before anything changes (exit 3).
 - **Plots**: ``DIR/report.html`` with PNGs (``specfleet.fleet.report``) when matplotlib is there.
 
-Exit 0 (every point done, best restored), 1 (points failed or left, best restored), 2 (no point
-could be measured: the inventory's plan restored) or 3 (bad input, or refused).
+Exit 0 (every point done, best restored); 1 (the host does not answer, checked before the first
+point; points failed or left; no point could be measured; or the restore failed, said as such) or
+3 (bad input, or refused): ``specfleet --help``'s codes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.fleet.bench import list_hosts, load_result, run_with_data
+from specfleet.fleet.fleet_checks import unreachable_line
 from specfleet.fleet.pyinfra_run import (
     PyinfraOptions,
     deploy_path,
@@ -252,10 +254,10 @@ class Sweep:
         st.save()
         self.finish(best)
         failed = [k for k, r in st.points.items() if r["status"] == "failed"]
-        if best is None:
-            say("no point could be measured; the inventory plan is back")
-            return 2
-        return 0 if restored and not failed and not left else 1
+        label = f"best point {restore_key}" if restore_key else "the inventory plan"
+        line, rc = core.sweep_ending(best, restored, label, len(failed), len(left))
+        say(line)
+        return rc
 
     def finish(self, best: str | None) -> None:
         rows = []
@@ -276,8 +278,12 @@ class Sweep:
         print(f"winning plan overrides for {arch} (group data `specfleet`):\n"
               + json.dumps({"plan": plan}, indent=2, sort_keys=True), flush=True)
         if self.args.write_group_data:
-            Path(self.args.write_group_data).write_text(core.group_data_text(arch, plan))
-            say(f"wrote {self.args.write_group_data}")
+            # Its folder made; an existing file keeps all but the plan keys the sweep decides.
+            path = Path(self.args.write_group_data)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            existing = path.read_text() if path.is_file() else None
+            path.write_text(core.group_data_merged(existing, arch, plan))
+            say(f"{'updated' if existing else 'wrote'} {path}")
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -295,6 +301,14 @@ def main(args: SweepFlags) -> int:
             raise SpecfleetError(f"no host {args.host} in {args.inventory}",
                                  fix="pass --host with a host name of the inventory")
         out = Path(args.out or f"sweep-{args.host}").resolve()
+    except SpecfleetError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 3
+    unreachable = unreachable_line("sweep", args.inventory, args.connection, [args.host])
+    if unreachable:  # checked before anything is made or changed: one line, exit 1
+        print(unreachable, file=sys.stderr)
+        return 1
+    try:
         (out / "results").mkdir(parents=True, exist_ok=True)
         sweep = Sweep(args, grid, out)
     except SpecfleetError as exc:

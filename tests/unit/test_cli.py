@@ -183,7 +183,14 @@ def test_bad_settings_of_every_host_at_once_before_any_connection(tmp_path, caps
     assert "No hosts remaining" not in err and "Traceback" not in err
 
 
-def test_settings_shows_each_host_merged_with_secrets_as_references(tmp_path, capsys):
+_PIN = "0123456789abcdef0123456789abcdef01234567"
+PINS = f'"target": {{"revision": "{_PIN}"}}, "drafter": {{"revision": "{_PIN}"}}'
+
+
+def test_settings_shows_each_host_merged_with_secrets_as_references(tmp_path, capsys,
+                                                                      monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".hf-token").write_text("hf_x\n")
     inv = tmp_path / "inv.py"
     inv.write_text("""
 gpu = (["h1", "h2"], {"specfleet": {"port": 31000, "plan": {"tp_size": 8}}})
@@ -191,7 +198,8 @@ h2only = (["h2"], {"specfleet": {"api_key": "sk-do-not-print-me", "plan": {"tp_s
 """)
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(
-        'specfleet = {"weights": {"token_file": "~/.hf-token"}, "models_root": "/data/m"}\n')
+        'specfleet = {"weights": {"token_file": "~/.hf-token"}, "models_root": "/data/m", '
+        + PINS + '}\n')
     assert cli.main(["settings", str(inv), "h2", "--json"]) == 0
     out = capsys.readouterr().out
     assert "sk-do-not-print-me" not in out
@@ -210,7 +218,7 @@ def test_settings_says_whether_the_hf_token_is_set_never_its_value(tmp_path, cap
     """A gated or private repo needs a token: ``settings`` says when none is given on the
     control machine, and only 'set' when one is."""
     inv = tmp_path / "inv.py"
-    inv.write_text('hosts = ["h1"]\n')
+    inv.write_text('hosts = [("h1", {"specfleet": {' + PINS + '}})]\n')
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert cli.main(["settings", str(inv)]) == 0
     out = capsys.readouterr().out
@@ -222,11 +230,14 @@ def test_settings_says_whether_the_hf_token_is_set_never_its_value(tmp_path, cap
     assert "hf_do_not_print_me" not in out
     assert json.loads(out)["h1"]["secrets"]["hf_token"] == "$HF_TOKEN on the control machine: set"
     # A variable of the settings' own choosing, unset: the deploy would stop, and says so here.
-    inv.write_text('hosts = [("h1", {"specfleet": {"weights": {"token_env": "HF_TOKEN_PROD"}}})]\n')
+    inv.write_text('hosts = [("h1", {"specfleet": {"weights": {"token_env": "HF_TOKEN_PROD"}, '
+                   + PINS + '}})]\n')
     monkeypatch.delenv("HF_TOKEN_PROD", raising=False)
-    assert cli.main(["settings", str(inv), "--json"]) == 0
-    token = json.loads(capsys.readouterr().out)["h1"]["secrets"]["hf_token"]
+    assert cli.main(["settings", str(inv), "--json"]) == cli.EXIT_INPUT
+    out, err = capsys.readouterr()
+    token = json.loads(out)["h1"]["secrets"]["hf_token"]
     assert token.startswith("$HF_TOKEN_PROD on the control machine: unset"), token
+    assert "weights.token_env names $HF_TOKEN_PROD, which is not set here" in err
 
 
 @pytest.mark.parametrize("text, names", [

@@ -24,9 +24,8 @@ HOSTSIDE_THIRD_PARTY = {"huggingface_hub"}  # the weights agent, in the hosts' t
 
 
 def floor(module: str) -> str:
-    if module.startswith(("specfleet.fleet", "specfleet.cli", "specfleet.plan")) or module in (
-        "specfleet.fleet", "specfleet.cli", "specfleet.plan"
-    ):
+    if module.startswith(("specfleet.fleet", "specfleet.cli", "specfleet.plan",
+                          "specfleet.profiles")):
         return "top"
     if module.startswith("specfleet.hostside"):
         return "hostside"

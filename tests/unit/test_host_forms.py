@@ -34,6 +34,16 @@ def at_root(monkeypatch):
 
 
 @pytest.fixture()
+def all_answer(monkeypatch):
+    """The reachability check of sweep and bench (``specfleet.fleet.fleet_checks``) stood in
+    for: every host answers, so the forms reach the controller (tests/unit/test_sweep_preflight.py
+    tests the check itself, against a real refused connection)."""
+    from specfleet.fleet import fleet_checks
+
+    monkeypatch.setattr(fleet_checks, "reachable_hosts", lambda *a, **k: {})
+
+
+@pytest.fixture()
 def not_tried(monkeypatch):
     """``Session.connect`` stood in for: every host "unreachable" without a connection tried;
     the hosts it was asked for recorded."""
@@ -96,7 +106,7 @@ def test_rollout_takes_every_form(at_root, monkeypatch, form, names):
 
 
 @pytest.mark.parametrize("form, names", FORMS)
-def test_bench_takes_every_form(at_root, monkeypatch, tmp_path, form, names):
+def test_bench_takes_every_form(at_root, all_answer, monkeypatch, tmp_path, form, names):
     """Through ``run_with_data`` and ``run_pyinfra``'s own ``Session`` (its run stood in for:
     each host "failed" with no result, so the table flags every host and the exit is 1)."""
     seen = []
@@ -113,7 +123,7 @@ def test_bench_takes_every_form(at_root, monkeypatch, tmp_path, form, names):
 
 
 @pytest.mark.parametrize("form, names", FORMS)
-def test_sweep_takes_every_form(at_root, monkeypatch, tmp_path, form, names):
+def test_sweep_takes_every_form(at_root, all_answer, monkeypatch, tmp_path, form, names):
     from specfleet.fleet import sweep
 
     seen = []
@@ -151,7 +161,8 @@ def test_remove_hands_the_form_to_pyinfra_as_given(at_root, monkeypatch, form, n
 def test_settings_monitoring_and_logs_take_every_form(monkeypatch, capsys, tmp_path, form,
                                                       names):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert cli.main(["settings", form, "--json"]) == 0
+    pins = '{"target": {"revision": "%s"}, "drafter": {"revision": "%s"}}' % (("0" * 40,) * 2)
+    assert cli.main(["settings", form, "--json", "--data", f"specfleet={pins}"]) == 0
     assert list(__import__("json").loads(capsys.readouterr().out)) == names
     # monitoring reads every host: @local is this machine, whose loopback relay a Prometheus
     # here scrapes; another host's loopback relay is refused, by name

@@ -1,6 +1,7 @@
 """The settings schema: pydantic models, strict (``"10"`` is no int, ``"yes"`` no bool), closed and
 frozen; each value's own checks are field validators (``validators.py``), checks across keys are
-in ``checks.py``. Later features add fields here, with a docstring: their README line."""
+in ``checks.py``. Later features add fields here, with a docstring: their line of the settings
+reference (docs/settings.md)."""
 
 import math
 import re
