@@ -328,6 +328,15 @@ CONFLICTS = [
      "settings key 'models_root' is {0!r}, expected a folder apart from state_dir {1!r} "
      "(neither inside the other)", "give models_root and state_dir folders of their own, e.g. "
      "'/srv/models' and '/var/lib/specfleet'"),
+    # A removal deletes the venv by its own rules and never a folder holding one or the weights.
+    (("venv", "state_dir"), lambda a, b: _inside(a, b) or _inside(b, a), "venv",
+     "settings key 'venv' is {0!r}, expected a folder apart from state_dir {1!r} "
+     "(neither inside the other)", "give venv and state_dir folders of their own, e.g. "
+     "'/opt/specfleet/sglang' and '/var/lib/specfleet'"),
+    (("venv", "models_root"), lambda a, b: _inside(a, b) or _inside(b, a), "venv",
+     "settings key 'venv' is {0!r}, expected a folder apart from models_root {1!r} "
+     "(neither inside the other)", "give venv and models_root folders of their own, e.g. "
+     "'/opt/specfleet/sglang' and '/srv/models'"),
     (("api_key", "api_key_file"), lambda a, b: a is not None and b is not None, "api_key_file",
      "settings keys 'api_key' and 'api_key_file' are both set",
      "keep api_key_file (the key stays out of the inventory) and remove api_key"),

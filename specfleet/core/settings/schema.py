@@ -132,6 +132,11 @@ def _path(example: str) -> AfterValidator:
     return rule(valid.abs_path_problem, f"set {{key}} to an absolute path such as {example!r}")
 
 
+def _owned(example: str) -> AfterValidator:
+    return rule(valid.owned_dir_problem, f"set {{key}} to a folder of specfleet's own such as "
+                f"{example!r}")
+
+
 def _seconds(example: float) -> AfterValidator:
     return number(0, fix=f"set {{key}} to seconds, e.g. {_num(example)}", low_open=True)
 
@@ -476,9 +481,9 @@ class Settings(Section):
     """The served model."""
     drafter: ModelSource = ModelSource(repo_id="z-lab/Kimi-K2.6-DFlash", gated=True)
     """The DFlash drafter."""
-    models_root: Annotated[str, _path("/srv/models")] = "/srv/models"
+    models_root: Annotated[str, _owned("/srv/models")] = "/srv/models"
     """The folder of the models' folders."""
-    venv: Annotated[str, _path("/opt/specfleet/sglang")] = "/opt/specfleet/sglang"
+    venv: Annotated[str, _owned("/opt/specfleet/sglang")] = "/opt/specfleet/sglang"
     """SGLang's venv; an existing one is reused, not replaced."""
     python: Annotated[str, rule(
         lambda v: not (valid.COMMAND_NAME.fullmatch(v) or valid.abs_path_problem(v) is None)
@@ -508,7 +513,8 @@ class Settings(Section):
     probe: ProbeOptions = ProbeOptions()
     """The readiness gate's correctness probe."""
     service_name: Annotated[str, rule(valid.unit_name_problem, "set service_name to a plain name "
-                            "such as 'specfleet-sglang'")] = "specfleet-sglang"  # fmt: skip
+                            "of specfleet's own such as 'specfleet-sglang'")
+                            ] = "specfleet-sglang"  # fmt: skip
     """The systemd unit's name."""
     listen_host: Annotated[str, rule(valid.host_problem, "set listen_host to an address of the "
                            "host, e.g. '127.0.0.1' or '0.0.0.0'")] = "127.0.0.1"  # fmt: skip
@@ -526,7 +532,7 @@ class Settings(Section):
     """How long a start may take to answer."""
     launcher: Launcher | None = None
     """Tests only: the command standing in for `python -m sglang.launch_server`."""
-    state_dir: Annotated[str, _path("/var/lib/specfleet")] = "/var/lib/specfleet"
+    state_dir: Annotated[str, _owned("/var/lib/specfleet")] = "/var/lib/specfleet"
     """specfleet's own state on the host."""
 
 
