@@ -22,6 +22,10 @@ PORTS = "facts.net.ListeningPorts"
 SERVICE = "facts.serving.ServiceState"
 # Whether this member reaches rank 0's rendezvous address and port (facts.net.TcpReach).
 REACH = "facts.net.TcpReach"
+# The unit files of the server's and its watchdog's names in systemd's folders.
+UNIT_FILES = "facts.serving.UnitFiles"
+# The first line of every unit file specfleet writes (templates/*.service.j2).
+UNIT_HEADER = "# Managed by specfleet ("
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ def check(
     except PlanError as exc:
         result.problems.append(Problem("plan", exc.problem, exc.fix or ""))
 
+    _check_unit_files(facts, settings, result)
     _check_busy(facts, settings, result)
     _check_disk(facts, settings, missing_weights_bytes, result)
     _check_token(facts, settings, control_token, result, host_copy, missing_weights_bytes)
@@ -147,6 +152,34 @@ def _check_group(
         ))  # fmt: skip
     elif isinstance(reach, Mapping):
         result.passed.append(f"reaches rank 0's rendezvous {where}")
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)[:120]
+
+
+def _check_unit_files(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
+    """A unit file of the server's (or its watchdog's) name that specfleet did not write: the
+    deploy would overwrite it, or shadow the host's own unit of that name (``ssh.service``)."""
+    if UNIT_FILES not in facts:
+        return
+    foreign = []
+    for path, first in sorted((facts.get(UNIT_FILES) or {}).items()):
+        admin = path.startswith("/etc/systemd/system/")
+        if not (admin and first.startswith(UNIT_HEADER)):
+            said = f"first line {_printable(first)!r}" if first else "empty"
+            foreign.append(f"{path} ({said}{'' if admin else ', a unit of the host'})")
+    if foreign:
+        result.problems.append(Problem(
+            "unit-name",
+            f"service_name {settings.service_name!r} names a unit specfleet did not write: "
+            + "; ".join(foreign),
+            "set service_name to a name of specfleet's own (e.g. 'specfleet-sglang'); specfleet "
+            "never overwrites or shadows a unit it did not write (remove that file yourself "
+            "only if it is a leftover of yours)",
+        ))
+    else:
+        result.passed.append(f"no unit of the host's is named {settings.service_name}")
 
 
 def _our_pids(facts: Mapping[str, Any]) -> set[int]:

@@ -364,3 +364,28 @@ def test_the_status_shows_holder_since_and_expiry():
     assert text.endswith("(in 95 s)")
     gone = lock_status({**held, "expires_at": NOW - 600}, NOW)
     assert "(10 min ago): the next run takes it over" in gone
+
+
+def test_a_unit_file_specfleet_did_not_write_is_refused():
+    """service_name of a unit the host has (issue 55: ``ssh`` shadowed sshd): preflight refuses
+    it, naming the file and its first line, before anything changes; a unit specfleet wrote (its
+    header) is no problem."""
+    from facts.serving import UnitFiles, parse_unit_files
+    from specfleet.core.preflight import UNIT_FILES
+
+    ours = "/etc/systemd/system/specfleet-sglang.service"
+    cmd = UnitFiles().command(names=["specfleet-sglang.service"])
+    assert f"test -e {ours}" in cmd and "/lib/systemd/system/specfleet-sglang.service" in cmd
+    facts = facts_for()
+    facts[UNIT_FILES] = parse_unit_files(["##path " + ours, "# Managed by specfleet (x). Edits"])
+    assert check(facts, ct200_settings(), missing_weights_bytes=0).ok
+    facts[UNIT_FILES] = parse_unit_files([
+        "##path " + ours, "[Unit]\x1b[31m", "Description=mine",
+        "##path /lib/systemd/system/specfleet-sglang.service", "# Managed by specfleet (x)"])
+    result = check(facts, ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["unit-name"]
+    problem = result.problems[0]
+    assert ours + " (first line '[Unit]?[31m')" in problem.problem
+    assert "/lib/systemd/system/specfleet-sglang.service (first line" in problem.problem
+    assert "a unit of the host" in problem.problem and "\x1b" not in problem.problem
+    assert "set service_name to a name of specfleet's own" in problem.fix
