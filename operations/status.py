@@ -29,6 +29,7 @@ from specfleet.core.layout import lock_path, model_root, serve_path, server_path
 from specfleet.core.runlock import lock_status
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.portdata import PORTED_RELEASES
+from specfleet.core.text import printable
 from specfleet.core.unit import (
     SERVICE,
     Peer,
@@ -200,7 +201,9 @@ def health_status(settings: Settings, service: dict | None, health: dict | None,
     health = health or {}
     code = health.get("health_code")
     where = f"{settings.listen_host}:{settings.port}"
-    if code is None:
+    if health.get("port_held"):
+        st.health = f"not asked: {printable(health['port_held'])}"
+    elif code is None:
         st.health = f"down ({active}, nothing on {where})"
     elif code != 200:
         st.health = f"unhealthy (/health_generate {code}, {active})"
@@ -224,6 +227,7 @@ def status_specs(settings: Settings) -> dict[str, Any]:
     specs[HEALTH] = (Health, {
         "host": settings.listen_host, "port": settings.port,
         "secret_file": paths.secret if has_api_key(settings) else None,
+        "unit": paths.unit_name,
     })
     return specs
 

@@ -13,6 +13,7 @@ from typing import Any
 from specfleet.core.plan import SGLANG, PlanError, make_plan
 from specfleet.core.plan.group import GroupMember, make_group_plan
 from specfleet.core.settings import Settings
+from specfleet.core.text import printable
 from specfleet.hostside.weights_agent import disk_preflight
 
 GPU_PROCESSES = "facts.gpu.GpuProcesses"
@@ -154,10 +155,6 @@ def _check_group(
         result.passed.append(f"reaches rank 0's rendezvous {where}")
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text)[:120]
-
-
 def _check_unit_files(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
     """A unit file of the server's (or its watchdog's) name that specfleet did not write: the
     deploy would overwrite it, or shadow the host's own unit of that name (``ssh.service``)."""
@@ -167,7 +164,7 @@ def _check_unit_files(facts: Mapping[str, Any], settings: Settings, result: Pref
     for path, first in sorted((facts.get(UNIT_FILES) or {}).items()):
         admin = path.startswith("/etc/systemd/system/")
         if not (admin and first.startswith(UNIT_HEADER)):
-            said = f"first line {_printable(first)!r}" if first else "empty"
+            said = f"first line {printable(first, 120)!r}" if first else "empty"
             foreign.append(f"{path} ({said}{'' if admin else ', a unit of the host'})")
     if foreign:
         result.problems.append(Problem(

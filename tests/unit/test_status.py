@@ -191,7 +191,7 @@ def test_verdict_and_table():
 
 def test_parse_health():
     assert parse_health(["##specfleet-health=000", "##specfleet-model-info="]) == {
-        "health_code": None, "model_path": None, "model_info": None}
+        "health_code": None, "model_path": None, "model_info": None, "port_held": None}
     out = parse_health(["##specfleet-health=200",
                         '##specfleet-model-info={"model_path": "/m", "is_generation": true}'])
     assert out["health_code"] == 200 and out["model_path"] == "/m"
