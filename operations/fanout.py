@@ -445,19 +445,32 @@ def model(
     yield from _secret_upload(job["key_path"], private_key.strip() + "\n")
     yield FileUploadCommand(StringIO(known_hosts(servers)), job["known_hosts"])
     yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
-    yield StringCommand(
-        "rm", "-f", QuoteString(job["progress_path"]), "&&",
-        "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
-        QuoteString(f"--description=specfleet fan-out: {src.repo_id} from peers"),
-        "--property=TimeoutStopSec=30", "--property=Nice=5",
-        f"--property=RuntimeDirectory={os.path.basename(job['control_dir'])}",
-        "--property=RuntimeDirectoryMode=0700",
-        "--", QuoteString(python), QuoteString(agent_path), "pull", QuoteString(job_path),
-    )
+    yield pull_start_command(unit, job, src.repo_id, python, agent_path, job_path)
     yield FunctionCommand(_wait, (), {
         "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
         "poll_seconds": job["poll_seconds"], "agent": (python, agent_path),
     })
+
+
+# The most memory a pull's unit may take (systemd's MemoryMax=): a receiver keeps a source's
+# newest status and the last lines of its stderr, and streams files in 1 MiB chunks, so a
+# source that floods it is cut off here rather than growing the host's memory.
+PULL_MEMORY_MAX = "1G"
+
+
+def pull_start_command(unit: str, job: dict[str, Any], repo_id: str, python: str,
+                       agent_path: str, job_path: str) -> StringCommand:
+    """Start the pull as a transient unit, its memory capped (``PULL_MEMORY_MAX``)."""
+    return StringCommand(
+        "rm", "-f", QuoteString(job["progress_path"]), "&&",
+        "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
+        QuoteString(f"--description=specfleet fan-out: {repo_id} from peers"),
+        "--property=TimeoutStopSec=30", "--property=Nice=5",
+        f"--property=MemoryMax={PULL_MEMORY_MAX}", "--property=MemorySwapMax=0",
+        f"--property=RuntimeDirectory={os.path.basename(job['control_dir'])}",
+        "--property=RuntimeDirectoryMode=0700",
+        "--", QuoteString(python), QuoteString(agent_path), "pull", QuoteString(job_path),
+    )
 
 
 # How long one look at a pull's progress may wait on the host for its end (progress on the way
