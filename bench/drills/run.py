@@ -1117,8 +1117,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from bench.drills.broken_verify import BROKEN_VERIFY  # here: they import this module
     from bench.drills.hostile import HOSTILE_DRILLS
+    from bench.drills.security55 import SECURITY_DRILLS
 
-    DRILLS.extend(d for d in [*HOSTILE_DRILLS, BROKEN_VERIFY]
+    DRILLS.extend(d for d in [*HOSTILE_DRILLS, BROKEN_VERIFY, *SECURITY_DRILLS]
                   if d.name not in {x.name for x in DRILLS})
     drills = [d for d in DRILLS if not a.only or d.name in a.only.split(",")]
     if a.list:
