@@ -63,3 +63,25 @@ def test_specfleet_dirs_agree_with_the_layout():
     assert layout.TOOLS_PATH in valid.SPECFLEET_INNER
     assert layout.join(layout.OPT_DIR, "watchdog") in valid.SPECFLEET_INNER
     assert layout.SYSTEMD_DIR.startswith(tuple(valid.SYSTEM_DIRS))
+
+
+@pytest.mark.parametrize("name", ["PYTHONPYCACHEPREFIX", "TRITON_CACHE_DIR", "triton_cache_dir",
+                                  "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_extra_env_refuses_the_compile_caches(name):
+    """Issue 55: a cache folder anyone can write, given to the root server, runs their code."""
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"plan": {"extra_env": {name: "/tmp/cache"}}}, host="h1")
+    assert "compile caches" in str(err.value) and "fix:" in str(err.value)
+
+
+def test_the_refused_caches_are_the_ones_specfleet_places():
+    from specfleet.core.unit import CACHE_ENV
+
+    assert {n for n, _ in CACHE_ENV} | {"PYTHONPYCACHEPREFIX"} == valid.CODE_CACHE_ENV
+
+
+@pytest.mark.parametrize("value", ['/srv/my"models', "/srv/my\\models"])
+def test_quotes_and_backslashes_in_host_paths_are_refused(value):
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"models_root": value}, host="h1")
+    assert "without '\"' or '\\'" in str(err.value)

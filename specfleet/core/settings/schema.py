@@ -91,8 +91,9 @@ def _env_name(name: str) -> str:
                      "PASSWORD)", SECRET_FIX, found=f"the variable {name}")  # fmt: skip
     if valid.unsafe_env_name(name):
         raise refuse("no variable that changes what code the server runs or how it logs "
-                     "(LD_*, PYTHONPATH and kin, SGLANG_LOGGING_CONFIG_PATH: they would undo "
-                     "the pinned venv and the redacting log config)", "remove it: install what "
+                     "(LD_*, PYTHONPATH and kin, the compile caches specfleet places, "
+                     "SGLANG_LOGGING_CONFIG_PATH: they would undo the pinned venv, the "
+                     "root-owned caches and the redacting log config)", "remove it: install what "
                      "the server needs into the venv, and leave its logging to specfleet",
                      found=f"the variable {name}")  # fmt: skip
     return name

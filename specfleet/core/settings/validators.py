@@ -65,6 +65,8 @@ def abs_path_problem(value: str) -> str | None:
         return "an absolute path without control characters (newline, tab, NUL ...)"
     if not value.startswith("/"):
         return "an absolute path (starting with /)"
+    if '"' in value or "\\" in value:
+        return "an absolute path without '\"' or '\\' (they change meaning in a unit file)"
     body = value[:-1] if value.endswith("/") and len(value) > 1 else value
     if body == "/":
         return "an absolute path other than / itself"
@@ -331,7 +333,15 @@ UNSAFE_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSER
                         "BASH_ENV", "ENV", "GCONV_PATH", "SGLANG_LOGGING_CONFIG_PATH"})
 
 
+# Where the server (root) loads compiled code from: specfleet points each at a root-owned folder
+# under <models_root>/.cache (``specfleet.core.unit.CACHE_ENV``, checked to agree by
+# tests/unit/test_settings_paths.py); one a user may write would run their code as root.
+CODE_CACHE_ENV = frozenset({"PYTHONPYCACHEPREFIX", "SGLANG_DG_CACHE_DIR", "SGLANG_CACHE_DIR",
+                            "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                            "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"})
+
+
 def unsafe_env_name(name: str) -> bool:
     """Whether setting ``name`` in the server's environment would undo specfleet's safety."""
     upper = name.upper()
-    return upper in UNSAFE_ENV or upper.startswith("LD_")
+    return upper in UNSAFE_ENV or upper in CODE_CACHE_ENV or upper.startswith("LD_")
