@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from specfleet.core.settings import schema
 from specfleet.core.settings.schema import Settings
 from specfleet.core.settings.validators import http_host_problem, secret_flag
+from specfleet.core.text import mask_tokens
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Problem:
 
 
 def bad(key: str, found: str, expected: str, fix: str) -> Problem:
-    return Problem(key, f"settings key '{key}' is {found}, expected {expected}", fix)
+    # What was found is quoted back, never a token pasted into the wrong field.
+    return Problem(key, f"settings key '{key}' is {mask_tokens(found)}, expected {expected}", fix)
 
 
 def find_problems(data: Mapping[str, Any], host: str, test_ok: bool
@@ -378,7 +380,7 @@ def _inside(path: str, folder: str) -> bool:
 def _conflict(paths, when, key, text, fix) -> None:
     def check(*values):
         if when(*values):
-            yield Problem(key, text.format(*values), fix)
+            yield Problem(key, mask_tokens(text.format(*values)), fix)
 
     across(*paths)(check)
 
