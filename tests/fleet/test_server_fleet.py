@@ -428,10 +428,12 @@ def test_a_squatter_on_the_port_gets_no_api_key(srv, tmp_path):
         data["launcher"] = ["/bin/sh", "-c", 'sleep 20; exec "$0" "$@"', *data["launcher"]]
         run = deploy(srv, tmp_path, data)
         assert run.rc != 0 and run.ops["service"] == "Error", run
-        assert re.search(r"port 30011 is held by 'python3' \(pid \d+, uid 65534\), outside "
-                         r"sf-squat.service: the API key was not sent", run.out), run.out
+        # Before: the gate sent /health_generate and /get_model_info with the key, then saw
+        # "port 30011 is served by pid [N], a process outside sf-squat.service".
         seen = srv.run("h1", "cat /tmp/squat.log").stdout
         assert key not in seen and "Bearer" not in seen, seen
+        assert re.search(r"port 30011 is held by 'python3' \(pid \d+, uid 65534\), outside "
+                         r"sf-squat.service: the API key was not sent", run.out), run.out
     finally:
         srv.run("h1", "systemctl stop sf-squatter sf-squat.service; rm -f /tmp/squatter.py")
 

@@ -85,3 +85,18 @@ def test_quotes_and_backslashes_in_host_paths_are_refused(value):
     with pytest.raises(SettingsError) as err:
         settings_from_dict({"models_root": value}, host="h1")
     assert "without '\"' or '\\'" in str(err.value)
+
+
+@pytest.mark.parametrize("value, ok", [("127.0.0.1", True), ("0.0.0.0", True), ("::1", True),
+                                       ("10.1.2.3", True), ("localhost", True),
+                                       ("gpu7.example.com", False), ("server", False)])
+def test_listen_host_is_an_address_not_a_dns_name(value, ok):
+    """Issue 55: the gate and the status fact send the API key to listen_host; a DNS name may
+    resolve to any machine."""
+    if ok:
+        assert settings_from_dict({"listen_host": value}).listen_host == value
+        return
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({"listen_host": value}, host="h1")
+    assert "an IP address of the host (or localhost), not a DNS name" in str(err.value)
+    assert "fix: set listen_host to an IP address of the host" in str(err.value)

@@ -517,8 +517,9 @@ class Settings(Section):
                             "of specfleet's own such as 'specfleet-sglang'")
                             ] = "specfleet-sglang"  # fmt: skip
     """The systemd unit's name."""
-    listen_host: Annotated[str, rule(valid.host_problem, "set listen_host to an address of the "
-                           "host, e.g. '127.0.0.1' or '0.0.0.0'")] = "127.0.0.1"  # fmt: skip
+    listen_host: Annotated[str, rule(valid.listen_address_problem, "set listen_host to an IP "
+                           "address of the host, e.g. '127.0.0.1' or '0.0.0.0'")
+                           ] = "127.0.0.1"  # fmt: skip
     """The address the server listens on."""
     port: Annotated[int, number(1, 65535, integer=True, fix="set port to a free TCP port such as "
                     "30000")] = 30000  # fmt: skip

@@ -169,6 +169,18 @@ def unit_name_problem(value: str) -> str | None:
     return system_unit_problem(value)
 
 
+def listen_address_problem(value: str) -> str | None:
+    """An address the server listens on: an IP address, or a loopback name (``localhost``). A
+    DNS name is refused: the readiness gate and the status fact send the API key to it, and a
+    name may resolve anywhere."""
+    problem = host_problem(value)
+    if problem:
+        return problem
+    if not (is_ip(value.strip("[]")) or value.lower() in LOOPBACK_NAMES):
+        return "an IP address of the host (or localhost), not a DNS name"
+    return None
+
+
 def repo_id_problem(value: str) -> str | None:
     parts = value.split("/")
     if (len(parts) != 2 or "--" in value or ".." in value or value.endswith(".git")
