@@ -167,14 +167,17 @@ def format_pull(p: dict) -> str:
     return line
 
 
+# Writes a private file from stdin, 0600 (umask 077) before a byte lands, in a 0700 folder.
+_SECRET_SCRIPT = ('umask 077 && install -d -m 700 "$(dirname "$1")" && cat > "$1.tmp" '
+                  '&& chmod 600 "$1.tmp" && mv -f "$1.tmp" "$1"')
+
+
 def _secret_upload(path: str, content: str):
-    """Create ``path`` 0600 before a byte is written, then fill it from memory (only a hash
-    would ever show; pyinfra prints no content of a FileUploadCommand)."""
-    yield StringCommand("install", "-d", "-m", "700", QuoteString(os.path.dirname(path)))
-    yield StringCommand("(", "umask", "077", "&&", ":", ">", QuoteString(path), ")")
-    yield StringCommand("chmod", "600", QuoteString(path))
-    yield FileUploadCommand(StringIO(content), path)
-    yield StringCommand("chmod", "600", QuoteString(path))
+    """Write ``path`` (0600, its folder 0700) through the stdin of a root shell: never through
+    pyinfra's upload, whose ``--sudo`` form puts the bytes in a temporary file in /tmp with
+    default permissions before it copies them; never in an argv or a diff."""
+    yield StringCommand("sh", "-c", QuoteString(_SECRET_SCRIPT), "specfleet", QuoteString(path),
+                        _stdin=content)
 
 
 # ----------------------------------------------------------------------------------------------

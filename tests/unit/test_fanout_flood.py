@@ -120,3 +120,24 @@ def test_the_pulls_unit_has_a_memory_cap():
     assert f"--property=MemoryMax={PULL_MEMORY_MAX}" in words and PULL_MEMORY_MAX == "1G"
     assert "--property=MemorySwapMax=0" in words
     assert words.index("--property=MemoryMax=1G") < words.index("--")
+
+
+def test_the_private_key_goes_through_stdin_never_an_upload(tmp_path):
+    """Issue 55: with --sudo, pyinfra's upload of the fan-out's private key went through a file in
+    /tmp with default permissions before its copy. Now one root shell writes it from stdin,
+    0600 in a 0700 folder; run here as the host runs it."""
+    from pyinfra.api import StringCommand
+
+    from operations.fanout import _secret_upload
+
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+    dest = tmp_path / "fanout" / "r1.key"
+    commands = list(_secret_upload(str(dest), key))
+    assert [type(c) for c in commands] == [StringCommand]
+    command = commands[0]
+    assert key not in command.get_raw_value()  # not in the argv
+    stdin = command.connector_arguments["_stdin"]
+    subprocess.run(["sh", "-c", command.get_raw_value()], input=stdin, text=True, check=True)
+    assert dest.read_text() == key
+    assert oct(dest.stat().st_mode & 0o777) == "0o600"
+    assert oct(dest.parent.stat().st_mode & 0o777) == "0o700"
