@@ -58,6 +58,7 @@ from specfleet.core.layout import (
 )
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import RolloutOptions, Settings
+from specfleet.core.text import printable
 from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
 from specfleet.hostside.weights_agent import fmt_gib, job_id
 
@@ -452,6 +453,8 @@ def model(
     yield FunctionCommand(_wait, (), {
         "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
         "poll_seconds": job["poll_seconds"], "agent": (python, agent_path),
+        # No longer than its sources serve (their sshd's lifetime).
+        "deadline_s": s.rollout.fanout_serve_hours * 3600,
     })
 
 
@@ -497,12 +500,23 @@ def watch_command(unit: str, progress_path: str, agent: tuple[str, str] | None,
 
 
 def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
-          poll_seconds: float, agent: tuple[str, str] | None = None) -> bool:
-    """Watch the pull's progress until it ends (on the host, ``watch_command``). A pull never
-    fails the host: what it could not copy, ``weights.model`` fetches from upstream."""
+          poll_seconds: float, agent: tuple[str, str] | None = None,
+          deadline_s: float | None = None) -> bool:
+    """Watch the pull's progress until it ends (on the host, ``watch_command``), at most
+    ``deadline_s`` (then the pull is stopped). A pull never fails the host: what it could not
+    copy, ``weights.model`` fetches from upstream. What the host's progress file says (a
+    source's words among them) is shown printable only."""
     last_line, events_seen, gone_since = "", 0, None
     seen: float | None = None
+    began = time.monotonic()
     while True:
+        if deadline_s is not None and time.monotonic() - began > deadline_s:
+            host.run_shell_command(StringCommand("systemctl", "stop", QuoteString(unit)),
+                                   print_output=False, print_input=False)
+            host.log_styled(f"the peer copy ran past its deadline of {deadline_s:.0f} s "
+                            "(rollout.fanout_serve_hours); stopped, the weights step fetches "
+                            "the rest from upstream", fg="yellow", log_func=logger.warning)
+            return True
         asked = time.monotonic()
         ok, output = host.run_shell_command(watch_command(unit, progress_path, agent, seen),
                                             print_output=False, print_input=False)
@@ -512,7 +526,7 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
         if p is not None:
             events = p.get("events") or []
             for ev in events[events_seen:]:
-                host.log_styled(ev["text"], fg="cyan")
+                host.log_styled(printable(ev.get("text", ""), 500), fg="cyan")
             events_seen = len(events)
             line = format_pull(p)
             if line != last_line:
@@ -521,7 +535,8 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
             if p.get("state") in ("done", "partial", "failed") and not info["active"]:
                 if p["state"] != "done":
                     host.log_styled(
-                        f"peer copy {p['state']}: {(p.get('error') or {}).get('message', '')} "
+                        f"peer copy {p['state']}: "
+                        f"{printable((p.get('error') or {}).get('message', ''), 500)} "
                         "the weights step fetches the rest from upstream",
                         fg="yellow", log_func=logger.warning)
                 return True

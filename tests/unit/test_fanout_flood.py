@@ -141,3 +141,49 @@ def test_the_private_key_goes_through_stdin_never_an_upload(tmp_path):
     assert dest.read_text() == key
     assert oct(dest.stat().st_mode & 0o777) == "0o600"
     assert oct(dest.parent.stat().st_mode & 0o777) == "0o700"
+
+
+class _WatchedHost:
+    """Stand-in for pyinfra's host in ``_wait`` (no pyinfra run here): each look at the pull
+    answers as the host's ``watch_command`` does for a pull that goes on for ever, its progress
+    file updated each time, with a source's words holding an escape."""
+
+    name = "h1"
+
+    def __init__(self):
+        self.commands: list[str] = []
+        self.said: list[str] = []
+        self.n = 0
+
+    def run_shell_command(self, command, **kwargs):
+        from pyinfra.api.command import StringCommand
+
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        self.commands.append(text)
+        self.n += 1
+        progress = {"rollout_id": "r1", "state": "copying", "updated_at": float(self.n),
+                    "files_total": 3, "files_done": 0, "events": [
+                        {"at": 0, "text": "h2: \x1b[2Jstill sending"}]}
+        lines = ["unit specfleet-fanout-pull-o--m-r1.service", "progress", json.dumps(progress)]
+        return True, [type("L", (), {"line": ln, "buffer_name": "stdout"})() for ln in lines]
+
+    def log(self, text, *a, **k):
+        self.said.append(text)
+
+    def log_styled(self, text, *a, **k):
+        self.said.append(text)
+
+
+def test_the_controllers_wait_on_a_pull_has_a_deadline():
+    """Issue 55: a pull whose progress goes on for ever held the fan-out controller for ever; now
+    it is stopped at its deadline, and what the host said is shown printable."""
+    from operations.fanout import _wait
+
+    host = _WatchedHost()
+    began = time.monotonic()
+    assert _wait(None, host, "specfleet-fanout-pull-o--m-r1", "/p.json", "r1", 0.05,
+                 deadline_s=0.5) is True
+    assert time.monotonic() - began < 5
+    assert "systemctl stop specfleet-fanout-pull-o--m-r1" in host.commands[-1]
+    assert any("ran past its deadline" in s for s in host.said)
+    assert not any("\x1b" in s for s in host.said) and any("still sending" in s for s in host.said)
