@@ -27,7 +27,7 @@ from pyinfra.facts.files import File
 from facts import cache
 from facts.cache import cached_fact, cached_gather
 from facts.net import NetworkInterfaces, RdmaPorts, TcpReach
-from facts.preflight import RunLock, SGLangWheel
+from facts.preflight import RunLock, SGLangWheel, WritableByOthers
 from facts.probe import MARK as PROBE_MARK
 from facts.probe import default_specs
 from facts.serving import ServiceState, UnitFiles
@@ -38,6 +38,7 @@ from operations.server_facts import (
     group_peers,
     host_address,
     service_state_args,
+    trust_args,
     unit_files_args,
 )
 from operations.util import fails_host, record_failure
@@ -576,6 +577,7 @@ def checks(settings: Settings):
     )
     specs[pure.SERVICE] = (ServiceState, service_state_args(s))
     specs[pure.UNIT_FILES] = (UnitFiles, unit_files_args(s))
+    specs[pure.UNTRUSTED] = (WritableByOthers, trust_args(s))
     if s.group is not None:
         specs[NET] = (NetworkInterfaces, {})
         specs[RDMA] = (RdmaPorts, {})

@@ -53,6 +53,18 @@ def unit_files_args(settings: Settings) -> dict[str, Any]:
     return {"names": [server_paths(settings).unit_name, watchdog_paths(settings).unit_name]}
 
 
+def trust_args(settings: Settings) -> dict[str, Any]:
+    """``facts.preflight.WritableByOthers``' arguments: the venv (and the one beside it), and an
+    SGLang source tree with all that is in it."""
+    sg = settings.sglang
+    paths = [settings.venv]
+    trees = []
+    if sg.kind == "source" and sg.source_path:
+        paths.append(sg.source_path)
+        trees.append(sg.source_path)
+    return {"paths": paths, "trees": trees}
+
+
 def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:
     """The facts the unit needs, for one ``facts.probe.Probe`` command (one SSH round trip)."""
     paths = server_paths(settings)

@@ -25,6 +25,8 @@ SERVICE = "facts.serving.ServiceState"
 REACH = "facts.net.TcpReach"
 # The unit files of the server's and its watchdog's names in systemd's folders.
 UNIT_FILES = "facts.serving.UnitFiles"
+# Where a user other than root could change the code root runs (facts.preflight.WritableByOthers).
+UNTRUSTED = "facts.preflight.WritableByOthers"
 # The first line of every unit file specfleet writes (templates/*.service.j2).
 UNIT_HEADER = "# Managed by specfleet ("
 
@@ -85,6 +87,7 @@ def check(
         result.problems.append(Problem("plan", exc.problem, exc.fix or ""))
 
     _check_unit_files(facts, settings, result)
+    _check_trusted(facts, settings, result)
     _check_busy(facts, settings, result)
     _check_disk(facts, settings, missing_weights_bytes, result)
     _check_token(facts, settings, control_token, result, host_copy, missing_weights_bytes)
@@ -177,6 +180,26 @@ def _check_unit_files(facts: Mapping[str, Any], settings: Settings, result: Pref
         ))
     else:
         result.passed.append(f"no unit of the host's is named {settings.service_name}")
+
+
+def _check_trusted(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
+    """The venv and an SGLang source tree root runs code from (a build backend, a ``.pth``
+    file): only root may write them, or any folder above them."""
+    if UNTRUSTED not in facts:
+        return
+    found = facts.get(UNTRUSTED) or {}
+    for path, where in sorted(found.items()):
+        what = ("sglang.source_path" if path == settings.sglang.source_path else "venv")
+        place = printable(where.split(" (")[0])
+        result.problems.append(Problem(
+            "untrusted-path",
+            f"{what} {path} can be changed by a user other than root: {printable(where)}; root "
+            "would run code from it (pip's build backend, a .pth file)",
+            f"make it root's alone (chown root:root, chmod go-w on {place} and what is in it), "
+            f"or set {what} to a root-owned folder",
+        ))
+    if not found:
+        result.passed.append("the venv and the source tree are root's alone")
 
 
 def _our_pids(facts: Mapping[str, Any]) -> set[int]:
