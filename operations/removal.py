@@ -88,16 +88,16 @@ def footprint(s: Settings) -> Footprint:
         *wd.files(), wd.folder,
         # the weights tools (the agents and huggingface_hub) shared by the host's services
         layout.TOOLS_PATH,
-        # under state_dir: the HF token's copy, the weights jobs, the rollback point and the
-        # wheels kept for it, the benchmark's results, the fan-out's state
-        posixpath.dirname(control_token_path(s)),
-        *(p for j in jobs for p in (j.job, j.progress)),
+        # under state_dir: the HF token's copy, the weights jobs' folder (specfleet's download
+        # jobs and progress alone), the rollback point and the wheels kept for it, the
+        # benchmark's results, the fan-out's state
+        posixpath.dirname(control_token_path(s)), jobs[0].work,
         rollback.directory, rollback.wheels, bench_dir(s), fanout_dir(state),
         # the fan-out's control folders in /run
         *(control_dir(d) for d in dir_names),
     )  # fmt: skip
     dirs = (layout.SECRETS_DIR, layout.ETC_DIR, posixpath.dirname(wd.folder), layout.OPT_DIR,
-            jobs[0].work, posixpath.dirname(rollback.directory), state.rstrip("/") or "/")
+            posixpath.dirname(rollback.directory), state.rstrip("/") or "/")
     venvs = (s.venv.rstrip("/"), sibling_venv(s.venv, "") + "*")
     weights = (*roots, server.cache_root)
     return Footprint(units=(server.unit_name, wd.unit_name), unit_families=tuple(families),

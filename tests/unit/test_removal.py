@@ -25,15 +25,15 @@ def test_footprint_lists_everything_a_deploy_writes_by_exact_name():
                  "/var/lib/sf/kimi.restart-pending", "/opt/specfleet/tools",
                  "/opt/specfleet/watchdog/kimi", "/etc/specfleet/kimi.watchdog.json",
                  "/var/lib/sf/hf", "/var/lib/sf/rollback/kimi", "/var/lib/sf/fanout",
-                 "/var/lib/sf/weights/moonshotai--Kimi-K2.6.job.json"):
+                 "/var/lib/sf/weights"):
         assert path in fp.paths, path
     # No glob over a folder or a name prefix: another service's files, the host's, the user's
     # files in state_dir are never in it.
     assert not any("*" in p for p in (*fp.paths, *fp.units, *fp.dirs))
     assert "/var/lib/sf/run.lock" not in fp.paths and fp.lock == "/var/lib/sf/run.lock"
     assert fp.venvs == ("/root/venv", "/root/venv-sglang-*")
-    assert fp.dirs[:4] == ("/etc/specfleet/secrets", "/etc/specfleet", "/opt/specfleet/watchdog",
-                           "/opt/specfleet")
+    assert fp.dirs == ("/etc/specfleet/secrets", "/etc/specfleet", "/opt/specfleet/watchdog",
+                       "/opt/specfleet", "/var/lib/sf/rollback", "/var/lib/sf")
     # The weights only when asked; never the models root itself or the user's venv.
     assert fp.weights == ("/srv/models/moonshotai--Kimi-K2.6", "/srv/models/z-lab--Kimi-K2.6-DFlash",
                           "/srv/models/.cache")

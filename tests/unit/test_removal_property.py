@@ -157,7 +157,8 @@ def test_removal_touches_only_what_the_deploy_created(tmp_path, name, state_dir,
     _build(root, mine | theirs | set(HOST_FILES) | users)
     # Shared by the host's specfleet services, and A's by that right: the tools and state.
     shared = {layout.TOOLS_PATH, layout.control_token_path(s), layout.rollback_paths(s).wheels,
-              layout.bench_dir(s), layout.fanout_dir(state_dir)}
+              layout.bench_dir(s), layout.fanout_dir(state_dir),
+              layout.weights_job_paths(state_dir, "/x").work}
     commands = removal_commands(s, root, my_units | their_units | set(HOST_UNITS),
                                 weights, remove_venv)
     keep = {f for f in (theirs | set(HOST_FILES) | users)
