@@ -206,9 +206,7 @@ def _unit(settings: Settings, present: bool):
         )
 
     try:
-        ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
-        key = api_key(s)
-        secret = secret_yaml(key) if key is not None else None
+        texts = server_texts(s, current)
     except ValueError as exc:
         raise SpecfleetError(
             f"the plan cannot be written as a systemd unit: {exc}",
@@ -216,13 +214,16 @@ def _unit(settings: Settings, present: bool):
             fix="change the offending value in the settings (plan.extra_args / extra_env)",
         ) from None
 
+    ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
+    secret = texts["secret"]
     changes: list[Any] = []
     changed: list[str] = []
-    for template, dest, mode, what in (
-        (UNIT_TEMPLATE, paths.unit, 644, "the unit"),
-        (ENV_TEMPLATE, paths.env, 600, "the environment file"),
+    for template, key, mode, what in (
+        (UNIT_TEMPLATE, "unit", 644, "the unit"),
+        (ENV_TEMPLATE, "env", 600, "the environment file"),
     ):
-        if not _file_matches(st, dest, render(template, ctx), mode):
+        dest = paths.files()[key]
+        if not _file_matches(st, dest, texts[key], mode):
             changed.append(what)
             changes += list(
                 files.template._inner(
@@ -244,8 +245,8 @@ def _unit(settings: Settings, present: bool):
         changes.append(StringCommand("rm", "-f", QuoteString(paths.secret)))
     stale_logging = [
         (dest, text)
-        for dest, text in ((paths.log_config, logging_config(s, current.argv)),
-                           (paths.log_module, LOG_MODULE.read_text()))
+        for dest, text in ((paths.log_config, texts["log_config"]),
+                           (paths.log_module, texts["log_module"]))
         if not _file_matches(st, dest, text, 600)
     ]  # fmt: skip
     if stale_logging:
@@ -262,14 +263,30 @@ def _unit(settings: Settings, present: bool):
     yield from changes
 
 
+def server_texts(s: Settings, current: Any) -> dict[str, str | None]:
+    """What a deploy writes into each of the server's files (``ServerPaths.files``, by key) for
+    the plan ``current``: None where it writes nothing (no API key). The deploy writes these and
+    ``specfleet status`` compares them, so the two agree on every file. ValueError: the plan
+    cannot be written as a unit."""
+    ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
+    key = api_key(s)
+    return {
+        "unit": render(UNIT_TEMPLATE, ctx),
+        "env": render(ENV_TEMPLATE, ctx),
+        "secret": secret_yaml(key) if key is not None else None,
+        "log_config": logging_config(s, current.argv),
+        "log_module": LOG_MODULE.read_text(),
+    }
+
+
 def _absent(paths: ServerPaths, st: dict[str, Any]):
     present = [p for p in paths.unit_files() if p in st["files"]]
     loaded = st["load_state"] not in ("not-found", "")
     if not present and not loaded and st["restart_pending"] is None:
         host.noop(f"unit {paths.unit_name} is absent")
         return
-    files_ = [paths.unit, paths.env, paths.secret, paths.marker]
-    yield from unit_removal(paths.unit_name, st, files_, [paths.log_dir])
+    yield from unit_removal(paths.unit_name, st, [*paths.unit_files(), paths.marker],
+                            [paths.log_dir])
 
 
 @operation()

@@ -66,6 +66,7 @@ from bench.drills.kit import (
     verified,
     wait_until,
 )
+from bench.drills.security55 import SECURITY_DRILLS
 from bench.stamp import stamp, stamp_line
 from tests.harness import Fleet, HostSpec
 
@@ -785,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet", help="use this fleet of an earlier --keep run (not torn down)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args(argv)
-    DRILLS.extend(d for d in [*HOSTILE_DRILLS, BROKEN_VERIFY]
+    DRILLS.extend(d for d in [*HOSTILE_DRILLS, BROKEN_VERIFY, *SECURITY_DRILLS]
                   if d.name not in {x.name for x in DRILLS})
     drills = [d for d in DRILLS if not a.only or d.name in a.only.split(",")]
     if a.list:

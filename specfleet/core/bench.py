@@ -120,6 +120,12 @@ def text_table(head: list[str], body: list[list[str]]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def _finite(value: Any) -> bool:
+    """A real number: NaN, an infinity, None or text is no figure to pass a gate with."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 @dataclass(frozen=True)
 class GateVerdict:
     passed: bool
@@ -137,14 +143,19 @@ def speed_gate(new: Mapping[str, Any] | None, previous: Mapping[str, Any] | None
     if not new or new.get("error") or top_tps(new) is None:
         why = (new or {}).get("error") or "no benchmark result"
         return GateVerdict(False, f"no new benchmark: {why}")
-    if not previous or top_tps(previous) is None:
+    if not _finite(top_tps(new)):
+        return GateVerdict(False, f"the new benchmark's tokens/s is {top_tps(new)!r}, no number")
+    if not previous or top_tps(previous) is None or not _finite(top_tps(previous)):
         return GateVerdict(True, f"no earlier benchmark; now {top_tps(new):.1f} tok/s")
     now, before = top_tps(new), top_tps(previous)
     problems = []
     if now < fraction * before:
         problems.append(f"{now:.1f} tok/s is {now / before:.0%} of the earlier {before:.1f}")
     acc_now, acc_before = new.get("accept_length"), previous.get("accept_length")
-    if acc_now is not None and acc_before and acc_now < fraction * acc_before:
+    if _finite(acc_before) and acc_before and not _finite(acc_now):
+        # The server stopped reporting it (or reports no number): nothing shows it kept it.
+        problems.append(f"accept length {acc_now!r} now, {acc_before:.2f} before")
+    elif acc_now is not None and acc_before and acc_now < fraction * acc_before:
         problems.append(f"accept length {acc_now:.2f} is {acc_now / acc_before:.0%} of the "
                         f"earlier {acc_before:.2f}")
     if problems:

@@ -45,6 +45,7 @@ from typing import Any
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
+from specfleet.core.text import printable
 from specfleet.fleet import bench
 from specfleet.fleet.fanout import Interrupted, run_prefetch
 from specfleet.fleet.progress import progress_view
@@ -301,7 +302,7 @@ def busy_words(why: Sequence[str]) -> str | None:
     if mark not in text:
         return None
     who = text.split(mark, 1)[1]
-    return who.split("; its lease", 1)[0].split(": ", 1)[0] if who else None
+    return printable(who.split("; its lease", 1)[0].split(": ", 1)[0], 300) if who else None
 
 
 @dataclass

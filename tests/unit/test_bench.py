@@ -66,6 +66,21 @@ def test_speed_gate_compares_tokens_per_s_and_accept_length_with_the_previous_re
         core.speed_gate(before, before, 1.5)
 
 
+def test_speed_gate_fails_nan_and_a_vanished_acceptance():
+    """Issue 55: NaN compared as never below the gate, and a new result without an acceptance
+    length skipped its check."""
+    before = result({1: 100, 4: 200}, accept=3.0)
+    nan = core.speed_gate(result({1: 100, 4: float("nan")}, accept=3.0), before, 0.9)
+    assert not nan.passed and "no number" in nan.why
+    gone = core.speed_gate(result({1: 100, 4: 200}, accept=None), before, 0.9)
+    assert not gone.passed and "accept length None now, 3.00 before" in gone.why
+    nan_acc = core.speed_gate(result({1: 100, 4: 200}, accept=float("nan")), before, 0.9)
+    assert not nan_acc.passed and "accept length nan now" in nan_acc.why
+    # No acceptance before either (a plain server): nothing to keep.
+    assert core.speed_gate(result({1: 100, 4: 200}, accept=None),
+                           result({1: 100, 4: 200}, accept=None), 0.9).passed
+
+
 # -- the grid -------------------------------------------------------------------------------------
 
 

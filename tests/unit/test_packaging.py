@@ -52,6 +52,7 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
         "specfleet/hostside/weights_agent.py",
         "specfleet/hostside/fanout_agent.py",
         "specfleet/hostside/readiness_gate.py",
+        "specfleet/hostside/port_owner.py",
         "specfleet/hostside/specfleet_log_redact.py",
         "specfleet/hostside/facts/runner.py",
         "specfleet/hostside/facts/sglang_install.py",

@@ -8,6 +8,7 @@ nvidia-smi captures (tests.unit.test_plan.gpus_fact), SGLang installs are read f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -383,3 +384,63 @@ def test_the_status_shows_holder_since_and_expiry():
     assert text.endswith("(in 95 s)")
     gone = lock_status({**held, "expires_at": NOW - 600}, NOW)
     assert "(10 min ago): the next run takes it over" in gone
+
+
+def test_a_unit_file_specfleet_did_not_write_is_refused():
+    """service_name of a unit the host has (issue 55: ``ssh`` shadowed sshd): preflight refuses
+    it, naming the file and its first line, before anything changes; a unit specfleet wrote (its
+    header) is no problem."""
+    from facts.serving import UnitFiles, parse_unit_files
+    from specfleet.core.preflight import UNIT_FILES
+
+    ours = "/etc/systemd/system/specfleet-sglang.service"
+    cmd = UnitFiles().command(names=["specfleet-sglang.service"])
+    assert f"test -e {ours}" in cmd and "/lib/systemd/system/specfleet-sglang.service" in cmd
+    facts = facts_for()
+    facts[UNIT_FILES] = parse_unit_files(["##path " + ours, "# Managed by specfleet (x). Edits"])
+    assert check(facts, ct200_settings(), missing_weights_bytes=0).ok
+    facts[UNIT_FILES] = parse_unit_files([
+        "##path " + ours, "[Unit]\x1b[31m", "Description=mine",
+        "##path /lib/systemd/system/specfleet-sglang.service", "# Managed by specfleet (x)"])
+    result = check(facts, ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["unit-name"]
+    problem = result.problems[0]
+    assert ours + " (first line '[Unit]?[31m')" in problem.problem
+    assert "/lib/systemd/system/specfleet-sglang.service (first line" in problem.problem
+    assert "a unit of the host" in problem.problem and "\x1b" not in problem.problem
+    assert "set service_name to a name of specfleet's own" in problem.fix
+
+
+def test_a_venv_or_source_tree_others_can_write_is_refused(tmp_path):
+    """Issue 55: root ran pip's build backend from a world-writable source tree, and a venv's
+    .pth files. The fact, run here for real: a folder above (the sticky, world-writable /tmp),
+    or a file inside the tree others may write; then preflight refuses, naming the place."""
+    from facts.preflight import WritableByOthers
+    from specfleet.core.preflight import UNTRUSTED
+
+    tree = tmp_path / "sglang" / "python"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "sglang" / "build.py").write_text("x")
+    os.chmod(tree / "sglang" / "build.py", 0o666)
+    fact = WritableByOthers()
+    import subprocess
+
+    def run(**kw):
+        out = subprocess.run(["sh", "-c", fact.command(**kw)], capture_output=True, text=True,
+                             timeout=60)
+        return fact.process(out.stdout.splitlines())
+
+    assert run(paths=[str(tree)], trees=[str(tree)]) == {
+        str(tree): f"{tree}/sglang/build.py (uid {os.getuid()}, mode 666)"}
+    # Not there yet: checked from its nearest folder up (the temporary folders are others').
+    nowhere = str(tmp_path / "no" / "venv")
+    found = run(paths=[nowhere])[nowhere].split(" (")[0]
+    assert found in [str(tmp_path), *map(str, tmp_path.parents)], found
+    assert run(paths=["/usr/lib"]) == {} or os.getuid() != 0
+    facts = facts_for()
+    facts[UNTRUSTED] = {"/root/venv_sglang211": "/root (uid 1000, mode 775)"}
+    result = check(facts, ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["untrusted-path"]
+    assert "venv /root/venv_sglang211 can be changed by a user other than root: /root (uid " \
+           "1000, mode 775)" in result.problems[0].problem
+    assert "chmod go-w on /root" in result.problems[0].fix

@@ -274,7 +274,7 @@ GOOD_VALUES = [
     {"models_root": "/data/models/", "venv": "/root/venv_sglang211/", "state_dir": "/var/lib/sf"},
     {"service_name": "sglang@kimi"}, {"service_name": "sf-k26.prod_1"},
     {"python": "/usr/bin/python3.11"}, {"python": "python3.12"},
-    {"listen_host": "0.0.0.0"}, {"listen_host": "::"}, {"listen_host": "gpu-1.lan"},
+    {"listen_host": "0.0.0.0"}, {"listen_host": "::"}, {"listen_host": "localhost"},
     {"target": {"repo_id": "Org-1/Model.Name_2", "local_dir": "k26"}},
     {"target": {"revision": "refs/pr/1", "follow_branch": True}},
     {"drafter": {"revision": "v1.2", "follow_branch": True}},
