@@ -406,8 +406,9 @@ class PatchState(FactBase[dict | None]):
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "patch"
 
-    def command(self, venv: str) -> str:
-        d = shlex.quote(patch_state_dir(venv))
+    def command(self, venv: str, state_dir: str | None = None) -> str:
+        # ``state_dir``: another patch kept the same way (the drafter RoPE patch's).
+        d = shlex.quote(state_dir or patch_state_dir(venv))
         return (
             f"d={d}; "
             'if [ -f "$d/sha256" ]; then '

@@ -24,6 +24,7 @@ from operations.sglang_commands import (
     restore_script,
     script_command,
 )
+from operations.sglang_rope import dflash_rope
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
 from specfleet.core.errors import SpecfleetError
@@ -719,11 +720,12 @@ def _verify_or_roll_back(
 
 @deploy("SGLang software")
 def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
-    """The three software operations from ``settings``: SGLang installed, compressed-tensors
-    pinned, PR#20547 applied where missing. Returns their ``OperationMeta`` by name (a
-    ``restart_pending`` runs ``_if`` any of them changed). ``settings.venv`` is the venv this run
-    uses, as ``operations.venvs.effective_settings`` picks it (a new release goes beside the
-    configured venv): the deploy resolves it once and passes it in."""
+    """The software operations from ``settings``: SGLang installed, compressed-tensors
+    pinned, PR#20547 applied where missing, the drafter RoPE patch where needed. Returns their
+    ``OperationMeta`` by name (a ``restart_pending`` runs ``_if`` any of them changed).
+    ``settings.venv`` is the venv this run uses, as ``operations.venvs.effective_settings`` picks
+    it (a new release goes beside the configured venv): the deploy resolves it once and passes
+    it in."""
     sg = settings.sglang
     git = sg.kind == "git"
     from_tree = sg.kind == "source"
@@ -763,5 +765,12 @@ def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
         on_conflict=settings.patch.on_conflict,
         sglang_version=sg.version,
         test_recipe=settings.patch.test_recipe,
+    )
+    # Issue #52: 0.5.11's drafter reads its RoPE from the config (v1 and the port alike).
+    metas["dflash_rope"] = dflash_rope(
+        name="DFlash drafter RoPE from its config where SGLang lacks it",
+        venv=settings.venv,
+        source=settings.patch.source,
+        sglang_version=sg.version,
     )
     return metas

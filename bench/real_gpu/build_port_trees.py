@@ -7,6 +7,8 @@ the carried folder and are unpacked over a copy of the stock 0.5.11 tree on the 
   fix included);
 - ``port-stale-mask.tar.gz``: ``build_stale_mask()``, the same recipe less its verify-mask fix
   (0.5.11's own ``dflash_utils.py`` kept): isolates the mask, everything else as fixed;
+- ``port-rope.tar.gz`` (only where the fixed build writes ``models/dflash.py``): that file alone,
+  the drafter-RoPE patch over stock 0.5.11 (DFLASH v1);
 - ``port-unfixed.tar.gz``: ``build_unfixed(site)``, the port as it was before issue #29 (commit
   ``UNFIXED_COMMIT``: stale mask under triton, and the other bugs #29 fixed).
 
@@ -32,6 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.harness import port_build  # noqa: E402
 
+# The drafter's RoPE patch (the port issue's): where the fixed build writes it, ``port-rope``
+# is that file alone over the stock tree, so stock 0.5.11's DFLASH v1 runs with it.
+ROPE_FILE = "sglang/srt/models/dflash.py"
+
 
 def main(wheel_511: str, outdir: str) -> None:
     out = Path(outdir)
@@ -48,6 +54,8 @@ def main(wheel_511: str, outdir: str) -> None:
         stale.pop(port_build.MASK_FILE, None)  # 0.5.11's own file: the stale mask
         builds = {"fixed": port_build.build_fixed(), "stale-mask": stale,
                   "unfixed": port_build.build_unfixed(site)}
+        if ROPE_FILE in builds["fixed"]:  # the port's drafter-RoPE patch, alone over stock (v1)
+            builds["rope"] = {ROPE_FILE: builds["fixed"][ROPE_FILE]}
         every = sorted(set().union(*builds.values()))
         record: dict = {"made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "how": "tests/harness/port_build.py: build_fixed(), build_stale_mask() "

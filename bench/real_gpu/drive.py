@@ -85,7 +85,8 @@ def live_facts(python: str) -> tuple[dict, str]:
     return facts, f"$ {shlex.join(cmd)}\n{res.stdout}{res.stderr}"
 
 
-def make_plan(settings_file: Path, venv: str, facts: dict, tag: str) -> dict:
+def make_plan(settings_file: Path, venv: str, facts: dict, tag: str,
+              drafter_config: Path = TINY_DRAFTER, weights_bytes: int = TINY_WEIGHTS_BYTES) -> dict:
     data = json.loads(settings_file.read_text())
     data["venv"] = venv
     data["service_name"] = f"specfleet-{tag}"
@@ -95,7 +96,7 @@ def make_plan(settings_file: Path, venv: str, facts: dict, tag: str) -> dict:
     (work / f"{tag}-facts.json").write_text(json.dumps(facts, indent=1))
     cmd = [sys.executable, "-m", "specfleet.plan", "--facts", str(work / f"{tag}-facts.json"),
            "--settings", str(work / f"{tag}-settings.json"), "--drafter-config",
-           str(TINY_DRAFTER), "--weights-bytes", str(TINY_WEIGHTS_BYTES), "--json"]
+           str(drafter_config), "--weights-bytes", str(weights_bytes), "--json"]
     res = run(cmd, cwd=ROOT)
     plan = json.loads(res.stdout) if res.stdout.strip().startswith("{") else {"error": res.stderr}
     plan["command"] = shlex.join(cmd)

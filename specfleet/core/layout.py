@@ -29,6 +29,8 @@ HOST_TOKEN_DEFAULT = "/root/.cache/huggingface/token"
 # venv may have other packages replaced without ``sglang.allow_replacing``.
 PATCH_STATE_DIR = ".specfleet/pr20547"
 CREATED_MARKER = ".specfleet/created-by-specfleet"
+# The drafter RoPE patch's state (issue #52), laid out as PR#20547's above.
+ROPE_STATE_DIR = ".specfleet/dflash-rope"
 # The server's log formatter module, as the host keeps it in the unit's logging folder.
 LOG_MODULE_NAME = "specfleet_log_redact.py"
 
@@ -52,6 +54,10 @@ def venv_pip(venv: str) -> str:
 
 def patch_state_dir(venv: str) -> str:
     return join(venv, PATCH_STATE_DIR)
+
+
+def rope_state_dir(venv: str) -> str:
+    return join(venv, ROPE_STATE_DIR)
 
 
 def created_marker(venv: str) -> str:

@@ -102,9 +102,10 @@ PREFLIGHT = {
     "port": ({}, ["preflight port-taken: port 30000 is already taken by a process that is not "
                   "specfleet-sglang: python3 (pid ", "fix: stop that process, or give this host "
                   "another port"]),
-    "nowheel": ({"sglang": {"version": "0.5.15"}},
-                ["preflight sglang-wheel: no SGLang 0.5.15 wheel for this host's interpreter",
-                 "No matching distribution found for sglang==0.5.15",
+    # 0.5.21: a real release the test wheelhouse leaves out (its row's release is 0.5.20).
+    "nowheel": ({"sglang": {"version": "0.5.21"}},
+                ["preflight sglang-wheel: no SGLang 0.5.21 wheel for this host's interpreter",
+                 "No matching distribution found for sglang==0.5.21",
                  "fix: use an SGLang version with a wheel for this Python and glibc"]),
     "nodflash": ({"sglang": {"version": "0.5.10"}},
                  ["preflight plan: SGLang 0.5.10 has no DFLASH speculative decoding",

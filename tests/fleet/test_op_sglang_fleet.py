@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import HostSpec
-from tests.harness.port_build import port_patch, port_settings
+from tests.harness.port_build import build_dflash_rope, port_patch, port_settings
 from tests.harness.sources import PR20547_DIR, sglang_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,6 +220,13 @@ def test_fresh_host_converges_with_the_port_then_changes_nothing(sw, tmp_path):
     assert not diff["missing"]
     assert not [p for p in diff["changed"] if p.rsplit("/", 1)[-1] in V1_FILES]  # v1 untouched
     assert "sglang/srt/speculative/dflash_worker_v2.py" in diff["added"]
+    # The drafter RoPE patch (#52) beside the port: models/dflash.py is 0.5.14's reading, marked.
+    assert first.status("DFlash drafter RoPE", "h1") == "Success", first.output
+    assert "sglang/srt/models/dflash.py" in diff["changed"]
+    rope = sw.run("h1", f"cat {venv}/lib/python3.11/site-packages/sglang/srt/models/dflash.py",
+                  check=True).stdout  # fmt: skip
+    assert rope == build_dflash_rope()["sglang/srt/models/dflash.py"]
+    assert exists(sw, "h1", f"{venv}/.specfleet/dflash-rope/sha256")
     stray = sw.run(
         "h1", f"find {venv} -xdev \\( -name '*.orig' -o -name '*.rej' \\) -print", check=True
     ).stdout
@@ -227,7 +234,8 @@ def test_fresh_host_converges_with_the_port_then_changes_nothing(sw, tmp_path):
 
     second = deploy(sw, tmp_path, "h1", data)
     assert second.rc == 0, second.output
-    for op in ("SGLang 0.5.11 installed", "compressed-tensors pinned", "PR#20547"):
+    for op in ("SGLang 0.5.11 installed", "compressed-tensors pinned", "PR#20547",
+               "DFlash drafter RoPE"):
         assert second.status(op, "h1") == "No changes", (op, second.output)
     print(f"timing: {'second run (no changes)'}: {second.seconds:.1f}s")
 

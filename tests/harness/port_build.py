@@ -8,7 +8,9 @@ unzipped wheel); ``OUT`` gets the files the port modifies or creates (``OUT/sgla
 ready to copy over ``SITE``. The upstream text comes through the recipe's reader from the mirrors
 (default: ``../shared/fixtures/sglang-pr20547/`` and the wheelhouse), each file checked against
 its sha256. ``--unfixed`` builds the port as it was before issue #29 (commit ``UNFIXED_COMMIT``:
-its ``adaptation.diff`` over the PR diff's hunks, GNU patch), to compare the two on a GPU.
+its ``adaptation.diff`` over the PR diff's hunks, GNU patch), to compare the two on a GPU;
+``--before-52`` the port as its recipe was before issue #52; ``--stale-mask`` the fixed port less
+its verify-mask fix; ``--rope`` adds the drafter RoPE patch's ``models/dflash.py`` (#52).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ DATA = REPO / "specfleet" / "patchdata" / "pr20547" / "sglang-0.5.11"
 # penalties dropped, --disable-overlap-schedule overridden, upstream text in adaptation.diff).
 UNFIXED_COMMIT = "48fd89f07389c400e2608a2d53a92c551702492a"
 UNFIXED_DATA = "specfleet/patchdata/pr20547/sglang-0.5.11"
+# The last commit with the port as it was before issue #52 (stop strings inside an accepted block
+# missed, EOS at the length cap emitted as "length", the KV reservation from batch.seq_lens).
+BEFORE_52_COMMIT = "5a531c740b317d616b2274240872c0167f309ce8"
 # The file whose verify-mask policy the fix changes (0.5.14's TritonAttnBackend entry).
 MASK_FILE = "sglang/srt/speculative/dflash_utils.py"
 
@@ -95,6 +100,25 @@ def build_stale_mask(mirrors: list[str] | None = None) -> dict[str, str]:
 
 def build_fixed(mirrors: list[str] | None = None) -> dict[str, str]:
     recipe = load_recipe()
+    return build(recipe, recipe_reader(recipe, mirrors)).files
+
+
+def build_before_52(mirrors: list[str] | None = None) -> dict[str, str]:
+    """The port's files as its recipe made them before issue #52 (commit ``BEFORE_52_COMMIT``),
+    from the same pinned sources: the tree the #52 tests must fail on."""
+    recipe = json.loads(subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{BEFORE_52_COMMIT}:{UNFIXED_DATA}/{RECIPE_FILE}"],
+        check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    return build(recipe, recipe_reader(recipe, mirrors)).files
+
+
+def build_dflash_rope(mirrors: list[str] | None = None) -> dict[str, str]:
+    """The drafter RoPE patch's file (issue #52: 0.5.11's ``models/dflash.py`` with 0.5.14's
+    ``get_rope_config`` reading), which a deploy applies wherever 0.5.11 runs DFlash, beside the
+    port or without it: {path: text}."""
+    from specfleet.core.sglang.dflash_rope import load_rope_patch
+
+    recipe = load_rope_patch("0.5.11").recipe
     return build(recipe, recipe_reader(recipe, mirrors)).files
 
 
@@ -198,6 +222,10 @@ def main(argv=None) -> int:
     ap.add_argument("--unfixed", action="store_true", help="the port as it was before #29")
     ap.add_argument("--stale-mask", action="store_true", help="the fixed port less its verify-mask "
                     "fix (0.5.11's dflash_utils.py kept): isolates the mask on a GPU")
+    ap.add_argument("--rope", action="store_true", help="also the drafter RoPE patch's "
+                    "models/dflash.py (#52), which a deploy applies on every 0.5.11 host")
+    ap.add_argument("--before-52", action="store_true", help="the port as it was before #52 "
+                    "(commit BEFORE_52_COMMIT), to compare on a GPU")
     ap.add_argument("--mirror", action="append", help="a folder or URL base with the sources "
                     "(repeatable; default: shared fixtures and the wheelhouse)")
     args = ap.parse_args(argv)
@@ -208,10 +236,14 @@ def main(argv=None) -> int:
         return 2
     if args.unfixed:
         files = build_unfixed(args.site)
+    elif args.before_52:
+        files = build_before_52(args.mirror)
     else:
         files = build_stale_mask(args.mirror) if args.stale_mask else build_fixed(args.mirror)
     if args.stale_mask:
         files.pop(MASK_FILE, None)
+    if args.rope:
+        files.update(build_dflash_rope(args.mirror))
     for path, text in sorted(files.items()):
         dest = args.out / path
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -21,11 +21,16 @@ from pathlib import Path
 from specfleet.core.sglang.recipe import RECIPE_FILE, check_recipe, sha256_text
 from tests.harness.port_build import DATA, recipe_reader
 
-# Where a new module's lines come from upstream (besides the same path).
+# Where a file's lines come from upstream besides the same path (in this order).
 HINTS = {
-    "sglang/srt/speculative/dflash_utils_pr20547.py": "sglang/srt/speculative/dflash_utils.py",
-    "sglang/srt/speculative/dflash_worker_pr20547_base.py":
+    "sglang/srt/speculative/dflash_utils_pr20547.py": (
+        "sglang/srt/speculative/dflash_utils.py",
+        # #52: the rank-0 broadcast after sampled verification, as 0.5.11's EAGLE v2 does it.
+        "sglang/srt/speculative/eagle_info_v2.py",
+    ),
+    "sglang/srt/speculative/dflash_worker_pr20547_base.py": (
         "sglang/srt/speculative/dflash_worker.py",
+    ),
 }
 MIN_TRIVIAL = 4  # a lone line this short (")", "else:") is not worth a piece of its own
 
@@ -33,9 +38,7 @@ MIN_TRIVIAL = 4  # a lone line this short (")", "else:") is not worth a piece of
 def _candidates(path: str, recipe: dict, read) -> list[tuple[str, str, list[str]]]:
     out = []
     for name in recipe["match_order"]:
-        for p in (path, HINTS.get(path)):
-            if p is None:
-                continue
+        for p in (path, *HINTS.get(path, ())):
             text = read(name, p)
             if text is not None:
                 out.append((name, p, text.splitlines(keepends=True)))

@@ -1,10 +1,11 @@
 """SGLang's own rules, run on a plan: each release's rule modules loaded standalone from its wheel.
 
 ``import sglang`` pulls in torch, triton, orjson and transformers, none of which is here. So this
-harness reads the modules that hold the rules in that release (0.5.11-0.5.14:
-``sglang/srt/server_args.py`` and 0.5.13+ ``arg_groups/speculative_hook.py``; 0.5.23:
-``server_args.py`` and ``arg_groups/fields/*`` for the msgspec record and the command line, and
-the resolution hooks ``arg_groups/{cuda_graph,memory,attention,speculative}_hook.py``, see
+harness reads the modules that hold the rules in that release (0.5.11-0.5.18:
+``sglang/srt/server_args.py``, 0.5.13+ ``arg_groups/speculative_hook.py``, 0.5.15+
+``arg_groups/overrides.py``, 0.5.17+ ``arg_groups/kimi_k3_hook.py``; 0.5.19 on:
+``server_args.py`` (0.5.20 on with ``arg_groups/fields/*``) for the record and the command line,
+and the resolution hooks ``arg_groups/{cuda_graph,memory,attention,speculative}_hook.py``, see
 PIPELINE_MODULES and PIPELINE_STEPS) straight out of the real PyPI wheel and executes them as
 they are, with these stand-ins and nothing else:
 
@@ -25,9 +26,11 @@ methods are called, in ``__post_init__``'s order: the piecewise CUDA graph decis
 memory settings (``mem_fraction_static``, ``chunked_prefill_size``, CUDA graph sizes), the
 attention-backend compatibility rule (``page_size`` for trtllm_mla ...), and the
 speculative-decoding checks (DFLASH: dp attention, pp size, draft window, ``max_running_requests``,
-overlap schedule). 0.5.23 has no such ``__post_init__`` (``resolve_once`` runs
+overlap schedule); from 0.5.15 after ``_handle_missing_default_values`` (the DFLASH check reads
+the device it fills in). 0.5.19 on have no such ``__post_init__`` (``resolve_once`` runs
 ``arg_groups/pipeline.py``): its ``from_cli_args`` runs as it is, then only the pipeline steps in
-PIPELINE_STEPS, through its own ``run_hook``, on the record sealed as ``resolve_once`` seals it.
+PIPELINE_STEPS that the release's own pipeline.py calls, through its own ``run_hook`` (0.5.20 on;
+0.5.19 calls them directly), on the record sealed as ``resolve_once`` seals it (0.5.20 on).
 
 "Not enough memory" is raised by SGLang at model load (``pool_configurator.py``), not by
 ``ServerArgs``: ``Verdict.kv_room_gib`` models it from the fraction SGLang's code computed here,
@@ -40,10 +43,12 @@ import __future__
 import argparse
 import ast
 import copy
+import dataclasses
 import decimal
 import enum
 import importlib.abc
 import importlib.machinery
+import inspect
 import os
 import re
 import sys
@@ -64,6 +69,13 @@ MEMORY_RULE_MODULE = {
     "0.5.12": "sglang/srt/server_args.py",
     "0.5.13": "sglang/srt/server_args.py",
     "0.5.14": "sglang/srt/server_args.py",
+    "0.5.15": "sglang/srt/server_args.py",
+    "0.5.16": "sglang/srt/server_args.py",
+    "0.5.17": "sglang/srt/server_args.py",
+    "0.5.18": "sglang/srt/server_args.py",
+    "0.5.19": "sglang/srt/arg_groups/memory_hook.py",
+    "0.5.20": "sglang/srt/arg_groups/memory_hook.py",
+    "0.5.22": "sglang/srt/arg_groups/memory_hook.py",
     "0.5.23": "sglang/srt/arg_groups/memory_hook.py",
 }
 RELEASES = tuple(MEMORY_RULE_MODULE)
@@ -259,9 +271,12 @@ def _wheel_files(source: str) -> dict[str, str]:
 WHEEL_MODULES = (
     "sglang.srt.environ",
     "sglang.jit_kernel.kv_canary.consts",
+    "sglang.kernels.ops.kv_canary.consts",  # 0.5.17 on
+    "sglang.srt.arg_groups.overrides",  # 0.5.15 on: resolved_view
     "sglang.srt.arg_groups.argparse_actions",
     "sglang.srt.arg_groups.arg_utils",
     "sglang.srt.model_executor.cuda_graph_config",
+    "sglang.srt.arg_groups.kimi_k3_hook",  # 0.5.17 on: _handle_cuda_graph_config calls it
     "sglang.srt.arg_groups.speculative_hook",
     "sglang.srt.server_args",
 )
@@ -470,9 +485,9 @@ class Release:
         )
         model_config_module = self._fake("sglang.srt.configs.model_config")
         model_config_module.AttentionArch = AttentionArch
-        if self.pipeline:
-            # The hooks call model_config.py's predicates over the HF config (is_deepseek_v4,
-            # uses_kda_attention ...): the wheel's own functions.
+        if self.pipeline or self._has("sglang.srt.arg_groups.overrides"):
+            # The hooks (0.5.18's breakable-graph rules too) call model_config.py's predicates
+            # over the HF config (is_deepseek_v4, uses_kda_attention ...): the wheel's own.
             source = wheel_text(version, "sglang/srt/configs/model_config.py")
             constants = _literal_constants(version, "sglang.srt.configs.model_config")
             for name, fn in _exec_functions(source, constants).items():
@@ -517,8 +532,9 @@ class Release:
             self._spec_info_names["resolving_view"] = self.modules[
                 "sglang.srt.arg_groups.overrides"
             ].resolving_view
-            # handle_server_args validates SGLANG_RAGGED_VERIFY_MODE first (ragged_verify.py
-            # imports torch): its enum and reader executed from the wheel's text.
+        if self._has("sglang.srt.speculative.ragged_verify"):
+            # 0.5.16 on: handle_server_args validates SGLANG_RAGGED_VERIFY_MODE first
+            # (ragged_verify.py imports torch): its enum and reader executed from the wheel's text.
             source = wheel_text(version, "sglang/srt/speculative/ragged_verify.py")
             ragged = self._fake("sglang.srt.speculative.ragged_verify")
             ragged.RaggedVerifyMode = _exec_class(source, "RaggedVerifyMode", {})
@@ -735,24 +751,56 @@ PIPELINE_STEPS = (
 )
 
 
+def pipeline_steps(version: str) -> tuple[tuple[str, str], ...]:
+    """The PIPELINE_STEPS this release's own ``arg_groups/pipeline.py`` runs, in its order: a step
+    it does not call is not one of its steps (``handle_deprecated_dp_attention`` is first called
+    in 0.5.22, ``run_hook`` wraps the calls from 0.5.20)."""
+    called = {
+        node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        for node in ast.walk(_parsed(wheel_text(version, PIPELINE_MARKER)))
+        if isinstance(node, ast.Call)
+    }
+    # run_hook(fn, server_args) and run_post_process_pass(server_args, fn) name the step as an
+    # argument, not as the callee.
+    named = {
+        arg.id
+        for node in ast.walk(_parsed(wheel_text(version, PIPELINE_MARKER)))
+        if isinstance(node, ast.Call)
+        for arg in node.args
+        if isinstance(arg, ast.Name)
+    }
+    return tuple((m, n) for m, n in PIPELINE_STEPS if n in called or n in named)
+
+
 def _run_pipeline_rules(release: Release, sa) -> None:
-    """0.5.23's resolution steps (PIPELINE_STEPS) on the record, as resolve_once runs them: the
-    record sealed (a step that assigns a field directly fails), decisions declared on top of the
-    raw input."""
+    """The resolution steps (PIPELINE_STEPS, those the release's pipeline.py runs) on the record,
+    as resolve_once runs them: decisions declared on top of the raw input; from 0.5.20 the
+    record sealed (a step that assigns a field directly fails) and each step through run_hook
+    (0.5.19 calls them directly, and hands handle_gpu_memory_settings the GPU memory)."""
     mods = release.modules
     overrides = mods["sglang.srt.arg_groups.overrides"]
-    run_hook = mods["sglang.srt.arg_groups.resolution_hooks"].run_hook
-    fields = mods["sglang.srt.arg_groups.arg_utils"].record_fields(type(sa))
+    hooks = mods.get("sglang.srt.arg_groups.resolution_hooks")
+    arg_utils = mods["sglang.srt.arg_groups.arg_utils"]
+    if hasattr(arg_utils, "record_fields"):
+        fields = arg_utils.record_fields(type(sa))
+    else:
+        fields = dataclasses.fields(sa)  # 0.5.19's run_resolution_pipeline
     sa._raw_input = {f.name: getattr(sa, f.name) for f in fields}
     sa._resolved_overrides = []
     sa._input_frozen = True
     try:
-        for module, name in PIPELINE_STEPS:
+        for module, name in pipeline_steps(release.version):
             fn = getattr(mods[f"sglang.srt.arg_groups.{module}"], name)
+            extra = ()
+            if name == "handle_gpu_memory_settings" and len(inspect.signature(fn).parameters) == 2:
+                # 0.5.19: gpu_mem = get_device_memory_capacity(cfg.device), passed in.
+                extra = (release.machine.memory_mib,)
             if module == "overrides":
                 overrides.run_post_process_pass(sa, fn)
+            elif hooks is not None:
+                hooks.run_hook(fn, sa, *extra)
             else:
-                run_hook(fn, sa)
+                fn(sa, *extra)
     finally:
         sa._input_frozen = False
 
@@ -770,6 +818,13 @@ def _run_rules(release: Release, sa) -> None:
         _run_pipeline_rules(release, sa)
         return
     gpu_mem = release.machine.memory_mib
+    if "sglang.srt.arg_groups.overrides" in release.modules and hasattr(
+        sa, "_handle_missing_default_values"
+    ):
+        # 0.5.15-0.5.18 (__post_init__ starts the stash, and _handle_dflash reads the device
+        # that _handle_missing_default_values fills in).
+        sa._resolved_overrides = []
+        sa._handle_missing_default_values()
     if hasattr(sa, "_handle_cuda_graph_config"):
         sa._handle_cuda_graph_config()  # 0.5.14: --cuda-graph-config into decode/prefill parts
     if hasattr(sa, "_handle_piecewise_cuda_graph"):

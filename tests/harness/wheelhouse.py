@@ -35,6 +35,16 @@ DOWNLOADS: list[tuple[list[str], bool]] = [
     (["sglang==0.5.12"], False),
     (["sglang==0.5.13"], False),
     (["sglang==0.5.14"], False),
+    # One release per row of the version table between 0.5.15 and 0.5.23 (the first release of
+    # each row; sglang_versions.VERSIONS): each runs its own rules in tests/harness/sglang_rules.py.
+    (["sglang==0.5.15"], False),
+    (["sglang==0.5.16"], False),
+    (["sglang==0.5.17"], False),
+    (["sglang==0.5.18"], False),
+    (["sglang==0.5.19"], False),
+    (["sglang==0.5.20"], False),
+    (["sglang==0.5.21"], False),
+    (["sglang==0.5.22"], False),
     (["sglang==0.5.23"], False),
     (["compressed-tensors==0.9.4"], False),
     (["compressed-tensors==0.18.0"], False),

@@ -6,6 +6,7 @@ filled from PyPI by the test command, or on first use).
 
 from __future__ import annotations
 
+import ast
 import re
 import zipfile
 
@@ -24,6 +25,7 @@ from specfleet.core.tables.sglang_versions import (
     predicted_install,
     version_row,
 )
+from tests.harness.sglang_rules import MEMORY_RULE_MODULE, RELEASES
 from tests.harness.sources import sglang_wheel
 
 # compressed-tensors releases on PyPI around these sglang releases (sglang.md section 4).
@@ -127,7 +129,7 @@ def declared_flags(zf: zipfile.ZipFile) -> set[str]:
     return flags | {"--" + f.replace("_", "-") for f in fields}
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", RELEASES)
 def test_plan_flags_exist_in_wheel(version):
     flags = declared_flags(wheel(version))
     used = [
@@ -145,25 +147,105 @@ def test_old_window_flag_gone_in_0523():
     assert DRAFT_WINDOW_FLAG not in declared_flags(wheel("0.5.11"))
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
-def test_draft_backends_match_wheel(version):
-    zf = wheel(version)
-    src = _text(zf, "sglang/srt/speculative/") + _text(zf, "sglang/srt/arg_groups/choices.py")
+def wheel_draft_backends(zf: zipfile.ZipFile) -> tuple[str, ...]:
+    """The draft backends DFLASH checks in this wheel: its own ``supported_draft_backends``
+    tuple (dflash_worker*.py to 0.5.16, arg_groups/speculative_hook.py's
+    _resolve_dflash_draft_attention_backend 0.5.17-0.5.19), else (0.5.20 on) choices.py's
+    DRAFT_ATTENTION_BACKEND_CHOICES, which draft_worker_common.py resolves against."""
+    src = _text(zf, "sglang/srt/speculative/") + _text(zf, "sglang/srt/arg_groups/speculative_hook")
     m = re.search(r"supported_draft_backends = \(([^)]*)\)", src) or re.search(
-        r"DRAFT_ATTENTION_BACKEND_CHOICES = \[([^\]]*)\]", src
+        r"DRAFT_ATTENTION_BACKEND_CHOICES = \[([^\]]*)\]",
+        _text(zf, "sglang/srt/arg_groups/choices.py"),
     )
     assert m, "no draft backend list in the wheel"
-    assert tuple(re.findall(r'"([^"]+)"', m.group(1))) == version_row(version).dflash_draft_backends
+    return tuple(re.findall(r'"([^"]+)"', m.group(1)))
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", RELEASES)
+def test_draft_backends_match_wheel(version):
+    assert wheel_draft_backends(wheel(version)) == version_row(version).dflash_draft_backends
+
+
+def wheel_strings(zf: zipfile.ZipFile, prefix: str) -> list[str]:
+    """Every string constant of the wheel's modules under ``prefix``, as Python joins them
+    (0.5.20 splits its DFLASH dp-attention message over two literals)."""
+    out = []
+    for name in zf.namelist():
+        if name.startswith(prefix) and name.endswith(".py"):
+            tree = ast.parse(zf.read(name), name)
+            out += [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                    and isinstance(n.value, str)]  # fmt: skip
+    return out
+
+
+def wheel_dflash_dp_attention(zf: zipfile.ZipFile) -> tuple[bool, tuple[str, ...]]:
+    """(DFLASH refuses dp attention on CUDA, the flags it needs beside it where it does not):
+    read from the messages its DFLASH checks raise."""
+    # Where _handle_dflash lives: server_args.py (0.5.11, 0.5.12), speculative_hook.py after.
+    strings = wheel_strings(zf, "sglang/srt/server_args.py") + wheel_strings(
+        zf, "sglang/srt/arg_groups/speculative_hook.py"
+    )
+    refuses = any(
+        s.startswith("Currently DFLASH speculative decoding does not support dp attention")
+        and "on non-NPU devices" in s or s == "Currently DFLASH speculative decoding does not "
+        "support dp attention." for s in strings
+    )  # fmt: skip
+    needs = tuple(
+        m.group(1)
+        for s in strings
+        if (m := re.fullmatch(r"DFLASH with dp attention requires (--[a-z-]+)\.", s))
+    )
+    return refuses, needs
+
+
+@pytest.mark.parametrize("version", RELEASES)
 def test_dp_attention_rejection_matches_wheel(version):
-    src = _text(wheel(version), "sglang/srt/")
-    rejects = "DFLASH speculative decoding does not support dp attention" in src
-    assert rejects == ("--enable-dp-attention" in dflash_forbidden_flags(version))
+    refuses, needs = wheel_dflash_dp_attention(wheel(version))
+    assert refuses == ("--enable-dp-attention" in dflash_forbidden_flags(version))
+    assert needs == version_row(version).dflash_dp_attention_needs
+    # One or the other: a release either refuses dp attention or names what it needs.
+    assert refuses != bool(needs)
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", RELEASES)
+def test_row_features_read_from_wheel(version):
+    """The row's DFLASH worker, features, algorithms and attention-backend registry are what the
+    wheel's files give (the fixtures' independent reading, test_plan_sglang_fixtures.extract)."""
+    from tests.unit.test_plan_sglang_fixtures import extract
+
+    zf = wheel(version)
+    names = zf.namelist()
+
+    def read(name):
+        return zf.read(name).decode("utf-8") if name in names else None
+
+    got = extract(read, names, None)
+    predicted = predicted_install(version)
+    assert got["version"] == version
+    assert predicted["features"] == got["features"]
+    assert predicted["speculative_algorithms"] == got["speculative_algorithms"]
+    assert predicted["attention_backends"] == got["attention_backends"]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_row_sources_are_the_wheels(version):
+    """Where the row says a rule lives, the wheel has it there: the memory rule's module (and
+    its draft-model reserve), the DFLASH pp check and check_server_args of multinode_source."""
+    zf = wheel(version)
+    row = version_row(version)
+    names = set(zf.namelist())
+    assert MEMORY_RULE_MODULE[version] in row.memory.source
+    memory = zf.read(MEMORY_RULE_MODULE[version]).decode()
+    assert ("reserved_mem += 4 * 1024" in memory) == (row.memory.draft_reserve_mib == 4 * 1024)
+    paths = re.findall(r"sglang/srt/[\w/]+\.py", row.multinode_source)
+    assert paths and all(p in names for p in paths), (paths, row.multinode_source)
+    texts = "\n".join(zf.read(p).decode() for p in paths)
+    assert "only supports pp_size == 1." in texts
+    assert "tp_size must be divisible by number of nodes" in texts
+    assert "def check_server_args" in texts
+
+
+@pytest.mark.parametrize("version", RELEASES)
 def test_compressed_tensors_specifier_fits_wheel_requirement(version):
     zf = wheel(version)
     meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
@@ -174,9 +256,18 @@ def test_compressed_tensors_specifier_fits_wheel_requirement(version):
     ]
     (ct,) = [r for r in reqs if r.name == "compressed-tensors"]
     ours = compressed_tensors_specifier(version)
-    # Every version we allow, the wheel allows too (0.5.23's ==0.18.0 pin included).
+    # Every version we allow, the wheel allows too (the ==0.18.0 pin of 0.5.19 on included).
     assert [v for v in CT_RELEASES if v in ours and v not in ct.specifier] == []
     assert any(v in ours for v in CT_RELEASES)
+    # Where the wheel pins one version, the row asks for exactly that one.
+    if str(ct.specifier).startswith("=="):
+        assert ours == ct.specifier
+    else:
+        # The window's compressed-tensors >= 0.16 need torch >= 2.10: the wheel's torch pin
+        # (2.11 to 0.5.17, 2.13 at 0.5.18) has it.
+        (torch,) = [r for r in reqs if r.name == "torch"]
+        pins = re.findall(r"==([\d.]+)", str(torch.specifier))
+        assert pins and all(Version(v) >= Version("2.10") for v in pins), str(torch)
 
 
 @pytest.mark.parametrize(

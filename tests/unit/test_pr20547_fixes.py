@@ -9,7 +9,9 @@ two trees: the port as it was before #29 (commit ``UNFIXED_COMMIT``, built by
 - the verify mask: the runner's capture mode (``CudaGraphRunner.get_spec_info``) and the triton
   backend's capture and replay (``TritonAttnBackend.init_forward_metadata_*_cuda_graph``) under the
   v2 worker's verify input: a graph captured reading the mask buffer must get it refreshed on
-  replay (else the kernel reads the stale all-ones buffer: wrong tokens, no crash);
+  replay (else the kernel reads the stale buffer capture left: ones in its first
+  ``(max_bs + max_bs*B)*B`` bytes, zeros after; a row sees all block tokens or none: wrong tokens,
+  no crash);
 - the penalties: the v2 verify applies the fields 0.5.11's overlap scheduler fills
   (``SamplingBatchInfo.copy_for_forward``), and the penalizer is fed each step;
 - the overlap switch: an explicit ``--disable-overlap-schedule`` survives both switches.
@@ -263,7 +265,7 @@ def verify_mask_outcome(root: Path) -> dict:
                  sglang__srt__speculative__dflash_utils=dflash_utils):  # fmt: skip
         get_spec_info = method(root / RUNNER, "CudaGraphRunner", "get_spec_info",
                                {"CaptureHiddenMode": types.SimpleNamespace(NULL=0, FULL=2)})
-        mask_buffer = Recorder()  # the runner's all-ones custom_mask buffer
+        mask_buffer = Recorder()  # the runner's custom_mask buffer (ones, then zeros, after capture)
         runner = types.SimpleNamespace(
             model_runner=types.SimpleNamespace(
                 spec_algorithm=Algorithm(), attn_backend=triton_backend, is_draft_worker=False,
@@ -320,7 +322,8 @@ def verify_with_penalties(root: Path) -> np.ndarray:
     bs, block, vocab = 2, 3, 8
     fields = sampling_info_fields(root)
     assert {"acc_additive_penalties", "acc_scaling_penalties", "penalizer_orchestrator"} <= fields
-    assert "acc_linear_penalties" not in fields  # what the PR reads: no release defines it
+    # What the PR reads: 0.5.9 defined it, 0.5.10 renamed it (0.5.14 / 0.5.23 still read it).
+    assert "acc_linear_penalties" not in fields
 
     class SamplingInfo(types.SimpleNamespace):
         def __len__(self):

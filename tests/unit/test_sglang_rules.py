@@ -216,6 +216,24 @@ def test_the_matrix_fails_the_old_planner(release):
         check_against_sglang("h100x8", "h100x8", "b200x8", 1, release, old, None)
 
 
+def test_pipeline_steps_are_each_releases():
+    """The harness runs a pipeline step only where the release's own pipeline.py calls it: the
+    one step a release lacks is handle_deprecated_dp_attention before 0.5.22 (a renamed or
+    dropped step would show here rather than go unrun)."""
+    from packaging.version import Version
+
+    from tests.harness.sglang_rules import PIPELINE_MARKER, PIPELINE_STEPS, pipeline_steps
+    from tests.harness.sglang_rules import wheel_text as text
+
+    pipelined = [r for r in RELEASES if Version(r) >= Version("0.5.19")]
+    assert pipelined and all("run_resolution_pipeline" in text(r, PIPELINE_MARKER) for r in pipelined)
+    for release in pipelined:
+        missing = [name for step in PIPELINE_STEPS if step not in pipeline_steps(release)
+                   for name in step[1:]]  # fmt: skip
+        expected = [] if Version(release) >= Version("0.5.22") else ["handle_deprecated_dp_attention"]
+        assert missing == expected, release
+
+
 def test_harness_refuses_what_sglang_refuses():
     """The harness can fail: 0.5.11's own parser and DFLASH checks refuse bad argv."""
     argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.11")
@@ -272,21 +290,45 @@ MEMORY_RULE_GPUS = [(81559, (9, 0)), (143771, (9, 0)), (183359, (10, 0)), (97887
 def test_version_table_memory_rule_is_0_5_23s(gpu, tp, model):
     """The version table's MemoryRule for 0.5.23 gives the fraction memory_hook.py computes when
     run (not only on the profiles' shapes): each memory tier, TP 2/8/16, K2.6 and text-only K2."""
+    assert_memory_rule_is_releases("0.5.23", gpu, tp, model)
+    assert version_row("0.5.23").memory is MEMORY_0_5_23
+
+
+def assert_memory_rule_is_releases(release, gpu, tp, model):
     from specfleet.core.tables.sglang_versions import sglang_mem_fraction
 
-    argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.23")
+    argv = _argv_without_memory_check("h200x2", "h200x2", 1, release)
     argv[argv.index("--tp-size") + 1] = str(tp)
-    m = Machine(gpu[0], gpu[1], tp)
     fields = KIMI_K26_MODEL if model == "vision" else KIMI_K2_TEXT_MODEL
-    verdict = judge("0.5.23", Machine(m.memory_mib, m.sm, tp), argv, model=fields)
+    # The harness's predicates do not read the device count: one Release per GPU, any TP.
+    verdict = judge(release, Machine(gpu[0], gpu[1], 8), argv, model=fields)
+    assert verdict.refused is None, verdict.refused
     vision = fields["vision_config"]
     ours, _ = sglang_mem_fraction(
-        MEMORY_0_5_23, m.memory_mib, tp, speculative=True, mla=True,
+        version_row(release).memory, gpu[0], tp, speculative=True, mla=True,
         architecture=fields["architectures"][0],
         vision=None if vision is None else (vision["num_hidden_layers"], vision["hidden_size"]),
     )  # fmt: skip
-    assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9)
-    assert version_row("0.5.23").memory is MEMORY_0_5_23
+    assert ours == pytest.approx(verdict.mem_fraction_static, abs=1e-9), (
+        f"the version table's memory rule for {release} gives {ours}, its own code "
+        f"{verdict.mem_fraction_static} ({gpu[0]} MiB, TP {tp}, {model})"
+    )
+
+
+# One GPU of each memory tier whose rule differs between releases (the 20-35 GiB tier raised in
+# 0.5.20), and one above 60 GiB (the 10 GiB reserve floor); TP below and above 4.
+EVERY_RELEASE_GPUS = [(32607, (12, 0)), (143771, (9, 0))]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("gpu", EVERY_RELEASE_GPUS, ids=[str(g[0]) for g in EVERY_RELEASE_GPUS])
+@pytest.mark.parametrize("tp", [2, 8])
+@pytest.mark.parametrize("model", ["vision", "text"])
+def test_version_table_memory_rule_is_each_releases(release, gpu, tp, model):
+    """Each row's MemoryRule gives the fraction its release's own code computes (the draft-model
+    reserve to 0.5.13, whether Kimi K2.5's prefill graph reserve counts from 0.5.16, the tiers
+    of 0.5.20 on), for K2.6 and text-only K2."""
+    assert_memory_rule_is_releases(release, gpu, tp, model)
 
 
 DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}
@@ -296,9 +338,20 @@ DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}
 @pytest.mark.parametrize("release", RELEASES)
 def test_dp_attention_agrees_with_sglang(release, lm_head):
     """plan.extra_args turning on dp attention: the planner refuses exactly what SGLang refuses
-    (0.5.11-0.5.14: DFLASH never runs with dp attention; 0.5.23: only with --enable-dp-lm-head),
-    and a plan it makes passes the matrix check."""
-    extra = {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})}
+    (0.5.11-0.5.22: DFLASH never runs with dp attention on CUDA; 0.5.23: only with
+    --enable-dp-lm-head), and a plan it makes passes the matrix check."""
+    check_dp_attention(release, {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})})
+
+
+@pytest.mark.parametrize("release", ["0.5.22", "0.5.23"])
+def test_attn_dp_size_agrees_with_sglang(release):
+    """--attn-dp-size N (a flag from 0.5.22; --enable-dp-attention its deprecated spelling
+    there): 0.5.22 refuses it with DFLASH as it refuses --enable-dp-attention, 0.5.23 runs it
+    with --enable-dp-lm-head. The planner agrees on both."""
+    check_dp_attention(release, {"--attn-dp-size": 2, "--enable-dp-lm-head": True})
+
+
+def check_dp_attention(release, extra):
     sglang = release if release in INSTALLED else None
     data = {"sglang": {"version": release}, "plan": {"extra_args": extra}}
     facts = host_facts("b200x8", "b200x8", sglang=sglang)
@@ -317,8 +370,10 @@ def test_dp_attention_agrees_with_sglang(release, lm_head):
     verdict = judge(release, machine("b200x8", 1), argv)
     assert verdict.refused is not None, f"SGLang {release} accepts {argv}; the planner: {refusal}"
     assert "dp attention" in verdict.refused, verdict.refused
-    assert "--enable-dp-attention must not" in refusal.problem or (
-        f"with {verdict.refused.rsplit(' ', 1)[1].rstrip('.')}" in refusal.problem
+    assert (
+        "--enable-dp-attention must not" in refusal.problem
+        or f"which DFLASH on SGLang {release} refuses" in refusal.problem
+        or f"with {verdict.refused.rsplit(' ', 1)[1].rstrip('.')}" in refusal.problem
     ), (verdict.refused, refusal.problem)
 
 

@@ -32,6 +32,16 @@ def apply_overrides(c: PlanContext) -> list[tuple[str, str | None]]:
         else:
             flags.append((name, rendered))
         b.why(name, "set" if rendered is None else rendered, "plan.extra_args", "override")
+    refuses_dp = "--enable-dp-attention" in row.dflash_forbidden_flags
+    if refuses_dp and attention_dp_size(ov.extra_args) > 1:
+        # Where DFLASH refuses dp attention, every spelling of it (--attn-dp-size N from 0.5.22).
+        raise b.error(
+            f"plan.extra_args turns on dp attention, which DFLASH on SGLang {c.version} refuses "
+            "(it stops with \"Currently DFLASH speculative decoding does not support dp "
+            "attention\")",
+            "remove the dp attention flags from plan.extra_args, or use a release whose DFLASH "
+            "runs with dp attention (0.5.23 and later, with --enable-dp-lm-head)",
+        )
     needs = row.dflash_dp_attention_needs
     missing = [f for f in needs if not any(n == f for n, _ in flags)]
     if missing and attention_dp_size(ov.extra_args) > 1:

@@ -48,10 +48,12 @@ def parse_version(version: str | Version) -> Version:
 # - >= 0.16 needs torch >= 2.10; sglang 0.5.11-0.5.15 pin torch 2.11, so that is fine.
 # - sglang <= 0.5.15 leaves compressed-tensors unpinned; 0.15.0.1 was current when 0.5.11 came out
 #   and 0.18.0 is what sglang pinned later, so the window is >=0.15.0.1,<0.19.
-# - sglang 0.5.23 pins ==0.18.0 itself; asking for anything else would fail the resolver.
-# Checked in the wheels METADATA: 0.5.11 and 0.5.14 "Requires-Dist: compressed-tensors" (unpinned,
-# transformers==5.6.0 / 5.8.1), 0.5.23 "compressed-tensors==0.18.0"; 0.5.11 compressed_tensors/
-# utils.py reads CompressionFormat.nvfp4_pack_quantized.
+# - sglang 0.5.19 and later pin ==0.18.0 themselves; asking for anything else would fail the
+#   resolver. 0.5.16-0.5.18 leave it unpinned (torch 2.11 through 0.5.17, 2.13 from 0.5.18, both
+#   >= 2.10, and transformers 5.12.1: the 0.5.11 window holds).
+# Checked in the wheels METADATA: 0.5.11-0.5.18 "Requires-Dist: compressed-tensors" (unpinned;
+# transformers==5.6.0 / 5.8.1 / 5.12.1), 0.5.19-0.5.23 "compressed-tensors==0.18.0"; 0.5.11
+# compressed_tensors/utils.py reads CompressionFormat.nvfp4_pack_quantized.
 _CT_AVOID = "!=0.14.*"
 
 
@@ -64,21 +66,16 @@ class CTRow:
 
 COMPRESSED_TENSORS: tuple[CTRow, ...] = (
     CTRow(
-        SpecifierSet(">=0.5.23.dev0"),
+        SpecifierSet(">=0.5.19.dev0"),
         SpecifierSet("==0.18.0"),
-        "sglang 0.5.23 pins compressed-tensors==0.18.0 in its own requirements",
+        "sglang 0.5.19 and later pin compressed-tensors==0.18.0 in their own requirements",
     ),
     CTRow(
-        SpecifierSet(">=0.5.16.dev0,<0.5.23.dev0"),
+        SpecifierSet(">=0.5.11.dev0,<0.5.19.dev0"),
         SpecifierSet(f">=0.15.0.1,<0.19,{_CT_AVOID}"),
-        "no wheel between 0.5.15 and 0.5.23 was read; the 0.5.11-0.5.15 window is assumed",
-    ),
-    CTRow(
-        SpecifierSet(">=0.5.11.dev0,<0.5.16.dev0"),
-        SpecifierSet(f">=0.15.0.1,<0.19,{_CT_AVOID}"),
-        "sglang leaves compressed-tensors unpinned; >=0.10 has nvfp4_pack_quantized, 0.14.x "
-        "needs transformers<5, 0.15.0.1 was current at 0.5.11's release, 0.18.0 is what sglang "
-        "pinned later",
+        "sglang 0.5.11-0.5.18 leave compressed-tensors unpinned; >=0.10 has "
+        "nvfp4_pack_quantized, 0.14.x needs transformers<5, 0.15.0.1 was current at 0.5.11's "
+        "release, 0.18.0 is what sglang pinned from 0.5.19",
     ),
     CTRow(
         SpecifierSet("<0.5.11.dev0"),
@@ -123,6 +120,8 @@ _BACKENDS_0_5_11 = frozenset(
         "trtllm_mha", "trtllm_mla", "wave",
     }
 )  # fmt: skip
+_BACKENDS_0_5_12 = _BACKENDS_0_5_11 | {"dsv4", "tokenspeed_mla"}
+# 0.5.13 and 0.5.14 (cutedsl_mla and dsa join).
 _BACKENDS_0_5_14 = frozenset(
     {
         "aiter", "ascend", "cutedsl_mla", "cutlass_mla", "dsa", "dsv4", "dual_chunk_flash_attn",
@@ -130,8 +129,14 @@ _BACKENDS_0_5_14 = frozenset(
         "tokenspeed_mla", "torch_native", "triton", "trtllm_mha", "trtllm_mla", "wave",
     }
 )  # fmt: skip
-# 0.5.23 also drops dual_chunk_flash_attn and adds minicpm_flashattn / minicpm_flashinfer (not in
-# sglang.md, which lists only the cutlass_mla / tokenspeed_mla removals).
+# Each release between 0.5.14 and 0.5.23, read from its wheel (0.5.15 and 0.5.16 as 0.5.14):
+# 0.5.17 adds hpc_ops; 0.5.19 minicpm_flashattn / minicpm_flashinfer; 0.5.20 drops cutlass_mla and
+# dual_chunk_flash_attn and adds qsa; 0.5.22 adds llada2_cfg_flashinfer; 0.5.23 drops
+# tokenspeed_mla (sglang.md lists only the cutlass_mla / tokenspeed_mla removals).
+_BACKENDS_0_5_17 = _BACKENDS_0_5_14 | {"hpc_ops"}
+_BACKENDS_0_5_19 = _BACKENDS_0_5_17 | {"minicpm_flashattn", "minicpm_flashinfer"}
+_BACKENDS_0_5_20 = (_BACKENDS_0_5_19 - {"cutlass_mla", "dual_chunk_flash_attn"}) | {"qsa"}
+_BACKENDS_0_5_22 = _BACKENDS_0_5_20 | {"llada2_cfg_flashinfer"}
 _BACKENDS_0_5_23 = frozenset(
     {
         "aiter", "ascend", "cutedsl_mla", "dsa", "dsv4", "fa3", "fa4", "flashinfer", "flashmla",
@@ -144,6 +149,10 @@ _BACKENDS_0_5_23 = frozenset(
 # SpeculativeAlgorithm enum members in srt/speculative/spec_info.py, in declaration order.
 _ALGOS_0_5_11 = ("DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE")
 _ALGOS_0_5_12 = ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE")
+# 0.5.16 adds DSPARK, 0.5.20 UNO.
+_ALGOS_0_5_16 = (
+    "DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE",
+)  # fmt: skip
 _ALGOS_0_5_23 = (
     "DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE",
 )  # fmt: skip
@@ -151,6 +160,8 @@ _ALGOS_0_5_23 = (
 # Flags never to render with DFLASH. 0.5.11 server_args.py and 0.5.14 arg_groups/speculative_hook.py
 # (_handle_dflash) raise "DFLASH speculative decoding does not support dp attention", so the
 # brief's "<=0.5.13" really extends to 0.5.15. Both force num_steps/eagle_topk to 1 with a warning.
+# 0.5.16-0.5.19 raise the same; 0.5.20-0.5.22 raise "... does not support dp attention on non-NPU
+# devices" (speculative_hook.py _handle_dflash): refused on CUDA through 0.5.22.
 # 0.5.23's _handle_dflash accepts dp attention (needs --enable-dp-lm-head; --enable-dp-attention
 # is a deprecated alias of --attn-dp-size there) and still forces num_steps/eagle_topk to 1.
 _DFLASH_FORBIDDEN_0_5_11 = (
@@ -167,6 +178,10 @@ _DFLASH_FORBIDDEN_0_5_23 = ("--speculative-num-steps", "--speculative-eagle-topk
 # checks it rather than let the server substitute.
 _DRAFT_0_5_11 = ("flashinfer", "fa3", "fa4", "triton")
 _DRAFT_0_5_14 = ("flashinfer", "fa3", "fa4", "triton", "ascend")
+# 0.5.17-0.5.19 speculative_hook.py _resolve_dflash_draft_attention_backend: its own
+# supported_draft_backends adds "trtllm_mha" (0.5.19 already has DRAFT_ATTENTION_BACKEND_CHOICES in
+# server_args.py, but DFLASH checks its own tuple); 0.5.20 on resolve through choices.py.
+_DRAFT_0_5_17 = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha", "ascend")
 _DRAFT_0_5_23 = ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")
 
 
@@ -184,6 +199,7 @@ MULTINODE_SOURCE_0_5_14 = (
     "sglang/srt/server_args.py check_server_args ((tp_size * pp_size) % nnodes == 0; no "
     "dp_size > 1 across nodes)"
 )
+# 0.5.19 on (validation_hook.py appears with the resolution pipeline in 0.5.19).
 MULTINODE_SOURCE_0_5_23 = (
     "sglang/srt/arg_groups/speculative_hook.py (DFLASH: pp_size == 1) and "
     "sglang/srt/arg_groups/validation_hook.py check_server_args ((tp_size * pp_size) % nnodes "
@@ -223,6 +239,9 @@ class MemoryRule:
     multimodal_prefill_graph_archs: frozenset[str] = frozenset()
     # chunked_prefill_size and the decode CUDA graph max batch by GPU memory (MEMORY_TIERS).
     tiers: tuple[tuple[float, int, int, int], ...] = ()
+    # Whether a text-only MLA model keeps the prefill CUDA graph (so its MLA reserve counts):
+    # 0.5.16-0.5.17 make the breakable graph the default and turn it off for MLA attention.
+    text_mla_prefill_graph: bool = True
 
 
 # (upper bound of GPU MiB, chunked_prefill_size, decode max bs at tp < 4, at tp >= 4), first match.
@@ -256,6 +275,48 @@ MEMORY_0_5_14 = MemoryRule(
     "reserve since 0.5.14), adjust_mem_fraction_for_vlm",
     draft_reserve_mib=0,
 )
+# 0.5.15: the breakable prefill CUDA graph becomes the default, and _disable_breakable_cudagraph_
+# if_incompatible turns it off for MLA attention and for a multimodal model: no MLA reserve for
+# DeepseekV3 or Kimi K2.5/K2.6.
+MEMORY_0_5_15 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
+    "reserve), adjust_mem_fraction_for_vlm; the breakable prefill CUDA graph is off for MLA "
+    "attention (_disable_breakable_cudagraph_if_incompatible)",
+    draft_reserve_mib=0,
+    text_mla_prefill_graph=False,
+)
+# 0.5.16-0.5.18: server_args.py still. 0.5.16 makes the breakable prefill CUDA graph the default;
+# Kimi K2.5 is in multimodal_piecewise_cuda_graph_supported_model_archs, so
+# _apply_cuda_graph_compatibility switches it to tc_piecewise and its MLA reserve counts, while a
+# text-only MLA model (DeepseekV3) stays breakable, which _disable_breakable_cudagraph_if_
+# incompatible turns off ("MLA attention"; 0.5.17: "MLA attention (non-DSA)"): no reserve.
+# 0.5.18 drops that rule and puts Kimi K2.5 in the breakable list too: both keep the graph.
+MEMORY_0_5_16 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
+    "reserve), adjust_mem_fraction_for_vlm; Kimi K2.5/K2.6 keep the prefill CUDA graph "
+    "(_apply_cuda_graph_compatibility, model_config.py multimodal_piecewise_cuda_graph_supported_"
+    "model_archs), a text-only MLA model does not (_disable_breakable_cudagraph_if_incompatible)",
+    draft_reserve_mib=0,
+    multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+    text_mla_prefill_graph=False,
+)
+MEMORY_0_5_18 = MemoryRule(
+    source="sglang/srt/server_args.py ServerArgs._handle_gpu_memory_settings (no draft-model "
+    "reserve), adjust_mem_fraction_for_vlm; Kimi K2.5/K2.6 keep the prefill CUDA graph "
+    "(model_config.py multimodal_breakable_cuda_graph_supported_model_archs)",
+    draft_reserve_mib=0,
+    multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+)
+# 0.5.19: the rule moves to arg_groups/memory_hook.py with the tiers of 0.5.11-0.5.18.
+MEMORY_0_5_19 = MemoryRule(
+    source="sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings and "
+    "adjust_mem_fraction_for_vlm (no draft-model reserve; Kimi K2.5/K2.6 keep the prefill CUDA "
+    "graph: cuda_graph_hook.py, model_config.py multimodal_breakable_cuda_graph_supported_model_"
+    "archs)",
+    draft_reserve_mib=0,
+    multimodal_prefill_graph_archs=frozenset({"KimiK25ForConditionalGeneration"}),
+)
+# 0.5.20 on: the 20-35 GiB tier raised (MEMORY_TIERS_0_5_23).
 MEMORY_0_5_23 = MemoryRule(
     source="sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings and "
     "adjust_mem_fraction_for_vlm (no draft-model reserve; Kimi K2.5/K2.6 keep the prefill CUDA "
@@ -294,7 +355,10 @@ def sglang_mem_fraction(
         # "DP attention needs more padding", and more for a large decode graph (0.5.11
         # _handle_gpu_memory_settings, 0.5.23 memory_hook.py reserve_for_graph_mb).
         reserved += max_bs * attn_dp_size * (4.5 if max_bs > DP_ATTENTION_LARGE_BS else 3)
-    prefill_graph = vision is None or architecture in rule.multimodal_prefill_graph_archs
+    if vision is None:
+        prefill_graph = rule.text_mla_prefill_graph or not mla
+    else:
+        prefill_graph = architecture in rule.multimodal_prefill_graph_archs
     if prefill_graph and mla:
         reserved += MLA_PREFILL_GRAPH_RESERVE_MIB
     if gpu_mib > LARGE_GPU_MIB:
@@ -440,12 +504,15 @@ class VersionRow:
 
 # Newest first; the first row whose specifier contains the version wins.
 VERSIONS: tuple[VersionRow, ...] = (
+    # 0.5.16 to 0.5.23: one row per change of a field, each read from its own wheel (every release
+    # of the span was unpacked and read; tests/unit/test_plan_versions.py derives each field from
+    # the first release of each row, tests/unit/test_sglang_rules.py runs its rules).
     VersionRow(
         # Read from the 0.5.23 wheel: flags are dataclass fields in srt/arg_groups/fields/ named
         # by arg_utils._field_to_cli_name ("--" + name.replace("_", "-")): spec.py has
         # speculative_draft_window_size, parallel.py tp_size (alias --tensor-parallel-size).
-        # --speculative-dflash-draft-window-size is gone. 0.5.16-0.5.22 were not read.
-        sglang=SpecifierSet(">=0.5.16.dev0"),
+        # tokenspeed_mla leaves the registry; _handle_dflash accepts dp attention on CUDA.
+        sglang=SpecifierSet(">=0.5.23.dev0"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_23,
         speculative_algorithms=_ALGOS_0_5_23,
@@ -458,23 +525,167 @@ VERSIONS: tuple[VersionRow, ...] = (
         multinode_source=MULTINODE_SOURCE_0_5_23,
         memory=MEMORY_0_5_23,
         # 0.5.23 (read): only return_hidden_states with the overlap worker; the new draft-count
-        # names only; no port rule for an HTTP server. Per wheel (read): 0.5.16 refuses logprobs
-        # and grammar, 0.5.17 logprobs, 0.5.18 on neither; the old names are there to 0.5.20.
+        # names only; no port rule for an HTTP server; the drafter's own KV cell.
         dflash_refused_requests=("hidden_states",),
         dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
         meta_draft_counts=(DRAFT_COUNTS_NEW,),
         grpc_port_offset=None,
-        # 0.5.18 on (read: 0.5.18, 0.5.23); 0.5.16-0.5.17 scale by layers.
         dflash_draft_kv=DRAFT_KV_OWN_CELL,
-        notes=("read from the 0.5.23 wheel; 0.5.16-0.5.22 assumed to match it",),
+    ),
+    VersionRow(
+        # Read from the 0.5.22 wheel: llada2_cfg_flashinfer joins the registry (torch 2.14.1;
+        # --enable-dp-attention becomes an alias of --attn-dp-size, parallel_hook.py
+        # handle_deprecated_dp_attention). DFLASH still refuses dp attention off NPU.
+        sglang=SpecifierSet(">=0.5.22.dev0,<0.5.23.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_22,
+        speculative_algorithms=_ALGOS_0_5_23,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_23,
+        multinode_source=MULTINODE_SOURCE_0_5_23,
+        memory=MEMORY_0_5_23,
+        dflash_refused_requests=("hidden_states",),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW,),
+        grpc_port_offset=None,
+        dflash_draft_kv=DRAFT_KV_OWN_CELL,
+    ),
+    VersionRow(
+        # Read from the 0.5.20 and 0.5.21 wheels: arg_groups/fields/ and choices.py appear, the
+        # old --speculative-dflash-draft-window-size alias is gone, UNO joins the algorithms,
+        # cutlass_mla and dual_chunk_flash_attn leave the registry and qsa joins; memory_hook.py
+        # raises the 20-35 GiB tier; _handle_dflash: "does not support dp attention on non-NPU
+        # devices". 0.5.21 drops the old draft-count names from meta_info (gate53 read it).
+        sglang=SpecifierSet(">=0.5.21.dev0,<0.5.22.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_20,
+        speculative_algorithms=_ALGOS_0_5_23,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_23,
+        multinode_source=MULTINODE_SOURCE_0_5_23,
+        memory=MEMORY_0_5_23,
+        dflash_refused_requests=("hidden_states",),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW,),
+        grpc_port_offset=None,
+        dflash_draft_kv=DRAFT_KV_OWN_CELL,
+    ),
+    VersionRow(
+        # Read from the 0.5.20 and 0.5.21 wheels: arg_groups/fields/ and choices.py appear, the
+        # old --speculative-dflash-draft-window-size alias is gone, UNO joins the algorithms,
+        # cutlass_mla and dual_chunk_flash_attn leave the registry and qsa joins; memory_hook.py
+        # raises the 20-35 GiB tier; _handle_dflash: "does not support dp attention on non-NPU
+        # devices". meta_info still carries both draft-count name pairs.
+        sglang=SpecifierSet(">=0.5.20.dev0,<0.5.21.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_20,
+        speculative_algorithms=_ALGOS_0_5_23,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_23,
+        multinode_source=MULTINODE_SOURCE_0_5_23,
+        memory=MEMORY_0_5_23,
+        dflash_refused_requests=("hidden_states",),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
+        grpc_port_offset=None,
+        dflash_draft_kv=DRAFT_KV_OWN_CELL,
+    ),
+    VersionRow(
+        # Read from the 0.5.19 wheel: ServerArgs resolves through arg_groups/pipeline.py
+        # (resolve_once) and memory_hook.py, without fields/ yet; minicpm_flashattn /
+        # minicpm_flashinfer join the registry; compressed-tensors pinned ==0.18.0.
+        sglang=SpecifierSet(">=0.5.19.dev0,<0.5.20.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_19,
+        speculative_algorithms=_ALGOS_0_5_16,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_17,
+        multinode_source=MULTINODE_SOURCE_0_5_23,
+        memory=MEMORY_0_5_19,
+        dflash_refused_requests=("hidden_states",),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
+        grpc_port_offset=None,
+        dflash_draft_kv=DRAFT_KV_OWN_CELL,
+    ),
+    VersionRow(
+        # Read from the 0.5.18 wheel: torch 2.13; a text-only MLA model keeps the breakable
+        # prefill CUDA graph and Kimi K2.5 joins the breakable list (MEMORY_0_5_18).
+        sglang=SpecifierSet(">=0.5.18.dev0,<0.5.19.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_17,
+        speculative_algorithms=_ALGOS_0_5_16,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_17,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_18,
+        dflash_refused_requests=("hidden_states",),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
+        grpc_port_offset=None,
+        dflash_draft_kv=DRAFT_KV_OWN_CELL,
+    ),
+    VersionRow(
+        # Read from the 0.5.17 wheel: hpc_ops joins the registry, DFLASH's draft backends add
+        # trtllm_mha.
+        sglang=SpecifierSet(">=0.5.17.dev0,<0.5.18.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_17,
+        speculative_algorithms=_ALGOS_0_5_16,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_17,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_16,
+        dflash_refused_requests=("logprobs", "hidden_states"),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
+        grpc_port_offset=None,
+    ),
+    VersionRow(
+        # Read from the 0.5.16 wheel: DSPARK joins the algorithms; Kimi K2.5 joins
+        # multimodal_piecewise_cuda_graph_supported_model_archs (MEMORY_0_5_16).
+        sglang=SpecifierSet(">=0.5.16.dev0,<0.5.17.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_14,
+        speculative_algorithms=_ALGOS_0_5_16,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_14,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_16,
+        dflash_refused_requests=("logprobs", "grammar", "hidden_states"),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
+        grpc_port_offset=None,
+    ),
+    VersionRow(
+        # Read from the 0.5.15 wheel: 0.5.14's in every field but the memory rule (the breakable
+        # prefill CUDA graph, MEMORY_0_5_15); arg_groups/overrides.py appears.
+        sglang=SpecifierSet(">=0.5.15.dev0,<0.5.16.dev0"),
+        dflash="v2",
+        attention_backends=_BACKENDS_0_5_14,
+        speculative_algorithms=_ALGOS_0_5_12,
+        draft_window_flag=DRAFT_WINDOW_FLAG,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_14,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        memory=MEMORY_0_5_15,
+        dflash_refused_requests=("logprobs", "grammar", "hidden_states"),
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
     ),
     VersionRow(
         # Read from the 0.5.14 wheel: dflash_worker.py is gone (v1 removed, sglang PR #27959),
         # dflash_worker_v2.py present, no SGLANG_ENABLE_DFLASH_SPEC_V2 in environ.py (v2 is the
         # default path). server_args.py declares speculative_draft_window_size as a field and
         # keeps --speculative-dflash-draft-window-size as a hidden DeprecatedAliasStoreAction.
-        # 0.5.15.post1 per sglang.md section 2.
-        sglang=SpecifierSet(">=0.5.14.dev0,<0.5.16.dev0"),
+        sglang=SpecifierSet(">=0.5.14.dev0,<0.5.15.dev0"),
         dflash="v2",
         attention_backends=_BACKENDS_0_5_14,
         speculative_algorithms=_ALGOS_0_5_12,
@@ -489,10 +700,26 @@ VERSIONS: tuple[VersionRow, ...] = (
         meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
     ),
     VersionRow(
-        # Not read here: sglang.md section 2 (same files as 0.5.11 plus FROZEN_KV_MTP).
-        sglang=SpecifierSet(">=0.5.12.dev0,<0.5.14.dev0"),
+        # Read from the 0.5.13 wheel (sglang.md section 2 had it as 0.5.11 plus FROZEN_KV_MTP):
+        # the 0.5.14 registry already, dflash_worker.py's draft backends add "ascend", and the
+        # DFLASH checks move to arg_groups/speculative_hook.py _handle_dflash.
+        sglang=SpecifierSet(">=0.5.13.dev0,<0.5.14.dev0"),
         dflash="v1",
-        attention_backends=_BACKENDS_0_5_11,
+        attention_backends=_BACKENDS_0_5_14,
+        speculative_algorithms=_ALGOS_0_5_12,
+        draft_window_flag=DRAFT_WINDOW_FLAG_V1,
+        dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
+        dflash_draft_backends=_DRAFT_0_5_14,
+        multinode_source=MULTINODE_SOURCE_0_5_14,
+        dflash_refusals_source=DFLASH_REFUSALS_SOURCE,
+        meta_draft_counts=(DRAFT_COUNTS_NEW, DRAFT_COUNTS_OLD),
+    ),
+    VersionRow(
+        # Read from the 0.5.12 wheel: FROZEN_KV_MTP joins the algorithms, dsv4 and
+        # tokenspeed_mla the registry; the DFLASH checks are still in server_args.py.
+        sglang=SpecifierSet(">=0.5.12.dev0,<0.5.13.dev0"),
+        dflash="v1",
+        attention_backends=_BACKENDS_0_5_12,
         speculative_algorithms=_ALGOS_0_5_12,
         draft_window_flag=DRAFT_WINDOW_FLAG_V1,
         dflash_forbidden_flags=_DFLASH_FORBIDDEN_0_5_11,
@@ -594,10 +821,20 @@ RELEASE_FOR_WORKER = {"v1": "0.5.11", "v2": "0.5.14"}
 # the DDTree fork's tree) is planned with the row of the release whose files it has: the first
 # marker (a path under the sglang package; a trailing "/" a folder) the tree holds, newest first.
 # Read from the wheels: srt/arg_groups/ appears in 0.5.12, speculative_hook.py in 0.5.13,
-# arg_utils.py in 0.5.14, the fields/ folder in 0.5.23; the fork's arg_groups/ is 0.5.13's file
-# for file, with the v1 DFLASH worker, as 0.5.13.
+# arg_utils.py in 0.5.14, overrides.py in 0.5.15, speculative/draft_worker_common.py in 0.5.16,
+# kimi_k3_hook.py in 0.5.17, dflash_disaggregation.py in 0.5.18, the resolution pipeline in
+# 0.5.19, the fields/ folder in 0.5.20, kv_shard_hook.py in 0.5.22, dflash_dp.py in 0.5.23 (each
+# kept by every later release);
+# the fork's arg_groups/ is 0.5.13's file for file, with the v1 DFLASH worker, as 0.5.13.
 LAYOUT_MARKERS: tuple[tuple[str, str], ...] = (
-    ("srt/arg_groups/fields/", "0.5.23"),
+    ("srt/speculative/dflash_dp.py", "0.5.23"),
+    ("srt/arg_groups/kv_shard_hook.py", "0.5.22"),
+    ("srt/arg_groups/fields/", "0.5.20"),
+    ("srt/arg_groups/pipeline.py", "0.5.19"),
+    ("srt/speculative/dflash_disaggregation.py", "0.5.18"),
+    ("srt/arg_groups/kimi_k3_hook.py", "0.5.17"),
+    ("srt/speculative/draft_worker_common.py", "0.5.16"),
+    ("srt/arg_groups/overrides.py", "0.5.15"),
     ("srt/arg_groups/arg_utils.py", "0.5.14"),
     ("srt/arg_groups/speculative_hook.py", "0.5.13"),
     ("srt/arg_groups/", "0.5.12"),

@@ -1,0 +1,106 @@
+"""The lab run's verdicts (bench/real_gpu/lab_run.py) and the parts' packing rules
+(bench/real_gpu/build_parts.py), on records and wheels' metadata: no GPU, no network. The lab run
+must never call a pair without power a pass, and the parts must never carry the image's torch."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "real_gpu"
+
+
+@pytest.fixture
+def lab_run(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.setenv("RG_WORK", str(tmp_path / "work"))
+    sys.path.insert(0, str(BENCH))
+    from lab_placeholders import main as placeholders
+
+    placeholders(str(tmp_path / "lab"))
+    monkeypatch.setenv("RG_LAB_DIR", str(tmp_path / "lab" / "lab"))
+    monkeypatch.setenv("RG_LAB_MODELS", str(tmp_path / "lab" / "models"))
+    for name in ("drive", "lab_run"):
+        sys.modules.pop(name, None)
+    mod = importlib.import_module("lab_run")
+    yield mod
+    sys.path.remove(str(BENCH))
+    for name in ("drive", "lab_run"):
+        sys.modules.pop(name, None)
+
+
+def _outputs(lab, fn):
+    single = [{"output_ids": fn(i, p), "meta": {}} for i, p in enumerate(lab["prompts"])]
+    batches = [[{"output_ids": fn(i, lab["prompts"][i]), "meta": {}} for i in layout]
+               for layout in lab["layouts"]]
+    return {"single": single, "batches": batches}
+
+
+def test_power_needs_the_reference_outputs_and_conflicts(lab_run):
+    lab = lab_run.load_lab()
+    # The reference's own outputs (the placeholder's cycles: symbols follow different symbols).
+    lab_run.RECORD["servers"]["S1"] = {"generate": _outputs(lab, lambda i, p: p["expected"])}
+    ok = lab_run.power(lab)
+    assert ok["verdict"] == "power" and ok["conflicts"] > 0, ok
+    # Run 4's dummy weights: a 2-cycle, the next token a function of the previous one alone.
+    lab_run.RECORD["servers"]["S1"] = {"generate": _outputs(lab, lambda i, p: [11, 12] * 24)}
+    dead = lab_run.power(lab)
+    assert dead["verdict"] == "no power"
+    assert any("0 conflicts" in w for w in dead["why_not"]), dead
+    # Attention but other outputs than the reference's: not a pass either.
+    lab_run.RECORD["servers"]["S1"] = {"generate": _outputs(
+        lab, lambda i, p: p["expected"][:-1] + [p["expected"][0] + 1])}
+    assert lab_run.power(lab)["verdict"] == "no power"
+
+
+def test_stale_mask_verdict_follows_the_prediction(lab_run):
+    lab = lab_run.load_lab()
+    ref = _outputs(lab, lambda i, p: p["expected"])
+    lab_run.RECORD["servers"]["S4"] = {"generate": ref}
+    # Differ exactly where stale_mask_prediction.json says (batch positions), never alone.
+    stale = json.loads(json.dumps(ref))
+    for li, pred in enumerate(lab["predicted"]):
+        for j in pred:
+            stale["batches"][li][j]["output_ids"] = [0] * 48
+    lab_run.RECORD["servers"]["S5"] = {"generate": stale}
+    assert lab_run.stale_vs_prediction(lab)["verdict"] == "as predicted"
+    # Identical to plain: the prediction is not met.
+    lab_run.RECORD["servers"]["S5"] = {"generate": ref}
+    assert lab_run.stale_vs_prediction(lab)["verdict"] == "NOT as predicted"
+
+
+def test_acceptance_is_sglangs_own_within_005(lab_run):
+    lab = lab_run.load_lab()
+    rows = [{"meta": {"completion_tokens": 48, "spec_verify_ct": 6,
+                      "spec_accept_length": 8.0}}] * 3
+    lab_run.RECORD["servers"]["S2"] = {"generate": {"single": rows, "batches": [],
+                                                    "acceptance_length": lab_run.acceptance(rows)}}
+    got = lab_run.acceptance_vs_reference("S2", "lab-drafter", lab)  # placeholder reference 7.9
+    assert got["sglang"] == 8.0 and got["within_0.05"] is False
+    rows = [{"meta": {"completion_tokens": 48, "spec_verify_ct": 6, "spec_accept_length": 8.0}},
+            {"meta": {"completion_tokens": 47, "spec_verify_ct": 6,
+                      "spec_accept_length": 47 / 6}}]  # mean 7.917, as the reference's mean
+    lab_run.RECORD["servers"]["S2"]["generate"]["acceptance_length"] = lab_run.acceptance(rows)
+    assert lab_run.acceptance_vs_reference("S2", "lab-drafter", lab)["within_0.05"] is True
+
+
+def test_parts_never_carry_the_images_torch():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.real_gpu import build_parts as bp
+    finally:
+        sys.path.remove(str(ROOT))
+    spec = bp.SpecifierSet
+    assert not bp.carried("torch", spec("==2.11.0"))
+    assert not bp.carried("nvidia-cublas", spec(""))
+    assert bp.carried("nvidia-cudnn-frontend", spec(""))  # flashinfer's, not in the image
+    # transformers 5.6.0 excludes the image's tokenizers 0.23.2: carried; numpy never.
+    assert bp.carried("tokenizers", spec("<=0.23.0,>=0.22.0"))
+    assert not bp.carried("huggingface-hub", spec(">=1.3.0,<2.0"))
+    assert not bp.carried("numpy", spec("<2.4"))
+    assert bp.carried("ipython", spec(""))  # sglang/utils.py imports IPython.display
