@@ -323,3 +323,15 @@ def test_trtllm_mla_reads_no_mask_in_the_fork():
            "trtllm_mla_backend.py").read_text()  # fmt: skip
     assert "spec_info.custom_mask" not in src and "forward_metadata.custom_mask" not in src
     assert not FORK.mask_mla["trtllm_mla"].honours
+
+
+def test_extra_args_cannot_turn_ddtree_on_with_a_backend_that_drops_the_mask(fork_fact):
+    raw = {"--speculative-dflash-enable-ddtree": True, "--speculative-num-draft-tokens": 16}
+    with pytest.raises(PlanError) as err:
+        make_plan(fork_on(fork_fact, "h200x2"), settings(extra_args=raw), DRAFTER_CONFIG,
+                  weights_bytes=SMALL)  # fmt: skip
+    assert "--attention-backend fa3, which drops the tree mask" in err.value.problem
+    assert "flashattention_backend.py:490" in err.value.problem
+    ok = make_plan(fork_on(fork_fact, "h200x2"), settings(attention_backend="triton",
+                   extra_args=raw), DRAFTER_CONFIG, weights_bytes=SMALL)  # fmt: skip
+    assert "--speculative-dflash-enable-ddtree" in ok.argv

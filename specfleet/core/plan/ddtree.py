@@ -140,6 +140,29 @@ def ddtree_backend(c: PlanContext, att: str, explicit: bool,
     return att
 
 
+def check_rendered_ddtree(c: PlanContext, flags: list[tuple[str, str | None]]) -> None:
+    """No plan renders a DDTree flag (any design's switch or algorithm, plan.extra_args
+    included) with a target backend that drops the tree mask: the tree would be verified wrongly
+    and the output would differ from the target's."""
+    values = dict(flags)
+    att = values.get("--attention-backend") or c.attention
+    model = model_row(c.settings.target.repo_id)
+    mla = model.mla if model is not None else True
+    for design in ddtree_designs.DESIGNS:
+        on = (design.switch_flag in values if design.switch_flag
+              else values.get("--speculative-algorithm") == design.algorithm)
+        row = (design.mask_mla if mla else design.mask_mha).get(att or "")
+        if on and not (row and row.honours):
+            why = row.source if row else "no row of the table says it honours the mask"
+            raise c.b.error(
+                f"plan.extra_args turns DDTree on ({design.switch_flag or design.algorithm}) with "
+                f"--attention-backend {att}, which drops the tree mask: {why}",
+                f"remove the DDTree flags from plan.extra_args and set plan.ddtree_budget (the "
+                f"plan then picks {MASK_PREFERRED}), or set plan.attention_backend "
+                f"{MASK_PREFERRED}",
+            )
+
+
 def announce_ddtree(c: PlanContext, choice: DDTreeChoice) -> None:
     """The reasons DDTree is on: the design, the budget (a chain where the design makes one),
     the overlap rule."""
