@@ -24,7 +24,8 @@ through the same path, or with ``--restore previous`` the inventory's own plan.
   writes them as a group data file with ``--write-group-data``.
 - **DDTree**: ``--ddtree-budgets`` sweeps ``plan.ddtree_budget`` (instead of the draft tokens,
   which the budget sets); a host whose installed SGLang has no DDTree design the table knows
-  refuses it before anything changes (exit 3).
+  refuses it before anything changes (exit 3). A budget the host's plan refuses (its verify
+  graphs cannot fit there) is dropped from the grid with a line saying so, not run again.
 - **Plots**: ``DIR/report.html`` with PNGs (``specfleet.fleet.report``) when matplotlib is there.
 
 Exit 0 (every point done, best restored); 1 (the host does not answer, checked before the first
@@ -45,6 +46,7 @@ from typing import Any
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
+from specfleet.core.tables.ddtree_designs import DDTREE_REFUSED
 from specfleet.fleet.bench import list_hosts, load_result, run_with_data
 from specfleet.fleet.fleet_checks import unreachable_line
 from specfleet.fleet.pyinfra_run import (
@@ -208,6 +210,14 @@ class Sweep:
                        if "cannot be swept here" in why
                        else "take the host out of service, or pass --allow-serving")
                 raise SpecfleetError(f"{self.args.host}: {why}", fix=fix)
+            if DDTREE_REFUSED in why:
+                # The host's plan refused this budget before anything changed (its verify
+                # graphs cannot fit, or the design cannot run it there): out of the grid.
+                rec.update(status="dropped", why=why)
+                self.state.data["current"] = before
+                say(f"  {key}: dropped from the grid: {why}")
+                self.state.save()
+                return
             rec.update(status="failed", why=why)
             say(f"  {key}: FAILED: {why}")
         self.state.save()
@@ -232,7 +242,7 @@ class Sweep:
         st = self.state
         # A resumed sweep made the host serve itself: no refusal for that.
         allow = self.args.allow_serving or st.resumed()
-        todo = [k for k, r in st.points.items() if r["status"] != "done"]
+        todo = [k for k, r in st.points.items() if r["status"] not in ("done", "dropped")]
         done_before = len(st.points) - len(todo)
         if done_before:
             say(f"resuming: {done_before} of {len(st.points)} points done; {len(todo)} to go")
