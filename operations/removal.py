@@ -11,19 +11,13 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.cache import cached_fact
 from facts.removal import VENV_STATE_DIR, Leftovers
-from facts.sglang import PatchState
+from facts.sglang import PatchState, RopePatchState
 from operations.fanout import control_dir
 from operations.sglang import patch_restore_steps
 from operations.sglang_rope import rope_restore_steps
 from operations.util import fails_host, systemctl
 from specfleet.core import layout
-from specfleet.core.layout import (
-    lock_path,
-    model_root,
-    rope_state_dir,
-    server_paths,
-    watchdog_paths,
-)
+from specfleet.core.layout import lock_path, model_root, server_paths, watchdog_paths
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import sibling_venv
 
@@ -132,7 +126,7 @@ def removed(settings: Settings, weights: bool | None = None,
         elif info["specfleet"]:
             marker = cached_fact(host, PatchState, venv=path)
             restore = list(patch_restore_steps(path, marker))
-            rope = cached_fact(host, PatchState, venv=path, state_dir=rope_state_dir(path))
+            rope = cached_fact(host, RopePatchState, venv=path)
             restore += list(rope_restore_steps(path, rope))
             commands += restore
             commands.append(StringCommand(

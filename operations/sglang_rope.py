@@ -14,7 +14,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cache import cached_fact
-from facts.sglang import FileHashes, PatchState, SGLangInstall, Venv
+from facts.sglang import FileHashes, RopePatchState, SGLangInstall, Venv
 from operations.sglang_commands import apply_script, forget_script, restore_script, script_command
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
@@ -120,7 +120,7 @@ def dflash_rope(
     version = install.get("version") or "?"
     site = site_packages(install.get("location")) or ""
     d = rope_state_dir(venv)
-    marker = cached_fact(host, PatchState, venv=venv, state_dir=d)
+    marker = cached_fact(host, RopePatchState, venv=venv)
     patch = load_rope_patch(version)
     hashes = dict(host.get_fact(FileHashes, directory=site, paths=(TARGET,)) or {}) if site else {}
     decision = decide_dflash_rope(version, hashes.get(TARGET), marker, present=present,
@@ -166,7 +166,7 @@ def _verify_or_roll_back(state: Any, host: Any, venv: str, version: str, site: s
         ok, _ = host.run_shell_command(script_command(script), **connector_args)
         return ok
 
-    marker = host.get_fact(PatchState, venv=venv, state_dir=d) or {}
+    marker = host.get_fact(RopePatchState, venv=venv) or {}
     got = (host.get_fact(FileHashes, directory=site, paths=(TARGET,)) or {}).get(TARGET)
     if not marker.get("conflict") and got == want:
         return run(f"printf '%s\\n' {shlex.quote(pid)} > {shlex.quote(d)}/sha256")
