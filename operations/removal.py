@@ -13,8 +13,7 @@ from facts.cache import cached_fact
 from facts.removal import VENV_STATE_DIR, Leftovers
 from facts.sglang import PatchState, RopePatchState
 from operations.fanout import control_dir
-from operations.sglang import patch_restore_steps
-from operations.sglang_rope import rope_restore_steps
+from operations.sglang import patch_restore_steps, rope_restore_steps
 from operations.util import fails_host, systemctl
 from specfleet.core import layout
 from specfleet.core.layout import lock_path, model_root, server_paths, watchdog_paths

@@ -19,21 +19,23 @@ from pathlib import Path
 import pytest
 import transformers
 
-from specfleet.core.sglang.dflash_rope import (
-    APPLIED,
-    APPLY,
-    NOOP,
-    RESTORE,
-    TARGET,
+from specfleet.core.sglang.portdata import (
+    ROPE_APPLIED,
+    ROPE_APPLY,
+    ROPE_NOOP,
+    ROPE_RESTORE,
+    ROPE_TARGET,
     decide_dflash_rope,
     load_rope_patch,
-    patch_id,
+    rope_patch_id,
 )
 from tests.harness.port_build import build_dflash_rope, recipe_reader
 from tests.harness.sources import sglang_wheel
 from tests.unit.test_pr20547_fixes import method
 
 COMMON = "sglang/srt/utils/hf_transformers/common.py"
+TARGET, APPLY, APPLIED, NOOP, RESTORE = ROPE_TARGET, ROPE_APPLY, ROPE_APPLIED, ROPE_NOOP, ROPE_RESTORE
+patch_id = rope_patch_id
 # A DFlash drafter's config.json as z-lab publishes them (a Qwen3-architecture drafter with a
 # dflash_config), with z-lab/Kimi-K2.6-DFlash's RoPE: base 50000, yarn.
 DRAFTER_CONFIG = {
