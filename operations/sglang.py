@@ -890,7 +890,9 @@ def dflash_rope(
     marker = cached_fact(host, RopePatchState, venv=venv)
     patch = load_rope_patch(version)
     hashes = {}
-    if site:
+    # The file is read only when the decision needs it: a converged host (its marker intact)
+    # and a release without a patch ask nothing beyond the probe's facts.
+    if site and patch is not None and not (marker or {}).get("intact"):
         hashes = dict(host.get_fact(FileHashes, directory=site, paths=(ROPE_TARGET,)) or {})
     decision = decide_dflash_rope(version, hashes.get(ROPE_TARGET), marker, present=present,
                                   patch=patch,
