@@ -890,14 +890,23 @@ def dflash_rope(
     marker = cached_fact(host, RopePatchState, venv=venv)
     patch = load_rope_patch(version)
     hashes = {}
-    # The file is read only when the decision needs it: a converged host (its marker intact)
-    # and a release without a patch ask nothing beyond the probe's facts.
-    if site and patch is not None and not (marker or {}).get("intact"):
-        hashes = dict(host.get_fact(FileHashes, directory=site, paths=(ROPE_TARGET,)) or {})
+    built = None
+    # The file is read only when the decision needs it: a converged host (its marker intact), a
+    # release without a patch and a patch whose wheels cannot be fetched here (left out, said)
+    # ask nothing beyond the probe's facts.
+    if present and patch is not None and not (marker or {}).get("intact"):
+        built = _rope_built(patch, source)
+        if built is None and not marker:
+            host.noop(f"SGLang {version}: the drafter RoPE patch is left out (its pinned wheels "
+                      "cannot be fetched here); the drafter runs at base 1e6")  # fmt: skip
+            return
+        if site:
+            hashes = dict(host.get_fact(FileHashes, directory=site, paths=(ROPE_TARGET,)) or {})
     decision = decide_dflash_rope(version, hashes.get(ROPE_TARGET), marker, present=present,
                                   patch=patch,
                                   wanted_id=patch and rope_patch_id(patch))  # fmt: skip
-    built = _rope_built(patch, source) if "apply" in decision.steps else None
+    if "apply" in decision.steps and built is None:
+        built = _rope_built(patch, source)
     if decision.warning:
         logger.warning(f"{host.print_prefix}{decision.warning}")
     if decision.noop:
