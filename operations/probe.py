@@ -17,7 +17,7 @@ from facts.preflight import RunLock, WritableByOthers
 from facts.probe import default_specs
 from facts.python import Packages
 from facts.serving import ServiceState, UnitFiles
-from facts.sglang import PatchState, SGLangInstall, Venv
+from facts.sglang import PatchState, RopePatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
 from operations.server_facts import (
     host_specs,
@@ -53,14 +53,15 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
     specs.append((WritableByOthers, trust_args(s)))
     for which in ("target", "drafter"):
         specs.append((WeightsState, {"path": model_root(s, which)}))
-    # sglang.installed, compressed_tensors, pr20547: in the configured venv, and in the one beside
-    # it for this release (operations.venvs picks)
+    # sglang.installed, compressed_tensors, pr20547, dflash_rope: in the configured venv, and in
+    # the one beside it for this release (operations.venvs picks)
     for venv in candidate_venvs(s):
         vpy = venv_python(venv)
         specs += [
             (Venv, {"path": venv}),
             (Packages, {"python": vpy}),
             (PatchState, {"venv": venv}),
+            (RopePatchState, {"venv": venv}),
             (SGLangInstall, {"python": vpy}),
         ]
     # weights.tools_from_settings, host_token, model (target, drafter)

@@ -13,11 +13,10 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.cache import cached_fact
 from facts.removal import VENV_STATE_DIR, Leftovers
-from facts.sglang import PatchState
+from facts.sglang import PatchState, RopePatchState
 from operations.fanout import control_dir, pull_unit
 from operations.fanout import serve_unit as fanout_serve_unit
-from operations.sglang import patch_restore_steps
-from operations.sglang_rope import rope_restore_steps
+from operations.sglang import patch_restore_steps, rope_restore_steps
 from operations.util import fails_host, systemctl
 from operations.weights import unit_name as weights_unit_name
 from specfleet.core import layout
@@ -28,7 +27,6 @@ from specfleet.core.layout import (
     lock_path,
     model_root,
     rollback_paths,
-    rope_state_dir,
     server_paths,
     watchdog_paths,
     weights_job_paths,
@@ -176,7 +174,7 @@ def removed(settings: Settings, weights: bool | None = None,
         elif info["specfleet"]:
             marker = cached_fact(host, PatchState, venv=path)
             restore = list(patch_restore_steps(path, marker))
-            rope = cached_fact(host, PatchState, venv=path, state_dir=rope_state_dir(path))
+            rope = cached_fact(host, RopePatchState, venv=path)
             restore += list(rope_restore_steps(path, rope))
             commands += restore
             commands.append(StringCommand(
