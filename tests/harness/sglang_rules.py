@@ -77,6 +77,7 @@ MEMORY_RULE_MODULE = {
     "0.5.18": "sglang/srt/server_args.py",
     "0.5.19": "sglang/srt/arg_groups/memory_hook.py",
     "0.5.20": "sglang/srt/arg_groups/memory_hook.py",
+    "0.5.21": "sglang/srt/arg_groups/memory_hook.py",
     "0.5.22": "sglang/srt/arg_groups/memory_hook.py",
     "0.5.23": "sglang/srt/arg_groups/memory_hook.py",
 }
