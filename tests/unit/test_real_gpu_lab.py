@@ -104,3 +104,22 @@ def test_parts_never_carry_the_images_torch():
     assert not bp.carried("huggingface-hub", spec(">=1.3.0,<2.0"))
     assert not bp.carried("numpy", spec("<2.4"))
     assert bp.carried("ipython", spec(""))  # sglang/utils.py imports IPython.display
+
+
+def test_parts_pin_kernels_as_transformers_extras_do():
+    """transformers 5.6.0 imports `kernels` whenever it is installed, but pins it (<0.13) only
+    under its extras; sglang 0.5.11 asks plain `kernels`. Run 5's call 1 carried 0.19.1 and every
+    server died importing transformers; the pin must keep the walk to transformers' range."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.real_gpu import build_parts as bp
+    finally:
+        sys.path.remove(str(ROOT))
+    # transformers-5.6.0's METADATA line (the `kernels` extra), as the wheel has it
+    extra = bp.Requirement('kernels<0.13,>=0.12.0; extra == "kernels"')
+    assert not extra.marker.evaluate(bp.ENV)  # the walk skips it: why the pin is needed
+    pin = bp.SpecifierSet(bp.PINS.get("kernels", ""))
+    assert not pin.contains("0.19.1")  # run 5 call 1's, which broke the import
+    assert pin.contains("0.12.3")  # what served in calls 2-4
+    assert all(extra.specifier.contains(v) for v in ("0.12.0", "0.12.3") if pin.contains(v))
+    assert not any(pin.contains(v) for v in ("0.11.9", "0.13.0"))
