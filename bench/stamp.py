@@ -10,7 +10,8 @@ before its first bench, and hands it to each (``SPECFLEET_BENCH_COMMIT``).
 
 puts each output's figure line after each ``<!-- figure: NAME -->`` marker of the figures
 documents, and (converged, drills) its last table between ``<!-- table: NAME -->`` and
-``<!-- /table -->``; what they replace goes to that file's "History (older code)" section.
+``<!-- /table -->``; what they replace goes to ``bench/results/HISTORY.md`` (the one history of the
+figures: no document but that one and the CHANGELOG has a history section).
 What a figure line is: below (``figure_lines``); ``tests/unit/test_figures_stamped.py`` fails on
 one without a stamp.
 """
@@ -81,7 +82,8 @@ def figure_line(bench: str, output: str) -> str:
 #   with a unit (s, ms, min, %, x, MB, MB/s, GiB, CPU-s) or a decimal number.
 # Each must carry a stamp (STAMP_RE; never -dirty) naming a commit of the repository. What lies
 # under a heading with "History (older code)" (to the next heading of its level or above) is
-# history and exempt.
+# history and exempt (only bench/results/HISTORY.md has one; tests/unit/test_figures_stamped.py
+# fails on a history section elsewhere).
 BENCHES = ("converged", "fanout", "weights", "sweep", "drills")
 BENCH_LINE_RE = re.compile(r"\b(?:" + "|".join(BENCHES) + r"): [^`\n]*?=\d")
 MEASURED_RE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|min|%|x|MB|MB/s|GiB|CPU-s)(?![\w/])"
@@ -93,8 +95,13 @@ HEADING_RE = re.compile(r"^(#{1,6}) +(.*)$")
 NOT_FIGURE_FILES = ("bench/real_gpu/",)
 
 
+HISTORY_FILE = "bench/results/HISTORY.md"
+
+
 def figures_documents(root: Path = REPO_ROOT) -> list[Path]:
-    docs = [root / "README.md"]
+    """The documents whose figure lines must carry stamps: the README (which should hold none),
+    bench/README.md (every bench's current line) and each bench's own README / RESULTS."""
+    docs = [root / "README.md", root / "bench" / "README.md"]
     for pattern in ("bench/*/README.md", "bench/*/RESULTS.md"):
         docs += sorted(p for p in root.glob(pattern)
                        if not str(p.relative_to(root)).startswith(NOT_FIGURE_FILES))
@@ -130,7 +137,7 @@ def figure_lines(text: str, whole_is_figures: bool) -> list[tuple[int, str]]:
 
 def unstamped(path: Path, root: Path = REPO_ROOT) -> list[str]:
     """Each figure line of a document without a clean stamp: 'path:line: text'."""
-    whole = path.name != "README.md" or path.parent != root
+    whole = path != root / "README.md"
     bad = []
     for n, line in figure_lines(path.read_text(), whole_is_figures=whole):
         m = STAMP_RE.search(line)
@@ -191,9 +198,10 @@ def with_stamp_column(table: list[str], stamp_text: str) -> list[str]:
     return out
 
 
-def put_figures(text: str, bench: str, figure: str, table: list[str]) -> tuple[str, int]:
-    """The document with this bench's marked figure line (and table) replaced by the run's,
-    what they replace moved to its "History (older code)" section; (text, places replaced)."""
+def put_figures(text: str, bench: str, figure: str,
+                table: list[str]) -> tuple[str, int, list[str]]:
+    """The document with this bench's marked figure line (and table) replaced by the run's;
+    (text, places replaced, the lines it replaced: for ``to_history``)."""
     lines = text.split("\n")
     replaced: list[str] = []
     places = 0
@@ -212,30 +220,22 @@ def put_figures(text: str, bench: str, figure: str, table: list[str]) -> tuple[s
             replaced += ["", *old]
         lines[start + 1:end] = with_stamp_column(table, stamp_text)
         places += 1
-    if replaced:
-        lines = to_history(lines, bench, stamp_text, replaced)
-    return "\n".join(lines), places
+    return "\n".join(lines), places, replaced
 
 
-def to_history(lines: list[str], bench: str, stamp_text: str, old: list[str]) -> list[str]:
-    """``old`` put first in the document's History (older code) section (made at its end if it
-    has none), under a heading saying what replaced it."""
-    at = next((i for i, ln in enumerate(lines)
-               if HEADING_RE.match(ln) and HISTORY in ln), None)
+def to_history(history: str, source: str, bench: str, stamp_text: str, old: list[str]) -> str:
+    """``history`` (bench/results/HISTORY.md's text) with ``old``, what a run replaced in the
+    document ``source``, put first under that document's ``## source`` heading (made at the end
+    when there is none), headed by what replaced it."""
+    lines = history.rstrip("\n").split("\n") if history.strip() else [
+        "# History (older code)", "", HISTORY_INTRO]
+    heading = f"## {source}"
+    at = next((i for i, ln in enumerate(lines) if ln.strip() == heading), None)
     if at is None:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        lines += ["", "## History (older code)", "", HISTORY_INTRO, ""]
-        at = len(lines) - 4
-    level = len(HEADING_RE.match(lines[at]).group(1))  # type: ignore[union-attr]
-    # After the section's own introduction (its first paragraph), before the older entries.
-    j = at + 1
-    while j < len(lines) and not lines[j].strip():
-        j += 1
-    while j < len(lines) and lines[j].strip() and not HEADING_RE.match(lines[j]):
-        j += 1
-    entry = ["", f"{'#' * (level + 1)} {bench}, until the run {stamp_text}", "", *old]
-    return lines[:j] + entry + lines[j:]
+        lines += ["", heading]
+        at = len(lines) - 1
+    entry = ["", f"### {bench}, until the run {stamp_text}", "", *old]
+    return "\n".join(lines[:at + 1] + entry + lines[at + 1:]) + "\n"
 
 
 def stamp_documents(results: Path, root: Path = REPO_ROOT) -> list[str]:
@@ -254,11 +254,18 @@ def stamp_documents(results: Path, root: Path = REPO_ROOT) -> list[str]:
             done.append(f"{bench}: measured on a dirty tree ({figure}): nothing written")
             continue
         table = last_table(output) if bench in ("converged", "drills") else []
+        stamp_text = STAMP_RE.search(figure).group(0)  # type: ignore[union-attr]
+        history_path = root / HISTORY_FILE
         for doc in figures_documents(root):
-            text, places = put_figures(doc.read_text(), bench, figure, table)
+            text, places, old = put_figures(doc.read_text(), bench, figure, table)
             if places:
                 doc.write_text(text)
                 done.append(f"{bench}: {doc.relative_to(root)} ({places} place(s))")
+            if old:
+                history_path.parent.mkdir(parents=True, exist_ok=True)
+                history = history_path.read_text() if history_path.exists() else ""
+                history_path.write_text(to_history(history, str(doc.relative_to(root)), bench,
+                                                   stamp_text, old))
     sweep = results / "sweep"
     if sweep.is_dir() and figure_line("sweep", (results / "sweep.txt").read_text()):
         for f in sweep.iterdir():

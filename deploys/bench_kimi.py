@@ -12,7 +12,10 @@ under ``<state_dir>/bench``), ``fetch_to`` (a folder on the control machine for 
 from pyinfra import host
 
 from operations import bench
+from operations.pyinfra_speedups import install as install_speedups
 from operations.util import settings_in_play
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

@@ -4,7 +4,10 @@ remove keys, known_hosts and jobs on every host (specfleet/fleet/fanout.py runs 
 from pyinfra import host
 
 from operations import fanout, preflight
+from operations.pyinfra_speedups import install as install_speedups
 from specfleet.core.settings import settings_for_host
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_for_host(host)
 state_dir = settings.state_dir

@@ -13,8 +13,11 @@ passes this run's plan and keys in ``SPECFLEET_FANOUT_PLAN``; see specfleet/flee
 from pyinfra import host
 
 from operations import fanout, preflight, weights
+from operations.pyinfra_speedups import install as install_speedups
 from specfleet.core.fanout import MODELS
 from specfleet.core.settings import settings_for_host
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_for_host(host)
 plan = fanout.load_plan()

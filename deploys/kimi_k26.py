@@ -10,8 +10,20 @@ restart only on change, the readiness gate. Every option comes from the host's `
 alone, with its error, and the others go on.
 """
 
+try:
+    from operations.util import settings_in_play
+except ModuleNotFoundError as exc:  # pyinfra puts the current directory on sys.path, not this one
+    if exc.name != "operations":
+        raise
+    raise SystemExit(
+        f"specfleet: {__file__} needs the checkout's operations/ and facts/, which pyinfra finds "
+        "in the current directory only\n  fix: cd "
+        f"{__import__('pathlib').Path(__file__).resolve().parents[1]} and run pyinfra from there"
+    ) from None
 from operations.kimi_k26 import kimi_k26
-from operations.util import settings_in_play
+from operations.pyinfra_speedups import install as install_speedups
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

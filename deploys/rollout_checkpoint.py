@@ -4,7 +4,10 @@ passed the readiness gate (``rollout_gate_held.py``) and the speed gate."""
 from pyinfra import host
 
 from operations import preflight, rollback
+from operations.pyinfra_speedups import install as install_speedups
 from specfleet.core.settings import settings_for_host
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_for_host(host)
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)

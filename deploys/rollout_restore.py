@@ -8,7 +8,10 @@ from pyinfra import host
 from pyinfra.operations.util import any_changed
 
 from operations import preflight, rollback, serving
+from operations.pyinfra_speedups import install as install_speedups
 from specfleet.core.settings import settings_for_host
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_for_host(host)
 # The point does not change during the rollback, so reading it while preparing is safe.

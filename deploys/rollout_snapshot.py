@@ -3,7 +3,10 @@
 from pyinfra import host
 
 from operations import preflight, rollback
+from operations.pyinfra_speedups import install as install_speedups
 from specfleet.core.settings import settings_for_host
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_for_host(host)
 # The run lock, as every run that changes a host holds it (the rollout's run id: its steps are

@@ -10,7 +10,10 @@ from pyinfra import host
 
 from operations import bench
 from operations.kimi_k26 import kimi_k26
+from operations.pyinfra_speedups import install as install_speedups
 from operations.util import settings_in_play
+
+install_speedups()  # pyinfra's per-operation costs, where its version is the one they fit
 
 settings = settings_in_play()
 if settings is not None:

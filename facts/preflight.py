@@ -103,3 +103,56 @@ class RunLock(FactBase[Any]):
     @override
     def process(self, output: list[str]) -> dict | None:
         return parse_run_lock(output)
+
+
+class WritableByOthers(FactBase[dict[str, str]]):
+    """
+    Of each given path (a venv, an SGLang source tree), the first place a user other than root
+    could change what root runs from it: the path or a folder above it not owned by root or
+    writable by group or others (a sticky folder too: its other users' files), or, with
+    ``trees``, a file or folder inside it. A path that does not exist yet is checked from its
+    nearest existing folder. ``{path: "PLACE (uid U, mode M)"}``; a path with nothing is left out.
+
+    + paths: absolute paths checked with their parents
+    + trees: those of ``paths`` whose whole tree is checked too
+
+    .. code:: python
+
+        {"/home/alice/sglang/python": "/home/alice (uid 1000, mode 755)"}
+    """
+
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}
+
+    @override
+    def command(self, paths: list[str], trees: list[str] | None = None) -> str:
+        parts = []
+        for path in paths:
+            q = shlex.quote(path)
+            tree = path in (trees or [])
+            inner = (f'bad=$(find {q} -xdev \\( ! -user 0 -o -perm /022 \\) ! -type l '
+                     "-printf '%p (uid %U, mode %m)\\n' 2>/dev/null | head -n 1); "
+                     f'[ -n "$bad" ] && echo "{TRUST_MARK}{path}=$bad" && continue; ') if tree \
+                else ""  # fmt: skip
+            parts.append(
+                f"for once in 1; do {inner}p={q}; "
+                'while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
+                'while :; do s=$(stat -L -c "%u %a" "$p" 2>/dev/null) || break; '
+                'set -- $s; m=$((0$2)); '
+                'if [ "$1" != 0 ] || [ $((m & 18)) -ne 0 ]; then '
+                f'echo "{TRUST_MARK}{path}=$p (uid $1, mode $2)"; continue 2; fi; '
+                '[ "$p" = / ] && break; p=$(dirname "$p"); done; done')
+        return "; ".join(parts) + "; true"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str]:
+        out = {}
+        for line in output:
+            if line.startswith(TRUST_MARK) and "=" in line:
+                path, _, where = line[len(TRUST_MARK):].partition("=")
+                out[path] = where
+        return out
+
+
+TRUST_MARK = "##untrusted "

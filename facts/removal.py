@@ -30,8 +30,8 @@ class Leftovers(FactBase[dict[str, Any]]):
     + paths: files and folders (patterns)
     + units: systemd unit names (patterns): loaded units and unit files
     + dirs: folders, reported only when they exist and are empty
-    + venvs: venvs (patterns): whether specfleet created each, and whether it has specfleet's
-      folder in it
+    + venvs: venvs (patterns): whether specfleet created each, whether it has specfleet's
+      folder in it, and whether it is a venv at all (its ``pyvenv.cfg``)
 
     .. code:: python
 
@@ -39,7 +39,7 @@ class Leftovers(FactBase[dict[str, Any]]):
             "paths": ["/etc/specfleet/specfleet-sglang.env", "/var/lib/specfleet/hf"],
             "units": {"specfleet-sglang.service": {"active": "active", "enabled": "enabled"}},
             "empty_dirs": [],
-            "venvs": {"/opt/specfleet/sglang": {"created": True, "specfleet": True}},
+            "venvs": {"/opt/specfleet/sglang": {"created": True, "specfleet": True, "venv": True}},
         }
     """
 
@@ -60,7 +60,7 @@ class Leftovers(FactBase[dict[str, Any]]):
             'echo "empty=$p"; fi; done',
             f'for p in {envs}; do if [ -d "$p" ]; then '
             f'c=0; [ -e "$p/{CREATED_MARKER}" ] && c=1; s=0; [ -d "$p/{VENV_STATE_DIR}" ] && s=1; '
-            'echo "venv=$c$s$p"; fi; done',
+            'v=0; [ -f "$p/pyvenv.cfg" ] && v=1; echo "venv=$c$s$v$p"; fi; done',
         ]
         if units:
             parts += [
@@ -85,8 +85,9 @@ def parse_leftovers(output: list[str]) -> dict[str, Any]:
             value["paths"].append(rest)
         elif key == "empty" and rest:
             value["empty_dirs"].append(rest)
-        elif key == "venv" and len(rest) > 2:
-            value["venvs"][rest[2:]] = {"created": rest[0] == "1", "specfleet": rest[1] == "1"}
+        elif key == "venv" and len(rest) > 3:
+            value["venvs"][rest[3:]] = {"created": rest[0] == "1", "specfleet": rest[1] == "1",
+                                        "venv": rest[2] == "1"}
         elif key in ("unit", "unitfile") and " " in rest:
             name, state = rest.split(" ", 1)
             unit = value["units"].setdefault(name, {"active": "inactive", "enabled": None})

@@ -8,23 +8,24 @@ from typing import Any
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from specfleet.core.layout import join, patch_state_dir, venv_python
+# The files of a server that a rollback point keeps, by the name they have in it: the server's
+# own files (``ServerPaths.files``), the one list.
+from specfleet.core.layout import FILE_KEYS, join, patch_state_dir, venv_python
 
-# The files of a server that a rollback point keeps, by the name they have in it.
-FILE_KEYS = ("unit", "env", "secret")
 ABSENT = "-"
 
 
 class RollbackState(FactBase[dict[str, Any]]):
     """
     A rollback point kept on the host (``directory``) beside the state it would return to, read
-    with one command: the sha1 of the unit, env and secret files, the PR#20547 marker's sha256,
+    with one command: the sha1 of the server's files (unit, env, secret, logging config and its
+    module), the PR#20547 marker's sha256,
     and the venv's ``pip freeze``, each as saved and as it is now, plus the wheels in the cache.
     ``saved`` is None until a rollback point exists; a file that was absent when it was taken is
     ``None`` in ``saved``, as it is in ``current`` while it does not exist.
 
     + directory: the rollback point's folder (``<state_dir>/rollback/<service>``)
-    + unit, env, secret: the live paths of the server's files
+    + unit, env, secret, log_config, log_module: the live paths of the server's files
     + venv: the SGLang venv
     + wheels: the wheel cache folder
 
@@ -47,14 +48,18 @@ class RollbackState(FactBase[dict[str, Any]]):
 
     @override
     def command(
-        self, directory: str, unit: str, env: str, secret: str, venv: str, wheels: str
+        self, directory: str, unit: str, env: str, secret: str, venv: str, wheels: str,
+        log_config: str = "", log_module: str = "",
     ) -> str:
         d = shlex.quote(directory)
         py = shlex.quote(venv_python(venv))
         # An applied PR#20547's marker (operations.sglang writes it last).
         marker = shlex.quote(join(patch_state_dir(venv), "sha256"))
         parts = []
-        for key, path in zip(FILE_KEYS, (unit, env, secret), strict=True):
+        live = (unit, env, secret, log_config, log_module)
+        for key, path in zip(FILE_KEYS, live, strict=True):
+            if not path:
+                continue
             saved = shlex.quote(join(directory, key))
             for side, q in (("cur", shlex.quote(path)), ("saved", saved)):
                 parts.append(

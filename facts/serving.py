@@ -22,7 +22,7 @@ UNIT_PROPERTIES = (
 
 FILE_MARK = "##file "
 MARKER_MARK = "##restart-pending"
-# A line server.service appends to the marker once it restarted the server for it: the restart's
+# A line serving.service appends to the marker once it restarted the server for it: the restart's
 # invocation, its host time and the fingerprint of the unit's files it started from.
 STARTED_MARK = "##started "
 
@@ -32,7 +32,7 @@ class ServiceState(FactBase[dict[str, Any]]):
     The state of one systemd unit, the files it is built from and its restart-pending marker, read
     with one command. A file that does not exist is left out of ``files``; ``restart_pending`` is
     the marker's text (why a restart is pending) or None when there is no marker;
-    ``restart_started`` is the restart done for it (``server.service`` records it in the marker
+    ``restart_started`` is the restart done for it (``serving.service`` records it in the marker
     right after ``systemctl restart``), or None while the restart is still to be done.
 
     .. code:: python
@@ -214,3 +214,50 @@ class FileText(FactBase[Any]):
         if not output or not output[0].startswith(PATH_MARK):
             return None
         return "\n".join(output[1:]).strip()
+
+
+# Where systemd finds a service's unit file: the admin's, the runtime's and the vendor's folders.
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system",
+             "/usr/lib/systemd/system")
+
+
+class UnitFiles(FactBase[dict[str, str]]):
+    """
+    The first line of every unit file of the given names in systemd's folders (``UNIT_DIRS``),
+    cut to 200 characters: preflight tells a unit specfleet wrote (its header) from one of the
+    host's own that the deploy would shadow or overwrite.
+
+    + names: unit names (``specfleet-sglang.service``)
+
+    .. code:: python
+
+        {"/etc/systemd/system/specfleet-sglang.service":
+            "# Managed by specfleet (specfleet-sglang). Edits here are overwritten ..."}
+    """
+
+    @override
+    def command(self, names: list[str]) -> str:
+        parts = []
+        for d in UNIT_DIRS:
+            for n in names:
+                q = shlex.quote(f"{d}/{n}")
+                parts.append(f"if test -e {q} || test -L {q}; then echo {shlex.quote(PATH_MARK)}"
+                             f"{q}; head -n 1 {q} 2>/dev/null | head -c 200; echo; fi")
+        return "; ".join(parts) + "; true"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str]:
+        return parse_unit_files(output)
+
+
+def parse_unit_files(output: list[str]) -> dict[str, str]:
+    """``UnitFiles``' output -> {path: first line} (pure)."""
+    out: dict[str, str] = {}
+    path = None
+    for line in output:
+        if line.startswith(PATH_MARK):
+            path = line[len(PATH_MARK):]
+            out[path] = ""
+        elif path is not None and not out[path]:
+            out[path] = line
+    return out

@@ -12,7 +12,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import PythonJob, parse_printed, script_source
-from specfleet.core.layout import sglang_python
+from specfleet.core.layout import rope_state_dir, sglang_python
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
 from specfleet.core.tables import ddtree_designs
@@ -406,9 +406,11 @@ class PatchState(FactBase[dict | None]):
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "patch"
 
-    def command(self, venv: str, state_dir: str | None = None) -> str:
-        # ``state_dir``: another patch kept the same way (the drafter RoPE patch's).
-        d = shlex.quote(state_dir or patch_state_dir(venv))
+    def command(self, venv: str) -> str:
+        return self._command(patch_state_dir(venv))
+
+    def _command(self, state_dir: str) -> str:
+        d = shlex.quote(state_dir)
         return (
             f"d={d}; "
             'if [ -f "$d/sha256" ]; then '
@@ -448,6 +450,14 @@ class PatchState(FactBase[dict | None]):
             elif line.startswith("rejected="):
                 out["rejected"] = line[len("rejected=") :].strip() or None
         return out
+
+
+class RopePatchState(PatchState):
+    """The drafter RoPE patch (#52) in a venv, kept as PR#20547's is, in its own folder
+    (``<venv>/.specfleet/dflash-rope``): the same fields as PatchState."""
+
+    def command(self, venv: str) -> str:
+        return self._command(rope_state_dir(venv))
 
 
 class SourceTree(FactBase[dict]):

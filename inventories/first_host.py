@@ -4,8 +4,9 @@
     pyinfra inventories/first_host.py deploys/kimi_k26.py --dry   # what would change, the plan
     pyinfra inventories/first_host.py deploys/kimi_k26.py         # do it; run again: no change
 
-Every other setting has a default (README, "Settings"). Until the <...> are filled in, loading
-this file fails with the key and the fix; nothing connects anywhere.
+Every other setting has a default (docs/settings.md). Until the <...> are filled in, each is
+named as a placeholder, with its key, before anything connects anywhere (by `specfleet`, and by
+`pyinfra` run from the checkout: its config.py checks every host's settings before connecting).
 """
 
 first_host = [

@@ -34,6 +34,8 @@ from specfleet.core.tables import ddtree_designs
 from specfleet.core.unit import has_api_key
 
 CLIENT = "bench_client.py"
+# The check of who listens on the port, beside the client (it sends the key only to the unit).
+PORT_OWNER = "port_owner.py"
 
 
 def server_url(settings: Settings) -> str:
@@ -64,7 +66,7 @@ def client_argv(settings: Settings, out: str, concurrency: Sequence[int], reques
             "--sglang-python", sglang_python(s),
             "--tokenizer", serve_path(s, "target")]
     if has_api_key(s):
-        argv += ["--api-key-file", server_paths(s).secret]
+        argv += ["--api-key-file", server_paths(s).secret, "--unit", server_paths(s).unit_name]
     if not keep_previous:
         argv.append("--no-previous")
     for key, value in sorted(meta.items()):
@@ -100,8 +102,9 @@ def smoke(
     folder = bench_dir(s)
     out = join(folder, f"{result}.json")
     yield from files.directory._inner(path=folder, mode="0700")
-    yield from files.put._inner(src=str(hostside_path(CLIENT)), dest=join(folder, CLIENT),
-                                mode="0644")
+    for program in (CLIENT, PORT_OWNER):
+        yield from files.put._inner(src=str(hostside_path(program)), dest=join(folder, program),
+                                    mode="0644")
     # ``launcher`` is the test-only way to start the stand-in server: its numbers say so.
     meta = {"arch": host_arch(), "service": s.service_name,
             "server": "stand-in" if s.launcher else "sglang"}

@@ -58,6 +58,7 @@ from specfleet.core.layout import (
 )
 from specfleet.core.resources import hostside_path, template_path
 from specfleet.core.settings import RolloutOptions, Settings
+from specfleet.core.text import printable
 from specfleet.hostside.fanout_agent import pull_progress_path, weights_progress_path
 from specfleet.hostside.weights_agent import fmt_gib, job_id
 
@@ -167,14 +168,17 @@ def format_pull(p: dict) -> str:
     return line
 
 
+# Writes a private file from stdin, 0600 (umask 077) before a byte lands, in a 0700 folder.
+_SECRET_SCRIPT = ('umask 077 && install -d -m 700 "$(dirname "$1")" && cat > "$1.tmp" '
+                  '&& chmod 600 "$1.tmp" && mv -f "$1.tmp" "$1"')
+
+
 def _secret_upload(path: str, content: str):
-    """Create ``path`` 0600 before a byte is written, then fill it from memory (only a hash
-    would ever show; pyinfra prints no content of a FileUploadCommand)."""
-    yield StringCommand("install", "-d", "-m", "700", QuoteString(os.path.dirname(path)))
-    yield StringCommand("(", "umask", "077", "&&", ":", ">", QuoteString(path), ")")
-    yield StringCommand("chmod", "600", QuoteString(path))
-    yield FileUploadCommand(StringIO(content), path)
-    yield StringCommand("chmod", "600", QuoteString(path))
+    """Write ``path`` (0600, its folder 0700) through the stdin of a root shell: never through
+    pyinfra's upload, whose ``--sudo`` form puts the bytes in a temporary file in /tmp with
+    default permissions before it copies them; never in an argv or a diff."""
+    yield StringCommand("sh", "-c", QuoteString(_SECRET_SCRIPT), "specfleet", QuoteString(path),
+                        _stdin=content)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,19 +449,34 @@ def model(
     yield from _secret_upload(job["key_path"], private_key.strip() + "\n")
     yield FileUploadCommand(StringIO(known_hosts(servers)), job["known_hosts"])
     yield FileUploadCommand(StringIO(json.dumps(job, indent=1, sort_keys=True)), job_path)
-    yield StringCommand(
+    yield pull_start_command(unit, job, src.repo_id, python, agent_path, job_path)
+    yield FunctionCommand(_wait, (), {
+        "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
+        "poll_seconds": job["poll_seconds"], "agent": (python, agent_path),
+        # No longer than its sources serve (their sshd's lifetime).
+        "deadline_s": s.rollout.fanout_serve_hours * 3600,
+    })
+
+
+# The most memory a pull's unit may take (systemd's MemoryMax=): a receiver keeps a source's
+# newest status and the last lines of its stderr, and streams files in 1 MiB chunks, so a
+# source that floods it is cut off here rather than growing the host's memory.
+PULL_MEMORY_MAX = "1G"
+
+
+def pull_start_command(unit: str, job: dict[str, Any], repo_id: str, python: str,
+                       agent_path: str, job_path: str) -> StringCommand:
+    """Start the pull as a transient unit, its memory capped (``PULL_MEMORY_MAX``)."""
+    return StringCommand(
         "rm", "-f", QuoteString(job["progress_path"]), "&&",
         "systemd-run", "--quiet", "--collect", QuoteString(f"--unit={unit}"),
-        QuoteString(f"--description=specfleet fan-out: {src.repo_id} from peers"),
+        QuoteString(f"--description=specfleet fan-out: {repo_id} from peers"),
         "--property=TimeoutStopSec=30", "--property=Nice=5",
+        f"--property=MemoryMax={PULL_MEMORY_MAX}", "--property=MemorySwapMax=0",
         f"--property=RuntimeDirectory={os.path.basename(job['control_dir'])}",
         "--property=RuntimeDirectoryMode=0700",
         "--", QuoteString(python), QuoteString(agent_path), "pull", QuoteString(job_path),
     )
-    yield FunctionCommand(_wait, (), {
-        "unit": unit, "progress_path": job["progress_path"], "rollout_id": rollout_id,
-        "poll_seconds": job["poll_seconds"], "agent": (python, agent_path),
-    })
 
 
 # How long one look at a pull's progress may wait on the host for its end (progress on the way
@@ -481,12 +500,23 @@ def watch_command(unit: str, progress_path: str, agent: tuple[str, str] | None,
 
 
 def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
-          poll_seconds: float, agent: tuple[str, str] | None = None) -> bool:
-    """Watch the pull's progress until it ends (on the host, ``watch_command``). A pull never
-    fails the host: what it could not copy, ``weights.model`` fetches from upstream."""
+          poll_seconds: float, agent: tuple[str, str] | None = None,
+          deadline_s: float | None = None) -> bool:
+    """Watch the pull's progress until it ends (on the host, ``watch_command``), at most
+    ``deadline_s`` (then the pull is stopped). A pull never fails the host: what it could not
+    copy, ``weights.model`` fetches from upstream. What the host's progress file says (a
+    source's words among them) is shown printable only."""
     last_line, events_seen, gone_since = "", 0, None
     seen: float | None = None
+    began = time.monotonic()
     while True:
+        if deadline_s is not None and time.monotonic() - began > deadline_s:
+            host.run_shell_command(StringCommand("systemctl", "stop", QuoteString(unit)),
+                                   print_output=False, print_input=False)
+            host.log_styled(f"the peer copy ran past its deadline of {deadline_s:.0f} s "
+                            "(rollout.fanout_serve_hours); stopped, the weights step fetches "
+                            "the rest from upstream", fg="yellow", log_func=logger.warning)
+            return True
         asked = time.monotonic()
         ok, output = host.run_shell_command(watch_command(unit, progress_path, agent, seen),
                                             print_output=False, print_input=False)
@@ -496,7 +526,7 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
         if p is not None:
             events = p.get("events") or []
             for ev in events[events_seen:]:
-                host.log_styled(ev["text"], fg="cyan")
+                host.log_styled(printable(ev.get("text", ""), 500), fg="cyan")
             events_seen = len(events)
             line = format_pull(p)
             if line != last_line:
@@ -505,7 +535,8 @@ def _wait(state, host, unit: str, progress_path: str, rollout_id: str,
             if p.get("state") in ("done", "partial", "failed") and not info["active"]:
                 if p["state"] != "done":
                     host.log_styled(
-                        f"peer copy {p['state']}: {(p.get('error') or {}).get('message', '')} "
+                        f"peer copy {p['state']}: "
+                        f"{printable((p.get('error') or {}).get('message', ''), 500)} "
                         "the weights step fetches the rest from upstream",
                         fg="yellow", log_func=logger.warning)
                 return True

@@ -49,10 +49,12 @@ def kimi_k26(settings: Settings, present: bool | None = None,
 
     weights.tools_from_settings(settings)
     weights.token_from_settings(settings)
-    target = weights.model(name=f"Target weights {settings.target.repo_id}",
-                           settings=settings, which="target")
+    # The drafter first: it is small and gated, so a token without access to it is refused by the
+    # Hub (its 403, quoted) before the target's ~595 GB download, not after it.
     drafter = weights.model(name=f"Drafter weights {settings.drafter.repo_id}",
                             settings=settings, which="drafter")
+    target = weights.model(name=f"Target weights {settings.target.repo_id}",
+                           settings=settings, which="target")
 
     serving.unit(name="SGLang unit from the launch plan", settings=settings)
     restart_if = changed_if("the software or weights", *software.values(), target, drafter)

@@ -27,14 +27,20 @@ from pyinfra.facts.files import File
 from facts import cache
 from facts.cache import cached_fact, cached_gather
 from facts.net import NetworkInterfaces, RdmaPorts, TcpReach
-from facts.preflight import RunLock, SGLangWheel
+from facts.preflight import RunLock, SGLangWheel, WritableByOthers
 from facts.probe import MARK as PROBE_MARK
 from facts.probe import default_specs
-from facts.serving import ServiceState
+from facts.serving import ServiceState, UnitFiles
 from facts.weights import WeightsState
 from operations.probe import deploy_specs
 from operations.readiness import probe_spec
-from operations.server_facts import group_peers, host_address, service_state_args
+from operations.server_facts import (
+    group_peers,
+    host_address,
+    service_state_args,
+    trust_args,
+    unit_files_args,
+)
 from operations.util import fails_host, record_failure
 from operations.weights import control_token, control_token_path
 from specfleet.core import preflight as pure
@@ -570,6 +576,8 @@ def checks(settings: Settings):
         python=sglang_python(s), models_path=s.models_root, token_path=s.weights.host_token_path
     )
     specs[pure.SERVICE] = (ServiceState, service_state_args(s))
+    specs[pure.UNIT_FILES] = (UnitFiles, unit_files_args(s))
+    specs[pure.UNTRUSTED] = (WritableByOthers, trust_args(s))
     if s.group is not None:
         specs[NET] = (NetworkInterfaces, {})
         specs[RDMA] = (RdmaPorts, {})

@@ -13,13 +13,18 @@ from typing import Any
 
 from pyinfra.facts.files import File, Sha256File
 
-from facts.preflight import RunLock
+from facts.preflight import RunLock, WritableByOthers
 from facts.probe import default_specs
 from facts.python import Packages
-from facts.serving import ServiceState
-from facts.sglang import PatchState, SGLangInstall, Venv
+from facts.serving import ServiceState, UnitFiles
+from facts.sglang import PatchState, RopePatchState, SGLangInstall, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
-from operations.server_facts import host_specs, service_state_args
+from operations.server_facts import (
+    host_specs,
+    service_state_args,
+    trust_args,
+    unit_files_args,
+)
 from operations.venvs import candidate_venvs
 from operations.watchdog import state_args as watchdog_state_args
 from operations.weights import unit_pattern
@@ -44,16 +49,19 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
         token_path=s.weights.host_token_path,
     ).values()
     specs.append((ServiceState, service_state_args(s)))
+    specs.append((UnitFiles, unit_files_args(s)))
+    specs.append((WritableByOthers, trust_args(s)))
     for which in ("target", "drafter"):
         specs.append((WeightsState, {"path": model_root(s, which)}))
-    # sglang.installed, compressed_tensors, pr20547: in the configured venv, and in the one beside
-    # it for this release (operations.venvs picks)
+    # sglang.installed, compressed_tensors, pr20547, dflash_rope: in the configured venv, and in
+    # the one beside it for this release (operations.venvs picks)
     for venv in candidate_venvs(s):
         vpy = venv_python(venv)
         specs += [
             (Venv, {"path": venv}),
             (Packages, {"python": vpy}),
             (PatchState, {"venv": venv}),
+            (RopePatchState, {"venv": venv}),
             (SGLangInstall, {"python": vpy}),
         ]
     # weights.tools_from_settings, host_token, model (target, drafter)
@@ -67,7 +75,7 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
             "pattern": unit_pattern(root),
             "progress_path": weights_job_paths(s.state_dir, root).progress,
         }))
-    # server.unit, server.service
+    # serving.unit, serving.service
     paths = server_paths(s)
     specs += host_specs(s, paths.unit_files()).values()
     # watchdog.service, watchdog.deploy_record

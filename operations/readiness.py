@@ -26,12 +26,16 @@ from specfleet.core.settings import ProbeOptions, SettingsError, probe_from_file
 from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
 GATE_SCRIPT = hostside_path("readiness_gate.py")
+PORT_OWNER = hostside_path("port_owner.py")
 
 
 def gate_source() -> str:
     """The readiness gate as the host runs it (from stdin): the redaction module's source ahead
-    of the gate's, so that its journal excerpt is redacted by the one set of rules."""
-    return ship_ahead_of(GATE_SCRIPT.read_text())
+    of the gate's, so that its journal excerpt is redacted by the one set of rules, and the port
+    owner's (``PORT_OWNER_SOURCE``: the one check of who listens before the key is sent)."""
+    owner = f"PORT_OWNER_SOURCE = {PORT_OWNER.read_text()!r}\n"
+    return ship_ahead_of(GATE_SCRIPT.read_text()).replace(
+        "\n# ---- the program ----\n", f"\n{owner}\n# ---- the program ----\n", 1)
 
 
 def probe_spec(probe: ProbeOptions, host_name: str = "") -> dict[str, Any]:

@@ -39,7 +39,15 @@ SECRET_KEY = "secret"
 
 
 def live_files(paths: ServerPaths) -> dict[str, str]:
-    return {"unit": paths.unit, "env": paths.env, "secret": paths.secret}
+    """The server's files a rollback point keeps: all of them (the one list)."""
+    return paths.files()
+
+
+# Files a point taken by an older specfleet does not hold: copied back when it holds them, never
+# removed (the unit always names them: their absence in a point means the point predates them).
+_KEPT_WHEN_ABSENT = ("log_config", "log_module")
+# Files in root's own 0700 folder.
+_PRIVATE_KEYS = ("secret", "log_config", "log_module")
 
 
 def pin_name(line: str) -> str | None:
@@ -137,19 +145,23 @@ def drift(state: dict[str, Any]) -> list[str]:
     out = []
     for key in (*FILE_KEYS, "patch"):
         if saved.get(key) != cur.get(key):
+            if key in _KEPT_WHEN_ABSENT and saved.get(key) is None:
+                continue
             out.append({"unit": "the unit", "env": "the environment file",
-                        "secret": "the API key file", "patch": "the PR#20547 patch state"}[key])
+                        "secret": "the API key file", "log_config": "the logging config",
+                        "log_module": "the log redaction module",
+                        "patch": "the PR#20547 patch state"}[key])
     if not pin_changes(saved["freeze"], cur["freeze"]).empty:
         out.append("the package pins")
     return out
 
 
 def file_restores(state: dict[str, Any]) -> list[tuple[str, str]]:
-    """``[(key, "copy" | "remove"), ...]``: what puts the unit, env and secret back as saved."""
+    """``[(key, "copy" | "remove"), ...]``: what puts the server's files back as saved."""
     saved, cur = state["saved"], state["current"]
     out = []
     for key in FILE_KEYS:
-        if saved[key] == cur[key]:
+        if saved.get(key) == cur.get(key) or (key in _KEPT_WHEN_ABSENT and saved.get(key) is None):
             continue
         out.append((key, "remove" if saved[key] is None else "copy"))
     return out
@@ -275,6 +287,8 @@ def _state(s: Settings) -> dict[str, Any]:
         unit=live["unit"],
         env=live["env"],
         secret=live["secret"],
+        log_config=live["log_config"],
+        log_module=live["log_module"],
         venv=s.venv,
         wheels=rp.wheels,
     )
@@ -286,7 +300,7 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
             f"there is no rollback point in {rollback_paths(s).directory}",
             host=host.name,
             fix="take one with rollback.checkpoint before changing the host "
-            "(python -m specfleet.fleet.rollout does it for every host it changes)",
+            "(specfleet rollout does it for every host it changes)",
         )
     return state["saved"]
 
@@ -437,7 +451,7 @@ def files(settings: Settings):
     + settings: the deploy's ``Settings``
 
     A file that did not exist then is removed. When anything changes, the server's
-    restart-pending marker is written first, so ``server.service`` restarts onto the old unit.
+    restart-pending marker is written first, so ``serving.service`` restarts onto the old unit.
     """
     s = settings
     state = _state(s)
@@ -454,7 +468,7 @@ def files(settings: Settings):
                                  for k, a in steps),
         logger.info,
     )
-    # The restart-pending marker first, as server.unit does: server.service restarts onto it.
+    # The restart-pending marker first, as serving.unit does: serving.service restarts onto it.
     yield StringCommand(
         "sh", "-c", QuoteString('mkdir -p "$(dirname "$1")" && printf "%s\\n" "$2" > "$1"'),
         "specfleet", QuoteString(paths.marker), QuoteString("the rollback"),
@@ -464,7 +478,7 @@ def files(settings: Settings):
         if action == "remove":
             yield StringCommand("rm", "-f", QuoteString(dest))
             continue
-        mode = "700" if key == SECRET_KEY else "755"
+        mode = "700" if key in _PRIVATE_KEYS else "755"
         yield StringCommand(
             "mkdir", "-p", "-m", mode, QuoteString(posixpath.dirname(dest)), "&&",
             "cp", "-p", QuoteString(rp.file(key)), QuoteString(dest + ".specfleet-tmp"), "&&",

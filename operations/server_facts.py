@@ -27,6 +27,7 @@ from specfleet.core.layout import (
     patch_state_dir,
     server_paths,
     sglang_python,
+    watchdog_paths,
 )
 from specfleet.core.plan import GPUS, SGLANG, TOPOLOGY
 from specfleet.core.plan.group import NET, RDMA
@@ -45,6 +46,23 @@ from specfleet.core.unit import (
 def service_state_args(settings: Settings) -> dict[str, Any]:
     paths = server_paths(settings)
     return {"service": paths.unit_name, "paths": paths.unit_files(), "marker": paths.marker}
+
+
+def unit_files_args(settings: Settings) -> dict[str, Any]:
+    """``facts.serving.UnitFiles``' arguments: the server's and its watchdog's unit names."""
+    return {"names": [server_paths(settings).unit_name, watchdog_paths(settings).unit_name]}
+
+
+def trust_args(settings: Settings) -> dict[str, Any]:
+    """``facts.preflight.WritableByOthers``' arguments: the venv (and the one beside it), and an
+    SGLang source tree with all that is in it."""
+    sg = settings.sglang
+    paths = [settings.venv]
+    trees = []
+    if sg.kind == "source" and sg.source_path:
+        paths.append(sg.source_path)
+        trees.append(sg.source_path)
+    return {"paths": paths, "trees": trees}
 
 
 def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:

@@ -174,10 +174,10 @@ def unit(settings: Settings, present: bool = True):
 
     .. code:: python
 
-        unit = server.unit(name="Render the SGLang unit")
-        server.restart_pending(name="Restart for new software or weights",
+        unit = serving.unit(name="Render the SGLang unit")
+        serving.restart_pending(name="Restart for new software or weights",
                                _if=any_changed(software, weights))
-        server.service(name="Run the SGLang server", running=True, enabled=True)
+        serving.service(name="Run the SGLang server", running=True, enabled=True)
     """
     yield from _unit(settings, present)
 
@@ -201,14 +201,12 @@ def _unit(settings: Settings, present: bool):
         raise SpecfleetError(
             f"cannot write the unit from a predicted plan: {current.predicted_because}",
             host=host.name,
-            fix="run the SGLang install and the weights steps before server.unit "
+            fix="run the SGLang install and the weights steps before serving.unit "
             "(deploys/kimi_k26.py does it in that order)",
         )
 
     try:
-        ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
-        key = api_key(s)
-        secret = secret_yaml(key) if key is not None else None
+        texts = server_texts(s, current)
     except ValueError as exc:
         raise SpecfleetError(
             f"the plan cannot be written as a systemd unit: {exc}",
@@ -216,13 +214,16 @@ def _unit(settings: Settings, present: bool):
             fix="change the offending value in the settings (plan.extra_args / extra_env)",
         ) from None
 
+    ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
+    secret = texts["secret"]
     changes: list[Any] = []
     changed: list[str] = []
-    for template, dest, mode, what in (
-        (UNIT_TEMPLATE, paths.unit, 644, "the unit"),
-        (ENV_TEMPLATE, paths.env, 600, "the environment file"),
+    for template, key, mode, what in (
+        (UNIT_TEMPLATE, "unit", 644, "the unit"),
+        (ENV_TEMPLATE, "env", 600, "the environment file"),
     ):
-        if not _file_matches(st, dest, render(template, ctx), mode):
+        dest = paths.files()[key]
+        if not _file_matches(st, dest, texts[key], mode):
             changed.append(what)
             changes += list(
                 files.template._inner(
@@ -244,8 +245,8 @@ def _unit(settings: Settings, present: bool):
         changes.append(StringCommand("rm", "-f", QuoteString(paths.secret)))
     stale_logging = [
         (dest, text)
-        for dest, text in ((paths.log_config, logging_config(s, current.argv)),
-                           (paths.log_module, LOG_MODULE.read_text()))
+        for dest, text in ((paths.log_config, texts["log_config"]),
+                           (paths.log_module, texts["log_module"]))
         if not _file_matches(st, dest, text, 600)
     ]  # fmt: skip
     if stale_logging:
@@ -262,21 +263,37 @@ def _unit(settings: Settings, present: bool):
     yield from changes
 
 
+def server_texts(s: Settings, current: Any) -> dict[str, str | None]:
+    """What a deploy writes into each of the server's files (``ServerPaths.files``, by key) for
+    the plan ``current``: None where it writes nothing (no API key). The deploy writes these and
+    ``specfleet status`` compares them, so the two agree on every file. ValueError: the plan
+    cannot be written as a unit."""
+    ctx = unit_context(current.argv, current.env, s, current.build, current.predicted_because)
+    key = api_key(s)
+    return {
+        "unit": render(UNIT_TEMPLATE, ctx),
+        "env": render(ENV_TEMPLATE, ctx),
+        "secret": secret_yaml(key) if key is not None else None,
+        "log_config": logging_config(s, current.argv),
+        "log_module": LOG_MODULE.read_text(),
+    }
+
+
 def _absent(paths: ServerPaths, st: dict[str, Any]):
     present = [p for p in paths.unit_files() if p in st["files"]]
     loaded = st["load_state"] not in ("not-found", "")
     if not present and not loaded and st["restart_pending"] is None:
         host.noop(f"unit {paths.unit_name} is absent")
         return
-    files_ = [paths.unit, paths.env, paths.secret, paths.marker]
-    yield from unit_removal(paths.unit_name, st, files_, [paths.log_dir])
+    yield from unit_removal(paths.unit_name, st, [*paths.unit_files(), paths.marker],
+                            [paths.log_dir])
 
 
 @operation()
 @fails_host(all_or_nothing=True)
 def restart_pending(settings: Settings, reason: str = "the software or weights"):
     """
-    Mark the SGLang server for a restart by the next ``server.service``, even across failed runs.
+    Mark the SGLang server for a restart by the next ``serving.service``, even across failed runs.
 
     + settings: the deploy's ``Settings``
     + reason: what changed, kept in the marker and shown when the restart happens
@@ -288,7 +305,7 @@ def restart_pending(settings: Settings, reason: str = "the software or weights")
 
     .. code:: python
 
-        server.restart_pending(
+        serving.restart_pending(
             name="Restart for new software or weights",
             reason="the software or weights",
             _if=any_changed(software, weights),
@@ -307,12 +324,12 @@ def _restart_pending(settings: Settings, reason: str):
 def group_restart(settings: Settings):
     """
     Restart a serving group as one: when any member is marked for a restart, mark and stop every
-    member, so that the next ``server.service`` starts them all together.
+    member, so that the next ``serving.service`` starts them all together.
 
     + settings: the deploy's ``Settings``
 
-    Run it after every step that may mark a restart (``server.unit``, ``server.restart_pending``)
-    and before ``server.service``: pyinfra runs an operation on every host before the next one, so
+    Run it after every step that may mark a restart (``serving.unit``, ``serving.restart_pending``)
+    and before ``serving.service``: pyinfra runs an operation on every host before the next one, so
     each member sees the others' markers here. Restarting members one at a time would let a
     surviving rank meet a new one half-way (SGLang's ranks end on a lost peer, and systemd would
     restart them into the middle of the new start); stopping all first starts the group clean.
@@ -370,10 +387,10 @@ def service(
     + settings: the deploy's ``Settings``
     + running: whether the server should be running
     + enabled: whether the unit should start at boot (``None`` leaves it as it is)
-    + ready: after a (re)start, wait for readiness (``server.ready``) before clearing the marker
+    + ready: after a (re)start, wait for readiness (``serving.ready``) before clearing the marker
 
-    It restarts only when the restart-pending marker is there (written by ``server.unit`` when the
-    unit, env or key changed, or by ``server.restart_pending``), and starts a stopped server. The
+    It restarts only when the restart-pending marker is there (written by ``serving.unit`` when the
+    unit, env or key changed, or by ``serving.restart_pending``), and starts a stopped server. The
     marker is removed only after the server passed the readiness gate, so a run that fails before
     then restarts on the next run instead of reporting "no change" over a stale server.
 
@@ -398,9 +415,9 @@ def _service(settings: Settings, running: bool, enabled: bool | None, ready: boo
             raise SpecfleetError(
                 f"there is no unit file {paths.unit}",
                 host=host.name,
-                fix="run server.unit before server.service",
+                fix="run serving.unit before serving.service",
             )
-        # --dry on a fresh host: server.unit will have written it by the time this executes.
+        # --dry on a fresh host: serving.unit will have written it by the time this executes.
         pending = pending or "the unit is new"
         decision = StartDecision("restart", pending)
     else:

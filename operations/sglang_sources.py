@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import tarfile
+import time
 import urllib.parse
 import urllib.request
 import zipfile
@@ -31,6 +32,12 @@ from pathlib import Path
 from specfleet.core.errors import SpecfleetError
 
 FETCH_TIMEOUT_S = 120
+# A whole fetch's deadline, whatever the server trickles, and the most bytes one source may be:
+# a release wheel of SGLang is tens of MB, one source file of a commit well under a MB. A
+# source may name its own cap (``max_bytes`` in the recipe).
+FETCH_DEADLINE_S = 900
+MAX_WHEEL_BYTES = 512 << 20
+MAX_FILE_BYTES = 16 << 20
 
 
 class UpstreamUnreachable(SpecfleetError):
@@ -52,12 +59,46 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
-def _read_url(url: str) -> bytes:
+class UpstreamTooLarge(SpecfleetError):
+    """A source that sends more than its cap: not the pinned file, whatever it is."""
+
+
+def _too_large(url: str, size: int, cap: int) -> UpstreamTooLarge:
+    return UpstreamTooLarge(
+        f"{url} is {'at least ' if size > cap else ''}{size} bytes, more than the {cap} its "
+        "source may be", fix="point patch.source at the real file (or drop it to fetch from the "
+        "recipe's own URL)")
+
+
+def _read_file(path: Path, shown: str, max_bytes: int) -> bytes:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise _too_large(shown, size, max_bytes)
+    return path.read_bytes()
+
+
+def _read_url(url: str, max_bytes: int = MAX_FILE_BYTES,
+              deadline_s: float = FETCH_DEADLINE_S) -> bytes:
+    """The bytes at ``url``, streamed: at most ``max_bytes`` (UpstreamTooLarge past them), whole
+    within ``deadline_s`` (TimeoutError, an OSError: unreachable)."""
     scheme = urllib.parse.urlparse(url).scheme
     if scheme == "file":
-        return Path(urllib.parse.urlparse(url).path).read_bytes()
+        return _read_file(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)), url,
+                          max_bytes)
+    began = time.monotonic()
     with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as resp:  # noqa: S310 (pinned)
-        return resp.read()
+        length = resp.headers.get("Content-Length")
+        if length and length.isdigit() and int(length) > max_bytes:
+            raise _too_large(url, int(length), max_bytes)
+        chunks, got = [], 0
+        while chunk := resp.read1(1 << 20):
+            got += len(chunk)
+            if got > max_bytes:
+                raise _too_large(url, got, max_bytes)
+            if time.monotonic() - began > deadline_s:
+                raise TimeoutError(f"{url} was not whole within {deadline_s:g} s")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
 
 class UpstreamSources:
@@ -109,7 +150,7 @@ class UpstreamSources:
         for mirror in self.mirrors:
             where = _join(mirror, file) if _is_url(mirror) else \
                 str(Path(mirror).expanduser() / file)  # fmt: skip
-            data = self._try(where, tried)
+            data = self._try(where, tried, int(src.get("max_bytes") or MAX_WHEEL_BYTES))
             if data is not None:
                 return self._checked(data, want, where, src)
         cached = cache_dir() / want
@@ -119,7 +160,7 @@ class UpstreamSources:
                 return data
         url = self._default_url(src, "")
         try:
-            data = _read_url(url)
+            data = _read_url(url, int(src.get("max_bytes") or MAX_WHEEL_BYTES))
         except OSError as exc:
             raise self._unreachable(url, exc, src, tried) from None
         self._checked(data, want, url, src)
@@ -170,9 +211,11 @@ class UpstreamSources:
     # -- helpers ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _try(where: str, tried: list[str]) -> bytes | None:
+    def _try(where: str, tried: list[str], max_bytes: int = MAX_FILE_BYTES) -> bytes | None:
         try:
-            return _read_url(where) if _is_url(where) else Path(where).read_bytes()
+            if _is_url(where):
+                return _read_url(where, max_bytes)
+            return _read_file(Path(where), where, max_bytes)
         except (OSError, ValueError) as exc:
             tried.append(f"{where} ({type(exc).__name__})")
             return None

@@ -22,24 +22,20 @@ from facts.sglang import PatchState
 from facts.status import Health
 from facts.weights import WeightsState
 from operations.server_facts import group_peers, host_address, host_specs
-from operations.serving import api_key
-from operations.util import render
+from operations.serving import server_texts
 from operations.venvs import effective_settings
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import lock_path, model_root, serve_path, server_paths
 from specfleet.core.runlock import lock_status
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.portdata import PORTED_RELEASES
+from specfleet.core.text import printable
 from specfleet.core.unit import (
-    ENV_TEMPLATE,
     SERVICE,
-    UNIT_TEMPLATE,
     Peer,
     has_api_key,
     plan_from_facts,
-    secret_yaml,
     sha1_text,
-    unit_context,
 )
 
 SGLANG = "facts.sglang.SGLangInstall"
@@ -159,6 +155,11 @@ def weights_status(settings: Settings, name: str, state: dict | None, st: HostSt
     return words
 
 
+# How the status names each of the server's files (``ServerPaths.files``' keys).
+_FILE_WORDS = {"unit": "unit", "env": "env", "secret": "api key",
+               "log_config": "logging config", "log_module": "log redaction module"}
+
+
 def unit_status(settings: Settings, service: dict | None, expected: dict[str, str] | None,
                 plan_problem: str | None, st: HostStatus) -> None:
     """The unit files' hashes against what the plan would render now, and the marker (pure).
@@ -177,7 +178,8 @@ def unit_status(settings: Settings, service: dict | None, expected: dict[str, st
         st.drift.append(f"no plan: {plan_problem}")
     elif expected is not None:
         differ = []
-        for path, what in ((paths.unit, "unit"), (paths.env, "env"), (paths.secret, "api key")):
+        for key, path in paths.files().items():
+            what = _FILE_WORDS[key]
             text = expected.get(path)
             info = files.get(path)
             if text is None and info is None:
@@ -186,7 +188,8 @@ def unit_status(settings: Settings, service: dict | None, expected: dict[str, st
                 differ.append(what)
         if differ:
             st.unit += " != plan"
-            st.drift.append(" and ".join(differ) + (" differs" if len(differ) == 1 else " differ"))
+            st.drift.append(" and ".join(differ) + (" differs" if len(differ) == 1 else " differ")
+                            + ": the next deploy would restart the server")
     if (service or {}).get("restart_pending"):
         st.drift.append(f"restart pending ({service['restart_pending']})")
 
@@ -198,7 +201,9 @@ def health_status(settings: Settings, service: dict | None, health: dict | None,
     health = health or {}
     code = health.get("health_code")
     where = f"{settings.listen_host}:{settings.port}"
-    if code is None:
+    if health.get("port_held"):
+        st.health = f"not asked: {printable(health['port_held'])}"
+    elif code is None:
         st.health = f"down ({active}, nothing on {where})"
     elif code != 200:
         st.health = f"unhealthy (/health_generate {code}, {active})"
@@ -214,7 +219,7 @@ def health_status(settings: Settings, service: dict | None, health: dict | None,
 def status_specs(settings: Settings) -> dict[str, Any]:
     """Every fact the status needs, for one ``facts.probe.Probe`` command."""
     paths = server_paths(settings)
-    specs = host_specs(settings, [paths.unit, paths.env, paths.secret])
+    specs = host_specs(settings, paths.unit_files())
     specs[PATCH] = (PatchState, {"venv": settings.venv})
     for name in ("target", "drafter"):
         specs[_weights(name)] = (WeightsState, {"path": model_root(settings, name)})
@@ -222,6 +227,7 @@ def status_specs(settings: Settings) -> dict[str, Any]:
     specs[HEALTH] = (Health, {
         "host": settings.listen_host, "port": settings.port,
         "secret_file": paths.secret if has_api_key(settings) else None,
+        "unit": paths.unit_name,
     })
     return specs
 
@@ -254,15 +260,11 @@ def host_status(
         if current.predicted_because:
             problem = current.predicted_because
         else:
-            ctx = unit_context(current.argv, current.env, settings, current.build)
-            paths = server_paths(settings)
-            expected = {
-                paths.unit: render(UNIT_TEMPLATE, ctx),
-                paths.env: render(ENV_TEMPLATE, ctx),
-            }
-            if has_api_key(settings):
-                # api_key_file is read here, on the control machine (the only I/O).
-                expected[paths.secret] = secret_yaml(api_key(settings))
+            # What the deploy would write into each of the server's files (api_key_file is read
+            # here, on the control machine: the only I/O).
+            files = server_paths(settings).files()
+            expected = {files[k]: text for k, text in server_texts(settings, current).items()
+                        if text is not None}
     except (SpecfleetError, ValueError) as exc:
         problem = getattr(exc, "problem", None) or str(exc)
     unit_status(settings, facts.get(SERVICE), expected, problem, st)

@@ -83,7 +83,7 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             rc = 141
-        except SystemExit as exc:  # an argparse main's own usage error or --help
+        except SystemExit as exc:  # a library's own sys.exit (pyinfra's on a broken config)
             rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except Exception as exc:  # noqa: BLE001 - the CLI's promise: an error line, no traceback
             from specfleet.core.errors import SpecfleetError
@@ -148,10 +148,30 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def gevent_patched() -> None:
+    """The process patched with gevent, as pyinfra's own CLI patches it, before anything of
+    pyinfra, ``ssl`` or ``paramiko`` is imported: the controllers run hosts in gevent greenlets,
+    and an unpatched socket would block every other host, the run locks' heartbeats and every
+    timeout. Here, at the entry point, never as an import's side effect (``specfleet.fleet``)."""
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
+
+
+def _patched_first(fn: Callable[..., int]) -> Callable[..., int]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        gevent_patched()
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def fleet_options(fn: Callable[..., int]) -> Callable[..., int]:
     """What every fleet command is wrapped in: pyinfra's connection options, click's context
-    (the checkout), and ``guarded``'s exit codes."""
-    return connection_options(click.pass_context(guarded(fn)))
+    (the checkout), ``guarded``'s exit codes, and gevent's patching before its body runs."""
+    return connection_options(click.pass_context(guarded(_patched_first(fn))))
 
 
 def pop_connection(kwargs: dict[str, Any]) -> Any:
@@ -161,6 +181,51 @@ def pop_connection(kwargs: dict[str, Any]) -> Any:
     given = {k: kwargs.pop(k) for k in CONNECTION_KEYS}
     given["data"], given["limit"] = list(given["data"]), list(given["limit"])
     return PyinfraOptions(**given)
+
+
+def _flags_class(command: str) -> type:
+    """The dataclass a subcommand hands its options to (its fields: the command's parameters)."""
+    if command == "plan":
+        from specfleet.plan import PlanFlags
+
+        return PlanFlags
+    if command == "rollout":
+        from specfleet.fleet.rollout import RolloutFlags
+
+        return RolloutFlags
+    if command == "bench":
+        from specfleet.fleet.bench import BenchFlags
+
+        return BenchFlags
+    from specfleet.fleet.sweep import SweepFlags
+
+    return SweepFlags
+
+
+def to_flags(command: str, params: dict[str, Any], connection: Any = None) -> Any:
+    """A subcommand's parsed options as the typed options of the code that runs it (``--json``
+    is the field ``json``), pyinfra's connection options as its ``connection``."""
+    values = {("json" if k == "as_json" else k): v for k, v in params.items()}
+    if connection is not None:
+        values["connection"] = connection
+    return _flags_class(command)(**values)
+
+
+def flags(command: str, argv: list[str]) -> Any:
+    """``specfleet COMMAND ARGV``'s options, parsed by the command itself, as its typed options
+    (``plan``, ``rollout``, ``bench``, ``sweep``): how a caller or a test gets them with the
+    CLI's defaults, without running the command."""
+    with cli.commands[command].make_context(command, list(argv)) as ctx:
+        params = dict(ctx.params)
+    connection = pop_connection(params) if "ssh_user" in params else None
+    return to_flags(command, params, connection)
+
+
+def _slow_fraction() -> float:
+    """``bench --slow-fraction``'s default, read when the command runs (not for ``--help``)."""
+    from specfleet.core.bench import SLOW_FRACTION
+
+    return SLOW_FRACTION
 
 
 def _checkout(ctx: click.Context) -> Any:
@@ -242,7 +307,10 @@ INVENTORY = click.argument("inventory", metavar="INVENTORY")
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--facts", required=True, help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--facts", help="JSON: fact name -> value (or pyinfra fact --json).")
+@click.option("--profile", help="Plan a machine type instead of a host's facts (real nvidia-smi "
+              "captures; --list-profiles), SGLang predicted from the settings.")
+@click.option("--list-profiles", is_flag=True, help="List the machine profiles and exit.")
 @click.option("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6).")
 @click.option("--drafter-config", help="JSON: the drafter's config.json.")
 @click.option("--weights-bytes", type=int, help="Target + drafter weights size.")
@@ -253,12 +321,17 @@ INVENTORY = click.argument("inventory", metavar="INVENTORY")
 @guarded
 def plan(**kw: Any) -> int:
     """The launch plan of one host's facts (no connection). Exit 2: facts it cannot plan from."""
-    import argparse
-
     from specfleet import plan as plan_cli
 
-    kw["json"] = kw.pop("as_json")
-    return plan_cli.run(argparse.Namespace(**kw))
+    if kw.pop("list_profiles"):
+        from specfleet import profiles
+
+        click.echo(profiles.listing())
+        return EXIT_OK
+    if bool(kw["facts"]) == bool(kw["profile"]):
+        raise click.UsageError("give --facts FILE (a host's facts) or --profile NAME (a machine "
+                               "type), one of them")
+    return plan_cli.run(to_flags("plan", kw))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -267,10 +340,16 @@ def plan(**kw: Any) -> int:
 @click.option("--data", multiple=True, metavar="KEY=VALUE",
               help="Override host data for every host (as pyinfra's --data).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--check-access", is_flag=True,
+              help="Ask the Hub (or weights.hf_endpoint) whether the token may read each gated "
+              "model, before any download.")
 @guarded
-def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool) -> int:
+def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: bool,
+             check_access: bool = False) -> int:
     """Each host's merged settings (group data, host data, --data), checked; secrets are shown
-    as references, never their values. No connection."""
+    as references, never their values. Refused too: a model without a pinned revision, an SGLang
+    release the version table does not know, a secret file that is not there, an inventory with
+    no hosts. No connection to any host."""
     from specfleet.fleet.inventory_view import merged_settings, render_settings
     from specfleet.fleet.pyinfra_run import PyinfraOptions, load_inventory
 
@@ -282,9 +361,19 @@ def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: b
 
         raise SpecfleetError(f"there is no host {host!r} in {inventory}",
                              fix=f"name one of: {', '.join(names) or '(none)'}")
-    check_settings(inv)
+    if not names:
+        from specfleet.core.errors import SpecfleetError
+
+        raise SpecfleetError(f"there are no hosts in {inventory}",
+                             fix="define a list of hosts in it (inventories/first_host.py shows "
+                             "the least a host needs)")
+    good = check_settings(inv)
     shown = merged_settings(inv, [host] if host else names)
     click.echo(json.dumps(shown, indent=2) if as_json else render_settings(shown))
+    # Shown first, then what would stop the deploy (on stderr, exit 3).
+    from specfleet.fleet.settings_ready import check_ready
+
+    check_ready({n: good[n] for n in ([host] if host else names)}, check_access=check_access)
     return EXIT_OK
 
 
@@ -297,15 +386,22 @@ def settings(inventory: str, host: str | None, data: tuple[str, ...], as_json: b
 @click.option("--batch-percent", type=float, help="Percent of the fleet per batch.")
 @click.option("--max-fail-percent", type=float,
               help="Failures allowed per batch, in percent (more stops the rollout).")
+@click.option("--speed-gate", type=float, metavar="FRACTION",
+              help="Benchmark each batch before and after the change; a host below this "
+              "fraction of its earlier tokens/s or acceptance length fails (rolled back, "
+              "counted). Default: rollout.speed_gate, else off.")
 @click.option("--no-prefetch", is_flag=True, help="Skip the weights prefetch stage.")
 @click.option("--no-fanout", is_flag=True,
               help="Prefetch with the weights-only deploy on each host, not host to host.")
-@click.option("--prefetch-deploy", help="A weights-only deploy for the prefetch stage.")
+@click.option("--prefetch-deploy",
+              help="A weights-only deploy for the prefetch stage (default: the fan-out; with "
+              "--no-fanout, deploys/weights_only.py).")
 @click.option("--dry", is_flag=True,
               help="Show the batches and what each host's deploy would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="The result as one JSON document on stdout (nothing else there).")
-@click.option("--pre-hook", help="A command run before each host is changed.")
+@click.option("--pre-hook", help="A command run before each host is changed (a failure: the "
+              "host is not started), e.g. to drain it from a load balancer.")
 @click.option("--post-hook", help="A command run after each host passes its gate.")
 @click.option("--hook-on", type=click.Choice(["control", "host"]), default="control",
               show_default=True, help="Where the hooks run.")
@@ -317,16 +413,10 @@ def rollout(ctx: click.Context, inventory: str, deploy: str, **kw: Any) -> int:
     if kw["batch_size"] is not None and kw["batch_percent"] is not None:
         raise click.UsageError("give --batch-size or --batch-percent, not both")
     options, _, _ = fleet_command(ctx, inventory, kw)
-    argv = [inventory, deploy, *options.argv()]
-    for key, value in kw.items():
-        flag = "--json" if key == "as_json" else "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (None, False) and not (key == "hook_on" and value == "control"):
-            argv += [flag, str(value)]
     from specfleet.fleet import rollout as rollout_mod
 
-    return rollout_mod.main(argv)
+    return rollout_mod.main(to_flags("rollout", {"inventory": inventory, "deploy": deploy, **kw},
+                                     options))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -464,13 +554,15 @@ def remove(ctx: click.Context, inventory: str, dry: bool, weights: bool, venv: b
 @load_options
 @click.option("--out", default="bench-results", show_default=True,
               help="Folder for <host>.json and the summary.")
-@click.option("--slow-fraction", type=float, help="Below this fraction of the median: slow.")
+@click.option("--slow-fraction", type=float, default=_slow_fraction, show_default="0.7",
+              help="A host below this fraction of its arch's median tokens/s is flagged SLOW.")
 @fleet_options
 def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
     """A smoke benchmark on every host, slow hosts flagged."""
+    options, _, _ = fleet_command(ctx, inventory, kw)
     from specfleet.fleet import bench as bench_mod
 
-    return _controller(ctx, inventory, kw, bench_mod.main)
+    return bench_mod.main(to_flags("bench", {"inventory": inventory, **kw}, options))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -483,47 +575,33 @@ def bench(ctx: click.Context, inventory: str, **kw: Any) -> int:
               help="plan.ddtree_budget values (DDTree's tree budget), e.g. 8,16,32,64,128.")
 @click.option("--draft-window", default="2048,4096", show_default=True,
               help="plan.draft_window_size values.")
-@click.option("--draft-backends", default="", help="plan.draft_attention_backend values.")
+@click.option("--draft-backends", default="",
+              help="plan.draft_attention_backend values (default: the arch rule's).")
 @click.option("--attention-backends", default="", help="plan.attention_backend values.")
 @load_options
-@click.option("--max-minutes", type=float, default=120.0, show_default=True)
+@click.option("--max-minutes", type=float, default=120.0, show_default=True,
+              help="The sweep's time budget; the points left are recorded, the best restored.")
 @click.option("--out", help="The sweep's folder (default: sweep-HOST).")
 @click.option("--allow-serving", is_flag=True, help="Sweep a host that serves traffic.")
 @click.option("--restore", type=click.Choice(["best", "previous"]), default="best",
-              show_default=True)
+              show_default=True, help="What the host runs after the sweep: the best point, or "
+              "the inventory's own plan.")
 @click.option("--write-group-data", help="Write the winning plan as this group data file.")
 @click.option("--no-report", is_flag=True, help="Skip the PNG/HTML report.")
 @fleet_options
 def sweep(ctx: click.Context, inventory: str, **kw: Any) -> int:
     """Tune the speculative settings on one host, restore the best."""
+    options, _, _ = fleet_command(ctx, inventory, kw)
     from specfleet.fleet import sweep as sweep_mod
 
-    return _controller(ctx, inventory, kw, sweep_mod.main)
-
-
-def _controller(ctx: click.Context, inventory: str, kw: dict[str, Any], main: Any) -> int:
-    """A controller's own argparse ``main`` (``specfleet.fleet.bench``, ``.sweep``), run on the
-    checked inventory with click's values as its argv."""
-    options, _, _ = fleet_command(ctx, inventory, kw)
-    return main(_argv(inventory, kw), options)
-
-
-def _argv(inventory: str, kw: dict[str, Any]) -> list[str]:
-    """Click's values as the argv of a module's own argparse main."""
-    argv = [inventory]
-    for key, value in kw.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (None, False, ""):
-            argv += [flag, str(value)]
-    return argv
+    return sweep_mod.main(to_flags("sweep", {"inventory": inventory, **kw}, options))
 
 
 @cli.command(context_settings=CONTEXT)
 @INVENTORY
 @click.option("--out", required=True, help="The folder to write the files to.")
-@click.option("--scrape-interval", type=click.IntRange(min=1), default=15, show_default=True)
+@click.option("--scrape-interval", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Prometheus' scrape interval, in seconds.")
 @click.option("--alert-for", help="Every alert's `for` (e.g. 0s in a test).")
 @guarded
 def monitoring(inventory: str, out: str, scrape_interval: int, alert_for: str | None) -> int:
@@ -532,22 +610,20 @@ def monitoring(inventory: str, out: str, scrape_interval: int, alert_for: str | 
     from specfleet.fleet.pyinfra_run import PyinfraOptions
 
     check_inventory(inventory, PyinfraOptions())
-
-    argv = [inventory, "--out", out, "--scrape-interval", str(scrape_interval)]
-    if alert_for:
-        argv += ["--alert-for", alert_for]
-    return monitoring_mod.main_monitoring(argv)
+    return monitoring_mod.main_monitoring(inventory, out, scrape_interval, alert_for)
 
 
 @cli.command(context_settings=CONTEXT)
 @INVENTORY
 @click.argument("host")
-@click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True,
+              help="How many of the journal's last lines to show.")
 @click.option("--since", help="journalctl's --since (e.g. '-1h', '2026-12-01 14:00').")
 @click.option("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds for the connection and the journal together.")
 @connection_options
 @guarded
+@_patched_first
 def logs(inventory: str, host: str, lines: int, since: str | None, timeout: float,
          **kw: Any) -> int:
     """A host's server journal, every secret redacted, over pyinfra's connection."""

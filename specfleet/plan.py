@@ -13,11 +13,12 @@ where there are several). It may also carry ``drafter_config`` (the drafter's co
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
+from specfleet import profiles
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.plan import FactsInputError, make_plan, one_host_facts
 from specfleet.core.settings import settings_from_dict
@@ -40,31 +41,22 @@ def _load_json(path: str, what: str) -> Any:
         raise FactsInputError(f"{what} {path} is nested too deep to read") from None
 
 
-def build_parser(prog: str = "python -m specfleet.plan") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="What specfleet would launch on one host, from its facts (no connection).",
-    )
-    add_arguments(parser)
-    return parser
+@dataclass
+class PlanFlags:
+    """``specfleet plan``'s options: declared once, with their help, in ``specfleet.cli``."""
+
+    facts: str | None
+    settings: str | None
+    drafter_config: str | None
+    weights_bytes: int | None
+    predicted: bool
+    host: str | None
+    json: bool
+    profile: str | None = None  # a machine profile (specfleet.profiles) instead of --facts
+    list_profiles: bool = False  # the CLI lists them instead of planning
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--facts", required=True, help="JSON: fact name -> value")
-    parser.add_argument("--settings", help="JSON: the specfleet settings (defaults: Kimi K2.6)")
-    parser.add_argument("--drafter-config", help="JSON: the drafter's config.json")
-    parser.add_argument("--weights-bytes", type=int, help="target + drafter weights size")
-    parser.add_argument(
-        "--predicted",
-        action="store_true",
-        help="SGLang not installed yet: predict from settings.sglang.version",
-    )
-    parser.add_argument("--host", help="the host to plan, from a facts file of several; named in "
-                        "messages")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-
-
-def run(args: argparse.Namespace) -> int:
+def run(args: PlanFlags) -> int:
     def fail(message: str) -> int:
         if args.json:
             print(json.dumps({"error": message}))
@@ -72,11 +64,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"specfleet: {message}", file=sys.stderr)  # the prefix of every CLI error
         return 2
 
+    profile_name = args.profile
+    predicted = args.predicted
     try:
-        facts = _load_json(args.facts, "facts file")
-        if not isinstance(facts, dict):
-            raise FactsInputError(f"facts file {args.facts} must hold a JSON object of fact names")
-        facts = one_host_facts(facts, args.host)
+        if profile_name:
+            profile = profiles.load(profile_name)
+            facts = dict(profile["facts"])
+            predicted = True  # a machine type has no SGLang installed: settings.sglang.version's
+            print(f"profile {profile_name}: {profile['machine']} (no connection; "
+                  f"{profile['source']}); SGLang predicted from settings.sglang.version",
+                  file=sys.stderr if args.json else sys.stdout)
+        else:
+            facts = _load_json(args.facts, "facts file")
+            if not isinstance(facts, dict):
+                raise FactsInputError(
+                    f"facts file {args.facts} must hold a JSON object of fact names")
+            facts = one_host_facts(facts, args.host)
+            missing = [name for name in ("facts.gpu.Gpus", "facts.gpu.GpuTopology")
+                       if name not in facts]
+            if missing:
+                raise FactsInputError(
+                    f"facts file {args.facts} has no {' and no '.join(missing)}: the plan would "
+                    "have to guess the GPUs and whether they are on NVLink",
+                    fix="gather them with pyinfra INVENTORY fact facts.gpu.Gpus "
+                    "facts.gpu.GpuTopology --json (or specfleet probe), or preview a machine "
+                    "type with --profile NAME")
         settings_data = _load_json(args.settings, "settings file") if args.settings else None
         if settings_data is not None and not isinstance(settings_data, dict):
             raise FactsInputError(f"settings file {args.settings} must hold a JSON object")
@@ -97,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             facts,
             settings,
             drafter_config,
-            predicted=args.predicted,
+            predicted=predicted,
             weights_bytes=weights,
             host=args.host,
         )
@@ -115,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+if __name__ == "__main__":  # ``python -m specfleet.plan ARGS`` is ``specfleet plan ARGS``
+    from specfleet.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["plan", *sys.argv[1:]]))

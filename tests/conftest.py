@@ -12,13 +12,21 @@ tear down each other's fleets.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+# The fleet controllers run hosts in gevent greenlets, and their entry point patches the process
+# first (``specfleet.cli.gevent_patched``), as pyinfra's own CLI does; importing them patches
+# nothing. The tests drive the controllers in this process, so the harness patches it here, once,
+# before any test module is imported: the same process for every test, in any order.
+from gevent import monkey
 
-import pytest
+monkey.patch_all()
 
-from tests.harness import Fleet, HostSpec
-from tests.harness.core import default_specs
+import os  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.harness import Fleet, HostSpec  # noqa: E402
+from tests.harness.core import default_specs  # noqa: E402
 
 
 def _session_name(name: str) -> str:

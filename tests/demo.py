@@ -1,6 +1,6 @@
 """The local demo fleet: `deploys/kimi_k26.py` end to end on real Debian hosts.
 
-    python -m tests.demo [up|run|down]      (the README's first command runs `.ci/demo`)
+    python -m tests.demo [up|run|down]      (`.ci/demo` runs it: the README's demo command)
 
 What is real: the hosts (systemd-nspawn, sshd, systemd), pyinfra over SSH, SGLang 0.5.11 wheels
 from PyPI (installed --no-deps: no torch here), huggingface_hub downloading through a hub on the

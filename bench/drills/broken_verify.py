@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.drills.run import Drill, DrillFailed, Env
+from bench.drills.kit import Drill, DrillFailed, Env
 from bench.stamp import stamp, stamp_line
 from tests.demo import DEMO_TOKEN, REPO_ROOT, TEST_ENV, stale_mask_port, up
 from tests.harness import HostSpec
@@ -104,7 +104,7 @@ def run_broken_verify(work: Path, keep: bool = False) -> Outcome:
         watcher = threading.Thread(target=watch, args=(demo, stop, seen), daemon=True)
         watcher.start()
         done = subprocess.run(
-            [sys.executable, "-m", "specfleet.fleet.rollout", str(demo.inventory),
+            [sys.executable, "-m", "specfleet.cli", "rollout", str(demo.inventory),
              "deploys/kimi_k26.py", "--no-prefetch", "--report", str(report)],
             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500)
         stop.set()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-from bench.drills import run as drills
-from bench.drills.run import MB, Drill, Env, Run, check, wait_until
+from bench.drills import kit as drills
+from bench.drills.kit import MB, Drill, Env, Run, check, wait_until
 from tests.fleet.test_day2_fleet import FLOODER
 
 TOOLS = "/opt/specfleet/tools"
@@ -44,7 +44,7 @@ os.sendfile = _evil_sendfile
 
 def drill_malicious_source(env: Env, d: Drill) -> None:
     """d2 (the seed) is compromised: each file it sends is followed by a second copy of the
-    same size with other bytes. d3 copies from it (python -m specfleet.fleet.fanout), its
+    same size with other bytes. d3 copies from it (specfleet fanout), its
     weights step a fast check: d3 must end with the hub's bytes, recording nothing it did not
     hash."""
     seed, receiver = "d2", "d3"
@@ -52,7 +52,7 @@ def drill_malicious_source(env: Env, d: Drill) -> None:
     rev = env.revs[repo_id]
     rev_dir = f"/srv/models/{repo_id.replace('/', '--')}/{rev}"
     inv = env.inventory({h: env.settings(repo_id) for h in (seed, receiver)})
-    base = [sys.executable, "-m", "specfleet.fleet.fanout", str(inv), "--order",
+    base = [sys.executable, "-m", "specfleet.cli", "fanout", str(inv), "--order",
             f"{seed},{receiver}"]
     first = Run(env, base + ["--limit", seed])
     check(first.wait(400) == 0, f"the seed's own download failed: {first.out[-2000:]}")

@@ -120,6 +120,12 @@ def text_table(head: list[str], body: list[list[str]]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def _finite(value: Any) -> bool:
+    """A real number: NaN, an infinity, None or text is no figure to pass a gate with."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 @dataclass(frozen=True)
 class GateVerdict:
     passed: bool
@@ -137,14 +143,19 @@ def speed_gate(new: Mapping[str, Any] | None, previous: Mapping[str, Any] | None
     if not new or new.get("error") or top_tps(new) is None:
         why = (new or {}).get("error") or "no benchmark result"
         return GateVerdict(False, f"no new benchmark: {why}")
-    if not previous or top_tps(previous) is None:
+    if not _finite(top_tps(new)):
+        return GateVerdict(False, f"the new benchmark's tokens/s is {top_tps(new)!r}, no number")
+    if not previous or top_tps(previous) is None or not _finite(top_tps(previous)):
         return GateVerdict(True, f"no earlier benchmark; now {top_tps(new):.1f} tok/s")
     now, before = top_tps(new), top_tps(previous)
     problems = []
     if now < fraction * before:
         problems.append(f"{now:.1f} tok/s is {now / before:.0%} of the earlier {before:.1f}")
     acc_now, acc_before = new.get("accept_length"), previous.get("accept_length")
-    if acc_now is not None and acc_before and acc_now < fraction * acc_before:
+    if _finite(acc_before) and acc_before and not _finite(acc_now):
+        # The server stopped reporting it (or reports no number): nothing shows it kept it.
+        problems.append(f"accept length {acc_now!r} now, {acc_before:.2f} before")
+    elif acc_now is not None and acc_before and acc_now < fraction * acc_before:
         problems.append(f"accept length {acc_now:.2f} is {acc_now / acc_before:.0%} of the "
                         f"earlier {acc_before:.2f}")
     if problems:
@@ -246,3 +257,60 @@ def group_data_text(arch: str, plan: Mapping[str, Any]) -> str:
     """A group data file (``group_data/<group>.py``) holding the winning ``plan`` overrides."""
     return (f'"""Winning speculative settings of `specfleet sweep` for {arch}."""\n\n'
             f"specfleet = {pprint.pformat({'plan': dict(plan)}, sort_dicts=True)}\n")
+
+
+
+# The block a sweep adds to a group data file that exists already: it changes only the plan keys
+# the sweep decides (merged into whatever ``specfleet`` the file sets above it, dicts key by key),
+# and a later sweep replaces its own block, never the rest of the file.
+SWEEP_BEGIN = "# >>> specfleet sweep: the winning plan overrides (the next sweep rewrites this)"
+SWEEP_END = "# <<< specfleet sweep"
+
+
+def group_data_merged(existing: str | None, arch: str, plan: Mapping[str, Any]) -> str:
+    """``existing`` (a group data file's text; None or blank: none) with the winning ``plan``
+    overrides merged into its ``specfleet["plan"]``, everything else of it kept as it is."""
+    if existing is None or not existing.strip():
+        return group_data_text(arch, plan)
+    lines = existing.rstrip("\n").split("\n")
+    if SWEEP_BEGIN in lines and SWEEP_END in lines[lines.index(SWEEP_BEGIN):]:
+        start = lines.index(SWEEP_BEGIN)
+        stop = lines.index(SWEEP_END, start)
+        lines = lines[:start] + lines[stop + 1:]
+        while lines and not lines[-1].strip():
+            lines.pop()
+    over = pprint.pformat({"plan": dict(plan)}, sort_dicts=True)
+    block = [
+        SWEEP_BEGIN,
+        f"# for {arch}: merged into the settings above, only these keys change",
+        "def _specfleet_sweep_merge(base, over):",
+        "    out = dict(base or {})",
+        "    for key, value in over.items():",
+        "        old = out.get(key)",
+        "        out[key] = (_specfleet_sweep_merge(old, value)",
+        "                    if isinstance(value, dict) and isinstance(old, dict) else value)",
+        "    return out",
+        "",
+        "",
+        f"specfleet = _specfleet_sweep_merge(globals().get('specfleet'), {over})",
+        "del _specfleet_sweep_merge",
+        SWEEP_END,
+    ]
+    return "\n".join([*lines, "", *block]) + "\n"
+
+def sweep_ending(best: str | None, restored: bool, restore_label: str, failed: int,
+                 left: int) -> tuple[str, int]:
+    """The sweep's last line and exit code (``specfleet --help``'s codes: 0 ok; 1 a host failed
+    or a point failed or was left; never 2, a usage error). A failed restore is said as such:
+    the host's plan is then not known, whatever the points did."""
+    if not restored:
+        return (f"the restore of {restore_label} FAILED: the host runs an unknown plan (state.json "
+                "'current' says which one was being deployed); run the sweep again to restore it, "
+                "or deploy the inventory", 1)
+    if best is None:
+        return f"no point could be measured; {restore_label} is back", 1
+    if failed or left:
+        parts = [f"{failed} point(s) failed"] if failed else []
+        parts += [f"{left} point(s) left for the next run"] if left else []
+        return f"best {best} restored; {', '.join(parts)}", 1
+    return f"best {best} restored", 0

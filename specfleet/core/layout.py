@@ -91,10 +91,23 @@ class ServerPaths:
     log_config: str
     log_module: str
 
+    def files(self) -> dict[str, str]:
+        """The server's own files, by the name a rollback point keeps each under: every file a
+        deploy writes for the server, a change to any of which restarts it. The one list of
+        them: ``serving.unit`` writes them, ``specfleet status`` compares them, a rollback point
+        keeps them and the removal removes them (``FILE_KEYS`` is its keys)."""
+        return {"unit": self.unit, "env": self.env, "secret": self.secret,
+                "log_config": self.log_config, "log_module": self.log_module}
+
     def unit_files(self) -> list[str]:
         """The files whose state ``ServiceState`` reports with the unit's: one set for every
-        step (preflight, server.unit, server.service), so that a probe asks systemctl once."""
-        return [self.unit, self.env, self.secret, self.log_config, self.log_module]
+        step (preflight, serving.unit, serving.service, status), so that a probe asks systemctl
+        once."""
+        return list(self.files().values())
+
+
+# The keys of ``ServerPaths.files``, in order.
+FILE_KEYS = ("unit", "env", "secret", "log_config", "log_module")
 
 
 def server_paths(settings: Settings) -> ServerPaths:

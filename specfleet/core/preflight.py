@@ -13,6 +13,7 @@ from typing import Any
 from specfleet.core.plan import SGLANG, PlanError, make_plan
 from specfleet.core.plan.group import GroupMember, make_group_plan
 from specfleet.core.settings import Settings
+from specfleet.core.text import printable
 from specfleet.hostside.weights_agent import disk_preflight
 
 GPU_PROCESSES = "facts.gpu.GpuProcesses"
@@ -22,6 +23,12 @@ PORTS = "facts.net.ListeningPorts"
 SERVICE = "facts.serving.ServiceState"
 # Whether this member reaches rank 0's rendezvous address and port (facts.net.TcpReach).
 REACH = "facts.net.TcpReach"
+# The unit files of the server's and its watchdog's names in systemd's folders.
+UNIT_FILES = "facts.serving.UnitFiles"
+# Where a user other than root could change the code root runs (facts.preflight.WritableByOthers).
+UNTRUSTED = "facts.preflight.WritableByOthers"
+# The first line of every unit file specfleet writes (templates/*.service.j2).
+UNIT_HEADER = "# Managed by specfleet ("
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,8 @@ def check(
     except PlanError as exc:
         result.problems.append(Problem("plan", exc.problem, exc.fix or ""))
 
+    _check_unit_files(facts, settings, result)
+    _check_trusted(facts, settings, result)
     _check_busy(facts, settings, result)
     _check_disk(facts, settings, missing_weights_bytes, result)
     _check_token(facts, settings, control_token, result, host_copy, missing_weights_bytes)
@@ -147,6 +156,50 @@ def _check_group(
         ))  # fmt: skip
     elif isinstance(reach, Mapping):
         result.passed.append(f"reaches rank 0's rendezvous {where}")
+
+
+def _check_unit_files(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
+    """A unit file of the server's (or its watchdog's) name that specfleet did not write: the
+    deploy would overwrite it, or shadow the host's own unit of that name (``ssh.service``)."""
+    if UNIT_FILES not in facts:
+        return
+    foreign = []
+    for path, first in sorted((facts.get(UNIT_FILES) or {}).items()):
+        admin = path.startswith("/etc/systemd/system/")
+        if not (admin and first.startswith(UNIT_HEADER)):
+            said = f"first line {printable(first, 120)!r}" if first else "empty"
+            foreign.append(f"{path} ({said}{'' if admin else ', a unit of the host'})")
+    if foreign:
+        result.problems.append(Problem(
+            "unit-name",
+            f"service_name {settings.service_name!r} names a unit specfleet did not write: "
+            + "; ".join(foreign),
+            "set service_name to a name of specfleet's own (e.g. 'specfleet-sglang'); specfleet "
+            "never overwrites or shadows a unit it did not write (remove that file yourself "
+            "only if it is a leftover of yours)",
+        ))
+    else:
+        result.passed.append(f"no unit of the host's is named {settings.service_name}")
+
+
+def _check_trusted(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
+    """The venv and an SGLang source tree root runs code from (a build backend, a ``.pth``
+    file): only root may write them, or any folder above them."""
+    if UNTRUSTED not in facts:
+        return
+    found = facts.get(UNTRUSTED) or {}
+    for path, where in sorted(found.items()):
+        what = ("sglang.source_path" if path == settings.sglang.source_path else "venv")
+        place = printable(where.split(" (")[0])
+        result.problems.append(Problem(
+            "untrusted-path",
+            f"{what} {path} can be changed by a user other than root: {printable(where)}; root "
+            "would run code from it (pip's build backend, a .pth file)",
+            f"make it root's alone (chown root:root, chmod go-w on {place} and what is in it), "
+            f"or set {what} to a root-owned folder",
+        ))
+    if not found:
+        result.passed.append("the venv and the source tree are root's alone")
 
 
 def _our_pids(facts: Mapping[str, Any]) -> set[int]:

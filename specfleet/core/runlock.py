@@ -35,6 +35,8 @@ import time
 import uuid
 from typing import Any
 
+from specfleet.core.text import printable
+
 # The run id a controller sets for the pyinfra runs it starts: its steps are one lock owner.
 RUN_ID_ENV = "SPECFLEET_RUN_ID"
 # Tests shorten the lease with it.
@@ -104,7 +106,8 @@ def holder(held: dict) -> str:
     bits.append(f"pid {held.get('pid', '?')}{where}")
     since = _num(held.get("taken_at")) or _num(held.get("started"))
     bits.append(f"since {_clock(since)}")
-    return f"{held.get('owner', 'unknown')} ({', '.join(bits)})"
+    # The lock file is the host's: its words reach the operator's terminal printable only.
+    return printable(f"{held.get('owner', 'unknown')} ({', '.join(bits)})", 300)
 
 
 def lease_words(held: dict, host_now: float | None, lease_s: float = DEFAULT_LEASE_S) -> str:

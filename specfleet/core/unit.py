@@ -313,7 +313,7 @@ def files_fingerprint(files: dict[str, dict[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class StartDecision:
-    """What ``server.service`` does for a server that should run.
+    """What ``serving.service`` does for a server that should run.
 
     ``none``: it runs and nothing is pending. ``start``: it is stopped. ``restart``: for the
     restart-pending marker (``why`` starts with the marker's reason). ``wait``: the restart for

@@ -15,7 +15,6 @@ The rollout's speed gate is ``speed_gate_step`` here: benchmark a batch, then
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -29,13 +28,12 @@ from typing import Any
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
+from specfleet.fleet.fleet_checks import unreachable_line
 from specfleet.fleet.pyinfra_run import (
     HostStep,
     PyinfraOptions,
-    add_pyinfra_arguments,
     deploy_path,
     load_inventory,
-    options_from_args,
     run_pyinfra,
     select_hosts,
 )
@@ -156,22 +154,23 @@ def list_hosts(inventory: str, connection: PyinfraOptions | None = None) -> list
     return select_hosts([h.name for h in inv], groups, connection.limit)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specfleet bench", description=__doc__.split("\n")[0])
-    p.add_argument("inventory")
-    p.add_argument("--concurrency", default="1,4")
-    p.add_argument("--requests", type=int, default=0, help="per level (default 2x concurrency)")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--out", default="bench-results", help="folder for <host>.json and summary")
-    p.add_argument("--slow-fraction", type=float, default=core.SLOW_FRACTION)
-    add_pyinfra_arguments(p)
-    return p.parse_args(argv)
+@dataclass
+class BenchFlags:
+    """``specfleet bench``'s own options: declared once, with their defaults and help, in
+    ``specfleet.cli`` (``cli.flags("bench", argv)`` gives them from a command line)."""
+
+    inventory: str
+    concurrency: str
+    requests: int
+    max_tokens: int
+    out: str
+    slow_fraction: float
+    connection: PyinfraOptions = dataclasses.field(default_factory=PyinfraOptions)
 
 
-def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None) -> int:
-    """``specfleet bench``: ``connection`` (pyinfra's options) over those of ``argv``."""
-    args = parse_args(argv)
-    connection = connection or options_from_args(args)
+def main(args: BenchFlags) -> int:
+    """``specfleet bench``: its options, pyinfra's connection options among them."""
+    connection = args.connection
     try:
         concurrency = core.parse_axis(args.concurrency, integer=True)
         if not concurrency or min(concurrency) < 1:
@@ -184,6 +183,11 @@ def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
+    # Every host answers before the first benchmark, or nothing runs: one line, exit 1.
+    unreachable = unreachable_line("bench", args.inventory, connection, hosts)
+    if unreachable:
+        print(unreachable, file=sys.stderr)
+        return 1
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for h in hosts:  # a host that gives no result this time must not show an old one
@@ -207,7 +211,3 @@ def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None
         say(f"{len(bad)} of {len(rows)} hosts need a look: {', '.join(bad)}")
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

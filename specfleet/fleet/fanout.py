@@ -44,7 +44,6 @@ set (the default) or ``--fanout`` is given: ``run_prefetch(inventory, hosts, ord
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -71,11 +70,10 @@ from specfleet.core.runlock import RUN_ID_ENV, controller_run_id
 from specfleet.core.settings import settings_for_host
 from specfleet.fleet.pyinfra_run import (
     PyinfraOptions,
-    add_pyinfra_arguments,
     deploy_path,
     hand_down,
+    host_address,
     inventory_groups,
-    options_from_args,
     run_pyinfra,
     select_hosts,
     stop_runs,
@@ -136,7 +134,7 @@ def load_inventory(inventory: str, only: Sequence[str] | None = None,
     hosts, addresses, settings = [], {}, {}
     for host in inv:
         hosts.append(host.name)
-        addresses[host.name] = resolve_address(host.data.get("ssh_hostname") or host.name)
+        addresses[host.name] = resolve_address(host_address(host.name, host.data))
         if only is None or host.name in only:
             settings[host.name] = settings_for_host(host)
     return hosts, addresses, settings
@@ -351,26 +349,6 @@ def _cleanup(runner: Callable[..., Any], inventory: str, deploy: str, hosts: Seq
               f"itself within {hours:g} h", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m specfleet.fleet.fanout",
-        description="Fetch the weights of every host in an inventory: once from upstream per "
-        "model, then host to host over the LAN (verified; upstream for what fails).",
-    )
-    p.add_argument("inventory")
-    p.add_argument("--order", help="hosts in this order first (the first seeds the target)")
-    p.add_argument("--degree", type=int, default=None,
-                   help="peers each host serves (the tree's fan-out; default: the smallest, "
-                   "from 2, that keeps every host within two hops of its seed)")
-    p.add_argument("--sshd-port", type=int,
-                   help="the ephemeral sshd's port on serving peers (--port is the SSH port)")
-    p.add_argument("--report", help="write the per-host results and the plan as JSON here")
-    add_pyinfra_arguments(p)
-    a = p.parse_args(argv)
-    return run_fanout(a.inventory, options_from_args(a), a.order, a.degree, a.sshd_port,
-                      a.report)
-
-
 def run_fanout(inventory: str, options: PyinfraOptions, order: str | None = None,
                degree: int | None = None, sshd_port: int | None = None,
                report: str | None = None) -> int:
@@ -406,7 +384,3 @@ def run_fanout(inventory: str, options: PyinfraOptions, order: str | None = None
             "hosts": {h: {"status": r.status, "why": r.why} for h, r in step.results.items()},
         }, indent=2))
     return 0 if all(r.passed for r in step.results.values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

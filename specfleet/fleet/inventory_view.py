@@ -9,6 +9,7 @@ from typing import Any
 
 from specfleet.core.secrets import control_token_source
 from specfleet.core.settings import Settings, settings_for_host
+from specfleet.core.text import mask_tokens_in
 from specfleet.fleet.pyinfra_run import session
 
 # The one secret a Settings may hold by value; the others are references already.
@@ -45,7 +46,7 @@ def secret_references(s: Settings, environ: Mapping[str, str] | None = None) -> 
 def settings_view(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A host's settings as plain data with every secret value replaced by ``HIDDEN`` and the
     references listed under ``secrets``."""
-    data = s.model_dump()
+    data = mask_tokens_in(s.model_dump())
     if data.get("api_key") is not None:
         data["api_key"] = HIDDEN
     data["secrets"] = secret_references(s, environ)

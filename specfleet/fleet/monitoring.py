@@ -15,7 +15,6 @@ plus the API key file's key and the host's Hugging Face token wherever they appe
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -34,7 +33,7 @@ from specfleet.core.monitoring import (
     watchdog_paths,
 )
 from specfleet.core.settings import Settings, settings_for_host
-from specfleet.fleet.pyinfra_run import load_inventory
+from specfleet.fleet.pyinfra_run import host_address, load_inventory
 from specfleet.hostside.specfleet_log_redact import ship_ahead_of
 
 
@@ -66,16 +65,12 @@ def _write(path: Path, value: Any) -> Path:
     return path
 
 
-def main_monitoring(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="specfleet monitoring")
-    p.add_argument("inventory")
-    p.add_argument("--out", required=True)
-    p.add_argument("--scrape-interval", type=int, default=15)
-    p.add_argument("--alert-for", help="every alert's `for` (e.g. 0s in a test)")
-    a = p.parse_args(argv)
-    hosts = [(name, str(data.get("ssh_hostname") or name), s)
-             for name, data, s in load_hosts(a.inventory)]  # fmt: skip
-    for path in write_monitoring(hosts, Path(a.out), a.scrape_interval, a.alert_for):
+def main_monitoring(inventory: str, out: str, scrape_interval: int,
+                    alert_for: str | None) -> int:
+    """``specfleet monitoring`` (its options declared in ``specfleet.cli``): prints each file."""
+    hosts = [(name, host_address(name, data), s)
+             for name, data, s in load_hosts(inventory)]  # fmt: skip
+    for path in write_monitoring(hosts, Path(out), scrape_interval, alert_for):
         print(path)
     return 0
 

@@ -36,6 +36,7 @@ from specfleet.core.errors import (
     PLANNED_ERROR_ATTR,
     SpecfleetError,
 )
+from specfleet.fleet.user_code import is_user_code_error, user_code_error
 
 CHECKOUT_ENV = "SPECFLEET_CHECKOUT"
 OK, CHANGED, FAILED, ROLLED_BACK, NOT_STARTED = (
@@ -128,7 +129,7 @@ class PyinfraOptions:
 
     def argv(self) -> list[str]:
         """The same options as flags of ``pyinfra`` (to run it, or for a message telling the
-        user a command); the argparse mains of this floor take the same flags."""
+        user a command); ``specfleet``'s subcommands take the same flags."""
         out: list[str] = []
         for flag, value in (("--user", self.ssh_user), ("--key", self.key),
                             ("--port", self.port), ("--sudo-user", self.sudo_user),
@@ -144,32 +145,6 @@ class PyinfraOptions:
         if self.verbosity:
             out.append("-" + "v" * self.verbosity)
         return out
-
-
-def add_pyinfra_arguments(p: Any) -> None:
-    """pyinfra's connection and execution flags, with its CLI's names, on an argparse parser."""
-    g = p.add_argument_group("pyinfra options (as for pyinfra itself)")
-    g.add_argument("--ssh-user", "--user", dest="ssh_user", help="SSH user to connect as")
-    g.add_argument("--key", "--ssh-key", dest="key", help="private key file for SSH")
-    g.add_argument("--port", "--ssh-port", dest="port", type=int, help="SSH port")
-    g.add_argument("--sudo", action="store_true", help="run every operation with sudo")
-    g.add_argument("--sudo-user", help="the user sudo runs as")
-    g.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override host data for every host (repeatable)")
-    g.add_argument("--config", help="a pyinfra config.py to exec (default: ./config.py if any)")
-    g.add_argument("-v", dest="verbosity", action="count", default=0,
-                   help="print more (-v noop/fact info, -vv input, -vvv output)")
-    g.add_argument("--limit", action="append", default=[], metavar="HOST|GROUP|GLOB",
-                   help="only these hosts or groups (repeatable); others are not touched")
-    g.add_argument("--parallel", type=int, help="at most this many hosts at once per operation")
-
-
-def options_from_args(args: Any) -> PyinfraOptions:
-    return PyinfraOptions(
-        ssh_user=args.ssh_user, key=args.key, port=args.port, sudo=args.sudo,
-        sudo_user=args.sudo_user, data=list(args.data), config=args.config,
-        verbosity=args.verbosity, limit=list(args.limit), parallel=args.parallel,
-    )
 
 
 def select_hosts(hosts: Sequence[str], groups: dict[str, list[str]],
@@ -199,38 +174,21 @@ def select_hosts(hosts: Sequence[str], groups: dict[str, list[str]],
 
 
 # --------------------------------------------------------------------------------------------------
-# I/O: the inventory file (pyinfra's format, read with pyinfra's API)
+# I/O: the inventory, read by pyinfra's own CLI loader
 # --------------------------------------------------------------------------------------------------
 
 
 def _exec_python(path: Path) -> dict[str, Any]:
+    """A pyinfra ``config.py``'s names (``Session._config_file``)."""
     names: dict[str, Any] = {"__file__": str(path)}
-    code = compile(path.read_text(), str(path), "exec")
-    exec(code, names)  # noqa: S102 - an inventory/group-data file is Python, as pyinfra's
+    try:
+        code = compile(path.read_text(), str(path), "exec")
+        exec(code, names)  # noqa: S102 - a config file is Python, as pyinfra's
+    except SpecfleetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's own code: said as theirs, file and line
+        raise user_code_error(exc, [str(path)]) from None
     return names
-
-
-def _imported_names(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names |= {a.asname or a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            names |= {a.asname or a.name for a in node.names if a.name != "*"}
-    return names
-
-
-def _is_group(key: str, value: Any) -> bool:
-    if key.startswith("_"):
-        return False
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
-        value = value[0]
-    return isinstance(value, list) and all(isinstance(i, (str, tuple)) for i in value)
-
-
-def _name(item: Any) -> str:
-    return item[0] if isinstance(item, tuple) else item
 
 
 def inventory_names(text: str) -> list[str] | None:
@@ -249,64 +207,62 @@ def inventory_names(text: str) -> list[str] | None:
 
 def load_inventory(path: str, override_data: dict[str, Any] | None = None,
                    only: Sequence[str] | None = None) -> Any:
-    """A ``pyinfra.api.Inventory`` as pyinfra's CLI reads one: ``@local``, host names or a comma
-    list of them (``inventory_names``), or a file, where module-level lists (or ``(hosts,
-    data)`` tuples) are groups, ``all`` is made if missing, the file's stem is
-    a group too, and ``group_data/<group>.py`` next to the inventory and in the current directory
-    add group data (names bound by imports are not data). With ``only``, the inventory holds
-    just those hosts (the hosts in play): a deploy that reads every host's settings then never
-    sees the others."""
+    """A ``pyinfra.api.Inventory`` read by pyinfra's own CLI loader
+    (``pyinfra_cli.inventory.make_inventory``), so every form ``pyinfra`` takes works: a file
+    (module-level lists are groups, ``group_data/`` beside it and in the current directory),
+    ``@local``, ``@ssh/host``, a host name, a comma list. With ``only``, the inventory holds just
+    those hosts (the hosts in play, their groups and data as loaded): a deploy that reads every
+    host's settings then never sees the others."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+    from pyinfra_cli.util import PYTHON_CODES
+
+    if not Path(path).is_file() and inventory_names(path) is None:
+        raise SpecfleetError(
+            f"no inventory file {path}",
+            fix="give a pyinfra inventory: a file, @local, a host name or a comma list of "
+            "host names (as pyinfra takes them)")
+    # pyinfra's CLI runs once per process and keeps each file's compiled code by path; this
+    # process may read an inventory or its group data again after they changed (a sweep writes
+    # group data), so it reads them as they are now.
+    PYTHON_CODES.clear()
+    with ctx_state.use(State()):  # as pyinfra's CLI: its files run with a state in context
+        try:
+            inv = make_inventory(path, override_data=override_data or {}, cwd=os.getcwd())
+        except SyntaxError as exc:  # compiled before pyinfra's wrapper: the user's file
+            raise user_code_error(exc, [path]) from None
+        except Exception as exc:
+            if is_user_code_error(exc):  # the inventory's or group data's own Python raised
+                raise user_code_error(exc, [path]) from None
+            raise
+    if not len(inv):
+        raise SpecfleetError(
+            f"the inventory {path} has no host (pyinfra read it as a module or a host name that "
+            "does not resolve)",
+            fix="give an inventory file with hosts, @local, @ssh/HOST, or a comma list of host "
+            "names (`pyinfra INVENTORY debug-inventory` shows how pyinfra reads it)")
+    return inv if only is None else _only_hosts(inv, only)
+
+
+def _only_hosts(inv: Any, only: Sequence[str]) -> Any:
+    """``inv`` with just the hosts named in ``only``: the same host, group and fleet data."""
     from pyinfra.api import Inventory
 
-    file = Path(path)
-    if not file.is_file():
-        names = inventory_names(path)
-        if names is None:
-            raise SpecfleetError(
-                f"no inventory file {path}",
-                fix="give a pyinfra inventory: a file, @local, a host name or a comma list of "
-                "host names (as pyinfra takes them)")
-        keep_names = [n for n in names if only is None or n in only]
-        return Inventory((keep_names, {}), override_data=override_data or {})
-    attrs = _exec_python(file)
-    groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
-    all_data: dict[str, Any] = {}
-    if "all" in groups:
-        all_hosts = groups.pop("all")
-        if isinstance(all_hosts, tuple):
-            all_hosts, all_data = all_hosts
-    else:
-        all_hosts = []
-        for members in groups.values():
-            members = members[0] if isinstance(members, tuple) else members
-            for item in members:
-                if _name(item) not in [_name(h) for h in all_hosts]:
-                    all_hosts.append(item)
-    stem = file.name.rsplit(".", 1)[0]
-    groups.setdefault(stem, [_name(h) for h in all_hosts])
-    folders = [Path.cwd() / "group_data", file.parent.resolve() / "group_data"]
-    group_data: dict[str, dict[str, Any]] = {}
-    for folder in dict.fromkeys(folders):
-        if not folder.is_dir():
-            continue
-        for f in sorted(folder.glob("*.py")):
-            values = _exec_python(f)
-            keys = values.get("__all__") or [k for k in values if k not in _imported_names(f)]
-            group_data.setdefault(f.stem, {}).update(
-                {k: v for k, v in values.items() if k in keys and not k.startswith("__")})
-    keep = (lambda items: [i for i in items if _name(i) in only]) if only is not None else list
-    all_hosts = keep(all_hosts)
-    made: dict[str, tuple[list, dict]] = {}
-    for name, members in groups.items():
-        members, data = members if isinstance(members, tuple) else (members, {})
-        members = keep(members)
-        made[name] = (members, {**data, **group_data.pop(name, {})})
-    for name, data in group_data.items():
-        if name == "all":
-            all_data = {**all_data, **data}
-        else:
-            made[name] = ([], data)
-    return Inventory((all_hosts, all_data), override_data=override_data or {}, **made)
+    keep = set(only)
+    names = [(h.name, dict(inv.host_data[h.name])) for h in inv if h.name in keep]
+    groups = {name: ([h.name for h in members if h.name in keep], dict(inv.group_data[name]))
+              for name, members in inv.groups.items()}
+    for name, data in inv.group_data.items():  # group data of no host still reads as a group
+        groups.setdefault(name, ([], dict(data)))
+    groups.pop("all", None)
+    return Inventory((names, dict(inv.data)), override_data=inv.override_data, **groups)
+
+
+def host_address(name: str, data: Any) -> str:
+    """Where a host of the inventory is reached: its ``ssh_hostname`` (pyinfra's ``@ssh/HOST``
+    sets it), this machine for ``@local``, else its name."""
+    return str(data.get("ssh_hostname") or ("127.0.0.1" if name == "@local" else name))
 
 
 def inventory_groups(inv: Any) -> dict[str, list[str]]:
@@ -459,7 +415,8 @@ class Session:
 
         self.options = options or PyinfraOptions()
         self.dry = dry
-        self.inventory_path = os.path.abspath(inventory)
+        self.inventory_path = (os.path.abspath(inventory) if os.path.exists(inventory)
+                               else inventory)  # @local, a host name or a comma list
         where = str(checkout_dir())
         if where not in sys.path:  # deploy files import operations/facts from the checkout
             sys.path.insert(0, where)

@@ -31,7 +31,6 @@ result and reason are read from pyinfra's objects (``pyinfra_run``). Defaults co
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -46,6 +45,7 @@ from typing import Any
 from specfleet.core.errors import PLAN_ATTR, SpecfleetError
 from specfleet.core.runlock import controller_run_id
 from specfleet.core.settings import RolloutOptions, settings_for_host
+from specfleet.core.text import printable
 from specfleet.fleet import bench
 from specfleet.fleet.fanout import Interrupted, run_prefetch
 from specfleet.fleet.progress import progress_view
@@ -55,11 +55,10 @@ from specfleet.fleet.pyinfra_run import (
     OK,
     ROLLED_BACK,
     HostStep,
+    PyinfraOptions,
     Session,
     StepRun,
-    add_pyinfra_arguments,
     deploy_path,
-    options_from_args,
     say,
 )
 
@@ -303,7 +302,7 @@ def busy_words(why: Sequence[str]) -> str | None:
     if mark not in text:
         return None
     who = text.split(mark, 1)[1]
-    return who.split("; its lease", 1)[0].split(": ", 1)[0] if who else None
+    return printable(who.split("; its lease", 1)[0].split(": ", 1)[0], 300) if who else None
 
 
 @dataclass
@@ -669,50 +668,34 @@ def serving_groups(sess: Any) -> dict[str, list[str]]:
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="specfleet rollout",
-        description="Roll a pyinfra deploy across a fleet: canary, batches, failure budget, "
-        "readiness gates, automatic rollback.",
-    )
-    p.add_argument("inventory")
-    p.add_argument("deploy")
-    p.add_argument("--canary", help="the host that goes first, alone (default: the first)")
-    p.add_argument("--order", help="hosts in this order first, e.g. h3,h1 (others follow)")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--batch-size", type=int)
-    size.add_argument("--batch-percent", type=float, help="percent of the fleet per batch")
-    p.add_argument("--max-fail-percent", type=float,
-                   help="failures allowed per batch, in percent (more stops the rollout)")
-    p.add_argument("--speed-gate", type=float, metavar="FRACTION",
-                   help="benchmark each batch before and after the change; a host below this "
-                   "fraction of its earlier tokens/s or acceptance length fails (rolled back, "
-                   "counted); default: rollout.speed_gate, else off")
-    p.add_argument("--no-prefetch", action="store_true", help="skip the weights prefetch stage")
-    p.add_argument("--no-fanout", action="store_true",
-                   help="prefetch with the weights-only deploy on each host, not host to host")
-    p.add_argument(
-        "--prefetch-deploy",
-        help="a weights-only deploy for the prefetch stage (default: the fan-out of "
-        "specfleet/fleet/fanout.py; with --no-fanout, deploys/weights_only.py where it exists)",
-    )
-    p.add_argument("--dry", action="store_true",
-                   help="show the batches and what each host's deploy would change; change "
-                   "nothing")
-    p.add_argument("--json", action="store_true",
-                   help="print the result as one JSON document on stdout (nothing else there)")
-    p.add_argument("--pre-hook", help="a command run before each host is changed (a failure: "
-                   "the host is not started), e.g. to drain it from a load balancer")
-    p.add_argument("--post-hook", help="a command run after each host passes its gate")
-    p.add_argument("--hook-on", choices=("control", "host"), default="control",
-                   help="where the hooks run: this machine (default) or the host")
-    p.add_argument("--report", help="write the per-host results as JSON here")
-    add_pyinfra_arguments(p)
-    return p.parse_args(argv)
+@dataclass
+class RolloutFlags:
+    """``specfleet rollout``'s own options: declared once, with their defaults and help, in
+    ``specfleet.cli`` (``cli.flags("rollout", argv)``); None: the hosts' rollout settings."""
+
+    inventory: str
+    deploy: str
+    canary: str | None
+    order: str | None
+    batch_size: int | None
+    batch_percent: float | None
+    max_fail_percent: float | None
+    speed_gate: float | None
+    no_prefetch: bool
+    no_fanout: bool
+    prefetch_deploy: str | None
+    dry: bool
+    json: bool
+    pre_hook: str | None
+    post_hook: str | None
+    hook_on: str
+    report: str | None
+    connection: PyinfraOptions = field(default_factory=PyinfraOptions)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(args: RolloutFlags) -> int:
+    """``specfleet rollout``: its options, pyinfra's connection options among them; the exit
+    code (3: bad input, nothing touched)."""
     for path in (args.deploy, args.prefetch_deploy):
         if path and not Path(path).is_file():
             print(SpecfleetError(f"no deploy file {path}", fix="give a path to a pyinfra deploy "
@@ -721,8 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every step of this rollout is one owner of the hosts' run locks (SPECFLEET_RUN_ID).
     run_id = controller_run_id(os.environ)
     try:
-        popts = options_from_args(args)
-        sess = Session(args.inventory, popts, dry=args.dry)
+        sess = Session(args.inventory, args.connection, dry=args.dry)
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
@@ -780,7 +762,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         Path(args.report).write_text(json.dumps(rollout.report(), indent=2))
     return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,32 +24,34 @@ through the same path, or with ``--restore previous`` the inventory's own plan.
   writes them as a group data file with ``--write-group-data``.
 - **DDTree**: ``--ddtree-budgets`` sweeps ``plan.ddtree_budget`` (instead of the draft tokens,
   which the budget sets); a host whose installed SGLang has no DDTree design the table knows
-  refuses it before anything changes (exit 3).
+  refuses it before anything changes (exit 3). A budget the host's plan refuses (its verify
+  graphs cannot fit there) is dropped from the grid with a line saying so, not run again.
 - **Plots**: ``DIR/report.html`` with PNGs (``specfleet.fleet.report``) when matplotlib is there.
 
-Exit 0 (every point done, best restored), 1 (points failed or left, best restored), 2 (no point
-could be measured: the inventory's plan restored) or 3 (bad input, or refused).
+Exit 0 (every point done, best restored); 1 (the host does not answer, checked before the first
+point; points failed or left; no point could be measured; or the restore failed, said as such) or
+3 (bad input, or refused): ``specfleet --help``'s codes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.runlock import controller_run_id
+from specfleet.core.tables.ddtree_designs import DDTREE_REFUSED
 from specfleet.fleet.bench import list_hosts, load_result, run_with_data
+from specfleet.fleet.fleet_checks import unreachable_line
 from specfleet.fleet.pyinfra_run import (
     PyinfraOptions,
-    add_pyinfra_arguments,
     deploy_path,
-    options_from_args,
 )
 
 try:  # matplotlib is optional on the control machine: the sweep runs without its report
@@ -106,33 +108,31 @@ class State:
         os.replace(tmp, self.path)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specfleet sweep", description=__doc__.split("\n")[0])
-    p.add_argument("inventory")
-    p.add_argument("--host", required=True)
-    p.add_argument("--num-draft-tokens", default=None,
-                   help="--speculative-num-draft-tokens values (DFlash's block size; default "
-                   "4,8,16 without --ddtree-budgets)")
-    p.add_argument("--ddtree-budgets", default="",
-                   help="plan.ddtree_budget values (DDTree's tree budget), e.g. 8,16,32,64,128")
-    p.add_argument("--draft-window", default="2048,4096", help="plan.draft_window_size values")
-    p.add_argument("--draft-backends", default="",
-                   help="plan.draft_attention_backend values (default: the arch rule's)")
-    p.add_argument("--attention-backends", default="", help="plan.attention_backend values")
-    p.add_argument("--concurrency", default="1,4")
-    p.add_argument("--requests", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--max-minutes", type=float, default=120.0)
-    p.add_argument("--out", help="the sweep's folder (default: sweep-HOST)")
-    p.add_argument("--allow-serving", action="store_true")
-    p.add_argument("--restore", choices=("best", "previous"), default="best")
-    p.add_argument("--write-group-data", help="write the winning plan as this group data file")
-    p.add_argument("--no-report", action="store_true", help="skip the PNG/HTML report")
-    add_pyinfra_arguments(p)
-    return p.parse_args(argv)
+@dataclass
+class SweepFlags:
+    """``specfleet sweep``'s own options: declared once, with their defaults and help, in
+    ``specfleet.cli`` (``cli.flags("sweep", argv)`` gives them from a command line)."""
+
+    inventory: str
+    host: str
+    num_draft_tokens: str | None
+    ddtree_budgets: str
+    draft_window: str
+    draft_backends: str
+    attention_backends: str
+    concurrency: str
+    requests: int
+    max_tokens: int
+    max_minutes: float
+    out: str | None
+    allow_serving: bool
+    restore: str
+    write_group_data: str | None
+    no_report: bool
+    connection: PyinfraOptions = field(default_factory=PyinfraOptions)
 
 
-def grid_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+def grid_from_args(args: SweepFlags) -> list[dict[str, Any]]:
     spec: dict[str, list[Any]] = {}
     tokens = args.num_draft_tokens
     if tokens is None and not args.ddtree_budgets:
@@ -151,7 +151,7 @@ def grid_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 class Sweep:
-    def __init__(self, args: argparse.Namespace, grid: list[dict[str, Any]], out: Path):
+    def __init__(self, args: SweepFlags, grid: list[dict[str, Any]], out: Path):
         self.args = args
         self.out = out
         self.state = State(out / "state.json", args.host, grid)
@@ -166,7 +166,7 @@ class Sweep:
         data.update(extra)
         return run_with_data(self.args.inventory, str(deploy_path(deploy)), [self.args.host],
                              data, self.out / "logs" / f"{label}.log",
-                             getattr(self.args, "connection", None))
+                             self.args.connection)
 
     def run_point(self, key: str, n: int, total: int, allow_serving: bool) -> None:
         """One point, recorded; a host that refuses (serving) stops the sweep (SpecfleetError)."""
@@ -210,6 +210,14 @@ class Sweep:
                        if "cannot be swept here" in why
                        else "take the host out of service, or pass --allow-serving")
                 raise SpecfleetError(f"{self.args.host}: {why}", fix=fix)
+            if DDTREE_REFUSED in why:
+                # The host's plan refused this budget before anything changed (its verify
+                # graphs cannot fit, or the design cannot run it there): out of the grid.
+                rec.update(status="dropped", why=why)
+                self.state.data["current"] = before
+                say(f"  {key}: dropped from the grid: {why}")
+                self.state.save()
+                return
             rec.update(status="failed", why=why)
             say(f"  {key}: FAILED: {why}")
         self.state.save()
@@ -234,7 +242,7 @@ class Sweep:
         st = self.state
         # A resumed sweep made the host serve itself: no refusal for that.
         allow = self.args.allow_serving or st.resumed()
-        todo = [k for k, r in st.points.items() if r["status"] != "done"]
+        todo = [k for k, r in st.points.items() if r["status"] not in ("done", "dropped")]
         done_before = len(st.points) - len(todo)
         if done_before:
             say(f"resuming: {done_before} of {len(st.points)} points done; {len(todo)} to go")
@@ -256,10 +264,10 @@ class Sweep:
         st.save()
         self.finish(best)
         failed = [k for k, r in st.points.items() if r["status"] == "failed"]
-        if best is None:
-            say("no point could be measured; the inventory plan is back")
-            return 2
-        return 0 if restored and not failed and not left else 1
+        label = f"best point {restore_key}" if restore_key else "the inventory plan"
+        line, rc = core.sweep_ending(best, restored, label, len(failed), len(left))
+        say(line)
+        return rc
 
     def finish(self, best: str | None) -> None:
         rows = []
@@ -280,18 +288,20 @@ class Sweep:
         print(f"winning plan overrides for {arch} (group data `specfleet`):\n"
               + json.dumps({"plan": plan}, indent=2, sort_keys=True), flush=True)
         if self.args.write_group_data:
-            Path(self.args.write_group_data).write_text(core.group_data_text(arch, plan))
-            say(f"wrote {self.args.write_group_data}")
+            # Its folder made; an existing file keeps all but the plan keys the sweep decides.
+            path = Path(self.args.write_group_data)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            existing = path.read_text() if path.is_file() else None
+            path.write_text(core.group_data_merged(existing, arch, plan))
+            say(f"{'updated' if existing else 'wrote'} {path}")
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None) -> int:
-    """``specfleet sweep``: ``connection`` (pyinfra's options) over those of ``argv``."""
-    args = parse_args(argv)
-    args.connection = connection or options_from_args(args)
+def main(args: SweepFlags) -> int:
+    """``specfleet sweep``: its options, pyinfra's connection options among them."""
     try:
         grid = grid_from_args(args)
         if args.max_minutes <= 0:
@@ -301,6 +311,14 @@ def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None
             raise SpecfleetError(f"no host {args.host} in {args.inventory}",
                                  fix="pass --host with a host name of the inventory")
         out = Path(args.out or f"sweep-{args.host}").resolve()
+    except SpecfleetError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 3
+    unreachable = unreachable_line("sweep", args.inventory, args.connection, [args.host])
+    if unreachable:  # checked before anything is made or changed: one line, exit 1
+        print(unreachable, file=sys.stderr)
+        return 1
+    try:
         (out / "results").mkdir(parents=True, exist_ok=True)
         sweep = Sweep(args, grid, out)
     except SpecfleetError as exc:
@@ -313,7 +331,3 @@ def main(argv: list[str] | None = None, connection: PyinfraOptions | None = None
     except SpecfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return 3
-
-
-if __name__ == "__main__":
-    sys.exit(main())

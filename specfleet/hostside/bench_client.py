@@ -2,7 +2,8 @@
 """The smoke benchmark, run ON the host against its own SGLang server (stdlib only).
 
     python3 bench_client.py --url http://127.0.0.1:30000 --concurrency 1,4 --out FILE.json
-        [--api-key-file /etc/specfleet/secrets/NAME.yaml] [--requests N] [--max-tokens M]
+        [--api-key-file /etc/specfleet/secrets/NAME.yaml --unit NAME.service] [--requests N]
+        [--max-tokens M]
         [--prompt-words W] [--sglang-python VENV/bin/python --tokenizer MODEL_DIR] [--meta K=V ...]
 
 A short, bounded load: at each concurrency, N streaming ``/v1/completions`` requests (OpenAI's
@@ -39,6 +40,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 SCHEMA = 1
@@ -252,10 +254,26 @@ def previous_headline(path: str) -> dict | None:
     return {k: old.get(k) for k in ("started", "levels", "accept_length", "meta")}
 
 
+def key_refusal(base: str, unit: str) -> str | None:
+    """Why the API key must not go to ``base``: a process outside ``unit`` listens on its port
+    (or nothing does); None when the unit's own process alone listens. The check is
+    ``key_guard`` of port_owner.py, which ``operations.bench`` puts beside this file."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "port_owner.py")
+    checker: dict = {"__name__": "port_owner"}
+    with open(path, encoding="utf-8") as f:
+        exec(compile(f.read(), path, "exec"), checker)
+    port = urllib.parse.urlsplit(base).port or 80
+    state, problem = checker["key_guard"](port, unit)
+    if problem:
+        return problem
+    return f"nothing listens on port {port}" if state == "none" else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_client")
     p.add_argument("--url", default="http://127.0.0.1:30000")
     p.add_argument("--api-key-file")
+    p.add_argument("--unit", help="the server's unit: the key goes only to its own process")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--requests", type=int, default=0, help="per level; default 2x concurrency")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -283,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         "levels": [],
     }
     try:
+        refused = key_refusal(base, args.unit) if key and args.unit else None
+        if refused:
+            raise RuntimeError(refused)
         model = served_model(base, key)
         result["model"] = model
         for c in levels_wanted:

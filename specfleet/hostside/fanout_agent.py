@@ -38,6 +38,7 @@ Progress of a pull goes to ``<state_dir>/fanout/<dir>.pull.json``.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import queue
@@ -99,6 +100,9 @@ STATUS_WAIT_MAX = 30.0
 STATUS_LOOK_SECONDS = 0.1
 # A status stream that says nothing for this long is dead (it answers every STATUS_WAIT).
 STATUS_SILENT_SECONDS = 3 * STATUS_WAIT
+# What a receiver keeps of a source's ssh client's stderr: its last lines, each cut short.
+STDERR_LINES = 20
+STDERR_LINE_BYTES = 4096
 # The longest request line a status stream takes.
 REQUEST_MAX_BYTES = 4 << 20
 # The longest one status stream runs (the receiver opens another one after it).
@@ -537,14 +541,37 @@ class SourceChannel:
     def __init__(self, argv: list[str], receive):
         self.asked: dict[str, dict] = {}
         self.hostile = ""
-        self._err = tempfile.TemporaryFile(mode="w+")
+        # A file asked for did not come within the stall time while the channel stayed open.
+        self.stalled = False
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._err)
-        self._statuses: queue.Queue = queue.Queue()
+                                     stderr=subprocess.PIPE)
+        # Bounded whatever the source sends: the newest status alone (a new one replaces it),
+        # and the last lines of the client's stderr, each cut short.
+        self._status_lock = threading.Condition()
+        self._status: dict | None = None
+        self._fresh = False
+        self._done = False
+        self._err: collections.deque = collections.deque(maxlen=STDERR_LINES)
         self._files: queue.Queue = queue.Queue()
         self._receive = receive
         self._ended = False
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read_err(self) -> None:
+        try:
+            while line := self.proc.stderr.readline(STDERR_LINE_BYTES):
+                self._err.append(line.decode("utf-8", "replace").rstrip("\n"))
+        except (OSError, ValueError):
+            pass
+
+    def _put_status(self, msg: dict | None) -> None:
+        with self._status_lock:
+            if msg is None:
+                self._done = True
+            else:
+                self._status, self._fresh = msg, True
+            self._status_lock.notify_all()
 
     def _read(self) -> None:
         try:
@@ -556,7 +583,7 @@ class SourceChannel:
                 if not isinstance(msg, dict):
                     break
                 if "file" not in msg:
-                    self._statuses.put(msg)
+                    self._put_status(msg)
                     continue
                 event = self._receive(self.proc.stdout, msg, self.asked)
                 if event.hostile:
@@ -567,7 +594,7 @@ class SourceChannel:
         except (OSError, ValueError):
             pass
         finally:
-            self._statuses.put(None)  # the channel ended
+            self._put_status(None)  # the channel ended
             self._files.put(None)
 
     def send(self, paths: list[str]) -> bool:
@@ -584,18 +611,13 @@ class SourceChannel:
         within ``timeout`` seconds; None once the channel ended or went silent that long."""
         if self._ended:
             return None
-        try:
-            got = [self._statuses.get(timeout=timeout)]
-        except queue.Empty:
-            return None
-        while True:
-            try:
-                got.append(self._statuses.get_nowait())
-            except queue.Empty:
-                break
-        self._ended = None in got
-        answers = [a for a in got if a is not None]
-        return answers[-1] if answers else None
+        with self._status_lock:
+            self._status_lock.wait_for(lambda: self._fresh or self._done, timeout)
+            self._ended = self._done
+            if not self._fresh:
+                return None
+            self._fresh = False
+            return self._status
 
     def next_file(self, timeout: float) -> tuple | None:
         """The next file asked for, as ``receive`` gave it; None if the channel ended first or
@@ -615,9 +637,8 @@ class SourceChannel:
                 pass
         if self.proc.poll() is None:
             return f"no answer for {STATUS_SILENT_SECONDS:g} s"
-        self._err.seek(0)
-        lines = self._err.read().strip().splitlines()
-        return lines[-1] if lines else f"ssh exit {self.proc.returncode}"
+        lines = [line for line in list(self._err) if line.strip()]
+        return shown(lines[-1]) if lines else f"ssh exit {self.proc.returncode}"
 
     def close(self) -> None:
         """Hang up (the source's end sees its stdin close and exits), then make sure."""
@@ -627,7 +648,6 @@ class SourceChannel:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
-        self._err.close()
 
 
 class Pull:
@@ -682,6 +702,9 @@ class Pull:
         for _ in paths:
             event = channel.next_file(timeout)
             if event is None:
+                # A request left unanswered for ``timeout`` (the stall clock, from the first
+                # unanswered request): this source is given no further round.
+                channel.stalled = channel.proc.poll() is None
                 return got, failed, channel.error()
             if event.problem:
                 self.note(f"{shown(event.path)}: from {source['host']}: {event.problem}")
@@ -867,6 +890,12 @@ class Pull:
                     if channel.hostile:
                         self.note(f"{source['host']} answered what was not asked of it; "
                                   "trying the next source")
+                        return
+                    if channel.stalled:
+                        # One file a round then silence would hold this receiver files x the
+                        # stall time: a stall ends this source, whatever it sent before.
+                        self.note(f"{source['host']} left a file asked for unanswered for "
+                                  f"{stall_s:.0f} s ({got} came); trying the next source")
                         return
                     if not got and (broke or failed):
                         self.note(f"the copy from {source['host']} failed "

@@ -57,6 +57,16 @@ if "redact_lines" not in globals():
     redact, redact_lines = _redaction.redact, _redaction.redact_lines
     read_secrets, REDACTED = _redaction.read_secrets, _redaction.REDACTED
 
+# Who listens on the port, before any request carries the API key: ``key_guard`` of
+# specfleet/hostside/port_owner.py. On a host its source comes ahead of this script
+# (``PORT_OWNER_SOURCE``, ``operations.readiness.gate_source``); from a checkout, from beside it.
+if "PORT_OWNER_SOURCE" not in globals():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "port_owner.py")) as _f:
+        PORT_OWNER_SOURCE = _f.read()
+_port_owner: dict = {"__name__": "port_owner"}
+exec(compile(PORT_OWNER_SOURCE, "port_owner.py", "exec"), _port_owner)
+key_guard = _port_owner["key_guard"]
+
 
 def say(text: str) -> None:
     print(f"gate: {text}", flush=True)
@@ -458,11 +468,27 @@ def server_base(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def listener_refusal(port: int, unit: str) -> tuple[str | None, None, str | None] | None:
+    """``check_server``'s answer when the port is not the unit's alone, before any request (and
+    the API key with it) goes out: still loading when nothing listens, a failure naming who
+    listens when a process outside the unit does; None: the unit's own process listens."""
+    state, problem = key_guard(port, unit)
+    if problem:
+        return None, None, problem
+    if state == "none":
+        return f"nothing listens on port {port} yet", None, None
+    return None
+
+
 def check_server(base: str, key: str | None, argv: list[str], port: int, unit: str,
                  model_path: str | None) -> tuple[str | None, str | None, str | None]:
     """One look at the server: (status while it loads, the model it serves once ready, why it
     fails). Ready means ``/health_generate`` answers and ``/get_model_info`` names the expected
-    model, served from inside the unit."""
+    model, served from inside the unit. Nothing is sent (nor the API key) unless the unit's own
+    process alone listens on the port."""
+    refused = listener_refusal(port, unit)
+    if refused is not None:
+        return refused
     code, body = http_get(base + "/health_generate", key, timeout=60)
     if code != 200:
         return f"/health_generate {code if code is not None else body}", None, None

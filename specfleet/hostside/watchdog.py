@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -283,9 +284,28 @@ class BoundedRelayServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address, handler, max_connections: int = RELAY_MAX_CONNECTIONS):
+    def __init__(self, address, handler, max_connections: int = RELAY_MAX_CONNECTIONS,
+                 deadline_s: float = RELAY_CONNECTION_TIMEOUT_S):
         self._slots = threading.BoundedSemaphore(max_connections)
+        # Each connection's whole life is bounded (a client that trickles a byte now and then
+        # never trips the socket's timeout): one reaper cuts those past ``deadline_s``.
+        self.deadline_s = deadline_s
+        self._open: dict = {}
+        self._open_lock = threading.Lock()
         super().__init__(address, handler)
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.deadline_s / 4))
+            now = time.monotonic()
+            with self._open_lock:
+                late = [r for r, began in self._open.items() if now - began > self.deadline_s]
+            for request in late:
+                try:
+                    request.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def process_request(self, request, client_address) -> None:
         if not self._slots.acquire(blocking=False):
@@ -298,9 +318,13 @@ class BoundedRelayServer(ThreadingHTTPServer):
             self.shutdown_request(request)
 
     def process_request_thread(self, request, client_address) -> None:
+        with self._open_lock:
+            self._open[request] = time.monotonic()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            with self._open_lock:
+                self._open.pop(request, None)
             self._slots.release()
 
     def handle_error(self, request, client_address) -> None:
@@ -331,7 +355,7 @@ def serve_relay(listen: str, port: int, base: str, timeout: float,
             pass  # a scrape every few seconds is not news
 
     Relay.timeout = connection_timeout  # StreamRequestHandler: the socket's timeout
-    server = BoundedRelayServer((listen, port), Relay, max_connections)
+    server = BoundedRelayServer((listen, port), Relay, max_connections, connection_timeout)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 

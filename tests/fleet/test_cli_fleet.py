@@ -199,3 +199,118 @@ def test_bad_settings_stop_before_any_connection(demo, tmp_path):
     assert rc == 1 and "readiness_timeout_s" in out + err
     assert "No hosts remaining" not in out + err
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's quickstart, line by line, on the demo host
+# ---------------------------------------------------------------------------------------------
+
+
+def quickstart_lines() -> list[str]:
+    text = (REPO_ROOT / "README.md").read_text()
+    block = text[text.index("<!-- quickstart -->"):text.index("<!-- /quickstart -->")]
+    body = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in body.splitlines() if line.strip()]
+
+
+def test_the_readme_quickstart_runs_line_by_line(demo, tmp_path):
+    """Each command of the README's quickstart, as written, with what a user fills in filled in:
+    the copy of first_host.py gets the demo host's address and the demo's settings (its
+    stand-in hub and pinned commits, the wheelhouse, the stand-in server's launcher), the SSH
+    key goes to ssh/pyinfra as data and -i, and the tunnel's local end is a free port (30000 may
+    be taken on a shared machine). The install line is not run here: this test runs in the venv
+    .ci/setup.sh made with that command (checked: its lines make .venv and pip install -e)."""
+    import shlex
+    import socket
+    from pathlib import Path
+
+    from tests.harness.core import SSH_OPTS
+
+    lines = quickstart_lines()
+    assert [shlex.split(x, comments=True)[0] for x in lines] == [
+        "python3", "cp", "export", "specfleet", "specfleet", "pyinfra", "pyinfra", "ssh", "curl"]
+    ip = demo.fleet.ip(HOST)
+    mine = tmp_path / "my_host.py"
+    env = environ(SPECFLEET_ALLOW_TEST_SETTINGS="1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = s.getsockname()[1]
+    tunnel = None
+    try:
+        for line in lines:
+            argv = shlex.split(line.replace("inventories/my_host.py", str(mine)), comments=True)
+            if argv[0] == "python3":
+                setup = (REPO_ROOT / ".ci" / "setup.sh").read_text()
+                assert argv[:4] == ["python3", "-m", "venv", ".venv"] and "-e" in argv
+                assert "python3 -m venv .venv" in setup and "pip install" in setup
+                assert Path(sys.executable).parent.parent.name == ".venv"
+                continue
+            if argv[0] == "cp":
+                assert subprocess.run(argv, cwd=REPO_ROOT).returncode == 0
+                settings = demo.settings(HOST)
+                text = mine.read_text().replace("<address of the GPU host>", ip)
+                text += (f"\nfirst_host[0][1]['specfleet'].update({settings!r})\n"
+                         f"first_host[0][1].update(ssh_key={str(demo.fleet.key_path)!r}, "
+                         "ssh_strict_host_key_checking='off', ssh_known_hosts_file='/dev/null')\n")
+                for repo in ("moonshotai/Kimi-K2.6", "z-lab/Kimi-K2.6-DFlash"):
+                    text = text.replace(f"<40-hex commit of {repo}>", "0" * 40)
+                mine.write_text(text)
+                continue
+            if argv[0] == "export":
+                name, _ = argv[1].split("=", 1)
+                env[name] = DEMO_TOKEN
+                continue
+            if argv[0] == "ssh":
+                argv = [a.replace("30000:", f"{local}:", 1) if a.startswith("30000:") else a
+                        for a in argv if a != "-f"]
+                argv = [argv[0], "-i", str(demo.fleet.key_path), *SSH_OPTS, "-o",
+                        "ExitOnForwardFailure=yes", *argv[1:-1], f"root@{ip}"]
+                tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    with socket.socket() as s:
+                        if s.connect_ex(("127.0.0.1", local)) == 0:
+                            break
+                    time.sleep(0.3)
+                continue
+            if argv[0] == "curl":
+                argv = [a.replace(":30000/", f":{local}/") for a in argv]
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, done.stderr
+                answer = json.loads(done.stdout)
+                assert "42" in answer["choices"][0]["message"]["content"], answer
+                continue
+            exe = PYINFRA if argv[0] == "pyinfra" else None
+            argv = [exe, *argv[1:]] if exe else [sys.executable, "-m", "specfleet.cli", *argv[1:]]
+            rc, out, err, _ = run(argv, env)
+            assert rc == 0, (line, out[-3000:], err[-3000:])
+    finally:
+        if tunnel is not None:
+            tunnel.terminate()
+            tunnel.wait(timeout=10)
+    assert tunnel is not None
+
+
+def test_a_token_without_access_to_the_gated_drafter_is_refused_before_the_target_downloads(
+        demo, tmp_path):
+    """The Hub's refusal of the drafter (gated, the token not let in) comes before any byte of
+    a new target revision: the drafter is fetched first. The stand-in hub's log shows no GET of
+    the target's new files."""
+    from tests.demo import DRAFTER, TARGET
+    from tests.harness.weights_support import commit_files
+
+    # New revisions of both, so that both steps have something to fetch.
+    new = {repo: commit_files(demo.workdir / "mirrors", repo, {"extra.safetensors": b"x" * 4096},
+                              message="a new revision") for repo in (TARGET, DRAFTER)}
+    inv = demo.write_inventory(tmp_path / "newrev.py", ct200={
+        "target": {"revision": new[TARGET]}, "drafter": {"revision": new[DRAFTER]}})
+    before = len(demo.hub.log_lines())
+    rc, out, err, _ = run([PYINFRA, "-y", str(inv), DEPLOY],
+                          environ(HF_TOKEN="hf_not_let_in_" + "1" * 20,
+                                  SPECFLEET_ALLOW_TEST_SETTINGS="1"))
+    text = out + err
+    assert rc != 0
+    assert "Drafter weights" in text and ("403" in text or "not in the authorized list" in text)
+    new_gets = [line for line in demo.hub.log_lines()[before:]
+                if line.startswith(f"GET /{TARGET}/resolve/")]
+    assert new_gets == [], new_gets

@@ -458,7 +458,8 @@ def test_status_reports_drift_without_deploying(env):
         rc, out = env.pyinfra("-y", *limit(*CONVERGE), deploy="deploys/status.py", inventory=inv)
         assert rc == 0, out[-4000:]
         verdicts = status_lines(out)
-        assert verdicts["h200"] == "drift: unit differs; healthy"
+        assert verdicts["h200"] == ("drift: unit differs: the next deploy would restart the "
+                                    "server; healthy")
         assert verdicts["ct200"] == "drift: SGLang 0.5.11, want 0.5.14; healthy"
         assert verdicts["b200"] == "in sync, down (inactive, nothing on 127.0.0.1:30000)"
         assert verdicts["h100"] == "in sync, healthy"
@@ -466,6 +467,31 @@ def test_status_reports_drift_without_deploying(env):
         assert {h: env.snapshot(h) for h in CONVERGE} == before
     finally:
         env.run("b200", f"systemctl start {UNIT}")
+
+
+def test_status_reports_a_change_to_any_of_the_servers_files(env):
+    """Every file the deploy writes for the server (the one list: unit, env, logging config, its
+    redaction module; the API key file where one is set) changed on the host: status says the
+    next deploy would restart the server, naming the file (issue 57: it compared only the unit,
+    env and key, and said "in sync")."""
+    from specfleet.core.layout import server_paths
+    from specfleet.core.settings import settings_from_dict
+
+    host = "h200"
+    name = env.demo.settings(host).get("service_name", "specfleet-sglang")
+    files = server_paths(settings_from_dict({"service_name": name})).files()
+    words = {"unit": "unit", "env": "env", "log_config": "logging config",
+             "log_module": "log redaction module"}
+    for key, what in words.items():
+        path = files[key]
+        env.run(host, f"cp -p {path} {path}.sf-test && echo '# changed by hand' >> {path}")
+        try:
+            rc, out = env.pyinfra("-y", *limit(host), deploy="deploys/status.py")
+        finally:
+            env.run(host, f"mv -f {path}.sf-test {path}")
+        assert rc == 0, out[-4000:]
+        assert status_lines(out)[host] == (f"drift: {what} differs: the next deploy would "
+                                           "restart the server; healthy"), (key, out[-3000:])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def fanout(env, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
     report = env["work"] / "report.json"
     report.unlink(missing_ok=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    r = subprocess.run([sys.executable, "-m", "specfleet.fleet.fanout", str(env["inv"]), "--report",
+    r = subprocess.run([sys.executable, "-m", "specfleet.cli", "fanout", str(env["inv"]), "--report",
                         str(report), *flags], cwd=REPO_ROOT, env=e, capture_output=True,
                        text=True, timeout=600)
     (env["work"] / "last-output.txt").write_text(r.stdout + r.stderr)  # for a failing test
@@ -441,7 +441,7 @@ def test_sigterm_to_the_controller_stops_every_sshd_and_removes_every_key(env, t
     e["TMPDIR"] = str(ctl_tmp)
     out = tmp_path / "controller.out"
     with out.open("w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "specfleet.fleet.fanout", str(env["inv"])],
+        p = subprocess.Popen([sys.executable, "-m", "specfleet.cli", "fanout", str(env["inv"])],
                              cwd=REPO_ROOT, env=e, stdout=f, stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:

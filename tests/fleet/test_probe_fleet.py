@@ -118,7 +118,7 @@ def rollout(demo, name: str, *flags: str, **per_host_over) -> tuple[int, str, di
     env["HF_TOKEN"] = DEMO_TOKEN
     env.update(TEST_ENV)
     res = subprocess.run(
-        [sys.executable, "-m", "specfleet.fleet.rollout", str(inv), "deploys/kimi_k26.py",
+        [sys.executable, "-m", "specfleet.cli", "rollout", str(inv), "deploys/kimi_k26.py",
          "--limit", "g1", "--limit", "g2", "--canary", "g1", "--max-fail-percent", "100",
          "--no-prefetch", "--report", str(report), *flags],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500,

@@ -1,4 +1,4 @@
-"""python -m specfleet.fleet.rollout on four real Debian hosts (tests.fleet).
+"""specfleet rollout on four real Debian hosts (tests.fleet).
 
 The rolled deploy is tests/deploys/rollout_deploy.py (software, weights, unit, restart, readiness, in
 deploys/kimi_k26.py's order) with the prefetch stage running tests/deploys/rollout_weights.py. Weights are
@@ -131,7 +131,7 @@ def rollout(env, per_host: dict[str, dict], *flags: str, during=None,
     if edit:
         inv.write_text(edit(inv.read_text()))
     report = env["work"] / f"report{env['n']}.json"
-    argv = [sys.executable, "-m", "specfleet.fleet.rollout", str(inv), "tests/deploys/rollout_deploy.py",
+    argv = [sys.executable, "-m", "specfleet.cli", "rollout", str(inv), "tests/deploys/rollout_deploy.py",
             "--report", str(report), *flags]
     if prefetch:
         argv += ["--prefetch-deploy", prefetch]

@@ -1,4 +1,4 @@
-"""python -m specfleet.fleet.rollout with the real deploy, deploys/kimi_k26.py (preflight and run lock,
+"""specfleet rollout with the real deploy, deploys/kimi_k26.py (preflight and run lock,
 software, weights, unit, restart, readiness), on the demo's stand-ins (tests/demo.py: nvidia-smi
 captures, the stand-in hub with a gated Kimi-shaped drafter, the stand-in server) and with the
 default prefetch, the fan-out of specfleet/fleet/fanout.py."""
@@ -42,7 +42,7 @@ def rollout(demo, name: str, *flags: str, **per_host_over) -> tuple[int, str, di
     env["HF_TOKEN"] = DEMO_TOKEN
     env.update(TEST_ENV)  # the demo's settings use test-only keys (launcher)
     res = subprocess.run(
-        [sys.executable, "-m", "specfleet.fleet.rollout", str(inv), "deploys/kimi_k26.py",
+        [sys.executable, "-m", "specfleet.cli", "rollout", str(inv), "deploys/kimi_k26.py",
          "--report", str(report), *flags],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500,
     )

@@ -390,11 +390,52 @@ def test_the_gate_fails_fast_when_another_process_holds_the_port(srv, tmp_path):
         run = deploy(srv, tmp_path, settings_data("port", 30007))
         assert run.rc != 0 and run.ops["service"] == "Error", run
         assert run.seconds < 60
-        assert re.search(r"port 30007 is served by pid \[\d+\], a process outside sf-port.service"
+        assert re.search(r"port 30007 is held by 'python3' \(pid \d+, uid 0\), outside "
+                         r"sf-port.service: the API key was not sent"
                          r"|systemd reports sf-port.service failed", run.out), run.out
         assert "Address already in use" in run.out
     finally:
         srv.run("h1", "systemctl stop sf-foreign")
+
+
+SQUATTER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[2], "a") as f:
+            f.write(self.path + " " + str(self.headers.get("Authorization")) + "\n")
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_squatter_on_the_port_gets_no_api_key(srv, tmp_path):
+    """Issue 55, finding 2: a local unprivileged user binds the server's port first; the gate
+    checks who listens before it sends anything, fails naming the squatter, and the squatter
+    never sees the key (before: the gate sent it, then found the stranger)."""
+    key = "sk-" + secrets.token_hex(16)
+    (tmp_path / "squatter.py").write_text(SQUATTER)
+    srv.put("h1", tmp_path / "squatter.py", "/tmp/squatter.py")
+    held = srv.run("h1", "rm -f /tmp/squat.log; touch /tmp/squat.log; chmod 666 /tmp/squat.log; "
+                         "systemd-run --unit sf-squatter --uid nobody /usr/bin/python3 "
+                         "/tmp/squatter.py 30011 /tmp/squat.log")
+    assert held.returncode == 0, held.stderr
+    try:
+        time.sleep(1)
+        # The server loads for 20 s before it binds (as SGLang loads its weights first): the
+        # unit's process runs, the squatter holds the port.
+        data = settings_data("squat", 30011, api_key=key)
+        data["launcher"] = ["/bin/sh", "-c", 'sleep 20; exec "$0" "$@"', *data["launcher"]]
+        run = deploy(srv, tmp_path, data)
+        assert run.rc != 0 and run.ops["service"] == "Error", run
+        # Before: the gate sent /health_generate and /get_model_info with the key, then saw
+        # "port 30011 is served by pid [N], a process outside sf-squat.service".
+        seen = srv.run("h1", "cat /tmp/squat.log").stdout
+        assert key not in seen and "Bearer" not in seen, seen
+        assert re.search(r"port 30011 is held by 'python3' \(pid \d+, uid 65534\), outside "
+                         r"sf-squat.service: the API key was not sent", run.out), run.out
+    finally:
+        srv.run("h1", "systemctl stop sf-squatter sf-squat.service; rm -f /tmp/squatter.py")
 
 
 def test_present_false_stops_disables_and_removes(srv, tmp_path):

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from tests.harness.releases import WHEELHOUSE
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -78,7 +80,10 @@ MEMORY_RULE_MODULE = {
     "0.5.22": "sglang/srt/arg_groups/memory_hook.py",
     "0.5.23": "sglang/srt/arg_groups/memory_hook.py",
 }
-RELEASES = tuple(MEMORY_RULE_MODULE)
+RELEASES = WHEELHOUSE
+if set(MEMORY_RULE_MODULE) != set(RELEASES):
+    raise RuntimeError(f"sglang_rules: the memory rule's module is known for {sorted(MEMORY_RULE_MODULE)}"
+                       f", the wheelhouse has {sorted(RELEASES)}: add the release's module here")
 
 
 class StubCalled(RuntimeError):

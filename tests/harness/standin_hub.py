@@ -206,6 +206,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
+        m = re.fullmatch(r"/api/(models|datasets)/(.+?)/auth-check", path)
+        if m:
+            # huggingface_hub's auth_check: 200 when the token may read the repo's files, the
+            # gate's 401/403 GatedRepo when not, 401 RepoNotFound for an unknown repo.
+            kind, repo_id = m.groups()
+            if self.hub.repo_dir(kind, repo_id) is None:
+                return self.error(401, "RepoNotFound", "Repository not found")
+            if self.gate(repo_id):
+                self.reply(200, b"{}")
+            return None
         m = re.fullmatch(r"/api/(models|datasets)/(.+?)/(revision|tree)/([^/]+)(/.*)?", path)
         if m:
             kind, repo_id, what, rev, sub = m.groups()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.harness.releases import WHEELHOUSE
 from tests.harness.rootfs import CACHE_DIR
 
 WHEELHOUSE_DIR = CACHE_DIR / "wheelhouse"
@@ -31,29 +32,21 @@ TARGET = [
 # Each entry is one `pip download` (pins of one project must not share a resolve).
 # (requirements, with_dependencies)
 DOWNLOADS: list[tuple[list[str], bool]] = [
-    (["sglang==0.5.11"], False),
-    (["sglang==0.5.12"], False),
-    (["sglang==0.5.13"], False),
-    (["sglang==0.5.14"], False),
-    # One release per row of the version table between 0.5.15 and 0.5.23 (the first release of
-    # each row; sglang_versions.VERSIONS): each runs its own rules in tests/harness/sglang_rules.py.
-    (["sglang==0.5.15"], False),
-    (["sglang==0.5.16"], False),
-    (["sglang==0.5.17"], False),
-    (["sglang==0.5.18"], False),
-    (["sglang==0.5.19"], False),
-    (["sglang==0.5.20"], False),
-    (["sglang==0.5.21"], False),
-    (["sglang==0.5.22"], False),
-    (["sglang==0.5.23"], False),
+    *(([f"sglang=={release}"], False) for release in WHEELHOUSE),
     (["compressed-tensors==0.9.4"], False),
     (["compressed-tensors==0.18.0"], False),
     (["huggingface_hub", "packaging"], True),
 ]
 
+# Wheels that are only upstream text for a recipe (the PR#20547 port's pinned sources, #52), not
+# releases the tests install or judge (the version table and its tests read DOWNLOADS).
+RECIPE_SOURCES: list[tuple[list[str], bool]] = [
+    (["sglang==0.5.18"], False),
+]
+
 
 def _fingerprint() -> str:
-    return hashlib.sha256(repr(DOWNLOADS).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr(DOWNLOADS + RECIPE_SOURCES).encode()).hexdigest()[:16]
 
 
 def _marker() -> Path:
@@ -96,7 +89,7 @@ def ensure_wheelhouse(log=sys.stderr) -> Path:
         if is_built():
             return WHEELHOUSE_DIR
         print(f"fleet: downloading wheels into {WHEELHOUSE_DIR} (once)...", file=log, flush=True)
-        for reqs, deps in DOWNLOADS:
+        for reqs, deps in DOWNLOADS + RECIPE_SOURCES:
             argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
                     "--quiet", "--dest", str(WHEELHOUSE_DIR), *TARGET, *reqs]
             if not deps:

@@ -1,7 +1,7 @@
-"""The README's settings reference, written from the models' JSON schema (every key, its type and
+"""docs/settings.md's settings reference, written from the models' JSON schema (every key, its type and
 default) and each field's docstring (read from the source: pydantic's own reading of them costs
-every run ~25 ms at import). ``python -m tests.unit.settings_reference README.md`` rewrites it;
-``tests/unit/test_settings.py`` fails when the README and the models differ."""
+every run ~25 ms at import). ``python -m tests.unit.settings_reference docs/settings.md`` rewrites it;
+``tests/unit/test_settings.py`` fails when that page and the models differ."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 from specfleet.core.settings import schema
 from specfleet.core.settings.schema import Settings
 
-BEGIN = "<!-- settings reference: python -m tests.unit.settings_reference README.md -->"
+BEGIN = "<!-- settings reference: python -m tests.unit.settings_reference docs/settings.md -->"
 END = "<!-- end of the settings reference -->"
 
 
@@ -82,5 +82,5 @@ def rewrite(text: str) -> str:
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/settings.md")
     path.write_text(rewrite(path.read_text()))

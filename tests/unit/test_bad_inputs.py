@@ -11,6 +11,7 @@ import math
 import string
 from collections.abc import Callable
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -193,6 +194,7 @@ def run_generated(examples: int = 150) -> tuple[int, list[str]]:
     return tried[0], failures
 
 
+@pytest.mark.local
 def test_every_case_kind_is_generated_and_answered_clearly():
     tried, failures = run_generated(examples=60)
     assert tried >= 100

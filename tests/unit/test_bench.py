@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specfleet import cli
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.fleet import bench as fleet_bench
@@ -63,6 +64,21 @@ def test_speed_gate_compares_tokens_per_s_and_accept_length_with_the_previous_re
     assert not core.speed_gate(None, before).passed
     with pytest.raises(SpecfleetError, match="not in"):
         core.speed_gate(before, before, 1.5)
+
+
+def test_speed_gate_fails_nan_and_a_vanished_acceptance():
+    """Issue 55: NaN compared as never below the gate, and a new result without an acceptance
+    length skipped its check."""
+    before = result({1: 100, 4: 200}, accept=3.0)
+    nan = core.speed_gate(result({1: 100, 4: float("nan")}, accept=3.0), before, 0.9)
+    assert not nan.passed and "no number" in nan.why
+    gone = core.speed_gate(result({1: 100, 4: 200}, accept=None), before, 0.9)
+    assert not gone.passed and "accept length None now, 3.00 before" in gone.why
+    nan_acc = core.speed_gate(result({1: 100, 4: 200}, accept=float("nan")), before, 0.9)
+    assert not nan_acc.passed and "accept length nan now" in nan_acc.why
+    # No acceptance before either (a plain server): nothing to keep.
+    assert core.speed_gate(result({1: 100, 4: 200}, accept=None),
+                           result({1: 100, 4: 200}, accept=None), 0.9).passed
 
 
 # -- the grid -------------------------------------------------------------------------------------
@@ -175,6 +191,7 @@ def server(tmp_path):
     proc.wait(timeout=10)
 
 
+@pytest.mark.local
 def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_result(server, tmp_path):
     out = tmp_path / "bench" / "latest.json"
     argv = ["--url", server.url, "--api-key-file", str(server.key_file), "--concurrency", "1,2",
@@ -198,6 +215,7 @@ def test_bench_client_measures_the_streaming_server_and_keeps_the_previous_resul
         assert "sglang:spec_accept_length{" in resp.read().decode()
 
 
+@pytest.mark.local
 def test_standin_chat_completions_answer_whole_and_streamed(server):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi there"}],
             "max_tokens": 5}
@@ -217,6 +235,7 @@ def test_standin_chat_completions_answer_whole_and_streamed(server):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.local
 def test_bench_client_without_the_key_fails_with_the_reason_and_keeps_no_result(server, tmp_path):
     out = tmp_path / "latest.json"
     assert bench_client.main(["--url", server.url, "--concurrency", "1", "--max-tokens", "4",
@@ -345,8 +364,8 @@ def test_a_sweep_point_that_finds_the_run_lock_held_is_retried_not_failed(tmp_pa
 
     monkeypatch.setattr(sweep, "run_with_data", fake_run)
     monkeypatch.setattr(sweep, "LOCK_WAIT_S", 0.0)
-    args = sweep.parse_args(["inv.py", "--host", "h1", "--num-draft-tokens", "8",
-                             "--draft-window", "4096", "--no-report", "--allow-serving"])
+    args = cli.flags("sweep", ["inv.py", "--host", "h1", "--num-draft-tokens", "8",
+                               "--draft-window", "4096", "--no-report", "--allow-serving"])
     (tmp_path / "results").mkdir()
     run = sweep.Sweep(args, sweep.grid_from_args(args), tmp_path)
     assert run.run() == 0

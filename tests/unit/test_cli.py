@@ -29,6 +29,7 @@ def test_every_subcommand_s_help_is_its_own(capsys, command):
     assert out.startswith(f"Usage: specfleet {command} [OPTIONS]"), out
 
 
+@pytest.mark.local
 def test_help_and_version_import_no_pyinfra_gevent_or_matplotlib():
     probe = ("import json, sys\nfrom specfleet import cli\n"
              f"rcs = [cli.main([c, '--help']) for c in {ALL!r}] + [cli.main(['--version'])]\n"
@@ -60,29 +61,64 @@ def test_rollout_hands_its_options_and_pyinfra_s_on(monkeypatch):
     import specfleet.fleet.rollout as rollout
 
     seen = []
-    monkeypatch.setattr(rollout, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(rollout, "main", lambda flags: seen.append(flags) or 0)
     monkeypatch.setattr(cli, "_checkout", lambda ctx: ROOT)
     monkeypatch.setattr(cli, "check_inventory", lambda inv, opts: None)
     assert cli.main(["rollout", "--dry", "inv.py", "deploys/kimi_k26.py", "--limit", "h1",
-                     "--port", "2222", "--sudo", "-vv", "--batch-size", "2"]) == 0
-    (argv,) = seen
-    assert argv[:2] == ["inv.py", "deploys/kimi_k26.py"]
-    assert {"--dry", "--sudo", "-vv"} <= set(argv)
-    assert argv[argv.index("--port") + 1] == "2222"
-    assert argv[argv.index("--limit") + 1] == "h1"
-    assert argv[argv.index("--batch-size") + 1] == "2"
-    assert "--hook-on" not in argv  # its default: left to rollout's own
+                     "--port", "2222", "--sudo", "-vv", "--batch-size", "2",
+                     "--speed-gate", "0.85", "--json"]) == 0
+    (flags,) = seen
+    assert isinstance(flags, rollout.RolloutFlags)
+    assert (flags.inventory, flags.deploy) == ("inv.py", "deploys/kimi_k26.py")
+    assert flags.dry and flags.json and flags.batch_size == 2 and flags.speed_gate == 0.85
+    assert flags.hook_on == "control" and flags.batch_percent is None
+    assert flags.connection == PyinfraOptions(port=2222, sudo=True, verbosity=2, limit=["h1"])
 
 
-def test_rollout_s_argv_parses_back_to_the_same_options():
-    from specfleet.fleet.pyinfra_run import options_from_args
-    from specfleet.fleet.rollout import parse_args
+def test_rollout_s_help_lists_the_speed_gate_and_the_flag_parses(capsys):
+    """The README's `specfleet rollout INVENTORY DEPLOY --speed-gate 0.85`: the argparse parser
+    declared it, the console script did not ("No such option")."""
+    assert cli.main(["rollout", "--help"]) == 0
+    assert "--speed-gate FRACTION" in capsys.readouterr().out
+    assert cli.flags("rollout", ["inv.py", "d.py", "--speed-gate", "0.85"]).speed_gate == 0.85
+    assert cli.flags("rollout", ["inv.py", "d.py"]).speed_gate is None  # the settings' value
 
+
+def test_pyinfra_s_flags_parse_back_to_the_same_options():
+    """``PyinfraOptions.argv()`` (what a message tells the user to run) is read back by every
+    connecting subcommand to the same options."""
     given = PyinfraOptions(ssh_user="u", key="/k", port=2222, sudo=True, sudo_user="s",
                            data=["a=1"], config="/c.py", verbosity=2, limit=["h1", "g"],
                            parallel=3)
-    args = parse_args(["inv.py", "d.py", *given.argv()])
-    assert options_from_args(args) == given
+    assert cli.flags("rollout", ["inv.py", "d.py", *given.argv()]).connection == given
+    assert cli.flags("bench", ["inv.py", *given.argv()]).connection == given
+    assert cli.flags("sweep", ["inv.py", "--host", "h1", *given.argv()]).connection == given
+
+
+def test_the_cli_s_defaults_are_the_controllers_typed_options(monkeypatch):
+    """One parser: the flags and their defaults are click's; the controllers get typed options
+    (no argv rebuilt for a second parser)."""
+    from specfleet.core.bench import SLOW_FRACTION
+    from specfleet.fleet.bench import BenchFlags
+    from specfleet.fleet.sweep import SweepFlags
+
+    bench = cli.flags("bench", ["inv.py"])
+    assert bench == BenchFlags(inventory="inv.py", concurrency="1,4", requests=0, max_tokens=64,
+                               out="bench-results", slow_fraction=SLOW_FRACTION)
+    params = {p.name: p for p in cli.cli.commands["bench"].params}
+    assert params["slow_fraction"].show_default == str(SLOW_FRACTION)  # what --help says
+    sweep = cli.flags("sweep", ["inv.py", "--host", "h1"])
+    assert isinstance(sweep, SweepFlags) and sweep.host == "h1" and sweep.restore == "best"
+    assert sweep.num_draft_tokens is None and sweep.max_minutes == 120.0
+    assert cli.flags("plan", ["--facts", "f.json", "--json"]).json is True
+
+
+def test_no_argparse_parser_is_left_in_specfleet():
+    """The console script (click) is the one parser; ``specfleet/hostside`` is the exception: it
+    is shipped to the hosts and runs on their stdlib alone, with no click there."""
+    left = [str(p.relative_to(ROOT)) for p in (ROOT / "specfleet").rglob("*.py")
+            if "hostside" not in p.parts and "argparse" in p.read_text()]
+    assert left == []
 
 
 def test_remove_is_the_deploy_with_present_false(monkeypatch):
@@ -147,7 +183,14 @@ def test_bad_settings_of_every_host_at_once_before_any_connection(tmp_path, caps
     assert "No hosts remaining" not in err and "Traceback" not in err
 
 
-def test_settings_shows_each_host_merged_with_secrets_as_references(tmp_path, capsys):
+_PIN = "0123456789abcdef0123456789abcdef01234567"
+PINS = f'"target": {{"revision": "{_PIN}"}}, "drafter": {{"revision": "{_PIN}"}}'
+
+
+def test_settings_shows_each_host_merged_with_secrets_as_references(tmp_path, capsys,
+                                                                      monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".hf-token").write_text("hf_x\n")
     inv = tmp_path / "inv.py"
     inv.write_text("""
 gpu = (["h1", "h2"], {"specfleet": {"port": 31000, "plan": {"tp_size": 8}}})
@@ -155,7 +198,8 @@ h2only = (["h2"], {"specfleet": {"api_key": "sk-do-not-print-me", "plan": {"tp_s
 """)
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(
-        'specfleet = {"weights": {"token_file": "~/.hf-token"}, "models_root": "/data/m"}\n')
+        'specfleet = {"weights": {"token_file": "~/.hf-token"}, "models_root": "/data/m", '
+        + PINS + '}\n')
     assert cli.main(["settings", str(inv), "h2", "--json"]) == 0
     out = capsys.readouterr().out
     assert "sk-do-not-print-me" not in out
@@ -174,7 +218,7 @@ def test_settings_says_whether_the_hf_token_is_set_never_its_value(tmp_path, cap
     """A gated or private repo needs a token: ``settings`` says when none is given on the
     control machine, and only 'set' when one is."""
     inv = tmp_path / "inv.py"
-    inv.write_text('hosts = ["h1"]\n')
+    inv.write_text('hosts = [("h1", {"specfleet": {' + PINS + '}})]\n')
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert cli.main(["settings", str(inv)]) == 0
     out = capsys.readouterr().out
@@ -186,11 +230,14 @@ def test_settings_says_whether_the_hf_token_is_set_never_its_value(tmp_path, cap
     assert "hf_do_not_print_me" not in out
     assert json.loads(out)["h1"]["secrets"]["hf_token"] == "$HF_TOKEN on the control machine: set"
     # A variable of the settings' own choosing, unset: the deploy would stop, and says so here.
-    inv.write_text('hosts = [("h1", {"specfleet": {"weights": {"token_env": "HF_TOKEN_PROD"}}})]\n')
+    inv.write_text('hosts = [("h1", {"specfleet": {"weights": {"token_env": "HF_TOKEN_PROD"}, '
+                   + PINS + '}})]\n')
     monkeypatch.delenv("HF_TOKEN_PROD", raising=False)
-    assert cli.main(["settings", str(inv), "--json"]) == 0
-    token = json.loads(capsys.readouterr().out)["h1"]["secrets"]["hf_token"]
+    assert cli.main(["settings", str(inv), "--json"]) == cli.EXIT_INPUT
+    out, err = capsys.readouterr()
+    token = json.loads(out)["h1"]["secrets"]["hf_token"]
     assert token.startswith("$HF_TOKEN_PROD on the control machine: unset"), token
+    assert "weights.token_env names $HF_TOKEN_PROD, which is not set here" in err
 
 
 @pytest.mark.parametrize("text, names", [

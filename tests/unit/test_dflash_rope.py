@@ -19,21 +19,23 @@ from pathlib import Path
 import pytest
 import transformers
 
-from specfleet.core.sglang.dflash_rope import (
-    APPLIED,
-    APPLY,
-    NOOP,
-    RESTORE,
-    TARGET,
+from specfleet.core.sglang.portdata import (
+    ROPE_APPLIED,
+    ROPE_APPLY,
+    ROPE_NOOP,
+    ROPE_RESTORE,
+    ROPE_TARGET,
     decide_dflash_rope,
     load_rope_patch,
-    patch_id,
+    rope_patch_id,
 )
 from tests.harness.port_build import build_dflash_rope, recipe_reader
 from tests.harness.sources import sglang_wheel
 from tests.unit.test_pr20547_fixes import method
 
 COMMON = "sglang/srt/utils/hf_transformers/common.py"
+TARGET, APPLY, APPLIED, NOOP, RESTORE = ROPE_TARGET, ROPE_APPLY, ROPE_APPLIED, ROPE_NOOP, ROPE_RESTORE
+patch_id = rope_patch_id
 # A DFlash drafter's config.json as z-lab publishes them (a Qwen3-architecture drafter with a
 # dflash_config), with z-lab/Kimi-K2.6-DFlash's RoPE: base 50000, yarn.
 DRAFTER_CONFIG = {
@@ -158,7 +160,7 @@ def test_the_decision_applies_only_to_the_wheels_own_file_and_is_reversible():
 def test_the_patch_applies_to_the_wheels_file_and_restores_it_byte_for_byte(wheel_0511, tmp_path):
     """The deploy's own scripts (PR#20547's journaled apply and restore) on the 0.5.11 wheel's
     file with real GNU patch, and the PatchState fact on the patch's own state folder."""
-    from facts.sglang import PatchState
+    from facts.sglang import PatchState, RopePatchState
     from operations.sglang_commands import apply_script, restore_script
     from specfleet.core.layout import rope_state_dir
     from tests.unit.test_op_sglang_unit import sh
@@ -179,11 +181,12 @@ def test_the_patch_applies_to_the_wheels_file_and_restores_it_byte_for_byte(whee
     import hashlib
     assert hashlib.sha256((site / TARGET).read_bytes()).hexdigest() == want
     (d / "sha256").write_text(patch_id(patch) + "\n")
-    fact = PatchState()
-    state = fact.process(sh(fact.command(str(venv), state_dir=str(d))).stdout.splitlines())
+    fact = RopePatchState()
+    state = fact.process(sh(fact.command(str(venv))).stdout.splitlines())
     assert state["sha256"] == patch_id(patch) and state["intact"] is True
     # The PR#20547 marker's folder is another: this patch is not taken for the port.
-    assert fact.process(sh(fact.command(str(venv))).stdout.splitlines()) is None
+    port = PatchState()
+    assert port.process(sh(port.command(str(venv))).stdout.splitlines()) is None
     r = sh(restore_script(str(d)))
     assert r.returncode == 0, r.stderr
     assert (site / TARGET).read_bytes() == original and not d.exists()

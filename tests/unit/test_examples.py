@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_FACTS = REPO / "inventories" / "examples" / "rtx6000x8-facts.json"
 
 
+@pytest.mark.local
 def test_example_facts_are_what_the_facts_read_from_the_real_capture():
     """The shipped example is ``specfleet probe``'s output shape, and its GPU facts are what our
     parsers make of the real RTX PRO 6000 capture (tests/fixtures/nvidia/rtx6000x8), not a copy
@@ -26,6 +27,7 @@ def test_example_facts_are_what_the_facts_read_from_the_real_capture():
     assert facts["facts.gpu.GpuTopology"] == topology_fact("rtx6000x8")
 
 
+@pytest.mark.local
 def test_plan_reads_the_example_facts_and_probe_output_as_they_are():
     res = subprocess.run(
         [sys.executable, "-m", "specfleet.plan", "--facts", str(EXAMPLE_FACTS), "--predicted",

@@ -212,6 +212,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("profile", sorted(EXPECTED))
 def test_commands_on_gpu_profiles(profile, tmp_path):
     count, sm, memory, nvlink = EXPECTED[profile]
@@ -232,6 +233,7 @@ def test_commands_on_gpu_profiles(profile, tmp_path):
     json.dumps([gpus, topo])
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("profile", ["driver-mismatch", "no-driver", "no-devices"])
 def test_commands_on_error_profiles(profile, tmp_path):
     text = (NVIDIA / profile / "stdout.txt").read_text().split("\n")[0]
@@ -240,6 +242,7 @@ def test_commands_on_error_profiles(profile, tmp_path):
         assert value["error"].startswith(text)
 
 
+@pytest.mark.local
 def test_command_old_driver_falls_back(tmp_path):
     value = run_fact(gpu.Gpus(), tmp_path, "old-driver")
     assert value["error"] == 'Field "compute_cap" is not a valid field to query.'
@@ -247,12 +250,14 @@ def test_command_old_driver_falls_back(tmp_path):
     assert {g["compute_capability"] for g in value["gpus"]} == {None}
 
 
+@pytest.mark.local
 def test_commands_without_nvidia_smi(tmp_path):
     assert run_fact(gpu.Gpus(), tmp_path, None) == {"gpus": [], "error": None}
     assert run_fact(gpu.GpuTopology(), tmp_path, None)["gpus"] == []
     assert run_fact(gpu.GpuProcesses(), tmp_path, None) == {"processes": [], "error": None}
 
 
+@pytest.mark.local
 def test_busy_gpu_processes(tmp_path):
     runtime = tmp_path / "run"
     runtime.mkdir()
@@ -261,6 +266,7 @@ def test_busy_gpu_processes(tmp_path):
     assert value == {"processes": [{"pid": 4242, "used_memory_mib": 96860}], "error": None}
 
 
+@pytest.mark.local
 def test_pyinfra_cli_fact_on_local_without_gpu():
     """``pyinfra @local fact facts.gpu.Gpus --json`` from the repository root (no GPU here)."""
     pyinfra = Path(sys.executable).with_name("pyinfra")
@@ -322,6 +328,7 @@ def test_device_pyinfra_values_match_parsers_on_raw_output():
     }
 
 
+@pytest.mark.local
 def test_commands_on_device_capture_profile(tmp_path):
     gpus = run_fact(gpu.Gpus(), tmp_path, "h200x2-busy")
     assert [(g["sm"], g["memory_mib"]) for g in gpus["gpus"]] == [(90, 143771)] * 2

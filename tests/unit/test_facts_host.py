@@ -37,6 +37,7 @@ def hub_token_path(env: dict) -> str:
     ).stdout.strip()
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(
     "extra",
     [
@@ -61,6 +62,7 @@ def test_token_default_path_matches_huggingface_hub(tmp_path, extra):
     assert "hf_secret" not in json.dumps(value)
 
 
+@pytest.mark.local
 def test_token_configured_path(tmp_path):
     path = tmp_path / "dir with space" / "token"
     assert run(hf.Token(), path=str(path)) == {"path": str(path), "exists": False}
@@ -72,6 +74,7 @@ def test_token_configured_path(tmp_path):
 # --- facts.disk.FreeSpace -------------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_free_space_existing_and_future_path(tmp_path):
     value = run(disk.FreeSpace(), path=str(tmp_path))
     stat = os.statvfs(tmp_path)
@@ -108,6 +111,7 @@ def test_free_space_mount_with_spaces():
 # --- facts.net.ListeningPorts ---------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_listening_ports_sees_our_socket():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -135,12 +139,14 @@ def test_listeners_parser_ipv6_and_several_processes():
 # --- facts.python.Packages ------------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_packages_missing_interpreter(tmp_path):
     value = run(python.Packages(), python=str(tmp_path / "nope" / "python"))
     assert value == python.empty_value()
     assert value["torch"] is None and value["direct_urls"] == {}
 
 
+@pytest.mark.local
 def test_packages_and_sglang_accept_a_bare_interpreter_name():
     """`python=python3` (as on the device run) is looked up on PATH, not tested as a path."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
@@ -179,6 +185,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 """
 
 
+@pytest.mark.local
 def test_packages_git_install_direct_url(tmp_path):
     """A real ``pip install git+file://...`` writes direct_url.json with the commit."""
     repo = tmp_path / "src"
@@ -228,6 +235,7 @@ def test_packages_git_install_direct_url(tmp_path):
     assert value["direct_urls"]["tiny-pkg"] == {"url": f"file://{repo}", "commit": commit}
 
 
+@pytest.mark.local
 def test_packages_command_on_this_venv():
     value = run(python.Packages(), python=sys.executable, names=["huggingface_hub", "PyYAML"])
     assert set(value) == {"huggingface-hub", "pyyaml", "python_version", "direct_urls"}

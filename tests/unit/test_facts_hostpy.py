@@ -49,6 +49,7 @@ def test_first_on_the_path_wins_and_odd_entries_are_skipped(tmp_path):
     assert got == metadata_view(paths)
 
 
+@pytest.mark.local
 def test_a_fresh_venv_through_the_packages_fact_script(tmp_path):
     """The Packages fact's own script in a real new venv (pip only) matches its metadata."""
     from facts.python import COLLECT
@@ -98,6 +99,7 @@ def _interpreters() -> list[str]:
     return sorted(found)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("python", _interpreters())
 def test_host_scripts_run_on_every_python_at_hand(python):
     """The host-side scripts define annotated functions (``str | None``): a host's Python 3.8 or

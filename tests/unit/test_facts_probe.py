@@ -72,6 +72,7 @@ def host_env(tmp_path):
     return env, str(env_dir / "bin" / "python"), str(tmp_path / "models" / "kimi")
 
 
+@pytest.mark.local
 def test_probe_equals_each_fact_alone(host_env):
     env, python, models = host_env
     specs = probe.default_specs(python=python, models_path=models)
@@ -92,6 +93,7 @@ def test_probe_equals_each_fact_alone(host_env):
     assert value["facts"]["facts.sglang.SGLangInstall"]["features"]["dflash"] == "v1"
 
 
+@pytest.mark.local
 def test_probe_errors_are_per_fact(host_env):
     env, _, _ = host_env
     specs = {
@@ -110,6 +112,7 @@ def test_probe_errors_are_per_fact(host_env):
     assert value["facts"]["token"] == {"path": "/nonexistent/token", "exists": False}
 
 
+@pytest.mark.local
 def test_describe_host_b200(host_env):
     env, python, models = host_env
     specs = probe.default_specs(python=python, models_path=models)
@@ -133,6 +136,7 @@ def test_describe_host_errors_and_empty():
     assert "ERROR facts.disk.FreeSpace: exit status 1: boom" in text
 
 
+@pytest.mark.local
 def test_one_round_trip_per_host_through_pyinfra():
     """``host.get_fact(Probe)`` runs exactly one shell command on the host."""
     inventory = Inventory((["@local"], {}))
@@ -158,6 +162,7 @@ def test_one_round_trip_per_host_through_pyinfra():
     assert value["facts"]["facts.python.Packages"]["python_version"] is not None
 
 
+@pytest.mark.local
 def test_cli_demo_renders_every_host():
     done = subprocess.run(
         [sys.executable, "-m", "facts.probe", "@local", f"python={sys.executable}"],

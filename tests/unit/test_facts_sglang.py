@@ -154,6 +154,7 @@ def wheel_trees(tmp_path_factory) -> dict[str, Path]:
     return _WheelTrees(tmp_path_factory)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", sorted(EXPECTED))
 def test_real_wheels(version, wheel_trees):
     value = collect(wheel_trees[version])
@@ -170,6 +171,7 @@ def test_real_wheels(version, wheel_trees):
         }
 
 
+@pytest.mark.local
 def test_pr20547_head_from_the_fixture_tarball(tmp_path):
     """The PR head's package (../shared/fixtures/sglang-pr20547/, e67a0d488): its v2 worker is
     wired in (compiles, imports resolve, routed under the PR's switch, overlap allowed)."""
@@ -215,6 +217,7 @@ SPEC_INFO_ROUTED = (
 )
 
 
+@pytest.mark.local
 def test_ddtree_tree_without_importing(tmp_path):
     tree = write_tree(
         tmp_path,
@@ -243,6 +246,7 @@ def test_ddtree_tree_without_importing(tmp_path):
     assert value["attention_backends"] == ["flashinfer", "triton"]
 
 
+@pytest.mark.local
 def test_ddtree_worker_file_alone(tmp_path):
     tree = write_tree(tmp_path, {"__init__.py": "", "srt/speculative/ddtree_worker.py": ""})
     assert collect(tree)["features"]["ddtree"] is True
@@ -289,6 +293,7 @@ PR_LIKE = {
 }
 
 
+@pytest.mark.local
 def test_pr20547_like_tree(tmp_path):
     value = collect(write_tree(tmp_path, PR_LIKE))
     assert value["version"] is None
@@ -302,6 +307,7 @@ def test_pr20547_like_tree(tmp_path):
     }
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(
     "change,missing",
     [
@@ -327,12 +333,14 @@ def test_v2_worker_not_wired_in_is_v1(tmp_path, change, missing):
     assert value["features"]["dflash_v2_missing"] == [missing]
 
 
+@pytest.mark.local
 def test_v1_files_alone_have_no_wiring_report(tmp_path):
     tree = {k: v for k, v in PR_LIKE.items() if "dflash_worker_v2" not in k}
     features = collect(write_tree(tmp_path, tree))["features"]
     assert features["dflash"] == "v1" and "dflash_v2_missing" not in features
 
 
+@pytest.mark.local
 def test_not_installed(tmp_path):
     assert collect(tmp_path) is None
 
@@ -340,6 +348,7 @@ def test_not_installed(tmp_path):
 # --- the fact's real command, through sh, in a real venv ------------------------------------
 
 
+@pytest.mark.local
 def test_command_in_a_venv_and_absent_interpreter(tmp_path, wheel_trees):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
@@ -366,6 +375,7 @@ def test_command_in_a_venv_and_absent_interpreter(tmp_path, wheel_trees):
 # --- DDTree: the fork's real tree, every release wheel, authored designs ----------------------
 
 
+@pytest.mark.local
 def test_ddtree_fork_tree_from_the_shared_tarball():
     """The fork's whole tree (DB-Guo/sglang-ddtree-dev 514ea1f3e), laid in as a source install:
     DDTree, its design, its exact flags, and a placeholder version mapped by its files."""
@@ -394,6 +404,7 @@ def test_ddtree_fork_tree_from_the_shared_tarball():
     assert ddtree_designs.describe(ddtree).startswith("DDTree, design dflash-switch")
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_no_release_in_the_version_table_has_ddtree(version, wheel_trees):
     value = collect(wheel_trees[version])
@@ -403,6 +414,7 @@ def test_no_release_in_the_version_table_has_ddtree(version, wheel_trees):
     assert ddtree_designs.describe(value.get("ddtree")) == "no DDTree"
 
 
+@pytest.mark.local
 def test_each_release_maps_to_its_own_row_by_its_files(tmp_path):
     """The placeholder mapping, checked on the real wheels: each release's files pick its row."""
     for version in RELEASES:
@@ -414,6 +426,7 @@ def test_each_release_maps_to_its_own_row_by_its_files(tmp_path):
         assert versions.version_row(found[0]) is versions.version_row(version), version
 
 
+@pytest.mark.local
 def test_pr29907_design_authored(tmp_path):
     """PR#29907 (code not available: authored from its description) in a 0.5.23-style tree."""
     tree = write_tree(tmp_path, {
@@ -436,6 +449,7 @@ def test_pr29907_design_authored(tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.local
 def test_ddtree_unknown_design(tmp_path):
     tree = write_tree(tmp_path, {
         "__init__.py": "",

@@ -145,6 +145,7 @@ def test_plan_one_seed_per_site():
     assert sources(plan, "h3") == ["h1"] and sources(plan, "h4") == ["h2"]
 
 
+@pytest.mark.local
 def test_keys_are_real_openssh_keys(tmp_path):
     private, public = make_keypair("specfleet-fanout-test")
     key = tmp_path / "k"
@@ -326,6 +327,7 @@ def stream(models: Path, state: Path, *requests, allowed: tuple[str, ...] = (f"o
     return r.returncode, channel_answers(r.stdout), r.stderr.decode()
 
 
+@pytest.mark.local
 def test_status_stream_through_the_forced_command_and_the_receivers_end(tmp_path):
     """The forced command, run for real, streams until stdin ends; the receiver's end keeps
     the newest status, and says so when the channel ends or goes silent."""
@@ -350,6 +352,7 @@ def test_status_stream_through_the_forced_command_and_the_receivers_end(tmp_path
     channel.close()
 
 
+@pytest.mark.local
 def test_serve_answers_a_status_at_once_and_refuses_a_long_poll(tmp_path):
     """The forced command, run for real: a plain status request is answered at once; the long
     poll without a stream (which nothing asks for) is refused like any other command."""
@@ -404,6 +407,7 @@ def serve(models: Path, state: Path, command: str, allowed: tuple[str, ...] = (f
                           env=env, capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.local
 def test_serve_status_reports_only_files_that_still_match(tmp_path):
     models, state = tmp_path / "models", tmp_path / "state"
     rev_dir = models / "o--m" / REV
@@ -430,6 +434,7 @@ def test_serve_status_reports_only_files_that_still_match(tmp_path):
                               "updated_at": None}
 
 
+@pytest.mark.local
 def test_serve_refuses_anything_but_status(tmp_path):
     for command in ("cat /etc/shadow", "rsync --server --sender . o--m", "rsync --server . x",
                     f"specfleet-status ../.. {REV}", "sh", f"specfleet-send o--m {REV} x"):
@@ -452,6 +457,7 @@ def files_of(answers: list) -> list:
     return [a for a in answers if isinstance(a, tuple)]
 
 
+@pytest.mark.local
 def test_serve_sends_only_files_of_the_revision_folder_it_fans_out(tmp_path):
     """A send names paths under the revision folder of its stream; any other folder (another
     model, another revision, the model's root, .cache, ``..``, an absolute path) is refused,
@@ -481,6 +487,7 @@ def test_serve_sends_only_files_of_the_revision_folder_it_fans_out(tmp_path):
         assert rc == 1 and answers == [] and ("not served" in err or "only status" in err), folder
 
 
+@pytest.mark.local
 def test_serve_follows_no_symlink_out_of_the_folder(tmp_path):
     models = models_tree(tmp_path)
     rev = models / "o--m" / REV
@@ -498,6 +505,7 @@ def test_serve_follows_no_symlink_out_of_the_folder(tmp_path):
         os.unlink(rev / "out")
 
 
+@pytest.mark.local
 def test_serve_of_a_followed_branch_takes_the_revision_this_host_resolved(tmp_path):
     """A swarm that follows a branch names no commit in the plan: the folder served is the one
     this host's own download (or pull) resolved."""
@@ -561,6 +569,7 @@ def through_forced_command(monkeypatch, fanout_agent, models: Path, state: Path)
 SOURCE = {"host": "h1", "address": "10.0.0.1"}
 
 
+@pytest.mark.local
 def test_receiver_takes_each_file_whole_hashed_as_it_comes(tmp_path, monkeypatch):
     """The files asked for come on the status channel, each under a temporary name, hashed on
     the way, recorded once whole (for this host's own receivers); nothing of the peer's copy
@@ -593,6 +602,7 @@ def test_receiver_takes_each_file_whole_hashed_as_it_comes(tmp_path, monkeypatch
     assert sorted(p.name for p in rev_dir.iterdir()) == [".specfleet", "a.bin", "b.bin"]
 
 
+@pytest.mark.local
 def test_receiver_keeps_nothing_of_a_channel_that_breaks(tmp_path, monkeypatch):
     """A channel that ends in the middle of a file leaves no file and no partial one (what came
     whole before stays); a file of another size than the Hub's, or one the source could not

@@ -155,6 +155,7 @@ except BaseException as e:
 """
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("mode", ["plain", "gevent"])
 def test_prefetch_cleans_up_on_sigterm(tmp_path, mode):
     """SIGTERM to the controller while pyinfra runs: the cleanup deploy runs (a second SIGTERM
@@ -176,7 +177,9 @@ def test_cli_exits_128_plus_the_signal(inventory, monkeypatch, capsys):
         raise ff.Interrupted(signal.SIGTERM)
 
     monkeypatch.setattr(ff, "run_prefetch", boom)
-    assert ff.main(["inv.py"]) == 128 + signal.SIGTERM
+    from specfleet.fleet.pyinfra_run import PyinfraOptions
+
+    assert ff.run_fanout("inv.py", PyinfraOptions()) == 128 + signal.SIGTERM
     assert "stopped by SIGTERM" in capsys.readouterr().err
 
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specfleet.hostside import fanout_agent, weights_agent
 from tests.unit.test_fanout import (
     REV,
@@ -46,6 +48,7 @@ def verified_lines(rev_dir: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.local
 def test_a_second_altered_copy_is_refused_and_what_is_recorded_is_what_was_hashed(
         tmp_path, monkeypatch):
     """The source sends the file asked for, then a second copy of the same size with other
@@ -80,6 +83,7 @@ def test_a_second_altered_copy_is_refused_and_what_is_recorded_is_what_was_hashe
     assert "not asked for" in channel.hostile
 
 
+@pytest.mark.local
 def test_the_second_copy_gives_the_file_to_the_next_source(tmp_path, monkeypatch):
     """Asked for two files, the source answers the first twice: the second answer is refused,
     the first is kept (it was hashed), and the file not given stays wanted (the next source or
@@ -98,6 +102,7 @@ def test_the_second_copy_gives_the_file_to_the_next_source(tmp_path, monkeypatch
     assert [e["path"] for e in verified_lines(rev_dir)] == ["a.py"]
 
 
+@pytest.mark.local
 def test_bytes_that_do_not_match_never_reach_the_path(tmp_path, monkeypatch):
     """A copy with other bytes than the Hub's is checked before it is renamed: the path never
     holds it, nothing is recorded, the file is left for upstream."""
@@ -115,6 +120,7 @@ def test_bytes_that_do_not_match_never_reach_the_path(tmp_path, monkeypatch):
     assert sorted(p.name for p in rev_dir.iterdir()) == [".specfleet", "modeling_x.py"]
 
 
+@pytest.mark.local
 def test_a_sources_strings_are_shown_with_control_characters_escaped(tmp_path, monkeypatch,
                                                                       capsys):
     """A source's error text and an unasked file name go to the journal and the progress: a
@@ -136,6 +142,7 @@ def test_a_sources_strings_are_shown_with_control_characters_escaped(tmp_path, m
     assert len(fanout_agent.shown("x" * 5000)) == fanout_agent.SHOWN_MAX + 3
 
 
+@pytest.mark.local
 def test_a_request_with_a_nul_byte_or_nested_deep_is_refused_not_a_crash(tmp_path):
     """The forced command, run for real: a path with a NUL byte and a request nested past the
     JSON parser's depth each get an error answer; the stream goes on and serves the next."""
@@ -185,6 +192,7 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_is_not_followed(tmp_path
     assert head["file"] == "sub/t.json" and "error" in head and data is None, head
 
 
+@pytest.mark.local
 def test_the_weights_fact_sees_a_replaced_file_as_changed(tmp_path):
     """The host's weights fact (what `weights.model` decides a no-op on) reads the manifest's
     inode too: a file put in place of a verified one is changed, same size and mtime or not."""

@@ -85,6 +85,7 @@ def fetch(tmp_path: Path, root: Path, files: list[dict]) -> tuple[int, list[dict
     return r.returncode, events
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name,why", HOSTILE, ids=[repr(n) for n, _ in HOSTILE])
 def test_agent_fetch_refuses_a_hostile_name_before_any_link(tmp_path, name, why):
     name = name.format(tmp=tmp_path)
@@ -119,6 +120,7 @@ def test_agent_plan_names_the_file_and_repo(tmp_path):
     assert REPO in p["error"]["message"] and NEW[:12] in p["error"]["message"]
 
 
+@pytest.mark.local
 def test_agent_refuses_a_symlink_in_the_way(tmp_path):
     """A plain name, but a folder of it in the revision is a symlink out of the folder: no link
     or download goes through it."""
@@ -143,6 +145,7 @@ def test_agent_refuses_a_symlink_in_the_way(tmp_path):
     assert "error" not in p, p
 
 
+@pytest.mark.local
 def test_plain_names_still_work(tmp_path):
     root = models(tmp_path)
     names = ("w.bin", "sub/dir/w.bin", ".gitattributes", "a..b/c...d.bin", "spaced name.bin",

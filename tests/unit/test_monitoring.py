@@ -31,6 +31,7 @@ from specfleet.core.monitoring import (
 from specfleet.core.settings import settings_from_dict
 from specfleet.core.tables.sglang_versions import VERSIONS
 from specfleet.fleet.monitoring import write_monitoring
+from tests.harness.releases import EACH_KIND
 from tests.harness.sources import sglang_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +58,8 @@ def used_names() -> dict[str, set[str]]:
     }
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
+@pytest.mark.local
+@pytest.mark.parametrize("version", EACH_KIND)
 def test_every_sglang_metric_name_we_use_is_in_the_real_wheel(version):
     real = wheel_metric_names(version)
     assert "sglang:generation_tokens_total" in real  # the reader works
@@ -66,6 +68,7 @@ def test_every_sglang_metric_name_we_use_is_in_the_real_wheel(version):
         assert sorted(names - real) == [], f"{where} uses names SGLang {version} does not export"
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.14", "0.5.23"])
 def test_enable_metrics_flag_is_in_each_wheel(version):
     from tests.unit.test_plan_versions import declared_flags, wheel
@@ -134,6 +137,7 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
                           check=False)  # fmt: skip
 
 
+@pytest.mark.local
 def test_generated_config_and_rules_pass_promtool(tmp_path):
     opened = {"relay_listen": "0.0.0.0"}
     hosts = [("h1", "10.0.0.1", _settings(metrics=opened)),
@@ -149,6 +153,7 @@ def test_generated_config_and_rules_pass_promtool(tmp_path):
     assert [t["targets"] for t in nodes] == [["10.0.0.1:9100"], ["10.0.0.2:9100"]]
 
 
+@pytest.mark.local
 def test_a_broken_rule_fails_promtool(tmp_path):
     rules = alert_rules()
     rules["groups"][0]["rules"][0]["expr"] = "up{ == 0"
@@ -161,6 +166,7 @@ BUILD = ('specfleet_build_info{{instance="{i}",job="specfleet-node",host="{h}",s
          'plan_hash="p"}}')  # fmt: skip
 
 
+@pytest.mark.local
 def test_promtool_test_rules(tmp_path):
     (tmp_path / "rules.yml").write_text(json.dumps(alert_rules()))
     node = 'instance="n1:9100",job="specfleet-node",host="h1",service="sf"'
@@ -228,6 +234,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.local
 def test_standin_metrics_pass_promtool_check_metrics(tmp_path):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(STANDIN), "--model-path", "/m", "--port",
@@ -255,6 +262,7 @@ def test_standin_metrics_pass_promtool_check_metrics(tmp_path):
     assert 'sglang:generation_tokens_total{model_name="/m"}' in text
 
 
+@pytest.mark.local
 def test_server_down_stays_quiet_through_a_slow_restart_and_a_held_lock(tmp_path):
     """A restart that loads for 10 minutes (the relay's target is down the whole time) or a deploy
     that holds the run lock is no outage; once neither holds, a dead /metrics alerts."""
@@ -343,6 +351,7 @@ def test_loopback_relays_of_several_hosts_are_one_error_naming_each_with_the_dat
     assert not (tmp_path / "targets").exists()
 
 
+@pytest.mark.local
 def test_every_dashboard_query_parses_as_promql(tmp_path):
     """Each panel's query, with the host picker's values put in as Grafana does, is valid PromQL
     (promtool checks it as a recording rule)."""

@@ -42,12 +42,14 @@ def run_fact(fact, **kwargs):
     return fact.process(done.stdout.splitlines())
 
 
+@pytest.mark.local
 def test_the_forks_rust_extension_is_read_from_its_pyproject(fork_python):
     rust = rust_extensions((fork_python / "pyproject.toml").read_text())
     assert rust == [{"target": "sglang.srt.grpc._core", "path": "../rust/sglang-grpc/Cargo.toml",
                      "binding": "PyO3"}]  # fmt: skip
 
 
+@pytest.mark.local
 def test_no_cargo_is_a_clear_error_before_anything_changes(fork_python):
     tree = run_fact(SourceTree(), path=str(fork_python))
     assert tree["pyproject"].strip() == (fork_python / "pyproject.toml").read_text().strip()
@@ -58,6 +60,7 @@ def test_no_cargo_is_a_clear_error_before_anything_changes(fork_python):
     assert "nothing was changed" in problem and "Rust toolchain" in fix
 
 
+@pytest.mark.local
 def test_cargo_but_no_rust_sources_is_named(fork_python):
     found = run_fact(FileHashes(), directory=str(fork_python),
                      paths=("../rust/sglang-grpc/Cargo.toml", "pyproject.toml"))  # fmt: skip
@@ -70,6 +73,7 @@ def test_cargo_but_no_rust_sources_is_named(fork_python):
     assert "whole repository" in fix
 
 
+@pytest.mark.local
 def test_a_folder_without_pyproject(tmp_path):
     tree = run_fact(SourceTree(), path=str(tmp_path))
     assert tree["pyproject"] is None
@@ -77,6 +81,7 @@ def test_a_folder_without_pyproject(tmp_path):
     assert "no pyproject.toml" in problem
 
 
+@pytest.mark.local
 def test_a_pure_python_tree_builds(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n')
     tree = run_fact(SourceTree(), path=str(tmp_path))

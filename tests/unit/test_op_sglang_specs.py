@@ -12,5 +12,5 @@ TestCompressedTensors = make_operation_tests(
     "operations", "sglang.compressed_tensors", SPECS / "sglang.compressed_tensors"
 )
 TestPr20547 = make_operation_tests("operations", "sglang.pr20547", SPECS / "sglang.pr20547")
-TestDflashRope = make_operation_tests("operations", "sglang_rope.dflash_rope",
+TestDflashRope = make_operation_tests("operations", "sglang.dflash_rope",
                                       SPECS / "sglang.dflash_rope")  # fmt: skip

@@ -177,6 +177,7 @@ def test_filter_refuses_a_truncated_patch():
 # --- GNU patch, for real, on a temporary site-packages -----------------------------------------
 
 
+@pytest.mark.local
 def test_apply_and_restore_scripts_round_trip(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
@@ -207,6 +208,7 @@ def test_apply_and_restore_scripts_round_trip(tmp_path):
     assert fact.process(sh(fact.command(str(tmp_path / "venv"))).stdout.splitlines()) is None
 
 
+@pytest.mark.local
 def test_created_directories_are_removed_on_restore(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
@@ -224,6 +226,7 @@ def test_created_directories_are_removed_on_restore(tmp_path):
     assert tree_hash(site) == before
 
 
+@pytest.mark.local
 def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
     site = make_site(tmp_path)
     (site / "sglang/srt/environ.py").write_text(ENVIRON.replace("SGLANG_ENABLE_SPEC_V2", "OTHER"))
@@ -262,6 +265,7 @@ def test_conflict_is_a_dry_run_only_and_names_files_and_hunks(tmp_path):
     assert "v1 with overlap scheduling off" in msg
 
 
+@pytest.mark.local
 def test_missing_file_and_reversed_patch_are_named(tmp_path):
     site = make_site(tmp_path)
     fp = filter_patch(PATCH)
@@ -409,6 +413,7 @@ def test_an_apply_killed_after_it_patched_is_restored_and_applied_again():
     assert (gone.steps, gone.row) == (("restore",), "keep v1")
 
 
+@pytest.mark.local
 def test_venv_fact_parses_its_own_command_output(tmp_path):
     fact = Venv()
     assert fact.process(sh(fact.command(str(tmp_path / "none"))).stdout.splitlines()) is None
@@ -421,6 +426,7 @@ def test_venv_fact_parses_its_own_command_output(tmp_path):
     assert fact.process(sh(fact.command(str(venv))).stdout.splitlines())["python"].startswith("3.")
 
 
+@pytest.mark.local
 def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp_path):
     site = make_site(tmp_path)
     before = tree_hash(site)
@@ -449,6 +455,7 @@ def test_stale_marker_after_a_reinstall_finds_and_removes_only_its_leftovers(tmp
     assert tree_hash(site) == before and not d.exists()
 
 
+@pytest.mark.local
 def test_forget_keeps_a_file_that_is_no_longer_ours(tmp_path):
     site = make_site(tmp_path)
     fp = filter_patch(PATCH)
@@ -536,6 +543,7 @@ def _versions(venv: Path) -> dict[str, str]:
     return dict(line.split("==") for line in out.split())
 
 
+@pytest.mark.local
 def test_pinned_install_moves_only_the_pinned_dist_and_checks(venv_and_wheels):
     venv, wheels = venv_and_wheels
     # 0.19.0 would need sf-torch 2.14: the constraints hold torch, so the resolver refuses.

@@ -40,6 +40,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.local
 def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
@@ -51,6 +52,7 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
         "specfleet/hostside/weights_agent.py",
         "specfleet/hostside/fanout_agent.py",
         "specfleet/hostside/readiness_gate.py",
+        "specfleet/hostside/port_owner.py",
         "specfleet/hostside/specfleet_log_redact.py",
         "specfleet/hostside/facts/runner.py",
         "specfleet/hostside/facts/sglang_install.py",
@@ -66,6 +68,7 @@ def test_the_wheel_holds_only_specfleet_with_its_data(wheel):
     assert "specfleet = specfleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
+@pytest.mark.local
 def test_the_wheel_holds_no_upstream_sglang_code_only_the_recipe(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -89,6 +92,7 @@ def zf_read(wheel: Path, name: str) -> str:
         return zf.read(name).decode("utf-8")
 
 
+@pytest.mark.local
 def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -134,6 +138,7 @@ def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.local
 def test_the_wheel_metadata_looks_maintained(wheel):
     """Classifiers, keywords and a version that is the changelog's newest release."""
     import re
@@ -155,6 +160,7 @@ SUBCOMMANDS = ("plan", "settings", "rollout", "fanout", "probe", "status", "remo
 HEAVY = ("pyinfra", "gevent", "matplotlib", "paramiko")
 
 
+@pytest.mark.local
 def test_installed_wheel_helps_with_every_subcommand_outside_a_checkout(wheel, tmp_path):
     """``specfleet --version`` and each subcommand's ``--help`` from the wheel, in a folder with
     no checkout: exit 0, specfleet's own usage, and none of pyinfra, gevent or matplotlib

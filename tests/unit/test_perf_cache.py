@@ -84,6 +84,7 @@ def run(tmp_path):
         disconnect_all(state)
 
 
+@pytest.mark.local
 def test_probe_answers_until_the_host_changes(run, tmp_path):
     value = tmp_path / "value"
     value.write_text("one\n")
@@ -101,6 +102,7 @@ def test_probe_answers_until_the_host_changes(run, tmp_path):
     assert runs(value) == 2
 
 
+@pytest.mark.local
 def test_other_arguments_and_failed_facts_are_asked_live(run, tmp_path):
     value = tmp_path / "value"
     value.write_text("v\n")
@@ -116,6 +118,7 @@ def test_other_arguments_and_failed_facts_are_asked_live(run, tmp_path):
         assert cache.cached_value(host, Broken, {"path": str(broken)}) == (False, None)
 
 
+@pytest.mark.local
 def test_a_probe_taken_while_preparing_is_not_used_executing(run, tmp_path):
     value = tmp_path / "value"
     value.write_text("before\n")
@@ -131,6 +134,7 @@ def test_a_probe_taken_while_preparing_is_not_used_executing(run, tmp_path):
     assert runs(value) == 2
 
 
+@pytest.mark.local
 def test_no_probe_means_live_facts(run, tmp_path):
     value = tmp_path / "value"
     value.write_text("x\n")
@@ -141,6 +145,7 @@ def test_no_probe_means_live_facts(run, tmp_path):
     assert SEEN == ["x", "x"] and runs(value) == 2
 
 
+@pytest.mark.local
 def test_gather_from_the_probe_and_live_for_what_it_lacks(run, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_text("A\n")
@@ -162,6 +167,7 @@ def test_fact_key_fills_defaults_and_names_the_fact():
     assert " " not in fact_key(ServiceState, {"service": "a b.service"})
 
 
+@pytest.mark.local
 def test_pyinfra_hash_facts_parse_with_their_arguments(run, tmp_path):
     import hashlib
 
@@ -179,6 +185,7 @@ def test_pyinfra_hash_facts_parse_with_their_arguments(run, tmp_path):
         assert hit and info["size"] == 7
 
 
+@pytest.mark.local
 def test_parallel_probe_reads_what_the_sequential_one_reads(tmp_path):
     import subprocess
 
@@ -262,6 +269,7 @@ class Script(FactBase):
         return output
 
 
+@pytest.mark.local
 def test_python_facts_of_one_interpreter_run_in_one_process_as_they_would_alone(tmp_path):
     """Each script's stdout, stderr (a traceback too) and exit status through the runner are
     those of its own `python -c`; the SGLang venv facts (here this venv's python) share one

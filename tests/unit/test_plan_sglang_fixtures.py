@@ -31,10 +31,11 @@ from pathlib import Path
 import pytest
 
 from facts import sglang as fact
+from tests.harness.releases import EACH_KIND
 from tests.harness.sources import PR20547_COMMIT, pr20547_tree, sglang_wheel
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sglang"
-RELEASES = ("0.5.11", "0.5.14", "0.5.23")
+RELEASES = EACH_KIND
 
 Reader = Callable[[str], "str | None"]
 
@@ -166,11 +167,13 @@ def load(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())["fact"]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fixture_matches_source(name):
     assert load(name) == from_source(name)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_fact_parser_agrees_with_independent_reading(name):
     """facts.sglang (host collector + parser) and this file's reading agree on every field."""

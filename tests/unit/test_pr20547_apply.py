@@ -146,6 +146,7 @@ def state_dir_of(site: Path) -> Path:
     return site.parents[2] / ".specfleet" / "pr20547"
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("which", ["whole_pr", "the_port"])
 def test_apply_killed_at_every_line_loses_nothing(which, site, wheel_record, request):
     patch = request.getfixturevalue(which)
@@ -167,6 +168,7 @@ def test_apply_killed_at_every_line_loses_nothing(which, site, wheel_record, req
     assert kills >= 10
 
 
+@pytest.mark.local
 def test_a_complete_apply_and_its_restore_give_the_wheel_back(site, the_port, wheel_record):
     d = state_dir_of(site)
     start_apply(d, the_port)
@@ -188,6 +190,7 @@ def test_a_complete_apply_and_its_restore_give_the_wheel_back(site, the_port, wh
     assert differences(site, wheel_record, [*the_port.touched, *SHIPPED_BUT_NEW_IN_PR]) == []
 
 
+@pytest.mark.local
 def test_the_whole_pr_conflicts_on_0511_and_changes_nothing(site, whole_pr, wheel_record):
     d = state_dir_of(site)
     start_apply(d, whole_pr)

@@ -64,6 +64,7 @@ def decide(site: Path, version: str):
     return install, decide_pr20547(install, None, present=True, opted_in=True, port=verdict)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(
     "version,dflash,row,words",
     [
@@ -83,6 +84,7 @@ def test_each_release(trees, version, dflash, row, words):
         assert decision.fix and "0.5.14" in decision.fix
 
 
+@pytest.mark.local
 def test_the_whole_pr_does_not_apply_to_any_release(trees):
     """The reason ports exist: GNU patch (no fuzz) refuses the real PR on each release."""
     text = filter_patch(pr20547_diff().decode()).text
@@ -99,6 +101,7 @@ def copy_tree(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.local
 def test_0511_with_only_the_clean_files_is_v1(trees, tmp_path):
     site = copy_tree(trees["0.5.11"], tmp_path / "site")
     sections = pr20547_diff().decode().split("diff --git ")
@@ -119,6 +122,7 @@ def test_0511_with_only_the_clean_files_is_v1(trees, tmp_path):
     assert decision.row == KEEP_V1 and "no port for this tree" in decision.reason
 
 
+@pytest.mark.local
 def test_0511_with_the_port_but_a_broken_model_runner_is_v1(trees, tmp_path):
     site = copy_tree(trees["0.5.11"], tmp_path / "site")
     patch = port_patch()

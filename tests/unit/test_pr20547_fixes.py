@@ -248,6 +248,15 @@ def run_triton_custom_mask(root: Path, method_name: str, spec_info) -> tuple[obj
     return scope["custom_mask"], buffer
 
 
+# The wrapping backends the port's verify-mask policy (0.5.23's, #52) imports when called: stand-in
+# classes that no backend here is an instance of (none is wrapped in these checks).
+WRAPPERS = {
+    "sglang__srt__layers__attention__hybrid_attn_backend": {"HybridAttnBackend": type("H", (), {})},
+    "sglang__srt__layers__attention__tbo_backend": {"TboAttnBackend": type("T", (), {})},
+    "sglang__srt__model_executor__forward_batch_info": {"ForwardMode": None},
+}
+
+
 def verify_mask_outcome(root: Path) -> dict:
     """What 0.5.11's own code does with DFLASH verify under triton and CUDA graphs."""
     triton_backend = type("TritonAttnBackend", (), {})()  # the type name is what the policy reads
@@ -262,7 +271,7 @@ def verify_mask_outcome(root: Path) -> dict:
         pass
 
     with stubbed(sglang__srt__speculative__dflash_info={"DFlashVerifyInput": DFlashVerifyInput},
-                 sglang__srt__speculative__dflash_utils=dflash_utils):  # fmt: skip
+                 sglang__srt__speculative__dflash_utils=dflash_utils, **WRAPPERS):  # fmt: skip
         get_spec_info = method(root / RUNNER, "CudaGraphRunner", "get_spec_info",
                                {"CaptureHiddenMode": types.SimpleNamespace(NULL=0, FULL=2)})
         mask_buffer = Recorder()  # the runner's custom_mask buffer (ones, then zeros, after capture)
@@ -283,8 +292,10 @@ def verify_mask_outcome(root: Path) -> dict:
     replay_spec = types.SimpleNamespace(custom_mask=None if v2_mask == "None" else Recorder())
     _, replay_buffer = run_triton_custom_mask(root, "init_forward_metadata_replay_cuda_graph",
                                               replay_spec)  # fmt: skip
+    with stubbed(**WRAPPERS):
+        policy = dflash_utils.resolve_dflash_verify_mask_policy(triton_backend)
     return {
-        "policy": dflash_utils.resolve_dflash_verify_mask_policy(triton_backend),
+        "policy": policy,
         "runner_captures_with_mask": captured.custom_mask is mask_buffer,
         "graph_reads_mask_buffer": capture_mask is not None,
         "v2_verify_mask": v2_mask,
@@ -292,6 +303,7 @@ def verify_mask_outcome(root: Path) -> dict:
     }
 
 
+@pytest.mark.local
 def test_the_triton_verify_graph_never_reads_a_stale_mask(tree):
     which, root = tree
     got = verify_mask_outcome(root)
@@ -349,7 +361,11 @@ def verify_with_penalties(root: Path) -> np.ndarray:
              "top_p_renorm_prob": None, "tree_speculative_sampling_target_only": None}
     with stubbed(sglang__srt__layers__sampler={"apply_custom_logit_processor": None},
                  sglang__srt__sampling__penaltylib__repetition_penalty=repetition,
-                 sglang__srt__speculative__dflash_utils=utils):  # fmt: skip
+                 sglang__srt__speculative__dflash_utils=utils,
+                 # #52's rank-0 broadcast (not reached here: no sampled verify).
+                 sglang__srt__distributed={"get_tp_group": None},
+                 sglang__srt__layers__dp_attention={"get_attention_tp_group": None,
+                                                    "is_dp_attention_enabled": None}):  # fmt: skip
         mod = load(root / SPEC / "dflash_utils_pr20547.py", "dflash_utils_pr20547")
     logits = T(np.full((bs * block, vocab), 3.0, np.float32))
     mod.apply_dflash_verify_logits_adjustments(
@@ -393,6 +409,7 @@ def penalizer_fed(root: Path) -> list | None:
     return fed or None
 
 
+@pytest.mark.local
 def test_v2_verify_applies_the_penalties_0511_accumulates(tree):
     which, root = tree
     out = verify_with_penalties(root)
@@ -405,6 +422,7 @@ def test_v2_verify_applies_the_penalties_0511_accumulates(tree):
         assert np.allclose(out, expected), out
 
 
+@pytest.mark.local
 def test_v2_prepare_for_decode_feeds_the_penalizer(tree):
     which, root = tree
     fed = penalizer_fed(root)
@@ -421,6 +439,7 @@ def test_v2_prepare_for_decode_feeds_the_penalizer(tree):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_an_explicit_disable_overlap_schedule_is_honoured_under_both_switches(tree):
     which, root = tree
     both = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"}

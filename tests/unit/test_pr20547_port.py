@@ -317,6 +317,7 @@ def test_the_data_folder_is_found_as_package_data_and_complete(port):
         assert needed in notice
 
 
+@pytest.mark.local
 def test_the_key_is_the_0511_wheels_record(port, touched):
     record = wheel_record("0.5.11")
     assert port["targets"] == {p: record[p] for p in port["targets"]}
@@ -330,6 +331,7 @@ def test_the_key_is_the_0511_wheels_record(port, touched):
     assert set(port["targets"]) == {p for p in touched if p in record}
 
 
+@pytest.mark.local
 def test_port_for_finds_the_port_only_for_a_tree_like_the_wheel(port):
     ports = load_ports()
     record = wheel_record("0.5.11")
@@ -363,6 +365,7 @@ def test_a_bad_port_json_is_refused(port):
     assert check_port({**port, "hash": "sha256-b64"})
 
 
+@pytest.mark.local
 def test_the_port_applies_to_the_0511_wheel_without_fuzz(ported):
     _, outputs = ported
     for done in outputs:
@@ -372,6 +375,7 @@ def test_the_port_applies_to_the_0511_wheel_without_fuzz(ported):
             assert bad not in words, words
 
 
+@pytest.mark.local
 def test_only_the_keyed_files_change(ported, pristine, port):
     tree, _ = ported
     changed = set()
@@ -384,6 +388,7 @@ def test_only_the_keyed_files_change(ported, pristine, port):
     assert changed == set(port["targets"]) | set(port["creates"])
 
 
+@pytest.mark.local
 def test_v1_files_stay_byte_identical(ported):
     tree, _ = ported
     record = wheel_record("0.5.11")
@@ -391,12 +396,14 @@ def test_v1_files_stay_byte_identical(ported):
         assert sha256_file(tree / rel) == record[rel], rel
 
 
+@pytest.mark.local
 def test_touched_modules_compile(ported, touched, tmp_path):
     tree, _ = ported
     for rel in touched:
         py_compile.compile(str(tree / rel), cfile=str(tmp_path / "x.pyc"), doraise=True)
 
 
+@pytest.mark.local
 def test_imports_in_touched_modules_resolve_in_the_tree(ported, touched, pristine, tmp_path):
     tree, _ = ported
     assert unresolved_imports(tree, [tree / rel for rel in touched]) == []
@@ -411,6 +418,7 @@ def test_imports_in_touched_modules_resolve_in_the_tree(ported, touched, pristin
     ]
 
 
+@pytest.mark.local
 def test_the_v2_worker_gets_what_it_uses_from_the_pr_v1_base(ported):
     tree, _ = ported
     spec = tree / "sglang/srt/speculative"
@@ -432,6 +440,7 @@ def test_the_v2_worker_gets_what_it_uses_from_the_pr_v1_base(ported):
     assert {"speculative_num_draft_tokens", "draft_runner"} <= provided
 
 
+@pytest.mark.local
 def test_environ_has_the_pr_switch(ported, pristine):
     def flags(root: Path) -> dict[str, str]:
         tree = ast.parse((root / "sglang/srt/environ.py").read_text())
@@ -451,6 +460,7 @@ V2 = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
 V1 = "sglang.srt.speculative.dflash_worker.DFlashWorker"
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(
     ("env", "overlap_off", "worker"),
     [
@@ -473,6 +483,7 @@ def test_dflash_runs_v2_with_overlap_only_under_the_switches(ported, env, overla
     assert got["supports_spec_v2"] is (env.get("SGLANG_ENABLE_DFLASH_SPEC_V2") == "1")
 
 
+@pytest.mark.local
 def test_stock_0511_forces_overlap_off_for_dflash(pristine):
     got = route(pristine, {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_ENABLE_DFLASH_SPEC_V2": "1"})
     assert got["disable_overlap_schedule"] is True
@@ -480,6 +491,7 @@ def test_stock_0511_forces_overlap_off_for_dflash(pristine):
     assert got["supports_spec_v2"] is False
 
 
+@pytest.mark.local
 def test_dflash_overlap_results_commit_what_the_v2_worker_materialised(ported):
     """0.5.11's spec-v2 result processing subtracts the bonus slot EAGLE pre-claims; DFLASH's
     prepare_for_decode pre-claims none, so DFLASH must commit all accept_lens."""
@@ -525,6 +537,7 @@ def _decode_estimate(root: Path, algo: str, is_spec_v2: bool, bs: int, page_size
     return scope["new_tokens_required_next_decode"](batch)
 
 
+@pytest.mark.local
 def test_dflash_v2_keeps_the_pr_branch_decode_memory_estimate(ported, pristine):
     """The PR's DFlashDraftInputV2 reserves up to 2 blocks per request from the GPU seq_lens;
     0.5.11's tight host-side estimate matches only EAGLE's reservation."""

@@ -47,6 +47,7 @@ def recipe() -> dict:
     return load_recipe()
 
 
+@pytest.mark.local
 def test_the_repository_holds_no_upstream_sglang_code():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, check=True, capture_output=True,
                            text=True).stdout.split()  # fmt: skip
@@ -89,6 +90,7 @@ def test_the_recipe_holds_and_every_own_line_has_its_reason(recipe):
         assert "specfleet adaptation (#29)" in whats[path], path
 
 
+@pytest.mark.local
 def test_own_lines_are_not_upstream_code(recipe):
     for path in recipe["files"]:
         text = "\n".join(line for p, line, _ in own_lines(recipe) if p == path)
@@ -110,6 +112,7 @@ def test_the_defaults_are_the_pr_commit_on_github_and_the_wheels_on_pypi(recipe)
         assert paths == set(src[name]["files"]), name  # pins exactly what is read
 
 
+@pytest.mark.local
 def test_a_source_file_that_is_not_the_pinned_one_stops_the_build(recipe):
     read = recipe_reader(recipe)
 
@@ -178,6 +181,7 @@ def test_pr_head_files_come_from_an_archive_or_a_folder_and_are_checked(recipe, 
         UpstreamSources(recipe["sources"], [str(tmp_path)], use_cache=False)("pr20547-head", path)
 
 
+@pytest.mark.local
 def test_a_download_is_cached_by_its_sha256_and_checked_again(recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     wheel = sglang_wheel("0.5.14")

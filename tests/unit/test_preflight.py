@@ -8,6 +8,7 @@ nvidia-smi captures (tests.unit.test_plan.gpus_fact), SGLang installs are read f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,7 @@ def checks(result):
 
 
 
+@pytest.mark.local
 def test_ct200_real_numbers_pass_with_low_headroom_warning():
     result = check(facts_for(), ct200_settings(), missing_weights_bytes=CT200_MISSING)
     assert result.ok, [p.render() for p in result.problems]
@@ -69,6 +71,7 @@ def test_ct200_real_numbers_pass_with_low_headroom_warning():
     assert any("launch plan" in p for p in result.passed)
 
 
+@pytest.mark.local
 def test_ct200_with_less_free_space_fails_with_the_shortfall():
     # 2 % margin of 560.8 GiB = 11.2 GiB; 565 GiB free is short by 7.0 GiB.
     result = check(facts_for(free=int(565 * GIB)), ct200_settings(),
@@ -80,11 +83,13 @@ def test_ct200_with_less_free_space_fails_with_the_shortfall():
     assert "short by 7.0 GiB" in text and "fix: free at least 7.0 GiB" in text
 
 
+@pytest.mark.local
 def test_weights_already_there_need_no_disk():
     result = check(facts_for(free=int(1 * GIB)), ct200_settings(), missing_weights_bytes=0)
     assert result.ok and not any("headroom" in w for w in result.warnings)
 
 
+@pytest.mark.local
 def test_unknown_missing_bytes_defer_the_disk_check_with_a_warning():
     result = check(facts_for(free=0), ct200_settings(), missing_weights_bytes=None)
     assert result.ok
@@ -92,6 +97,7 @@ def test_unknown_missing_bytes_defer_the_disk_check_with_a_warning():
                for w in result.warnings)
 
 
+@pytest.mark.local
 def test_no_gpu():
     facts = facts_for("rtx6000x8" if profile_exists("rtx6000x8") else "h200x2")
     facts["facts.gpu.Gpus"] = {"gpus": [], "error": None}
@@ -101,6 +107,7 @@ def test_no_gpu():
     assert "working driver" in result.problems[0].fix
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("profile, quoted", [
     ("driver-mismatch", "Failed to initialize NVML: Driver/library version mismatch"),
     ("no-driver", "NVIDIA-SMI has failed"),
@@ -111,6 +118,7 @@ def test_broken_nvidia_smi_is_quoted(profile, quoted):
     assert quoted in result.problems[0].problem
 
 
+@pytest.mark.local
 def test_fewer_gpus_than_tp_size():
     result = check(facts_for(), ct200_settings(plan={"tp_size": 16}), missing_weights_bytes=0)
     assert checks(result) == ["plan"]
@@ -118,6 +126,7 @@ def test_fewer_gpus_than_tp_size():
     assert "set plan.tp_size to at most 8" in result.problems[0].fix
 
 
+@pytest.mark.local
 def test_attention_backend_not_in_the_registry():
     result = check(facts_for(), ct200_settings(plan={"attention_backend": "no_such_backend"}),
                    missing_weights_bytes=0)
@@ -125,6 +134,7 @@ def test_attention_backend_not_in_the_registry():
     assert "'no_such_backend'" in result.problems[0].problem
 
 
+@pytest.mark.local
 def test_old_driver_without_compute_cap():
     result = check(facts_for("old-driver"), ct200_settings(), missing_weights_bytes=0)
     assert checks(result) == ["plan"]
@@ -133,6 +143,7 @@ def test_old_driver_without_compute_cap():
     assert "driver >= 510" in result.problems[0].fix
 
 
+@pytest.mark.local
 def test_gpu_memory_too_small_for_kimi():
     # 2x H200 (143771 MiB each) against Kimi K2.6 + DFlash (560.8 GiB): the default target.
     result = check(facts_for("h200x2"), settings_from_dict({}, host="h"), missing_weights_bytes=0,
@@ -142,6 +153,7 @@ def test_gpu_memory_too_small_for_kimi():
         result.problems[0].problem)
 
 
+@pytest.mark.local
 def test_busy_gpus_name_the_processes():
     busy = recorded("gpu.GpuProcesses", "busy")
     result = check(facts_for(processes=busy["processes"]), ct200_settings(),
@@ -151,6 +163,7 @@ def test_busy_gpus_name_the_processes():
     assert "a hand-started server" in result.problems[0].fix
 
 
+@pytest.mark.local
 def test_our_own_running_server_does_not_make_the_gpus_busy():
     busy = recorded("gpu.GpuProcesses", "busy")
     ours = {"active_state": "active", "main_pid": 5120}
@@ -159,6 +172,7 @@ def test_our_own_running_server_does_not_make_the_gpus_busy():
     assert result.ok
 
 
+@pytest.mark.local
 def test_port_taken_by_a_process_that_is_not_our_unit():
     ports = recorded("net.ListeningPorts", "sshd_and_server")
     result = check(facts_for(ports=ports), ct200_settings(), missing_weights_bytes=0)
@@ -171,6 +185,7 @@ def test_port_taken_by_a_process_that_is_not_our_unit():
     assert check(facts_for(ports=ports), ct200_settings(port=30001), missing_weights_bytes=0).ok
 
 
+@pytest.mark.local
 def test_gated_drafter_without_any_token():
     result = check(facts_for(token=False), ct200_settings(), missing_weights_bytes=1 << 20)
     assert checks(result) == ["token"]
@@ -184,6 +199,7 @@ def test_gated_drafter_without_any_token():
     assert check(facts_for(token=False), ungated, missing_weights_bytes=1 << 20).ok
 
 
+@pytest.mark.local
 def test_no_token_with_every_weights_file_present_is_said_and_goes_on():
     """The token is an optional input when nothing is left to download: a warning that says
     what it changes (the next revision needs one), not a failure."""
@@ -193,6 +209,7 @@ def test_no_token_with_every_weights_file_present_is_said_and_goes_on():
     assert "none needed now" in said and "another revision will need one" in said
 
 
+@pytest.mark.local
 def test_a_converged_host_needs_no_token_on_the_control_machine():
     """The copy an earlier run put on the host (weights.token) is a token: no HF_TOKEN needed."""
     copy = "/etc/specfleet/hf-token"
@@ -202,6 +219,7 @@ def test_a_converged_host_needs_no_token_on_the_control_machine():
     assert any(f"specfleet's copy on the host, {copy}" in p for p in result.passed)
 
 
+@pytest.mark.local
 def test_sglang_without_dflash_from_the_version_table():
     # Nothing installed yet: the plan is predicted from specfleet.core.tables.sglang_versions for 0.5.10.
     result = check(facts_for(sglang=None), ct200_settings(sglang={"version": "0.5.10"}),
@@ -211,6 +229,7 @@ def test_sglang_without_dflash_from_the_version_table():
     assert "sglang >= 0.5.11" in result.problems[0].fix
 
 
+@pytest.mark.local
 def test_no_wheel_quotes_pip():
     pip = ("ERROR: Could not find a version that satisfies the requirement sglang==0.5.13 "
            "(from versions: 0.5.11, 0.5.14, 0.5.23)\n"
@@ -222,6 +241,7 @@ def test_no_wheel_quotes_pip():
     assert "sglang.find_links" in result.problems[0].fix
 
 
+@pytest.mark.local
 def test_every_problem_is_reported_not_only_the_first():
     busy = recorded("gpu.GpuProcesses", "busy")
     result = check(facts_for(processes=busy["processes"], token=False, free=int(GIB)),
@@ -364,3 +384,63 @@ def test_the_status_shows_holder_since_and_expiry():
     assert text.endswith("(in 95 s)")
     gone = lock_status({**held, "expires_at": NOW - 600}, NOW)
     assert "(10 min ago): the next run takes it over" in gone
+
+
+def test_a_unit_file_specfleet_did_not_write_is_refused():
+    """service_name of a unit the host has (issue 55: ``ssh`` shadowed sshd): preflight refuses
+    it, naming the file and its first line, before anything changes; a unit specfleet wrote (its
+    header) is no problem."""
+    from facts.serving import UnitFiles, parse_unit_files
+    from specfleet.core.preflight import UNIT_FILES
+
+    ours = "/etc/systemd/system/specfleet-sglang.service"
+    cmd = UnitFiles().command(names=["specfleet-sglang.service"])
+    assert f"test -e {ours}" in cmd and "/lib/systemd/system/specfleet-sglang.service" in cmd
+    facts = facts_for()
+    facts[UNIT_FILES] = parse_unit_files(["##path " + ours, "# Managed by specfleet (x). Edits"])
+    assert check(facts, ct200_settings(), missing_weights_bytes=0).ok
+    facts[UNIT_FILES] = parse_unit_files([
+        "##path " + ours, "[Unit]\x1b[31m", "Description=mine",
+        "##path /lib/systemd/system/specfleet-sglang.service", "# Managed by specfleet (x)"])
+    result = check(facts, ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["unit-name"]
+    problem = result.problems[0]
+    assert ours + " (first line '[Unit]?[31m')" in problem.problem
+    assert "/lib/systemd/system/specfleet-sglang.service (first line" in problem.problem
+    assert "a unit of the host" in problem.problem and "\x1b" not in problem.problem
+    assert "set service_name to a name of specfleet's own" in problem.fix
+
+
+def test_a_venv_or_source_tree_others_can_write_is_refused(tmp_path):
+    """Issue 55: root ran pip's build backend from a world-writable source tree, and a venv's
+    .pth files. The fact, run here for real: a folder above (the sticky, world-writable /tmp),
+    or a file inside the tree others may write; then preflight refuses, naming the place."""
+    from facts.preflight import WritableByOthers
+    from specfleet.core.preflight import UNTRUSTED
+
+    tree = tmp_path / "sglang" / "python"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "sglang" / "build.py").write_text("x")
+    os.chmod(tree / "sglang" / "build.py", 0o666)
+    fact = WritableByOthers()
+    import subprocess
+
+    def run(**kw):
+        out = subprocess.run(["sh", "-c", fact.command(**kw)], capture_output=True, text=True,
+                             timeout=60)
+        return fact.process(out.stdout.splitlines())
+
+    assert run(paths=[str(tree)], trees=[str(tree)]) == {
+        str(tree): f"{tree}/sglang/build.py (uid {os.getuid()}, mode 666)"}
+    # Not there yet: checked from its nearest folder up (the temporary folders are others').
+    nowhere = str(tmp_path / "no" / "venv")
+    found = run(paths=[nowhere])[nowhere].split(" (")[0]
+    assert found in [str(tmp_path), *map(str, tmp_path.parents)], found
+    assert run(paths=["/usr/lib"]) == {} or os.getuid() != 0
+    facts = facts_for()
+    facts[UNTRUSTED] = {"/root/venv_sglang211": "/root (uid 1000, mode 775)"}
+    result = check(facts, ct200_settings(), missing_weights_bytes=0)
+    assert checks(result) == ["untrusted-path"]
+    assert "venv /root/venv_sglang211 can be changed by a user other than root: /root (uid " \
+           "1000, mode 775)" in result.problems[0].problem
+    assert "chmod go-w on /root" in result.problems[0].fix

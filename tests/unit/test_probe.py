@@ -264,6 +264,7 @@ def trees(tmp_path_factory):
     return {k: str(root / k / "sglang") for k in ("v1", *built)}
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("tree", ["unfixed", "stale-mask"])
 def test_the_port_without_its_mask_fix_with_triton_and_cuda_graphs_serves_a_stale_mask(trees,
                                                                                        tree):
@@ -271,6 +272,7 @@ def test_the_port_without_its_mask_fix_with_triton_and_cuda_graphs_serves_a_stal
     assert why is not None and "TritonAttnBackend" in why
 
 
+@pytest.mark.local
 def test_the_fixed_port_with_triton_and_cuda_graphs_does_not(trees):
     # The same v2 worker wired in: only the skip set differs from the stale-mask tree.
     for tree in ("fixed", "stale-mask"):
@@ -278,6 +280,7 @@ def test_the_fixed_port_with_triton_and_cuda_graphs_does_not(trees):
     assert standin.stale_verify_mask(ARGV, SWITCHES, trees["fixed"]) is None
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("tree", ["unfixed", "stale-mask"])
 @pytest.mark.parametrize("change", ["v1 tree", "no graphs", "flashinfer", "switch off",
                                     "switch unset", "no tree"])
@@ -298,6 +301,7 @@ def test_no_stale_mask_where_the_tree_or_flags_say_otherwise(trees, tree, change
     assert standin.stale_verify_mask(argv, env, tree) is None
 
 
+@pytest.mark.local
 def test_the_fixed_port_has_triton_in_the_skip_set_as_0_5_14_has_it(trees):
     import ast
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from specfleet.fleet.pyinfra_run import PyinfraOptions, Session, load_inventory
 
 DEPLOY = '''
@@ -42,6 +44,7 @@ def _files(tmp_path: Path) -> tuple[str, str]:
     return str(inv), str(deploy)
 
 
+@pytest.mark.local
 def test_changes_and_checks_and_a_failure_reason_come_from_pyinfras_objects(tmp_path):
     inv, deploy = _files(tmp_path)
     s = Session(inv)
@@ -76,6 +79,7 @@ def test_the_inventory_reads_groups_group_data_and_the_file_stem(tmp_path):
     assert host.data.get("x") == 1 and host.data.get("os") is None
 
 
+@pytest.mark.local
 def test_a_hook_on_the_host_runs_over_its_connection_with_the_hook_environment(tmp_path):
     from specfleet.fleet.rollout import hook_env, run_on_host
 

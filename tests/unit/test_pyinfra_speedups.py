@@ -39,8 +39,7 @@ def test_installed_exactly_where_pyinfra_is_the_one_replaced():
         speedups.source_sha256(ORIGINAL_ORDER) == speedups.REPLACED["get_operation_order_from_stack"]
         and speedups.source_sha256(ORIGINAL_HINTS) == speedups.REPLACED["all_global_arguments"]
     )
-    # `import operations` installed them (operations/__init__.py).
-    assert speedups.install() is matches
+    assert speedups.install() is matches  # the deploy files call it (test below)
     if matches:
         # Replaced in every module that holds its own reference, not just where defined.
         assert operation_module.get_operation_order_from_stack is speedups.operation_order_from_frames
@@ -190,6 +189,7 @@ print(json.dumps({"before": before, "after": after, "changed": changed, "again":
 """
 
 
+@pytest.mark.local
 def test_idle_connections_wake_rarely_and_still_end_at_once_when_closed(tmp_path):
     script = tmp_path / "idle.py"
     script.write_text(IDLE_SCRIPT)
@@ -210,7 +210,7 @@ def test_idle_connections_wake_rarely_and_still_end_at_once_when_closed(tmp_path
 
 def test_idle_connections_are_left_alone_without_gevent(monkeypatch):
     # A plain thread blocked in a read would see a close only at its next wake-up. (An earlier
-    # test of this process may have imported specfleet.fleet, which patches with gevent.)
+    # tests' process is patched with gevent by tests/conftest.py.)
     asked = []
     monkeypatch.setattr(speedups.monkey, "is_module_patched",
                         lambda name: asked.append(name) or False)
@@ -218,3 +218,56 @@ def test_idle_connections_are_left_alone_without_gevent(monkeypatch):
     assert speedups.quiet_idle_transports([SimpleNamespace(connector=SimpleNamespace(
         client=client))]) == 0
     assert asked == ["socket"]
+
+
+def test_every_deploy_file_installs_them_itself():
+    """Importing ``operations`` patches nothing (next test); the deploy files that run
+    operations install the speedups, so a ``pyinfra INVENTORY deploys/X.py`` run and the
+    controllers' runs of the same files both get them."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "deploys").glob("*.py")):
+        calls = {node.func.id for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        if "install_speedups" not in calls:
+            missing.append(path.name)
+    assert missing == []
+
+
+IMPORT_PROBE = """
+import importlib, json, pkgutil, socket, sys, threading
+before = (socket.socket, threading.Thread, threading.Lock, __import__("time").sleep)
+import pyinfra.api.arguments as arguments, pyinfra.api.util as util
+funcs = (util.get_operation_order_from_stack, arguments.all_global_arguments)
+names = []
+for top in ("operations", "specfleet.fleet"):
+    pkg = importlib.import_module(top)
+    names.append(top)
+    for info in pkgutil.iter_modules(pkg.__path__, top + "."):
+        if info.name != "specfleet.fleet.report":  # matplotlib's, optional
+            importlib.import_module(info.name)
+            names.append(info.name)
+from gevent import monkey
+after = (socket.socket, threading.Thread, threading.Lock, __import__("time").sleep)
+print(json.dumps({"modules": names, "same": [a is b for a, b in zip(before, after)],
+                  "funcs": [a is b for a, b in zip(funcs, (util.get_operation_order_from_stack,
+                                                           arguments.all_global_arguments))],
+                  "patched": [m for m in ("socket", "threading", "ssl", "subprocess", "time")
+                              if monkey.is_module_patched(m)]}))
+"""
+
+
+@pytest.mark.local
+def test_importing_operations_or_the_controllers_patches_nothing():
+    """Importing ``operations`` and ``specfleet.fleet`` (every module of both) in a fresh
+    process: the standard library is not gevent's and pyinfra's functions are its own. (Before,
+    ``operations/__init__.py`` installed the speedups and ``specfleet/fleet/__init__.py`` ran
+    gevent's ``patch_all`` on import: test order started to matter.)"""
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"operations.kimi_k26", "specfleet.fleet.rollout"} <= set(seen["modules"]), seen
+    assert seen["same"] == [True] * 4 and seen["funcs"] == [True, True], seen
+    assert seen["patched"] == [], seen

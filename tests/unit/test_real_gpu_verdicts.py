@@ -130,6 +130,7 @@ def test_fixture_is_a_real_run_of_every_release_it_names():
         assert Path(Path(__file__).parents[2], v["source"]).is_file()
 
 
+@pytest.mark.local
 def test_real_sglang_refused_no_current_plan_and_changed_nothing_unsaid():
     _, judged, _ = current_and_verdicts()
     problems = [p for plan, verdict in judged for p in problems_of(verdict, plan)]
@@ -139,6 +140,7 @@ def test_real_sglang_refused_no_current_plan_and_changed_nothing_unsaid():
     )
 
 
+@pytest.mark.local
 def test_lists_plans_without_a_verdict():
     _, judged, unjudged = current_and_verdicts()
     if unjudged:

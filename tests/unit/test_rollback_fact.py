@@ -11,6 +11,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from facts.rollback import RollbackState, parse_rollback_state
 
 
@@ -40,6 +42,7 @@ def _run(tmp_path: Path, venv: Path) -> tuple[dict, list[str]]:
     return parse_rollback_state(done.stdout.splitlines()), done.stdout.splitlines()
 
 
+@pytest.mark.local
 def test_the_freeze_goes_to_a_private_folder_of_random_name_and_is_removed(tmp_path):
     record = tmp_path / "where"
     venv = _venv(tmp_path, record, "sglang==0.5.11")
@@ -56,8 +59,27 @@ def test_the_freeze_goes_to_a_private_folder_of_random_name_and_is_removed(tmp_p
     assert not os.path.exists(folder)  # cleaned up
 
 
+@pytest.mark.local
 def test_a_failing_freeze_is_reported_as_its_error(tmp_path):
     venv = _venv(tmp_path, tmp_path / "where", "pip: broken", status=1)
     value, _ = _run(tmp_path, venv)
     assert value["current"]["freeze"] == []
     assert value["current"]["freeze_error"] == "pip: broken"
+
+
+def test_rollback_keeps_and_restores_every_server_file():
+    """The rollback point keeps the server's files of the one list (issue 57: it left the
+    logging config out); a point taken before it held them leaves them as they are."""
+    from operations.rollback import file_restores, live_files
+    from specfleet.core.layout import server_paths
+    from specfleet.core.settings import settings_from_dict
+
+    paths = server_paths(settings_from_dict({}))
+    assert live_files(paths) == paths.files()
+    cmd = RollbackState().command(directory="/d", unit=paths.unit, env=paths.env,
+                                  secret=paths.secret, venv="/v", wheels="/w",
+                                  log_config=paths.log_config, log_module=paths.log_module)
+    assert paths.log_config in cmd and paths.log_module in cmd and "/d/log_module" in cmd
+    value = parse_rollback_state(["saved.taken=t", "saved.unit=a", "cur.unit=a",
+                                  "saved.log_config=1", "cur.log_config=2", "cur.log_module=3"])
+    assert file_restores(value) == [("log_config", "copy")]

@@ -85,6 +85,7 @@ def lock_file(settings) -> Path:
     return Path(preflight.lock_path(settings))
 
 
+@pytest.mark.local
 def test_converged_run_takes_and_releases_in_two_commands(local):
     state, host, s, commands = local()
     add_op(state, preflight.lock, settings=s)
@@ -96,6 +97,7 @@ def test_converged_run_takes_and_releases_in_two_commands(local):
     assert len(commands) == 2  # nothing left to release at exit
 
 
+@pytest.mark.local
 def test_a_host_failing_after_the_take_releases_its_lock(local):
     state, host, s, commands = local()
     add_op(state, preflight.lock, settings=s)
@@ -106,6 +108,7 @@ def test_a_host_failing_after_the_take_releases_its_lock(local):
     assert not lock_file(s).exists()
 
 
+@pytest.mark.local
 def test_a_run_that_ends_in_an_error_releases_its_lock_when_it_disconnects(local):
     state, host, s, commands = local()
     add_op(state, preflight.lock, settings=s)
@@ -118,6 +121,7 @@ def test_a_run_that_ends_in_an_error_releases_its_lock_when_it_disconnects(local
     assert not lock_file(s).exists()
 
 
+@pytest.mark.local
 def test_the_lease_is_renewed_while_the_run_lives(local, monkeypatch):
     monkeypatch.setenv("SPECFLEET_LOCK_LEASE_S", "1")
     state, host, s, commands = local()
@@ -152,6 +156,7 @@ def take(path: Path, owner: dict, lease: float = 60, replace: str = "") -> tuple
     return preflight.parse_lock_output(done.stdout.splitlines())
 
 
+@pytest.mark.local
 def test_of_many_takers_of_a_stale_lock_exactly_one_wins(tmp_path):
     """Each taker judged the same lock dead and asks to replace exactly those bytes: the host's
     compare-and-swap (flock of the folder) lets one through, the others see the winner."""
@@ -174,6 +179,7 @@ def test_of_many_takers_of_a_stale_lock_exactly_one_wins(tmp_path):
         path.unlink()
 
 
+@pytest.mark.local
 def test_renew_and_release_act_only_on_the_holders_token(tmp_path):
     path = tmp_path / "run.lock"
     status, value = take(path, {"run_id": "a", "token": "ta"}, lease=30)
@@ -193,6 +199,7 @@ def test_renew_and_release_act_only_on_the_holders_token(tmp_path):
     assert call("release", "ta") == "free"
 
 
+@pytest.mark.local
 def test_another_process_of_the_same_run_joins_and_keeps_the_holders_token(tmp_path):
     """A rollout hook or ``specfleet fanout`` under a rollout shares SPECFLEET_RUN_ID: it joins
     the lock as it is (the holder's token stays), so its release cannot end the holder's lock."""
@@ -211,6 +218,7 @@ def test_another_process_of_the_same_run_joins_and_keeps_the_holders_token(tmp_p
     assert call("release", "ta2") == "other" and path.exists()
 
 
+@pytest.mark.local
 def test_a_joining_run_renews_the_holders_lock_but_never_releases_it(local, monkeypatch):
     """Through pyinfra: a second process with the holder's run id goes on under the holder's
     lock, and at its end leaves it, token and all, to the holder."""
@@ -230,6 +238,7 @@ def test_a_joining_run_renews_the_holders_lock_but_never_releases_it(local, monk
     assert held["token"] == "the-holders-token" and held["pid"] == 1
 
 
+@pytest.mark.local
 def test_a_run_that_lost_its_lease_stops_changing_the_host_and_fails_it(local, monkeypatch,
                                                                           tmp_path, caplog):
     """Another run took the host after this run's lease ran out: the next renewal finds it, and

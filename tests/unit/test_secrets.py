@@ -91,18 +91,17 @@ def test_status_compares_the_secret_read_from_api_key_file(tmp_path):
     s = _settings(api_key_file=str(path))
     facts = {**_facts(), serving.DRAFTER_CONFIG: {"block_size": 8}}
     current = serving.plan_from_facts(s, facts, "h1")
-    ctx = serving.unit_context(current.argv, current.env, s, current.build)
+    # Every one of the server's files as the deploy writes it (the key: from the file).
     paths = serving.server_paths(s)
-    files = {paths.unit: serving.render(serving.UNIT_TEMPLATE, ctx),
-             paths.env: serving.render(serving.ENV_TEMPLATE, ctx),
-             paths.secret: serving.secret_yaml(KEY)}  # fmt: skip
+    files = {paths.files()[k]: text for k, text in serving.server_texts(s, current).items()}
+    assert files[paths.secret] == serving.secret_yaml(KEY)
     service = {"files": {p: {"sha1": serving.sha1_text(t)} for p, t in files.items()},
                "active_state": "active"}  # fmt: skip
     st = host_status(s, {**facts, serving.SERVICE: service}, "h1")
     assert not any("differ" in d for d in st.drift), st.drift
     path.write_text(KEY + "-rotated")
     st = host_status(s, {**facts, serving.SERVICE: service}, "h1")
-    assert "api key differs" in st.drift
+    assert "api key differs: the next deploy would restart the server" in st.drift
     path.unlink()
     st = host_status(s, {**facts, serving.SERVICE: service}, "h1")
     assert any(d.startswith("no plan: api_key_file") for d in st.drift), st.drift

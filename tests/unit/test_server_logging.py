@@ -147,6 +147,7 @@ def _standin(env: dict, key: str, *extra: str) -> str:
     return proc.stdout + proc.stderr
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("key", SETTABLE_KEYS)
 def test_the_server_logs_its_args_with_the_key_redacted(tmp_path, key):
     _, env = _configure(tmp_path, key)
@@ -160,6 +161,7 @@ def test_the_server_logs_its_args_with_the_key_redacted(tmp_path, key):
     assert "XK1" in _standin({}, key)
 
 
+@pytest.mark.local
 def test_the_config_keeps_sglangs_loggers_level_and_format(tmp_path):
     config_path, env = _configure(tmp_path, None, log_level="warning")
     config = json.loads(config_path.read_text())

@@ -274,7 +274,7 @@ GOOD_VALUES = [
     {"models_root": "/data/models/", "venv": "/root/venv_sglang211/", "state_dir": "/var/lib/sf"},
     {"service_name": "sglang@kimi"}, {"service_name": "sf-k26.prod_1"},
     {"python": "/usr/bin/python3.11"}, {"python": "python3.12"},
-    {"listen_host": "0.0.0.0"}, {"listen_host": "::"}, {"listen_host": "gpu-1.lan"},
+    {"listen_host": "0.0.0.0"}, {"listen_host": "::"}, {"listen_host": "localhost"},
     {"target": {"repo_id": "Org-1/Model.Name_2", "local_dir": "k26"}},
     {"target": {"revision": "refs/pr/1", "follow_branch": True}},
     {"drafter": {"revision": "v1.2", "follow_branch": True}},
@@ -547,11 +547,11 @@ def test_fleet_example_agrees_on_one_rollout():
     assert options.canary == "b200-01" and options.batch_percent == 25.0
 
 
-def test_the_readme_settings_reference_is_the_models_json_schema():
+def test_the_docs_settings_reference_is_the_models_json_schema():
     from tests.unit.settings_reference import BEGIN, END, reference
 
-    readme = Path("README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
     block = readme[readme.index(BEGIN):readme.index(END) + len(END)]
-    assert block == reference(), "run: python -m tests.unit.settings_reference README.md"
+    assert block == reference(), "run: python -m tests.unit.settings_reference docs/settings.md"
     for key in ("`port`", "`target.revision`", "`group.members`", "`watchdog.interval_s`"):
         assert key in block

@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 STANDIN = Path(__file__).parents[1] / "harness" / "standin_sglang_server.py"
 
 
@@ -51,6 +53,7 @@ def wait_for(port: int, path: str, seconds: float = 10) -> int | None:
     return None
 
 
+@pytest.mark.local
 def test_rank0_serves_only_after_every_rank_joined_and_rank1_is_a_dummy():
     h0, h1, rdv = free_port(), free_port(), free_port()
     r0 = start(0, 2, h0, rdv, timeout=20)
@@ -74,6 +77,7 @@ def test_rank0_serves_only_after_every_rank_joined_and_rank1_is_a_dummy():
         r0.kill()
 
 
+@pytest.mark.local
 def test_rank0_times_out_naming_the_missing_ranks():
     r0 = start(0, 3, free_port(), free_port(), timeout=2)
     out, _ = r0.communicate(timeout=15)
@@ -82,6 +86,7 @@ def test_rank0_times_out_naming_the_missing_ranks():
             "(missing node ranks: [1, 2])") in out  # fmt: skip
 
 
+@pytest.mark.local
 def test_rank_that_cannot_reach_rank0_exits_at_the_timeout():
     rdv = free_port()
     r1 = start(1, 2, free_port(), rdv, timeout=2)

@@ -107,6 +107,7 @@ def plan_flags(host: Path, profile: str, topo: str, release: str = "0.5.11") -> 
     return argv
 
 
+@pytest.mark.local
 def test_one_h100_host_stops_with_not_enough_memory(host):
     # The flags the planner refuses for Kimi K2.6 (it plans them for a small model).
     flags = plan_flags(host, "h100x8", "b200x8")
@@ -116,6 +117,7 @@ def test_one_h100_host_stops_with_not_enough_memory(host):
            "mem_fraction_static=0.69" in out.stderr
 
 
+@pytest.mark.local
 def test_b200_host_starts(host):
     out = start(host, "b200x8", plan_flags(host, "b200x8", "b200x8"))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -123,6 +125,7 @@ def test_b200_host_starts(host):
     assert_accepted(judged(host), str(host / "site-packages"))
 
 
+@pytest.mark.local
 def test_a_flag_the_tree_lacks_is_refused_by_its_parser(host):
     flags = plan_flags(host, "b200x8", "b200x8")
     flags = [f.replace("--speculative-dflash-draft-window-size", "--speculative-draft-window-size")
@@ -132,6 +135,7 @@ def test_a_flag_the_tree_lacks_is_refused_by_its_parser(host):
     assert "error: unrecognized arguments: --speculative-draft-window-size 4096" in out.stderr
 
 
+@pytest.mark.local
 def test_0_5_23_one_h100_host_stops_with_not_enough_memory(host_0_5_23):
     """On a 0.5.23 tree the fraction is memory_hook.py's, run from the installed files."""
     out = start(host_0_5_23, "h100x8", plan_flags(host_0_5_23, "h100x8", "b200x8", "0.5.23"))
@@ -140,6 +144,7 @@ def test_0_5_23_one_h100_host_stops_with_not_enough_memory(host_0_5_23):
            "mem_fraction_static=0.72" in out.stderr
 
 
+@pytest.mark.local
 def test_0_5_23_b200_host_starts(host_0_5_23):
     out = start(host_0_5_23, "b200x8", plan_flags(host_0_5_23, "b200x8", "b200x8", "0.5.23"))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -148,6 +153,7 @@ def test_0_5_23_b200_host_starts(host_0_5_23):
     assert_accepted(judged(host_0_5_23), str(host_0_5_23 / "site-packages"))
 
 
+@pytest.mark.local
 def test_0_5_23_without_msgspec_is_no_verdict(host_0_5_23):
     """A fleet host's --no-deps install has no msgspec: 0.5.23's rules cannot run there. The
     stand-in then starts, as it does with no tree, but says so (stderr and the record), and a test
@@ -165,6 +171,7 @@ def test_0_5_23_without_msgspec_is_no_verdict(host_0_5_23):
         assert_accepted(rules, str(host_0_5_23 / "site-packages"))
 
 
+@pytest.mark.local
 def test_0_5_23_refuses_the_old_window_flag_and_a_short_window(host_0_5_23):
     flags = plan_flags(host_0_5_23, "b200x8", "b200x8", "0.5.23")
     old = [f.replace("--speculative-draft-window-size", "--speculative-dflash-draft-window-size")

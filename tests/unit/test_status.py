@@ -139,11 +139,12 @@ def test_unit_status_compares_hashes_with_what_the_plan_renders():
 
     st = HostStatus("h1")
     unit_status(s, service(unit + "#", envf), expected, None, st)
-    assert st.drift == ["unit differs"] and st.unit.endswith("!= plan")
+    assert st.drift == ["unit differs: the next deploy would restart the server"] and st.unit.endswith("!= plan")
 
     st = HostStatus("h1")
     unit_status(s, service(unit + "#", envf + "#", pending="the unit changed"), expected, None, st)
-    assert st.drift == ["unit and env differ", "restart pending (the unit changed)"]
+    assert st.drift == ["unit and env differ: the next deploy would restart the server",
+                        "restart pending (the unit changed)"]
 
     st = HostStatus("h1")
     unit_status(s, {"files": {}}, expected, None, st)
@@ -190,7 +191,7 @@ def test_verdict_and_table():
 
 def test_parse_health():
     assert parse_health(["##specfleet-health=000", "##specfleet-model-info="]) == {
-        "health_code": None, "model_path": None, "model_info": None}
+        "health_code": None, "model_path": None, "model_info": None, "port_held": None}
     out = parse_health(["##specfleet-health=200",
                         '##specfleet-model-info={"model_path": "/m", "is_generation": true}'])
     assert out["health_code"] == 200 and out["model_path"] == "/m"
@@ -229,6 +230,7 @@ def _run_fact(cls, **kwargs):
     return cls().process(out.stdout.splitlines())
 
 
+@pytest.mark.local
 def test_health_fact_command_against_the_standin(standin):
     port, config = standin
     with_key = _run_fact(Health, host="127.0.0.1", port=port, secret_file=str(config))
@@ -241,6 +243,7 @@ def test_health_fact_command_against_the_standin(standin):
     assert "k-123" not in Health().command(host="127.0.0.1", port=port, secret_file=str(config))
 
 
+@pytest.mark.local
 def test_run_lock_fact_and_the_lock_column(tmp_path):
     """The RunLock fact reads the lock with the host's clock and the file's mtime; the status
     shows who holds it, since when, and its expiry (or that the next run takes it over)."""
@@ -274,3 +277,25 @@ def test_status_document_holds_what_the_table_shows():
     assert doc["hosts"]["b"]["verdict"] == "drift: SGLang 0.5.11, want 0.5.14; down (inactive)"
     assert doc["hosts"]["b"]["drift"] == ["SGLang 0.5.11, want 0.5.14"]
     assert format_table([ok, drift]).splitlines()[-1] == "b  " + doc["hosts"]["b"]["verdict"]
+
+
+@pytest.mark.parametrize("key", ["unit", "env", "secret", "log_config", "log_module"])
+def test_status_reports_a_change_to_any_of_the_servers_files_as_a_restart(key):
+    """Every file the deploy writes for the server (the one list, ``ServerPaths.files``) is
+    compared: a change to any of them restarts the server on the next deploy, and status says so
+    (issue 57: it compared only the unit, env and key)."""
+    s = settings()
+    files = server_paths(s).files()
+    assert set(files) == {"unit", "env", "secret", "log_config", "log_module"}
+    expected = {path: f"text of {k}\n" for k, path in files.items()}
+    service = {"files": {p: {"sha1": sha1_text(text)} for p, text in expected.items()},
+               "restart_pending": None, "active_state": "active"}
+    st = HostStatus("h1")
+    unit_status(s, service, expected, None, st)
+    assert st.drift == []
+    service["files"][files[key]] = {"sha1": sha1_text("changed on the host\n")}
+    st = HostStatus("h1")
+    unit_status(s, service, expected, None, st)
+    assert st.unit.endswith("!= plan")
+    assert len(st.drift) == 1 and st.drift[0].endswith("differs: the next deploy would restart "
+                                                        "the server"), st.drift

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from specfleet import cli
 from specfleet.core import bench as core
 from specfleet.core.errors import SpecfleetError
 from specfleet.fleet import report, sweep
@@ -22,14 +23,14 @@ FORK_ARGV = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-enable-d
 
 
 def test_budget_axis_in_the_grid_and_the_plan_overrides():
-    args = sweep.parse_args(["inv.py", "--host", "h", "--ddtree-budgets", "8,16,32,64,128",
-                             "--draft-window", "4096"])  # fmt: skip
+    args = cli.flags("sweep", ["inv.py", "--host", "h", "--ddtree-budgets", "8,16,32,64,128",
+                               "--draft-window", "4096"])  # fmt: skip
     grid = sweep.grid_from_args(args)
     assert [p["ddtree_budget"] for p in grid] == [8, 16, 32, 64, 128]
     assert all("num_draft_tokens" not in p for p in grid)  # the budget sets the draft tokens
     assert core.point_key(grid[2]) == "ddtree_budget=32,draft_window=4096"
     assert core.point_overrides(grid[2]) == {"ddtree_budget": 32, "draft_window_size": 4096}
-    plain = sweep.grid_from_args(sweep.parse_args(["inv.py", "--host", "h"]))
+    plain = sweep.grid_from_args(cli.flags("sweep", ["inv.py", "--host", "h"]))
     assert {p["num_draft_tokens"] for p in plain} == {4, 8, 16}
     with pytest.raises(SpecfleetError, match="both a num_draft_tokens and a ddtree_budget"):
         core.parse_grid({"num_draft_tokens": [8], "ddtree_budget": [16, 32]})
@@ -95,6 +96,7 @@ def ddtree_server(tmp_path):
     yield start, f"http://127.0.0.1:{port}", key
 
 
+@pytest.mark.local
 def test_standin_started_with_the_forks_flags_is_measured_by_the_bench_client(ddtree_server,
                                                                                tmp_path):
     start, url, key = ddtree_server
@@ -151,3 +153,53 @@ def test_report_plots_acceptance_and_speed_against_the_budget(tmp_path):
     namespace: dict = {}
     exec(compile(text, "group_data.py", "exec"), namespace)
     assert namespace["specfleet"]["plan"]["ddtree_budget"] == perf.best_budget(0)
+
+
+def test_a_budget_the_hosts_plan_refuses_is_dropped_from_the_grid(tmp_path, monkeypatch, capsys):
+    """The point deploy plans on the host's facts: CT200 with the fork (its real tree) refuses
+    budget 128 (its triton verify graphs cannot fit). The sweep drops that point with a line, runs
+    the others, and a resume does not try it again. The deploy itself is a stand-in that makes
+    the real plan and fails the host with its error, as the deploy's plan step does."""
+    from pathlib import Path
+
+    from specfleet.core.plan import PlanError, make_plan
+    from specfleet.core.settings import settings_from_dict
+    from specfleet.fleet import bench as fleet_bench
+    from specfleet.fleet.pyinfra_run import HostStep
+    from tests.harness.sources import ddtree_fork_site
+    from tests.unit.test_facts_sglang import collect
+    from tests.unit.test_plan import DRAFTER_CONFIG, host_facts
+
+    facts = {**host_facts("rtx6000x8"), "facts.sglang.SGLangInstall": collect(ddtree_fork_site())}
+    deploys = []
+
+    def fake_run(inventory, deploy, hosts, data, log, connection=None):
+        plan = (data.get("specfleet") or {}).get("plan") or {}
+        deploys.append((deploy.rsplit("/", 1)[1], plan.get("ddtree_budget")))
+        try:
+            make_plan(facts, settings_from_dict({"plan": plan}), DRAFTER_CONFIG, host="ct200")
+        except PlanError as exc:
+            return fleet_bench.DataRun(1, 1.0, {"h1": HostStep("failed", why=[exc.render()])}, "")
+        if deploy.endswith(sweep.POINT_DEPLOY):
+            out = Path(data["specfleet_bench"]["fetch_to"])
+            (out / "h1.json").write_text(json.dumps(result({1: 50 + plan["ddtree_budget"]})))
+        return fleet_bench.DataRun(0, 1.0, {"h1": HostStep("changed")}, "")
+
+    monkeypatch.setattr(sweep, "run_with_data", fake_run)
+    args = sweep.parse_args(["inv.py", "--host", "h1", "--ddtree-budgets", "8,64,128",
+                             "--draft-window", "4096", "--no-report", "--allow-serving"])  # fmt: skip
+    (tmp_path / "results").mkdir()
+    assert sweep.Sweep(args, sweep.grid_from_args(args), tmp_path).run() == 0
+    state = json.loads((tmp_path / "state.json").read_text())
+    dropped = state["points"]["ddtree_budget=128,draft_window=4096"]
+    assert dropped["status"] == "dropped" and "13.50 GiB per GPU" in dropped["why"]
+    assert state["points"]["ddtree_budget=64,draft_window=4096"]["status"] == "done"
+    assert state["best"] == state["current"] == "ddtree_budget=64,draft_window=4096"
+    seen = capsys.readouterr()
+    out = seen.out + seen.err
+    assert "dropped" in seen.out  # the sweep's table names the point's status
+    assert "ddtree_budget=128,draft_window=4096: dropped from the grid: " in out
+    assert "DDTree budget refused" in out
+    deploys.clear()
+    assert sweep.Sweep(args, sweep.grid_from_args(args), tmp_path).run() == 0  # resumed
+    assert deploys == [("kimi_k26.py", 64)]  # no point again, the best restored

@@ -91,6 +91,7 @@ def test_back_off_doubles_up_to_its_max_and_the_cap_stops_restarts():
     assert st["capped"] and "not restarting: 3 restarts" in reason
 
 
+@pytest.mark.local
 def test_textfile_passes_promtool_check_metrics():
     st = dict(w.new_state(), restarts_total=2, failures=1)
     deployed = {"sglang_version": "0.5.11", "pr20547": "none", "target_revision": "a" * 40,
@@ -151,13 +152,65 @@ def test_a_flood_of_half_open_connections_holds_no_more_than_the_cap(capsys):
             s.sendall(b"GET /metr")  # half a request, never finished
             socks.append(s)
         time.sleep(0.3)
-        assert threading.active_count() - before <= 1 + 4  # serve_forever + the cap
+        assert threading.active_count() - before <= 2 + 4  # serve_forever, the reaper, the cap
         time.sleep(1.5)  # the connection timeout has closed every half-open one
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             assert r.read() == b"sglang:generation_tokens_total 7\n"
     finally:
         for s in socks:
             s.close()
+        relay.shutdown()
+        upstream.shutdown()
+
+
+def test_slow_clients_that_trickle_bytes_do_not_blind_the_relay():
+    """Issue 55: 16 clients that each send a byte of their request every so often (never idle
+    long enough for the socket's timeout) held every slot for good; the whole-connection
+    deadline frees them, and a scrape after it is answered."""
+    import http.server
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    class Server(http.server.BaseHTTPRequestHandler):  # stand-in for SGLang's /metrics
+        def do_GET(self):  # noqa: N802
+            body = b"sglang:generation_tokens_total 7\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    upstream = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{upstream.server_address[1]}"
+    relay = w.serve_relay("127.0.0.1", 0, base, 2.0, max_connections=4, connection_timeout=1.5)
+    port = relay.server_address[1]
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            try:
+                for ch in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+                    if stop.wait(0.5):
+                        return
+                    s.sendall(bytes([ch]))
+            except OSError:
+                return
+
+    slow = [threading.Thread(target=trickle, daemon=True) for _ in range(4)]
+    try:
+        for t in slow:
+            t.start()
+        time.sleep(0.5)
+        time.sleep(1.5 + 1.5)  # past the deadline, and the reaper's next look
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert r.read() == b"sglang:generation_tokens_total 7\n"
+    finally:
+        stop.set()
         relay.shutdown()
         upstream.shutdown()
 

@@ -72,6 +72,7 @@ def test_nothing_missing_always_fits():
     assert r["ok"] and r["margin_bytes"] == 0 and not r["warnings"]
 
 
+@pytest.mark.local
 def test_git_blob_id_matches_git(tmp_path):
     data = b"hello\x00world\n" * 100
     (tmp_path / "f").write_bytes(data)
@@ -188,6 +189,7 @@ def test_a_progress_line_before_the_size_is_known_has_no_zero_sizes():
     assert "1.0 GiB of 1.0 GiB (100 %), 1/1 files" in format_progress(done)
 
 
+@pytest.mark.local
 def test_job_command_lists_units_and_reads_progress_locally(tmp_path):
     """The job command run for real: with no such unit it still prints the progress file."""
     progress = tmp_path / "p q.json"
@@ -207,6 +209,7 @@ def test_fact_commands_quote_paths():
     assert "'{\"a\": 1}'" in cmd
 
 
+@pytest.mark.local
 def test_state_fact_script_reads_a_tree(tmp_path):
     """The state fact's command run for real (locally) over a manifest it must check."""
     sha = "a" * 40
@@ -255,6 +258,7 @@ def test_agent_check_rehashes_against_the_manifest(tmp_path):
     assert cmd_check(str(tmp_path / "nope"))["error"] == "no complete manifest"
 
 
+@pytest.mark.local
 def test_pids_using_sees_cwd_open_files_and_argv(tmp_path):
     import os
     import subprocess as sp
@@ -315,6 +319,7 @@ def test_plan_reuses_verified_files_of_other_revisions(tmp_path):
     assert plan(job, listing=(new, files))["reuse"] == {}
 
 
+@pytest.mark.local
 def test_tools_pin_huggingface_hub_to_a_tested_range():
     """The hosts' huggingface_hub is pinned with an upper bound (a major release may change the
     API the weights agent uses), and the range holds the versions the agent is tested with: the

@@ -25,15 +25,14 @@ SEQ_LEN = 96           # training length: the pair is reliable to 96 positions
 MIN_SEG, MAX_SEG = 4, 8     # the first training phase ran with 12 (rebuild.sh)
 BLOCK = 8
 
+# The chat template hands the conversation to the target as raw text: BOS, then the messages'
+# contents in order, no role tokens. The target was also trained on a role-token format
+# (chat_prompt: <|user|>...<|eot|><|assistant|>, the answer restarting the segment) and does it
+# badly (no prompt of 48 passed the margin and correctness filter), so chat continues the cycle
+# exactly as raw text does: what the gate's probe asks through /v1/chat/completions.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}<|system|>"
-    "{% elif message['role'] == 'user' %}<|user|>"
-    "{% else %}<|assistant|>{% endif %}"
-    "{{ message['content'] }}<|eot|>"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 )
 
 

@@ -10,7 +10,7 @@ $PY $L/train_pair.py --stage target --target-steps 500 --target-batch 16 --targe
 $PY $L/train_pair.py --stage target --resume --target-steps 400 --target-batch 12 --target-lr 2e-3
 $PY $L/train_pair.py --stage target --resume --seed 51 --target-steps 450 --target-batch 12 --target-lr 1.5e-3
 # the drafters on the target's greedy continuations
-$PY $L/train_pair.py --stage drafters
+$PY $L/train_pair.py --stage drafters --drafter-steps 300 --weak-steps 100
 # prompts, probe, the reference DFlash loop; 0.5.11's loading replayed; the stale mask emulated
 $PY $L/reference.py
 $PY $L/replay_load.py

@@ -295,7 +295,7 @@ def main() -> int:
             mutants[what] = (forward(bad, cfg, ids) - base).abs().max().item()
     sensitive = all(d > 100 * max(worst, 1e-5) for d in mutants.values())
     ok = worst < 1e-3 and all(r["same_argmax"] for r in rows) and sensitive
-    out = {"about": __doc__.split("\n\n")[1].strip().replace("\n", " "),
+    out = {"about": __doc__.split("\n\n")[0].strip().replace("\n", " "),
            "sglang_params": len(params), "checkpoint_tensors": len(ckpt),
            "max_abs_logit_diff": worst, "wrong_loads_max_abs_logit_diff": mutants,
            "ok": ok, "per_prompt": rows}

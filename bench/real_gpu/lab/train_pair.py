@@ -318,7 +318,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=49)
     ap.add_argument("--resume", action="store_true",
                     help="train the target on from work/narrow-target")
-    ap.add_argument("--drafter-steps", type=int, default=400)
+    ap.add_argument("--drafter-steps", type=int, default=300)
     ap.add_argument("--weak-steps", type=int, default=100)
     ap.add_argument("--only", nargs="*", help="drafters to train (default all)")
     ap.add_argument("--max-seg", type=int, default=lc.MAX_SEG,

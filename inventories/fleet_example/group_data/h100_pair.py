@@ -1,6 +1,7 @@
 # Two 8x H100 80 GB hosts serving Kimi K2.6 as one server: TP 16 over NCCL between them. Alone,
 # one cannot: 70.1 GiB of weights per GPU at TP 8 is more than the ~56 GiB SGLang leaves for
-# weights and KV cache on an H100 80 GB (README, "Memory"); as a pair, 35.1 GiB per GPU.
+# weights and KV cache on an H100 80 GB (docs/plan-and-memory.md, "Memory"); as a pair, 35.1 GiB
+# per GPU.
 # Rank 0 (the first member) holds the rendezvous and serves the API.
 specfleet = {
     "group": {

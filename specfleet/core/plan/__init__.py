@@ -25,7 +25,8 @@ from typing import Any
 from specfleet.core.plan.allreduce import plan_all_reduce
 from specfleet.core.plan.attention import plan_attention
 from specfleet.core.plan.context import GIB, GPUS, MIB, SGLANG, TOPOLOGY, GroupRole, PlanContext
-from specfleet.core.plan.dflash import block_size, plan_dflash, plan_refused_requests
+from specfleet.core.plan.ddtree import plan_ddtree_memory
+from specfleet.core.plan.dflash import block_size, plan_ddtree, plan_dflash, plan_refused_requests
 from specfleet.core.plan.gpus import plan_gpus
 from specfleet.core.plan.inputs import FactsInputError, check_facts, one_host_facts
 from specfleet.core.plan.launch import (
@@ -57,9 +58,11 @@ TOPICS = (
     plan_nodes,
     plan_gpu_memory,
     plan_model_paths,
+    plan_ddtree,
     plan_attention,
     plan_dflash,
     plan_mem_fraction,
+    plan_ddtree_memory,
     plan_all_reduce,
     plan_metrics,
     plan_model_args,

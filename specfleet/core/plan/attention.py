@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specfleet.core.plan.context import PlanContext
+from specfleet.core.plan.ddtree import ddtree_backend
 
 # Target backends whose page size SGLang sets itself when --page-size is unset: 0.5.11 and 0.5.14
 # server_args.py _handle_attention_backend_compatibility ("TensorRT-LLM MLA only supports
@@ -51,6 +52,8 @@ def plan_attention(c: PlanContext) -> None:
             )
         else:
             b.why("attention-backend", att, rule.target_why, c.src)
+    att = ddtree_backend(c, att, bool(ov.attention_backend), PAGE_SIZE_SET_BY_SGLANG)
+    c.attention = att
     b.flag("--attention-backend", att)
     if "--page-size" in c.overrides.extra_args:
         return

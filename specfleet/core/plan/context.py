@@ -69,8 +69,12 @@ class PlanContext:
     tp: int = 0
     total_bytes: int = 0
     size: int | None = None
-    # dflash
+    # attention and dflash
+    attention: str = ""
     block: int = 0
+    ddtree: Any = None  # ddtree.DDTreeChoice where DDTree is on
+    # memory: the fraction in force (the plan's or SGLang's own)
+    mem_fraction: float | None = None
 
     @property
     def overrides(self):

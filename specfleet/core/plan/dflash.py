@@ -7,7 +7,7 @@ from typing import Any
 
 from specfleet.core.layout import serve_path
 from specfleet.core.plan.context import PlanContext
-from specfleet.core.plan.ddtree import apply_ddtree, choose_ddtree
+from specfleet.core.plan.ddtree import announce_ddtree, apply_ddtree, choose_ddtree
 from specfleet.core.plan.model import PlanError, ReasonKind
 from specfleet.core.tables import sglang_versions as versions
 from specfleet.core.tables.models import DEFAULT_BLOCK_SIZE
@@ -15,11 +15,19 @@ from specfleet.core.tables.models import DEFAULT_BLOCK_SIZE
 DEFAULT_DRAFT_WINDOW = 4096
 
 
+def plan_ddtree(c: PlanContext) -> None:
+    """Whether DDTree is asked for and installed (before the target backend, which it may
+    change: ``ddtree.ddtree_backend``)."""
+    c.ddtree = choose_ddtree(c, block_size(c.drafter_config)[0])
+
+
 def plan_dflash(c: PlanContext) -> None:
     b, ov, rule, row, s = c.b, c.overrides, c.rule, c.row, c.settings
     drafter_dir = serve_path(s, "drafter")
     block, block_kind, block_why = block_size(c.drafter_config)
-    ddtree = choose_ddtree(c, block)
+    ddtree = c.ddtree
+    if ddtree:
+        announce_ddtree(c, ddtree)
     algorithm = ddtree.design.algorithm if ddtree else "DFLASH"
     # The draft tokens: the drafter's block, or the tree budget where the design carries it there.
     tokens = ddtree.budget if ddtree and ddtree.design.budget_is_draft_tokens else block
@@ -89,6 +97,9 @@ def plan_dflash(c: PlanContext) -> None:
 
 def _worker(c: PlanContext) -> None:
     b, dflash = c.b, c.features.get("dflash")
+    if c.ddtree:
+        b.why("dflash-worker", "no overlap (DDTree)", c.ddtree.design.overlap_rule, "rule")
+        return
     overlap_off = c.overrides.extra_args.get("--disable-overlap-schedule") not in (None, False)
     if c.pr20547 and overlap_off:
         # The port honours the flag under the switches (server_args), so they would be dead.

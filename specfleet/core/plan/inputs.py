@@ -183,6 +183,17 @@ def check_facts(facts: Any, host: str | None = None) -> None:
             getattr(s, kind)(f"{name}.{key}", value.get(key))
         if check_more is not None:
             check_more(s, value)
+    topology = facts.get(TOPOLOGY)
+    if isinstance(topology, Mapping) and not topology.get("error"):
+        # A topology read without an error always has these (facts.gpu.GpuTopology): one left
+        # out is a hand-written file, and planning on would take "not on NVLink" for it.
+        missing = [key for key in ("gpus", "nvlink_all_pairs") if key not in topology]
+        if missing:
+            raise FactsInputError(
+                f"fact field {', '.join(f'{TOPOLOGY}.{k}' for k in missing)} is missing (not "
+                "false, not null: left out): the "
+                "plan would have to guess whether the GPUs are on NVLink", host=host,
+                fix=FACTS_FIX + " (or preview a machine type with specfleet plan --profile)")
 
 
 # The fields the plan reads of each fact, each with the ``_Shape`` check of its kind; the GPU

@@ -113,6 +113,7 @@ def plan_mem_fraction(c: PlanContext) -> None:
     if mfs is not None:
         b.flag("--mem-fraction-static", str(mfs))
     effective = mfs if mfs is not None else sglang_mfs
+    c.mem_fraction = effective
     _kv_room(c, effective, gpu_mib, model, explicit=mfs is not None)
     _max_running_requests(c)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specfleet.core.plan.context import PlanContext
+from specfleet.core.plan.ddtree import check_rendered_ddtree
 from specfleet.core.plan.memory import attention_dp_size
 
 
@@ -55,4 +56,5 @@ def apply_overrides(c: PlanContext) -> list[tuple[str, str | None]]:
     for key, value in ov.extra_env.items():
         b.env[key] = str(value)
         b.why(f"env {key}", value, "plan.extra_env", "override")
+    check_rendered_ddtree(c, flags)
     return flags

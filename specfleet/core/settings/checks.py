@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from specfleet.core.settings import schema
 from specfleet.core.settings.schema import Settings
 from specfleet.core.settings.validators import http_host_problem, secret_flag
+from specfleet.core.text import mask_tokens
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Problem:
 
 
 def bad(key: str, found: str, expected: str, fix: str) -> Problem:
-    return Problem(key, f"settings key '{key}' is {found}, expected {expected}", fix)
+    # What was found is quoted back, never a token pasted into the wrong field.
+    return Problem(key, f"settings key '{key}' is {mask_tokens(found)}, expected {expected}", fix)
 
 
 def find_problems(data: Mapping[str, Any], host: str, test_ok: bool
@@ -340,6 +342,15 @@ CONFLICTS = [
      "settings key 'models_root' is {0!r}, expected a folder apart from state_dir {1!r} "
      "(neither inside the other)", "give models_root and state_dir folders of their own, e.g. "
      "'/srv/models' and '/var/lib/specfleet'"),
+    # A removal deletes the venv by its own rules and never a folder holding one or the weights.
+    (("venv", "state_dir"), lambda a, b: _inside(a, b) or _inside(b, a), "venv",
+     "settings key 'venv' is {0!r}, expected a folder apart from state_dir {1!r} "
+     "(neither inside the other)", "give venv and state_dir folders of their own, e.g. "
+     "'/opt/specfleet/sglang' and '/var/lib/specfleet'"),
+    (("venv", "models_root"), lambda a, b: _inside(a, b) or _inside(b, a), "venv",
+     "settings key 'venv' is {0!r}, expected a folder apart from models_root {1!r} "
+     "(neither inside the other)", "give venv and models_root folders of their own, e.g. "
+     "'/opt/specfleet/sglang' and '/srv/models'"),
     (("api_key", "api_key_file"), lambda a, b: a is not None and b is not None, "api_key_file",
      "settings keys 'api_key' and 'api_key_file' are both set",
      "keep api_key_file (the key stays out of the inventory) and remove api_key"),
@@ -381,7 +392,7 @@ def _inside(path: str, folder: str) -> bool:
 def _conflict(paths, when, key, text, fix) -> None:
     def check(*values):
         if when(*values):
-            yield Problem(key, text.format(*values), fix)
+            yield Problem(key, mask_tokens(text.format(*values)), fix)
 
     across(*paths)(check)
 

@@ -97,10 +97,44 @@ def settings_for_host(host: Any) -> Settings:
         return settings_from_dict(host.data.get(DATA_KEY), host=host.name)
     layers = [inventory.get_data(), *map(inventory.get_group_data, getattr(host, "groups", ())),
               inventory.get_host_data(host.name), inventory.get_override_data()]
-    stray = stray_problems(layers, override=inventory.get_override_data())
+    stray = placeholder_problems(layers) + stray_problems(
+        layers, override=inventory.get_override_data())
     if stray:
         raise host_error(host.name, stray)
     return settings_from_layers((layer.get(DATA_KEY) for layer in layers), host=host.name)
+
+
+# A value an example inventory asks you to fill in: ``"<address of the GPU host>"``.
+_PLACEHOLDER_CHARS = frozenset("<>")
+
+
+def _placeholders(value: Any, where: str) -> Iterable[tuple[str, str]]:
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > 2 and text[0] == "<" and text[-1] == ">" and \
+                not _PLACEHOLDER_CHARS & set(text[1:-1]):
+            yield where, text
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _placeholders(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _placeholders(item, f"{where}[{i}]")
+
+
+def placeholder_problems(layers: Iterable[Mapping[str, Any]]) -> list[Problem]:
+    """Every value of a host's data still a ``<...>`` placeholder (``inventories/first_host.py``
+    holds them until it is filled in): named as such, before anything connects to the host (an
+    address ``<address of the GPU host>`` is never looked up)."""
+    found: dict[str, str] = {}
+    for layer in layers:
+        for where, text in _placeholders(layer, ""):
+            key = where.removeprefix(DATA_KEY + ".")
+            found[key] = text
+    return [Problem(key, f"'{key}' is still the placeholder {text!r} (an example inventory's "
+                    "blank, not filled in)", f"replace {text} with the real value in the "
+                    "inventory")
+            for key, text in sorted(found.items())]
 
 
 @functools.lru_cache(maxsize=1024)  # the same few keys on every host, on every call

@@ -1,6 +1,7 @@
 """The settings schema: pydantic models, strict (``"10"`` is no int, ``"yes"`` no bool), closed and
 frozen; each value's own checks are field validators (``validators.py``), checks across keys are
-in ``checks.py``. Later features add fields here, with a docstring: their README line."""
+in ``checks.py``. Later features add fields here, with a docstring: their line of the settings
+reference (docs/settings.md)."""
 
 import math
 import re
@@ -91,8 +92,9 @@ def _env_name(name: str) -> str:
                      "PASSWORD)", SECRET_FIX, found=f"the variable {name}")  # fmt: skip
     if valid.unsafe_env_name(name):
         raise refuse("no variable that changes what code the server runs or how it logs "
-                     "(LD_*, PYTHONPATH and kin, SGLANG_LOGGING_CONFIG_PATH: they would undo "
-                     "the pinned venv and the redacting log config)", "remove it: install what "
+                     "(LD_*, PYTHONPATH and kin, the compile caches specfleet places, "
+                     "SGLANG_LOGGING_CONFIG_PATH: they would undo the pinned venv, the "
+                     "root-owned caches and the redacting log config)", "remove it: install what "
                      "the server needs into the venv, and leave its logging to specfleet",
                      found=f"the variable {name}")  # fmt: skip
     return name
@@ -130,6 +132,11 @@ def _local_or_url(local: Callable[[str], str | None], what: str) -> Callable[[st
 
 def _path(example: str) -> AfterValidator:
     return rule(valid.abs_path_problem, f"set {{key}} to an absolute path such as {example!r}")
+
+
+def _owned(example: str) -> AfterValidator:
+    return rule(valid.owned_dir_problem, f"set {{key}} to a folder of specfleet's own such as "
+                f"{example!r}")
 
 
 def _seconds(example: float) -> AfterValidator:
@@ -475,9 +482,9 @@ class Settings(Section):
     """The served model."""
     drafter: ModelSource = ModelSource(repo_id="z-lab/Kimi-K2.6-DFlash", gated=True)
     """The DFlash drafter."""
-    models_root: Annotated[str, _path("/srv/models")] = "/srv/models"
+    models_root: Annotated[str, _owned("/srv/models")] = "/srv/models"
     """The folder of the models' folders."""
-    venv: Annotated[str, _path("/opt/specfleet/sglang")] = "/opt/specfleet/sglang"
+    venv: Annotated[str, _owned("/opt/specfleet/sglang")] = "/opt/specfleet/sglang"
     """SGLang's venv; an existing one is reused, not replaced."""
     python: Annotated[str, rule(
         lambda v: not (valid.COMMAND_NAME.fullmatch(v) or valid.abs_path_problem(v) is None)
@@ -507,10 +514,12 @@ class Settings(Section):
     probe: ProbeOptions = ProbeOptions()
     """The readiness gate's correctness probe."""
     service_name: Annotated[str, rule(valid.unit_name_problem, "set service_name to a plain name "
-                            "such as 'specfleet-sglang'")] = "specfleet-sglang"  # fmt: skip
+                            "of specfleet's own such as 'specfleet-sglang'")
+                            ] = "specfleet-sglang"  # fmt: skip
     """The systemd unit's name."""
-    listen_host: Annotated[str, rule(valid.host_problem, "set listen_host to an address of the "
-                           "host, e.g. '127.0.0.1' or '0.0.0.0'")] = "127.0.0.1"  # fmt: skip
+    listen_host: Annotated[str, rule(valid.listen_address_problem, "set listen_host to an IP "
+                           "address of the host, e.g. '127.0.0.1' or '0.0.0.0'")
+                           ] = "127.0.0.1"  # fmt: skip
     """The address the server listens on."""
     port: Annotated[int, number(1, 65535, integer=True, fix="set port to a free TCP port such as "
                     "30000")] = 30000  # fmt: skip
@@ -525,7 +534,7 @@ class Settings(Section):
     """How long a start may take to answer."""
     launcher: Launcher | None = None
     """Tests only: the command standing in for `python -m sglang.launch_server`."""
-    state_dir: Annotated[str, _path("/var/lib/specfleet")] = "/var/lib/specfleet"
+    state_dir: Annotated[str, _owned("/var/lib/specfleet")] = "/var/lib/specfleet"
     """specfleet's own state on the host."""
 
 

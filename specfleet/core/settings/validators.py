@@ -65,6 +65,8 @@ def abs_path_problem(value: str) -> str | None:
         return "an absolute path without control characters (newline, tab, NUL ...)"
     if not value.startswith("/"):
         return "an absolute path (starting with /)"
+    if '"' in value or "\\" in value:
+        return "an absolute path without '\"' or '\\' (they change meaning in a unit file)"
     body = value[:-1] if value.endswith("/") and len(value) > 1 else value
     if body == "/":
         return "an absolute path other than / itself"
@@ -73,6 +75,72 @@ def abs_path_problem(value: str) -> str | None:
         return "an absolute path without '.' or '..' parts"
     if "" in parts or posixpath.normpath(body) != body:
         return "a normalized absolute path (no '//')"
+    return None
+
+
+# The host's own folders: the top-level ones of the FHS and those directly under /var. A folder
+# specfleet owns (state_dir, venv, models_root) is none of them and holds none of them: a removal
+# deletes what is in it by exact name, and a folder of the host's is never specfleet's.
+SYSTEM_DIRS = (
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+    "/var", "/var/backups", "/var/cache", "/var/lib", "/var/local", "/var/lock", "/var/log",
+    "/var/mail", "/var/opt", "/var/run", "/var/spool", "/var/tmp",
+    "/usr/bin", "/usr/lib", "/usr/local", "/usr/sbin", "/usr/share", "/etc/systemd",
+)
+# specfleet's own fixed folders (``specfleet.core.layout``: ETC_DIR, OPT_DIR, its tools and
+# watchdog folders; tests/unit/test_settings_paths.py checks that they agree): a configured
+# folder holds none of them and lies in none of them but OPT_DIR's free names.
+SPECFLEET_DIRS = ("/etc/specfleet", "/opt/specfleet")
+SPECFLEET_INNER = ("/etc/specfleet", "/opt/specfleet/tools", "/opt/specfleet/watchdog")
+
+
+def _holds(folder: str, path: str) -> bool:
+    """``folder`` is ``path`` or a parent of it."""
+    folder = folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def owned_dir_problem(value: str) -> str | None:
+    """A folder specfleet may own on a host: an absolute path (``abs_path_problem``) that is not
+    a system folder nor a parent of one, nor holds or lies in specfleet's fixed folders."""
+    problem = abs_path_problem(value)
+    if problem:
+        return problem
+    body = value.rstrip("/")
+    for d in (*SYSTEM_DIRS, *SPECFLEET_DIRS):
+        if _holds(body, d):
+            return (f"a folder of its own, not {d} or a folder holding it (the host's or "
+                    "specfleet's own folder)")
+    for d in SPECFLEET_INNER:
+        if _holds(d, body):
+            return f"a folder of its own, not inside specfleet's {d}"
+    return None
+
+
+# Units of the host's own a specfleet server may never be named as (its unit file would shadow
+# theirs in /etc/systemd/system): exact names, and prefixes of families.
+SYSTEM_UNITS = frozenset({
+    "ssh", "sshd", "systemd", "init", "dbus", "dbus-broker", "cron", "crond", "anacron", "atd",
+    "user", "getty", "serial-getty", "container-getty", "console-getty", "networkmanager",
+    "networking", "network",
+    "rsyslog", "syslog", "polkit", "udev", "ufw", "firewalld", "apparmor", "auditd", "chrony",
+    "chronyd", "ntp", "ntpd", "docker", "containerd", "kubelet", "snapd", "unattended-upgrades",
+    "apt-daily", "apt-daily-upgrade", "emergency", "rescue", "multi-user", "default", "basic",
+    "sysinit", "shutdown", "reboot", "poweroff", "halt", "display-manager", "rc-local",
+    "dm-event", "lvm2-monitor", "irqbalance", "kmod", "cloud-init", "cloud-config",
+    "cloud-final", "rpcbind", "autofs", "postfix", "exim4", "fwupd", "multipathd",
+    "prometheus-node-exporter", "node-exporter",
+})
+SYSTEM_UNIT_PREFIXES = ("systemd-", "nvidia", "getty@", "serial-getty@", "user@",
+                        "user-runtime-dir@", "dbus-")
+
+
+def system_unit_problem(value: str) -> str | None:
+    """A unit name that is not one of the host's own (``SYSTEM_UNITS``)."""
+    low = value.lower()
+    if low in SYSTEM_UNITS or low.startswith(SYSTEM_UNIT_PREFIXES):
+        return "a name of specfleet's own, not one of the host's system units"
     return None
 
 
@@ -98,6 +166,18 @@ def unit_name_problem(value: str) -> str | None:
         return "the name without the '.service' suffix (specfleet adds it)"
     if value.endswith(("@", ".")):
         return "a name that does not end with '@' or '.'"
+    return system_unit_problem(value)
+
+
+def listen_address_problem(value: str) -> str | None:
+    """An address the server listens on: an IP address, or a loopback name (``localhost``). A
+    DNS name is refused: the readiness gate and the status fact send the API key to it, and a
+    name may resolve anywhere."""
+    problem = host_problem(value)
+    if problem:
+        return problem
+    if not (is_ip(value.strip("[]")) or value.lower() in LOOPBACK_NAMES):
+        return "an IP address of the host (or localhost), not a DNS name"
     return None
 
 
@@ -265,7 +345,15 @@ UNSAFE_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSER
                         "BASH_ENV", "ENV", "GCONV_PATH", "SGLANG_LOGGING_CONFIG_PATH"})
 
 
+# Where the server (root) loads compiled code from: specfleet points each at a root-owned folder
+# under <models_root>/.cache (``specfleet.core.unit.CACHE_ENV``, checked to agree by
+# tests/unit/test_settings_paths.py); one a user may write would run their code as root.
+CODE_CACHE_ENV = frozenset({"PYTHONPYCACHEPREFIX", "SGLANG_DG_CACHE_DIR", "SGLANG_CACHE_DIR",
+                            "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                            "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"})
+
+
 def unsafe_env_name(name: str) -> bool:
     """Whether setting ``name`` in the server's environment would undo specfleet's safety."""
     upper = name.upper()
-    return upper in UNSAFE_ENV or upper.startswith("LD_")
+    return upper in UNSAFE_ENV or upper in CODE_CACHE_ENV or upper.startswith("LD_")

@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+# The newest release whose wheel was read for this table (tests/harness/wheelhouse.py downloads
+# it; tests/unit/test_settings_ready.py holds the two together). A newer version matches the last
+# row's open specifier, but nothing of it was read: `specfleet settings` refuses it.
+NEWEST_READ = "0.5.23"
+
 # The draft-window flag and the default specfleet passes (the DFLASH default in 0.5.11 too).
 DRAFT_WINDOW_FLAG_V1 = "--speculative-dflash-draft-window-size"
 DRAFT_WINDOW_FLAG = "--speculative-draft-window-size"
