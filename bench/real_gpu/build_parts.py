@@ -76,7 +76,13 @@ ROOTS = ["sglang==0.5.11", "pyinfra==3.10.0", "click>=8", "huggingface_hub>=0.30
 # Pins the issue and runs 1-4 name (a --no-deps walk has no resolver: these keep one version).
 PINS = {"sglang-kernel": "==0.4.2", "transformers": "==5.6.0", "flashinfer-python": "==0.6.8.post1",
         # the versions run 4's server ran with
-        "tokenizers": "==0.22.2", "compressed-tensors": "==0.18.0"}
+        "tokenizers": "==0.22.2", "compressed-tensors": "==0.18.0",
+        # sglang 0.5.11 asks plain `kernels`, and the walk takes the newest (0.19.1); transformers
+        # 5.6.0 pins kernels<0.13,>=0.12.0 only under its extras, which the walk does not follow,
+        # yet imports it whenever present (integrations/hub_kernels.py): 0.19.1's LayerRepository
+        # raised "Either a revision or a version must be specified." and every server died on
+        # import (run 5, call 1). 0.12.3 served (calls 2-4).
+        "kernels": ">=0.12.0,<0.13"}
 # Never carried: the image's torch and CUDA libraries, and kernels SGLang imports only for other
 # GPUs or features a DFLASH text server never loads (run 4's server started without them).
 EXCLUDE = {"torch", "torchvision", "torchaudio", "triton", "flashinfer-cubin", "flash-attn-4",

@@ -104,3 +104,61 @@ def test_parts_never_carry_the_images_torch():
     assert not bp.carried("huggingface-hub", spec(">=1.3.0,<2.0"))
     assert not bp.carried("numpy", spec("<2.4"))
     assert bp.carried("ipython", spec(""))  # sglang/utils.py imports IPython.display
+
+
+def test_parts_pin_kernels_as_transformers_extras_do():
+    """transformers 5.6.0 imports `kernels` whenever it is installed, but pins it (<0.13) only
+    under its extras; sglang 0.5.11 asks plain `kernels`. Run 5's call 1 carried 0.19.1 and every
+    server died importing transformers; the pin must keep the walk to transformers' range."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.real_gpu import build_parts as bp
+    finally:
+        sys.path.remove(str(ROOT))
+    # transformers-5.6.0's METADATA line (the `kernels` extra), as the wheel has it
+    extra = bp.Requirement('kernels<0.13,>=0.12.0; extra == "kernels"')
+    assert not extra.marker.evaluate(bp.ENV)  # the walk skips it: why the pin is needed
+    pin = bp.SpecifierSet(bp.PINS.get("kernels", ""))
+    assert not pin.contains("0.19.1")  # run 5 call 1's, which broke the import
+    assert pin.contains("0.12.3")  # what served in calls 2-4
+    assert all(extra.specifier.contains(v) for v in ("0.12.0", "0.12.3") if pin.contains(v))
+    assert not any(pin.contains(v) for v in ("0.11.9", "0.13.0"))
+
+
+def test_gate_failing_the_stale_build_counts_only_when_the_fixed_ones_pass(lab_run):
+    """Run 5: the probe failed S2, S5 and S6 alike (the target's role-token chat template); the
+    summary said S5 failed 'as expected'. A gate that fails everything proves nothing."""
+    def gate(rc):
+        out = "gate: FAILED after 14 s: ... the correctness probe failed: 0/6 answers right\n"
+        return {"gates": {"probe": {"rc": rc, "output": "" if rc == 0 else out}}}
+
+    srv = lab_run.RECORD["servers"]
+    srv.update({"S2": gate(4), "S5": gate(4), "S6": gate(4)})
+    got = lab_run.gate_probe_verdict()
+    assert got["verdict"].startswith("INCONCLUSIVE"), got
+    assert "0/6 answers right" in got["S6"]["why"]
+    srv.update({"S2": gate(0), "S5": gate(4), "S6": gate(0)})
+    assert lab_run.gate_probe_verdict()["verdict"] == "passes the fixed builds, fails the stale one"
+    srv.update({"S5": gate(0)})
+    assert lab_run.gate_probe_verdict()["verdict"].startswith("NOT as expected")
+
+
+def test_rope_loss_is_checked_against_the_reference_at_1e6(lab_run):
+    lab = lab_run.load_lab()
+    n = len(lab["prompts"])
+    lab["acceptance"]["lab-drafter-rope50k@1e6"] = {"mean": 1.552, "per_prompt": [1.552] * n}
+
+    def served(mean):
+        rows = [{"meta": {"spec_accept_length": mean}}] * n
+        return {"generate": {"single": rows, "batches": [], "acceptance_length": mean}}
+
+    lab_run.RECORD["servers"]["S8"] = served(1.5542)  # run 5's S8; S9 not run
+    got = lab_run.rope_verdict(lab)
+    assert got["stock_vs_reference_at_1e6"]["within_0.05"] is True
+    assert got["verdict"].startswith("lost on stock as the reference at 1e6 says"), got
+    # stock lower than the trained base's reference but not as the 1e6 loop: not as expected
+    lab_run.RECORD["servers"]["S8"] = served(3.0)
+    assert lab_run.rope_verdict(lab)["verdict"].startswith("stock NOT as expected")
+    lab_run.RECORD["servers"]["S8"] = served(1.5542)
+    lab_run.RECORD["servers"]["S9"] = served(lab["acceptance"]["lab-drafter-rope50k"]["mean"])
+    assert lab_run.rope_verdict(lab)["verdict"] == "lost on stock, back with the patch"
