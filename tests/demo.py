@@ -203,6 +203,8 @@ def prepare_hosts(fleet: Fleet) -> None:
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "standin_perf.py", STANDIN_PERF)
         # SGLang's own rules on the installed tree (the stand-in refuses what SGLang refuses).
         fleet.put(name, REPO_ROOT / "tests" / "harness" / "sglang_rules.py", STANDIN_RULES)
+        fleet.put(name, REPO_ROOT / "tests" / "harness" / "releases.py",
+                  "/opt/specfleet-standin/releases.py")
     if "ct200" in fleet.hosts:
         fleet.run(
             "ct200",

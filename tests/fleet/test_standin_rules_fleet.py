@@ -50,7 +50,7 @@ def rules_host(make_fleet):
     ])  # fmt: skip
     res = fleet.run("r1", setup, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    for name in ("standin_sglang_server.py", "sglang_rules.py"):
+    for name in ("standin_sglang_server.py", "sglang_rules.py", "releases.py"):
         fleet.put("r1", HARNESS / name, f"{STANDIN_DIR}/{name}")
     return fleet
 

@@ -60,7 +60,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from tests.harness.releases import WHEELHOUSE
+try:
+    from tests.harness.releases import WHEELHOUSE
+except ImportError:  # on a fleet host, beside the stand-in server: releases.py is uploaded with it
+    from releases import WHEELHOUSE
 
 GIB = 1024**3
 MIB = 1024**2

@@ -171,11 +171,14 @@ def ddtree_fork_host_script(tarball: str, venv: str, src: str = DDTREE_FORK_HOST
         "set -e",
         f"mkdir -p {parent}",
         f"[ -d {src}/sglang ] || tar xzf {tarball} -C {parent} python/",
+        # The tarball's modes are group-writable: root's alone, as preflight requires of a tree
+        # root builds from (a user's write would be code root runs).
+        f"chmod -R go-w {src}",
         f"[ -x {venv}/bin/python ] || python3 -m venv {venv}",
         f"site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
         # Regular files only: a few links in the tree point outside python/.
         f'[ -d "$site/sglang" ] || (cp -a {src}/sglang "$site/" && '
-        'find "$site/sglang" -type l -delete)',
+        'find "$site/sglang" -type l -delete && chmod -R go-w "$site/sglang")',
         f'info="$site/sglang-{DDTREE_FORK_VERSION}.dist-info"',
         'mkdir -p "$info"',
         f'printf "Metadata-Version: 2.1\\nName: sglang\\nVersion: {DDTREE_FORK_VERSION}\\n" '

@@ -169,6 +169,7 @@ def expected_argv(arch: str, build: str, tp: int, pcie_many: bool) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("arch,link,gpus,topo,build", list(matrix()))
 def test_matrix(arch, link, gpus, topo, build):
     facts = host_facts(gpus, topo, sglang=build)
@@ -232,6 +233,7 @@ def test_matrix(arch, link, gpus, topo, build):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_h200x2_too_small_for_kimi():
     with pytest.raises(PlanError) as err:
         make_plan(host_facts("h200x2"), settings(), DRAFTER_CONFIG, host="h1")
@@ -240,6 +242,7 @@ def test_h200x2_too_small_for_kimi():
     assert "fix: use a host with more GPU memory" in text
 
 
+@pytest.mark.local
 def test_h200x2_small_model_full_argv():
     """A weights size that fits: the whole SM90 NVLink plan, literally."""
     plan = make_plan(
@@ -277,6 +280,7 @@ def test_h200x2_small_model_full_argv():
          "driver. Make sure that the latest NVIDIA driver is installed and running. (exit status 9)"),
     ],
 )  # fmt: skip
+@pytest.mark.local
 def test_no_gpus_quotes_nvidia_smi_error(profile, quoted):
     facts = {
         "facts.gpu.Gpus": gpus_fact(profile),
@@ -289,6 +293,7 @@ def test_no_gpus_quotes_nvidia_smi_error(profile, quoted):
     assert "working driver" in err.value.fix
 
 
+@pytest.mark.local
 def test_old_driver_without_compute_cap():
     facts = {"facts.gpu.Gpus": gpus_fact("old-driver")}
     with pytest.raises(PlanError) as err:
@@ -313,6 +318,7 @@ def test_missing_gpu_fact_is_unknown():
         make_plan({}, settings(), predicted=True)
 
 
+@pytest.mark.local
 def test_unknown_arch_fails():
     # The real H200 capture, with the compute capability an A100 reports (8.0).
     lines = (NVIDIA / "h200x2" / "query-gpu.csv").read_text().splitlines()
@@ -326,6 +332,7 @@ def test_unknown_arch_fails():
     assert "plan.attention_backend" in err.value.fix
 
 
+@pytest.mark.local
 def test_sglang_without_dflash():
     # 0.5.10.post1 had no DFLASH (sglang.md section 2): predicted from the version table.
     facts = host_facts("h200x2", sglang=None)
@@ -335,6 +342,7 @@ def test_sglang_without_dflash():
     assert "sglang >= 0.5.11" in err.value.fix
 
 
+@pytest.mark.local
 def test_sglang_not_installed_and_not_predicted():
     facts = host_facts("h200x2", sglang=None)
     with pytest.raises(PlanError) as err:
@@ -343,6 +351,7 @@ def test_sglang_not_installed_and_not_predicted():
     assert "--predicted" in err.value.fix
 
 
+@pytest.mark.local
 def test_fewer_gpus_than_tp_size():
     with pytest.raises(PlanError) as err:
         make_plan(host_facts("h200x2"), settings(plan={"tp_size": 8}), DRAFTER_CONFIG)
@@ -368,6 +377,7 @@ def test_plan_error_is_a_specfleet_error():
         ("0.5.23", "--speculative-draft-window-size"),
     ],
 )
+@pytest.mark.local
 def test_predicted_plan_uses_version_table(version, window):
     facts = host_facts("h200x2", sglang=None)
     plan = make_plan(facts, settings(sglang={"version": version}), predicted=True, weights_bytes=1)
@@ -381,6 +391,7 @@ def test_predicted_plan_uses_version_table(version, window):
     assert plan.render().startswith("plan (predicted: SGLang not installed yet):")
 
 
+@pytest.mark.local
 def test_predicted_matches_installed_for_each_release():
     """A --dry plan before install equals the plan once the real wheel's facts are in."""
     for version in ("0.5.11", "0.5.14", "0.5.23"):
@@ -397,6 +408,7 @@ def test_predicted_matches_installed_for_each_release():
         assert (before.argv, before.env) == (after.argv, after.env), version
 
 
+@pytest.mark.local
 def test_predicted_pr20547_git_install():
     s = settings(sglang={
         "kind": "git",
@@ -408,6 +420,7 @@ def test_predicted_pr20547_git_install():
     assert "--speculative-dflash-draft-window-size" in plan.argv
 
 
+@pytest.mark.local
 def test_block_size_from_dflash_config_and_window_check():
     cfg = {"dflash_config": {"block_size": 16, "target_layer_ids": [1, 12]}, "block_size": 8}
     plan = make_plan(host_facts("h200x2"), settings(), cfg, weights_bytes=1)
@@ -420,11 +433,13 @@ def test_block_size_from_dflash_config_and_window_check():
     assert err.value.problem == "draft window 8 is smaller than the block size 16"
 
 
+@pytest.mark.local
 def test_bad_drafter_config():
     with pytest.raises(PlanError, match="no usable block_size"):
         make_plan(host_facts("h200x2"), settings(), {"block_size": "eight"}, weights_bytes=1)
 
 
+@pytest.mark.local
 def test_ddtree_reported_not_enabled():
     facts = host_facts("h200x2")
     install = json.loads(json.dumps(facts["facts.sglang.SGLangInstall"]))
@@ -446,6 +461,7 @@ def test_ddtree_reported_not_enabled():
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.local
 def test_overrides_are_reported_and_applied():
     s = settings(
         plan={
@@ -486,6 +502,7 @@ def test_overrides_are_reported_and_applied():
     assert "[override]" in plan.render()
 
 
+@pytest.mark.local
 def test_sm120_backend_override_rejects_runtime_failures():
     # fa3 on SM120 passes SGLang's checks at startup and fails at runtime: refused by the plan.
     facts = host_facts("rtx6000x8")
@@ -494,6 +511,7 @@ def test_sm120_backend_override_rejects_runtime_failures():
     assert err.value.problem == "plan.attention_backend 'fa3' fails at runtime on SM120"
 
 
+@pytest.mark.local
 def test_attention_override_not_in_registry():
     # cutlass_mla left the registry in 0.5.23 (read from the wheel).
     with pytest.raises(PlanError) as err:
@@ -506,6 +524,7 @@ def test_attention_override_not_in_registry():
     assert "not in SGLang 0.5.23's attention registry" in err.value.problem
 
 
+@pytest.mark.local
 def test_draft_backend_pr20547_has_no_triton():
     with pytest.raises(PlanError) as err:
         make_plan(
@@ -529,6 +548,7 @@ def test_draft_backend_pr20547_has_no_triton():
         ("0.5.11", "--speculative-eagle-topk", True),
     ],
 )
+@pytest.mark.local
 def test_forbidden_flags_with_dflash(build, flag, forbidden):
     s = settings(plan={"extra_args": {flag: True}})
     facts = host_facts("h200x2", sglang=build)
@@ -540,6 +560,7 @@ def test_forbidden_flags_with_dflash(build, flag, forbidden):
         assert flag in make_plan(facts, s, DRAFTER_CONFIG, weights_bytes=1).argv
 
 
+@pytest.mark.local
 def test_launcher_stand_in_keeps_flags(monkeypatch):
     monkeypatch.setenv("SPECFLEET_ALLOW_TEST_SETTINGS", "1")  # launcher is test-only
     s = settings(launcher=["/usr/bin/python3", "/srv/standin_sglang_server.py"])
@@ -549,6 +570,7 @@ def test_launcher_stand_in_keeps_flags(monkeypatch):
     assert plan.argv[2:] == real.argv[3:]
 
 
+@pytest.mark.local
 def test_custom_paths_and_listen():
     s = settings(
         venv="/root/venv_sglang211/",
@@ -565,6 +587,7 @@ def test_custom_paths_and_listen():
     assert plan.argv[-4:] == ["--host", "0.0.0.0", "--port", "31000"]
 
 
+@pytest.mark.local
 def test_to_json_and_render():
     plan = make_plan(host_facts("h200x2"), settings(), DRAFTER_CONFIG, weights_bytes=1)
     data = json.loads(plan.to_json())
@@ -596,6 +619,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.local
 def test_cli_json_ok(tmp_path):
     facts = host_facts("h200x2", sglang="0.5.11")
     facts["drafter_config"] = DRAFTER_CONFIG
@@ -640,6 +664,7 @@ def pyinfra_fact_json(profile: str, tmp: Path) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.local
 def test_cli_takes_pyinfra_fact_json_output(tmp_path):
     facts = pyinfra_fact_json("rtx6000x8", tmp_path)
     assert set(facts["facts.gpu.Gpus"]) == {"@local"}
@@ -668,6 +693,7 @@ def test_cli_takes_pyinfra_fact_json_output(tmp_path):
     assert out.returncode == 0, out.stdout
 
 
+@pytest.mark.local
 def test_cli_error_exit_2(tmp_path):
     (tmp_path / "facts.json").write_text(json.dumps(host_facts("h200x2")))
     out = run_cli("--facts", str(tmp_path / "facts.json"), "--json")
@@ -686,6 +712,7 @@ def test_cli_error_exit_2(tmp_path):
         ("[1, 2]", "must hold a JSON object"),
     ],
 )
+@pytest.mark.local
 def test_cli_bad_input_files(tmp_path, content, message):
     path = tmp_path / "facts.json"
     if content is not None:
@@ -772,6 +799,7 @@ def _write_malformed(tmp_path: Path, change) -> Path:
 
 @pytest.mark.parametrize("change, names", [m[1:] for m in MALFORMED_FACTS],
                          ids=[m[0] for m in MALFORMED_FACTS])
+@pytest.mark.local
 def test_cli_malformed_facts_exit_2_with_an_error_naming_the_fact(tmp_path, capsys, change, names):
     path = _write_malformed(tmp_path, change)
     rc, out, err = plan_cli_in_process(capsys, "--facts", str(path), "--json")
@@ -785,6 +813,7 @@ def test_cli_malformed_facts_exit_2_with_an_error_naming_the_fact(tmp_path, caps
     assert "Traceback" not in err
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("case", ["gpus not a list", "nested too deep"])
 def test_cli_malformed_facts_exit_2_as_a_process(tmp_path, case):
     """The process itself (the cases above run its main in-process): exit status 2, the error
@@ -800,6 +829,7 @@ def test_cli_malformed_facts_exit_2_as_a_process(tmp_path, case):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.local
 def test_cli_the_good_facts_of_the_malformed_cases_plan(tmp_path):
     (tmp_path / "facts.json").write_text(json.dumps(_cli_facts()))
     res = run_cli("--facts", str(tmp_path / "facts.json"), "--json")
@@ -807,6 +837,7 @@ def test_cli_the_good_facts_of_the_malformed_cases_plan(tmp_path):
     assert json.loads(res.stdout)["argv"][:3] == LAUNCH
 
 
+@pytest.mark.local
 def test_cli_settings_file_not_utf8(tmp_path):
     (tmp_path / "facts.json").write_text(json.dumps(_cli_facts()))
     (tmp_path / "settings.json").write_bytes(b'{"venv": "/opt/\xe9"}')
@@ -817,6 +848,7 @@ def test_cli_settings_file_not_utf8(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.local
 def test_cli_settings_checked_as_at_load(tmp_path):
     (tmp_path / "facts.json").write_text(json.dumps(_cli_facts()))
     (tmp_path / "settings.json").write_text(json.dumps({"service_name": "../x", "port": 0}))
@@ -828,6 +860,7 @@ def test_cli_settings_checked_as_at_load(tmp_path):
     assert "settings key 'service_name' is '../x'" in error and "settings key 'port' is 0" in error
 
 
+@pytest.mark.local
 def test_an_install_without_a_version_goes_by_its_dflash_worker_and_says_so():
     facts = host_facts("h200x2", sglang="0.5.14")
     facts["facts.sglang.SGLangInstall"]["version"] = None
@@ -842,6 +875,7 @@ def test_an_install_without_a_version_goes_by_its_dflash_worker_and_says_so():
         make_plan(facts, settings(), DRAFTER_CONFIG, weights_bytes=1)
 
 
+@pytest.mark.local
 def test_an_unparseable_installed_version_never_falls_back_to_another_release():
     facts = host_facts("h200x2", sglang="0.5.11")
     facts["facts.sglang.SGLangInstall"]["version"] = "garbage"
@@ -850,6 +884,7 @@ def test_an_unparseable_installed_version_never_falls_back_to_another_release():
     assert "'garbage' (facts.sglang.SGLangInstall.version), which does not parse" in str(err.value)
 
 
+@pytest.mark.local
 def test_cli_bad_settings(tmp_path):
     (tmp_path / "facts.json").write_text(json.dumps(host_facts("h200x2")))
     (tmp_path / "settings.json").write_text(json.dumps({"port": "high"}))
@@ -859,6 +894,7 @@ def test_cli_bad_settings(tmp_path):
     assert "settings key 'port'" in json.loads(out.stdout)["error"]
 
 
+@pytest.mark.local
 def test_cli_human_rendering(tmp_path):
     (tmp_path / "facts.json").write_text(json.dumps(host_facts("h200x2", sglang=None)))
     out = run_cli("--facts", str(tmp_path / "facts.json"), "--predicted", "--weights-bytes", "1")
@@ -870,6 +906,7 @@ def test_cli_human_rendering(tmp_path):
     assert bad.stderr.startswith("specfleet: SGLang is not installed")
 
 
+@pytest.mark.local
 def test_specfleet_plan_says_its_error_as_every_subcommand_does(tmp_path, capsys):
     """``specfleet plan`` and ``python -m specfleet.plan`` (above) prefix an error as the rest of
     the CLI does (``specfleet: ...``), not ``error: ...``."""
@@ -893,6 +930,7 @@ def ct200_settings():
     return settings_from_dict(data["specfleet"], host=name)
 
 
+@pytest.mark.local
 def test_ct200_plan():
     facts = host_facts("rtx6000x8", sglang="0.5.11")
     plan = make_plan(facts, ct200_settings(), DRAFTER_CONFIG, host="ct200")
@@ -965,6 +1003,7 @@ def test_ct200_plan():
     assert "--disable-overlap-schedule" in dry_off.argv
 
 
+@pytest.mark.local
 def test_sm120_mem_fraction_override_above_085_is_flagged():
     facts = host_facts("rtx6000x8", sglang="0.5.11")
     plan = make_plan(facts, settings(plan={"mem_fraction_static": 0.9}), DRAFTER_CONFIG)
@@ -973,6 +1012,7 @@ def test_sm120_mem_fraction_override_above_085_is_flagged():
     assert "above 0.85 has been seen to OOM on SM120" in reason.why
 
 
+@pytest.mark.local
 def test_kv_cache_room_too_small_even_at_an_explicit_fraction():
     # 8x H100 80GB at 0.85: 67.7 GiB per GPU for 70.1 GiB of weights per GPU.
     facts = host_facts("h100x8", "b200x8", sglang="0.5.23")
@@ -984,6 +1024,7 @@ def test_kv_cache_room_too_small_even_at_an_explicit_fraction():
     )
 
 
+@pytest.mark.local
 def test_explicit_fraction_that_fits_names_its_risk():
     # 0.94 x 79.6 GiB = 74.9 GiB: 4.8 GiB of KV cache, above SGLang's own 0.727 (0.5.23).
     facts = host_facts("h100x8", "b200x8", sglang="0.5.23")
@@ -1066,6 +1107,7 @@ def test_the_port_rule_plans_sglang_grpc_port_where_the_release_needs_it(release
     assert mine.reason("grpc-port").kind == "override"
 
 
+@pytest.mark.local
 def test_sm120_flashinfer_target_choice():
     facts = host_facts("rtx6000x8", sglang="0.5.14")
     plan = make_plan(facts, settings(plan={"sm120_target_backend": "flashinfer"}), DRAFTER_CONFIG)
@@ -1077,6 +1119,7 @@ def test_sm120_flashinfer_target_choice():
     )
 
 
+@pytest.mark.local
 def test_unknown_arch_with_both_backends_given():
     # The real H200 capture with an A100's compute capability (8.0), both backends overridden.
     lines = (NVIDIA / "h200x2" / "query-gpu.csv").read_text().splitlines()
@@ -1090,6 +1133,7 @@ def test_unknown_arch_with_both_backends_given():
     assert "--mem-fraction-static" not in argv
 
 
+@pytest.mark.local
 def test_topology_unknown_disables_custom_all_reduce():
     # h100x8 has no `nvidia-smi topo -m` capture: the stand-in fails that command, as a host whose
     # nvidia-smi cannot print the matrix would, and GpuTopology carries the error. (A small target:
@@ -1105,6 +1149,7 @@ def test_topology_unknown_disables_custom_all_reduce():
     assert make_plan(facts, small, DRAFTER_CONFIG, weights_bytes=16 * 1024**3).argv == plan.argv
 
 
+@pytest.mark.local
 def test_a_pinned_revision_is_served_from_its_own_folder():
     """A new pin changes the argv (and so the unit); a followed branch serves `current`."""
     pin = "0123456789abcdef0123456789abcdef01234567"

@@ -72,6 +72,7 @@ GROUPS = [
 ]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("build", list(BUILD))
 @pytest.mark.parametrize("profile,n,topo,arch,nvlink", GROUPS, ids=lambda v: str(v))
 def test_group_matrix(profile, n, topo, arch, nvlink, build):
@@ -106,6 +107,7 @@ def test_group_matrix(profile, n, topo, arch, nvlink, build):
     assert arch in ARCH
 
 
+@pytest.mark.local
 def test_two_h200x2_hosts_refused_with_numbers_and_the_count_that_fits():
     # 561 GiB over 4 GPUs of 140.4 GiB: held, with no KV pool after SGLang's fraction.
     with pytest.raises(PlanError) as err:
@@ -137,6 +139,7 @@ def test_the_kv_floor_of_a_group_is_plan_min_request_tokens_as_on_one_host():
     assert "below plan.min_request_tokens 2,000,000" in err.value.problem
 
 
+@pytest.mark.local
 def test_rdma_ports_become_nccl_ib_hca():
     rdma = [
         {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "InfiniBand",
@@ -151,6 +154,7 @@ def test_rdma_ports_become_nccl_ib_hca():
         assert plan.reason("node-transport").choice == "RDMA mlx5_0:1"
 
 
+@pytest.mark.local
 def test_interface_names_may_differ_between_members():
     patch = {"g1": {NET: interfaces("10.0.0.12", name="enp1s0f0")}}
     group = make_group_plan(members("h100x8", 2, topo="b200x8", facts_patch=patch))
@@ -158,6 +162,7 @@ def test_interface_names_may_differ_between_members():
     assert group.plans["g1"].env["GLOO_SOCKET_IFNAME"] == "enp1s0f0"
 
 
+@pytest.mark.local
 def test_address_on_no_interface_is_refused():
     patch = {"g1": {NET: interfaces("192.168.9.9")}}
     with pytest.raises(GroupPlanError) as err:
@@ -167,6 +172,7 @@ def test_address_on_no_interface_is_refused():
     assert "group.addresses.g1" in err.value.fix
 
 
+@pytest.mark.local
 def test_group_addresses_setting_wins_over_inventory_address():
     data = group_data(2, addresses={"g1": "192.168.9.9"})
     patch = {"g1": {NET: interfaces("192.168.9.9", name="ib0")}}
@@ -174,12 +180,14 @@ def test_group_addresses_setting_wins_over_inventory_address():
     assert group.plans["g1"].env["NCCL_SOCKET_IFNAME"] == "ib0"
 
 
+@pytest.mark.local
 def test_group_interface_must_exist_on_every_member():
     data = group_data(2, interface="eth9")
     with pytest.raises(GroupPlanError, match="'eth9' is not an interface of g0"):
         make_group_plan(members("h100x8", 2, topo="b200x8", data=data))
 
 
+@pytest.mark.local
 def test_mixed_gpu_counts_refused():
     patch = {"g1": host_facts("h200x2")}
     with pytest.raises(GroupPlanError) as err:
@@ -188,6 +196,7 @@ def test_mixed_gpu_counts_refused():
     assert "g0: 8, g1: 2" in err.value.problem
 
 
+@pytest.mark.local
 def test_member_with_different_sglang_refused_before_anything():
     patch = {"g1": host_facts("h100x8", "b200x8", sglang="0.5.14")}
     with pytest.raises(GroupPlanError) as err:
@@ -196,6 +205,7 @@ def test_member_with_different_sglang_refused_before_anything():
     assert "runs SGLang sglang 0.5.14, rank 0 (g0) runs sglang 0.5.23" in err.value.problem
 
 
+@pytest.mark.local
 def test_member_with_different_plan_is_refused_naming_what_differs():
     per_host = {"g1": {"plan": {"mem_fraction_static": 0.8}}}
     with pytest.raises(GroupPlanError) as err:
@@ -204,6 +214,7 @@ def test_member_with_different_plan_is_refused_naming_what_differs():
     assert "--mem-fraction-static 0.8 (rank 0: (absent))" in err.value.problem
 
 
+@pytest.mark.local
 def test_members_must_agree_on_the_group():
     per_host = {"g1": {"group": {"name": "kimi-pair", "members": ["g0", "g1"],
                                  "rendezvous_port": 21000}}}  # fmt: skip
@@ -212,11 +223,13 @@ def test_members_must_agree_on_the_group():
     assert "group.rendezvous_port=21000 (not 20000)" in err.value.problem
 
 
+@pytest.mark.local
 def test_missing_member_refused():
     with pytest.raises(GroupPlanError, match="no facts for member"):
         make_group_plan(members("h100x8", 2, topo="b200x8")[:1])
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("flag", ["--pp-size", "--pipeline-parallel-size"])
 @pytest.mark.parametrize("build", ["0.5.11", "0.5.14", "0.5.23"])
 def test_pipeline_parallel_refused_citing_sglang(flag, build):
@@ -228,12 +241,14 @@ def test_pipeline_parallel_refused_citing_sglang(flag, build):
     assert "pp_size == 1" in err.value.problem
 
 
+@pytest.mark.local
 def test_data_parallel_across_nodes_refused():
     data = {**group_data(2), "plan": {"extra_args": {"--dp-size": 2}}}
     with pytest.raises(PlanError, match="data-parallel replicas across nodes"):
         make_group_plan(members("h100x8", 2, topo="b200x8", data=data))
 
 
+@pytest.mark.local
 def test_single_host_plan_unchanged_by_groups():
     facts = host_facts("h200x2", "h200x2")
     plan = make_plan(facts, settings_from_dict({}), DRAFTER_CONFIG, weights_bytes=1)
@@ -241,6 +256,7 @@ def test_single_host_plan_unchanged_by_groups():
     assert "NCCL_SOCKET_IFNAME" not in plan.env
 
 
+@pytest.mark.local
 def test_group_plan_errors_are_specfleet_errors_and_render():
     with pytest.raises(SpecfleetError) as err:
         make_group_plan(members("h200x2", 2), DRAFTER_CONFIG, weights_bytes=600 * GIB)
@@ -272,6 +288,7 @@ def test_tp_size_and_group_conflict():
         settings_from_dict({**group_data(2), "plan": {"tp_size": 8}}, host="g0")
 
 
+@pytest.mark.local
 def test_render_and_json_show_every_rank():
     group = make_group_plan(members("h100x8", 2, topo="b200x8"), DRAFTER_CONFIG)
     text = group.render()

@@ -129,6 +129,7 @@ def declared_flags(zf: zipfile.ZipFile) -> set[str]:
     return flags | {"--" + f.replace("_", "-") for f in fields}
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_plan_flags_exist_in_wheel(version):
     flags = declared_flags(wheel(version))
@@ -142,6 +143,7 @@ def test_plan_flags_exist_in_wheel(version):
     assert [f for f in used if f not in flags] == []
 
 
+@pytest.mark.local
 def test_old_window_flag_gone_in_0523():
     assert DRAFT_WINDOW_FLAG_V1 not in declared_flags(wheel("0.5.23"))
     assert DRAFT_WINDOW_FLAG not in declared_flags(wheel("0.5.11"))
@@ -161,6 +163,7 @@ def wheel_draft_backends(zf: zipfile.ZipFile) -> tuple[str, ...]:
     return tuple(re.findall(r'"([^"]+)"', m.group(1)))
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_draft_backends_match_wheel(version):
     assert wheel_draft_backends(wheel(version)) == version_row(version).dflash_draft_backends
@@ -198,6 +201,7 @@ def wheel_dflash_dp_attention(zf: zipfile.ZipFile) -> tuple[bool, tuple[str, ...
     return refuses, needs
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_dp_attention_rejection_matches_wheel(version):
     refuses, needs = wheel_dflash_dp_attention(wheel(version))
@@ -245,6 +249,7 @@ def test_row_sources_are_the_wheels(version):
     assert "def check_server_args" in texts
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_compressed_tensors_specifier_fits_wheel_requirement(version):
     zf = wheel(version)

@@ -101,6 +101,7 @@ def test_every_release_of_the_version_table_is_judged():
     assert rows == {str(row.sglang) for row in VERSIONS if row.dflash is not None}
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("profile,gpus,topo,nhosts", PROFILES, ids=[p[0] for p in PROFILES])
 def test_planner_agrees_with_sglang(profile, gpus, topo, nhosts, release):
@@ -181,6 +182,7 @@ def _argv_without_memory_check(gpus, topo, nhosts, release) -> list[str]:
     [(81559, (9, 0), 0.749), (97887, (12, 0), 0.791), (143771, (9, 0), 0.858),
      (183359, (10, 0), 0.821)],
 )  # fmt: skip
+@pytest.mark.local
 def test_harness_gives_the_real_gpu_figures(mib, sm, expected):
     """0.5.11's own rule in the harness reproduces what the real ServerArgs gave on a real H200
     machine (issue 30) for a text-only Kimi K2 config at TP 8 with DFLASH."""
@@ -191,6 +193,7 @@ def test_harness_gives_the_real_gpu_figures(mib, sm, expected):
     assert verdict.max_running_requests == 48
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", RELEASES)
 def test_one_h100_host_is_refused_by_both(release):
     """The case of issue 30: one 8x H100 host, refused by the planner, and SGLang's own fraction
@@ -203,6 +206,7 @@ def test_one_h100_host_is_refused_by_both(release):
     assert "Not enough memory" in refusal.problem
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_matrix_fails_the_old_planner(release):
     """The check can fail: the planner before issue 30 compared only the GPUs' total memory with
@@ -234,6 +238,7 @@ def test_pipeline_steps_are_each_releases():
         assert missing == expected, release
 
 
+@pytest.mark.local
 def test_harness_refuses_what_sglang_refuses():
     """The harness can fail: 0.5.11's own parser and DFLASH checks refuse bad argv."""
     argv = _argv_without_memory_check("h200x2", "h200x2", 1, "0.5.11")
@@ -246,6 +251,7 @@ def test_harness_refuses_what_sglang_refuses():
     )
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", ["0.5.11", "0.5.14"])
 def test_context_length_is_parsed_by_the_wheels_own_type(release):
     """--context-length (a deploy's plan.extra_args) goes through utils.common's
@@ -257,6 +263,7 @@ def test_context_length_is_parsed_by_the_wheels_own_type(release):
                                                                  "four"]).refused
 
 
+@pytest.mark.local
 def test_harness_refuses_what_0_5_23_refuses():
     """0.5.23's own parser and resolution hooks refuse bad argv in the harness: the old window
     flag is gone, the window must hold a block, DFLASH needs pp_size 1."""
@@ -284,6 +291,7 @@ MEMORY_RULE_GPUS = [(81559, (9, 0)), (143771, (9, 0)), (183359, (10, 0)), (97887
                     (24564, (8, 9)), (32607, (12, 0)), (49140, (8, 9))]  # fmt: skip
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("gpu", MEMORY_RULE_GPUS, ids=[str(g[0]) for g in MEMORY_RULE_GPUS])
 @pytest.mark.parametrize("tp", [2, 8, 16])
 @pytest.mark.parametrize("model", ["vision", "text"])
@@ -334,6 +342,7 @@ def test_version_table_memory_rule_is_each_releases(release, gpu, tp, model):
 DP_ATTENTION = {"--enable-dp-attention": True, "--dp-size": 2}
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("lm_head", [False, True], ids=["dp-attention", "dp-attention+lm-head"])
 @pytest.mark.parametrize("release", RELEASES)
 def test_dp_attention_agrees_with_sglang(release, lm_head):
@@ -377,6 +386,7 @@ def check_dp_attention(release, extra):
     ), (verdict.refused, refusal.problem)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("gpus", ["h100x8", "h200x2"])
 def test_dp_attention_memory_rule_is_sglangs(gpus):
     """With dp attention SGLang reserves more for the decode graphs; the version table's rule
