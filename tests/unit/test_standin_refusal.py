@@ -43,7 +43,7 @@ def host_0_5_23(tmp_path_factory):
 
 def _host(tmp_path_factory, release: str) -> Path:
     root = tmp_path_factory.mktemp(f"standin-host-{release}")
-    for name in ("standin_sglang_server.py", "sglang_rules.py"):
+    for name in ("standin_sglang_server.py", "sglang_rules.py", "releases.py"):
         shutil.copy(HARNESS / name, root / name)
     site = root / "site-packages"
     with zipfile.ZipFile(sglang_wheel(release)) as z:
