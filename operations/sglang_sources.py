@@ -23,6 +23,7 @@ import io
 import os
 import tarfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -38,6 +39,16 @@ FETCH_TIMEOUT_S = 120
 FETCH_DEADLINE_S = 900
 MAX_WHEEL_BYTES = 512 << 20
 MAX_FILE_BYTES = 16 << 20
+
+
+def why_unreachable(exc: Exception) -> str:
+    """What the server or the network said, in its words: "HTTP 404 Not Found", not urllib's
+    class name (a host left without an optional patch is warned, not shown an error)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return str(exc)
 
 
 class UpstreamUnreachable(SpecfleetError):
@@ -247,8 +258,8 @@ class UpstreamSources:
     def _unreachable(self, url: str, exc: Exception, src: Mapping, tried: list[str]):
         also = f"; not in patch.source: {', '.join(tried)}" if tried else ""
         return UpstreamUnreachable(
-            f"cannot fetch {url} ({exc}){also}: the PR#20547 port takes upstream text from it, "
-            "pinned by sha256, and this project carries none",
+            f"cannot fetch {url} ({why_unreachable(exc)}){also}: the PR#20547 port takes "
+            "upstream text from it, pinned by sha256, and this project carries none",
             host=self.host,
             fix=f"let the control machine reach {urllib.parse.urlparse(url).netloc}, or copy "
             f"{self._what(src)} into a folder and set patch.source to it",
