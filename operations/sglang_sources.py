@@ -82,10 +82,13 @@ def _too_large(url: str, size: int, cap: int) -> UpstreamTooLarge:
 
 
 def _read_file(path: Path, shown: str, max_bytes: int) -> bytes:
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise _too_large(shown, size, max_bytes)
-    return path.read_bytes()
+    # Read one byte past the cap from the open file, never sized beforehand: what is read is
+    # what was measured, whatever the file becomes meanwhile.
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _too_large(shown, len(data), max_bytes)
+    return data
 
 
 def _read_url(url: str, max_bytes: int = MAX_FILE_BYTES,

@@ -461,7 +461,13 @@ class Session:
         if not Path(path).is_file():
             raise SpecfleetError(f"no pyinfra config file {path}",
                                  fix="give --config a pyinfra config.py")
-        for key, value in _exec_python(Path(path)).items():
+        from pyinfra.context import ctx_state
+
+        # pyinfra's CLI sets its state in context before it execs the config file: the file's
+        # `from pyinfra import state` is this run's state, never one left by an earlier run.
+        with ctx_state.use(self.state):
+            names = _exec_python(Path(path))
+        for key, value in names.items():
             if key.isupper():
                 setattr(config, key, value)
 

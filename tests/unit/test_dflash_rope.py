@@ -99,6 +99,7 @@ def test_transformers_keeps_the_drafters_rope_only_in_rope_parameters(config):
     assert getattr(config, "rope_theta", None) is None
 
 
+@pytest.mark.local
 def test_the_drafter_uses_its_rope_after_the_patch_and_base_1e6_before(config, wheel_0511,
                                                                        tmp_path):  # fmt: skip
     before = rope_of(wheel_0511.read(TARGET).decode(), wheel_0511, config, tmp_path)
@@ -114,6 +115,7 @@ def test_the_drafter_uses_its_rope_after_the_patch_and_base_1e6_before(config, w
     assert after["max_position"] == before["max_position"] == 262144
 
 
+@pytest.mark.local
 def test_the_patch_is_0511s_file_with_0514s_two_lines():
     patch = load_rope_patch("0.5.11")
     diff, _ = patch.build(recipe_reader(patch.recipe))
@@ -129,6 +131,7 @@ def test_the_patch_is_0511s_file_with_0514s_two_lines():
     assert load_rope_patch("0.5.14") is None
 
 
+@pytest.mark.local
 def test_the_decision_applies_only_to_the_wheels_own_file_and_is_reversible():
     patch = load_rope_patch("0.5.11")
     diff, _ = patch.build(recipe_reader(patch.recipe))
@@ -157,6 +160,7 @@ def test_the_decision_applies_only_to_the_wheels_own_file_and_is_reversible():
     assert d.noop and "needs no drafter RoPE patch" in d.reason
 
 
+@pytest.mark.local
 def test_the_patch_applies_to_the_wheels_file_and_restores_it_byte_for_byte(wheel_0511, tmp_path):
     """The deploy's own scripts (PR#20547's journaled apply and restore) on the 0.5.11 wheel's
     file with real GNU patch, and the PatchState fact on the patch's own state folder."""

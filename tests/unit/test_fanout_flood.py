@@ -13,6 +13,8 @@ import sys
 import time
 import tracemalloc
 
+import pytest
+
 from specfleet.hostside import fanout_agent, weights_agent
 from tests.unit.test_fanout import REV, SOURCE, receiver_pull
 
@@ -22,6 +24,7 @@ def _channel(script: str) -> fanout_agent.SourceChannel:
                                       lambda stream, head, asked: None)
 
 
+@pytest.mark.local
 def test_a_status_flood_keeps_only_the_newest():
     """20,000 statuses of 1 KiB each (20 MiB): the receiver holds the newest alone (before: every
     one, in a queue that grew with the flood)."""
@@ -47,6 +50,7 @@ def test_a_status_flood_keeps_only_the_newest():
         tracemalloc.stop()
 
 
+@pytest.mark.local
 def test_a_stderr_flood_keeps_its_last_lines(tmp_path, monkeypatch):
     """20 MiB of stderr, then the line that says why: the receiver keeps the last lines only (in
     memory, each cut short; before: all of it, in a temporary file), and tells the last one."""
@@ -70,6 +74,7 @@ def test_a_stderr_flood_keeps_its_last_lines(tmp_path, monkeypatch):
         channel.close()
 
 
+@pytest.mark.local
 def test_a_source_that_stalls_after_one_file_is_given_up_after_one_stall(tmp_path, monkeypatch):
     """The source has three files; each round it sends the first asked for, then goes silent.
     Before, each round took one file and a stall (files x stall_seconds: about 11 h for K2.6);
@@ -122,6 +127,7 @@ def test_the_pulls_unit_has_a_memory_cap():
     assert words.index("--property=MemoryMax=1G") < words.index("--")
 
 
+@pytest.mark.local
 def test_the_private_key_goes_through_stdin_never_an_upload(tmp_path):
     """Issue 55: with --sudo, pyinfra's upload of the fan-out's private key went through a file in
     /tmp with default permissions before its copy. Now one root shell writes it from stdin,

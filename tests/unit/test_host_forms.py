@@ -79,6 +79,7 @@ def test_a_missing_file_or_a_name_pyinfra_cannot_place_is_said_as_such():
         load_inventory("no-such-host.invalid")
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("command", ["status", "probe"])
 @pytest.mark.parametrize("form, names", FORMS)
 def test_status_and_probe_take_every_form(at_root, not_tried, capsys, command, form, names):
@@ -89,12 +90,14 @@ def test_status_and_probe_take_every_form(at_root, not_tried, capsys, command, f
     assert "no inventory file" not in out.err
 
 
+@pytest.mark.local
 def test_limit_narrows_a_comma_list(at_root, not_tried):
     assert cli.main(["status", "h1,h2,h3", "--limit", "h3", "--limit", "h1"]) == cli.EXIT_HOSTS
     assert not_tried == [["h1", "h3"]]
     assert cli.main(["status", "h1,h2", "--limit", "h9"]) == cli.EXIT_INPUT
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("form, names", FORMS)
 def test_rollout_takes_every_form(at_root, monkeypatch, form, names):
     from specfleet.fleet import rollout
@@ -105,6 +108,7 @@ def test_rollout_takes_every_form(at_root, monkeypatch, form, names):
     assert seen == [names]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("form, names", FORMS)
 def test_bench_takes_every_form(at_root, all_answer, monkeypatch, tmp_path, form, names):
     """Through ``run_with_data`` and ``run_pyinfra``'s own ``Session`` (its run stood in for:

@@ -1035,6 +1035,7 @@ def test_explicit_fraction_that_fits_names_its_risk():
     assert "out of memory under load is possible" in why
 
 
+@pytest.mark.local
 def test_cli_states_ct200s_refusals_and_request_cap(tmp_path, capsys):
     # `specfleet plan` on CT200's facts and settings, before SGLang is installed (as --dry).
     (tmp_path / "facts.json").write_text(json.dumps(host_facts("rtx6000x8", sglang=None)))
@@ -1050,6 +1051,7 @@ def test_cli_states_ct200s_refusals_and_request_cap(tmp_path, capsys):
     assert lines["request-tokens"].endswith("[warning]")
 
 
+@pytest.mark.local
 def test_min_request_tokens_setting():
     facts = host_facts("rtx6000x8", sglang="0.5.14")
     with pytest.raises(PlanError) as err:
@@ -1063,6 +1065,7 @@ def test_min_request_tokens_setting():
     assert make_plan(facts, settings(), DRAFTER_CONFIG).reason("request-tokens").kind == "warning"
 
 
+@pytest.mark.local
 def test_a_full_context_request_that_fits_is_said_with_how_many_fit():
     # 8x B200 at 0.9 (SM100), 0.5.23's accounting: the target's cell plus the drafter's own.
     plan = make_plan(host_facts("b200x8", sglang="0.5.23"), settings(), DRAFTER_CONFIG)
@@ -1090,6 +1093,7 @@ def test_the_gib_floors_are_gone_with_the_key_that_replaced_them(key):
     ("0.5.11", 55535, None), ("0.5.11", 55536, "45536"), ("0.5.14", 60000, "50000"),
     ("0.5.23", 60000, None),
 ])
+@pytest.mark.local
 def test_the_port_rule_plans_sglang_grpc_port_where_the_release_needs_it(release, port, env):
     # 0.5.11-0.5.15 derive the gRPC port as --port + 10000 and refuse it above 65535 unless
     # SGLANG_GRPC_PORT is set (server_args.py); 0.5.16 on only in gRPC mode.

@@ -188,6 +188,7 @@ def ddtree_on(plan) -> bool:
             or value(plan.argv, "--speculative-algorithm") == "DDTREE")
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("design", ["fork", "pr29907"])
 def test_plan_never_renders_ddtree_with_a_backend_that_drops_the_tree_mask(fork_fact, design,
                                                                             tmp_path):
@@ -219,6 +220,7 @@ def test_plan_never_renders_ddtree_with_a_backend_that_drops_the_tree_mask(fork_
     assert {"fa3", "trtllm_mla", "flashinfer"} <= seen_off  # chosen explicitly: kept, no DDTree
 
 
+@pytest.mark.local
 def test_sm100_and_sm90_plan_triton_instead_saying_why(fork_fact):
     for profile, rule_pick, cite in (
         ("b200x8", "trtllm_mla", "trtllm_mla_backend.py:456-467"),
@@ -237,6 +239,7 @@ def test_sm100_and_sm90_plan_triton_instead_saying_why(fork_fact):
         assert plan.reason("page-size").choice == "1"  # trtllm_mla's forced 64 is gone too
 
 
+@pytest.mark.local
 def test_an_explicit_backend_that_drops_the_mask_serves_dflash_without_ddtree(fork_fact):
     plan = make_plan(fork_on(fork_fact, "b200x8"),
                      settings(ddtree_budget=16, attention_backend="trtllm_mla"), DRAFTER_CONFIG,
@@ -251,6 +254,7 @@ def test_an_explicit_backend_that_drops_the_mask_serves_dflash_without_ddtree(fo
     assert [r.topic for r in plan.reasons].count("ddtree") == 1
 
 
+@pytest.mark.local
 def test_pr29907_page_size_chain_and_overlap(tmp_path):
     facts = pr29907_on("b200x8", tmp_path)
     plan = make_plan(facts, settings(ddtree_budget=6), DRAFTER_CONFIG, weights_bytes=SMALL)
@@ -273,6 +277,7 @@ def test_pr29907_page_size_chain_and_overlap(tmp_path):
     assert "crash-loop" in paged.reason("ddtree").why
 
 
+@pytest.mark.local
 def test_verify_graph_memory_counted_and_a_budget_that_cannot_fit_refused(fork_fact):
     """CT200 (triton, CUDA graphs, 0.85 of 95.6 GiB): the issue's estimate, 0.84 GiB at 8 draft
     tokens, 6.75 at 64, 13.5 at 128 against 14.3 GiB outside the fraction less SGLang's own."""
@@ -331,6 +336,7 @@ def test_trtllm_mla_reads_no_mask_in_the_fork():
     assert not FORK.mask_mla["trtllm_mla"].honours
 
 
+@pytest.mark.local
 def test_extra_args_cannot_turn_ddtree_on_with_a_backend_that_drops_the_mask(fork_fact):
     raw = {"--speculative-dflash-enable-ddtree": True, "--speculative-num-draft-tokens": 16}
     with pytest.raises(PlanError) as err:

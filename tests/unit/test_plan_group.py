@@ -131,6 +131,7 @@ def test_two_h200x2_hosts_refused_with_numbers_and_the_count_that_fits():
     assert plan.reason("request-tokens") is not None
 
 
+@pytest.mark.local
 def test_the_kv_floor_of_a_group_is_plan_min_request_tokens_as_on_one_host():
     data = {**group_data(2), "plan": {"min_request_tokens": 2_000_000}}
     with pytest.raises(PlanError) as err:

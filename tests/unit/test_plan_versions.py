@@ -211,6 +211,7 @@ def test_dp_attention_rejection_matches_wheel(version):
     assert refuses != bool(needs)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_row_features_read_from_wheel(version):
     """The row's DFLASH worker, features, algorithms and attention-backend registry are what the
@@ -231,6 +232,7 @@ def test_row_features_read_from_wheel(version):
     assert predicted["attention_backends"] == got["attention_backends"]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("version", RELEASES)
 def test_row_sources_are_the_wheels(version):
     """Where the row says a rule lives, the wheel has it there: the memory rule's module (and
@@ -310,6 +312,7 @@ def _function(source: str, name: str) -> str:
     return source[start:end.start() if end else None]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", ["0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.23"])
 def test_refusals_draft_counts_port_rule_and_kv_accounting_match_the_wheel(release):
     row = version_row(release)

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from facts.status import Health
 from operations.readiness import gate_source
 from specfleet.core.resources import hostside_path
@@ -69,6 +71,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.local
 def test_key_guard_names_who_listens():
     assert owner.key_guard(_free_port(), UNIT) == ("none", None)
     with squatter() as (port, _):
@@ -122,6 +125,7 @@ def test_the_shipped_gate_carries_the_checker():
     assert namespace["key_guard"](_free_port(), UNIT) == ("none", None)
 
 
+@pytest.mark.local
 def test_the_status_fact_sends_no_key_to_a_squatter(tmp_path):
     secret = tmp_path / "secret.yaml"
     secret.write_text(f'api-key: "{KEY}"\n')

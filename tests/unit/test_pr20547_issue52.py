@@ -116,6 +116,7 @@ def new_req(root: Path, prompt_out: list[int], block: list[int], max_new_tokens:
     return req
 
 
+@pytest.mark.local
 def test_a_stop_string_early_in_an_accepted_block_finishes_the_request_there(tree):
     which, root = tree
     # As upstream's own test (0.5.14): a one-token stop string at block position 1, four accepted.
@@ -135,6 +136,7 @@ def test_a_stop_string_early_in_an_accepted_block_finishes_the_request_there(tre
         assert req.output_ids[: req.finished_len][-1] == 7
 
 
+@pytest.mark.local
 def test_an_eos_in_a_block_that_crosses_the_cap_finishes_on_the_eos(tree):
     which, root = tree
     before_block = [1, 2, 3, 4, 5, 6, 1, 2]  # 8 tokens out, the cap is 10
@@ -156,6 +158,7 @@ def test_an_eos_in_a_block_that_crosses_the_cap_finishes_on_the_eos(tree):
     assert type(late.finished_reason).__name__ == "FINISH_LENGTH" and late.finished_len == 10
 
 
+@pytest.mark.local
 def test_a_block_with_no_stop_still_finishes_at_the_cap(tree):
     _, root = tree
     req = new_req(root, [1, 2, 3, 4, 5, 6, 1, 2], [3, 4, 5, 6], max_new_tokens=10,
@@ -258,6 +261,7 @@ def reservation_at_the_cap(root: Path, context_len: int = 64, block: int = 8) ->
     return {"row": row, "writes": writes, "allocated": req.kv_allocated_len}
 
 
+@pytest.mark.local
 def test_the_v2_reservation_stays_inside_the_request_row_at_its_cap(tree):
     which, root = tree
     got = reservation_at_the_cap(root)
@@ -338,6 +342,7 @@ def mask_policies(root: Path) -> dict[str, tuple[str, bool]]:
         return {k: utils.resolve_dflash_verify_mask_policy(v) for k, v in cases.items()}
 
 
+@pytest.mark.local
 def test_triton_through_a_hybrid_or_two_batch_overlap_backend_skips_the_mask(tree):
     which, root = tree
     got = mask_policies(root)
@@ -459,6 +464,7 @@ def sampled_verify_on_two_ranks(root: Path, tmp_path: Path) -> list[dict]:
     return out
 
 
+@pytest.mark.local
 def test_every_rank_keeps_rank_0s_sampled_decision(tree, tmp_path):
     which, root = tree
     rank0, rank1 = sampled_verify_on_two_ranks(root, tmp_path)

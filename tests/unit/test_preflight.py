@@ -386,6 +386,7 @@ def test_the_status_shows_holder_since_and_expiry():
     assert "(10 min ago): the next run takes it over" in gone
 
 
+@pytest.mark.local
 def test_a_unit_file_specfleet_did_not_write_is_refused():
     """service_name of a unit the host has (issue 55: ``ssh`` shadowed sshd): preflight refuses
     it, naming the file and its first line, before anything changes; a unit specfleet wrote (its
@@ -411,6 +412,7 @@ def test_a_unit_file_specfleet_did_not_write_is_refused():
     assert "set service_name to a name of specfleet's own" in problem.fix
 
 
+@pytest.mark.local
 def test_a_venv_or_source_tree_others_can_write_is_refused(tmp_path):
     """Issue 55: root ran pip's build backend from a world-writable source tree, and a venv's
     .pth files. The fact, run here for real: a folder above (the sticky, world-writable /tmp),

@@ -345,6 +345,7 @@ def test_a_probe_files_own_questions_without_a_count_need_seven_eighths_of_them(
                 ("spec_accepted_drafts", "spec_proposed_drafts"))),
     ("0.5.23", (("spec_num_correct_drafts", "spec_num_proposed_drafts"),)),
 ])
+@pytest.mark.local
 def test_the_standin_writes_the_draft_counts_its_trees_release_writes(tmp_path, release, names):
     member = "sglang/srt/managers/tokenizer_manager.py"
     with zipfile.ZipFile(sglang_wheel(release)) as zf:
@@ -398,6 +399,7 @@ def server_argv(model: Path) -> list[str]:
             "--speculative-num-draft-tokens", "8"]
 
 
+@pytest.mark.local
 def test_the_probe_is_templated_by_the_servers_own_interpreter_and_tokenizer(model_dir):
     ids, why = gate.chat_prompts(server_argv(model_dir), ["What is 6 * 7?", "Capital of Japan?"])
     assert why == "" and len(ids) == 2
@@ -406,6 +408,7 @@ def test_the_probe_is_templated_by_the_servers_own_interpreter_and_tokenizer(mod
         "<|im_assistant|>assistant<|im_middle|><think></think>")
 
 
+@pytest.mark.local
 def test_where_the_template_cannot_be_applied_the_gate_says_why(model_dir, monkeypatch):
     argv = server_argv(model_dir)
     # No --trust-remote-code on the server: the tokenizer will not load, and the error is said.
@@ -446,6 +449,7 @@ def _capture_server(bodies: list):
     return server
 
 
+@pytest.mark.local
 def test_acceptance_is_measured_on_the_templated_probe_to_the_models_end_of_turn(model_dir):
     bodies: list = []
     server = _capture_server(bodies)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import runpy
 
+import pytest
+
 from bench.real_gpu.ddtree import build_parts
 from specfleet.core.tables.ddtree_designs import FORK_DFLASH_SWITCH
 
@@ -20,6 +22,7 @@ def test_parts_take_the_forks_pins():
     assert not any(r.startswith("sglang==") for r in roots) and "pyinfra==3.10.0" in roots
 
 
+@pytest.mark.local
 def test_lab_outline_rehearsal_plans_every_point(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RG_DRY", "1")
     monkeypatch.setenv("RG_WORK", str(tmp_path))

@@ -19,6 +19,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyinfra.context import ctx_host, ctx_state
@@ -140,6 +141,7 @@ MODELS = st.sampled_from(["/srv/models", "/opt/specfleet/models", "/data/models"
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=NAMES, state_dir=STATE, venv=VENV, models=MODELS, weights=st.booleans(),
        remove_venv=st.booleans(), created=st.booleans(), n=st.integers(0, 10**9))
+@pytest.mark.local
 def test_removal_touches_only_what_the_deploy_created(tmp_path, name, state_dir, venv, models,
                                                       weights, remove_venv, created, n):
     s = _a_settings(name, state_dir, venv, models)

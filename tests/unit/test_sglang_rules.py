@@ -220,6 +220,7 @@ def test_the_matrix_fails_the_old_planner(release):
         check_against_sglang("h100x8", "h100x8", "b200x8", 1, release, old, None)
 
 
+@pytest.mark.local
 def test_pipeline_steps_are_each_releases():
     """The harness runs a pipeline step only where the release's own pipeline.py calls it: the
     one step a release lacks is handle_deprecated_dp_attention before 0.5.22 (a renamed or
@@ -328,6 +329,7 @@ def assert_memory_rule_is_releases(release, gpu, tp, model):
 EVERY_RELEASE_GPUS = [(32607, (12, 0)), (143771, (9, 0))]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("gpu", EVERY_RELEASE_GPUS, ids=[str(g[0]) for g in EVERY_RELEASE_GPUS])
 @pytest.mark.parametrize("tp", [2, 8])
@@ -352,6 +354,7 @@ def test_dp_attention_agrees_with_sglang(release, lm_head):
     check_dp_attention(release, {**DP_ATTENTION, **({"--enable-dp-lm-head": True} if lm_head else {})})
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("release", ["0.5.22", "0.5.23"])
 def test_attn_dp_size_agrees_with_sglang(release):
     """--attn-dp-size N (a flag from 0.5.22; --enable-dp-attention its deprecated spelling

@@ -155,6 +155,7 @@ def test_report_plots_acceptance_and_speed_against_the_budget(tmp_path):
     assert namespace["specfleet"]["plan"]["ddtree_budget"] == perf.best_budget(0)
 
 
+@pytest.mark.local
 def test_a_budget_the_hosts_plan_refuses_is_dropped_from_the_grid(tmp_path, monkeypatch, capsys):
     """The point deploy plans on the host's facts: CT200 with the fork (its real tree) refuses
     budget 128 (its triton verify graphs cannot fit). The sweep drops that point with a line, runs
