@@ -414,8 +414,13 @@ def test_where_the_template_cannot_be_applied_the_gate_says_why(model_dir, monke
     # No --trust-remote-code on the server: the tokenizer will not load, and the error is said.
     ids, why = gate.chat_prompts([a for a in argv if a != "--trust-remote-code"], ["q"])
     assert ids is None and "needs trust_remote_code=True" in why
-    monkeypatch.delenv("PYTHONPATH")  # an interpreter without transformers
-    ids, why = gate.chat_prompts(argv, ["q"])
+    # An interpreter without transformers: the venv's base Python (the test venv has the real
+    # transformers, which SGLang 0.5.11 pins, for test_dflash_rope.py).
+    monkeypatch.delenv("PYTHONPATH")
+    import sys
+
+    bare = str(Path(sys.base_prefix) / "bin" / "python3")
+    ids, why = gate.chat_prompts([bare, *argv[1:]], ["q"])
     assert ids is None and "No module named 'transformers'" in why
     assert gate.chat_prompts(["python3", "-m", "x"], ["q"])[0] is None  # not an absolute path
 

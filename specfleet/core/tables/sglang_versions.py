@@ -828,12 +828,14 @@ RELEASE_FOR_WORKER = {"v1": "0.5.11", "v2": "0.5.14"}
 # Read from the wheels: srt/arg_groups/ appears in 0.5.12, speculative_hook.py in 0.5.13,
 # arg_utils.py in 0.5.14, overrides.py in 0.5.15, speculative/draft_worker_common.py in 0.5.16,
 # kimi_k3_hook.py in 0.5.17, dflash_disaggregation.py in 0.5.18, the resolution pipeline in
-# 0.5.19, the fields/ folder in 0.5.20, kv_shard_hook.py in 0.5.22, dflash_dp.py in 0.5.23 (each
+# 0.5.19, the fields/ folder in 0.5.20,
+# boundary_reduction.py in 0.5.21, kv_shard_hook.py in 0.5.22, dflash_dp.py in 0.5.23 (each
 # kept by every later release);
 # the fork's arg_groups/ is 0.5.13's file for file, with the v1 DFLASH worker, as 0.5.13.
 LAYOUT_MARKERS: tuple[tuple[str, str], ...] = (
     ("srt/speculative/dflash_dp.py", "0.5.23"),
     ("srt/arg_groups/kv_shard_hook.py", "0.5.22"),
+    ("srt/arg_groups/boundary_reduction.py", "0.5.21"),
     ("srt/arg_groups/fields/", "0.5.20"),
     ("srt/arg_groups/pipeline.py", "0.5.19"),
     ("srt/speculative/dflash_disaggregation.py", "0.5.18"),
