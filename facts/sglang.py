@@ -11,7 +11,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, parse_printed, script_source
+from facts.hostpy import ISOLATED, PythonJob, parse_printed, script_source
 from specfleet.core.layout import rope_state_dir, sglang_python
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
@@ -62,7 +62,8 @@ V2_COMPILES = [
     "srt/model_executor/model_runner_kv_cache_mixin.py",
 ]
 
-# Runs in the target interpreter with -I (no cwd, no PYTHONPATH, no user site). find_spec of a
+# Runs in the target interpreter with -I -S (no cwd, no PYTHONPATH, no user site, no .pth file's
+# code: ``specfleet.hostside.dists.site_paths`` finds the site folders). find_spec of a
 # top-level name locates the package without executing its __init__ (which imports torch).
 # argv[1]: the request (``collect_request``); argv[2] (tests only): a directory to search first.
 # Prints the Python literal of what it found (``None`` without SGLang).
@@ -319,7 +320,7 @@ class SGLangInstall(FactBase[dict | None]):
     """
 
     def python_job(self, python: str = DEFAULT_PYTHON) -> PythonJob:
-        return PythonJob(python, ("-I",), COLLECT, (collect_request(),))
+        return PythonJob(python, ISOLATED, COLLECT, (collect_request(),))
 
     @override
     def command(self, python: str = DEFAULT_PYTHON) -> StringCommand:
@@ -347,8 +348,8 @@ class Venv(FactBase[dict | None]):
     """
 
     def python_job(self, path: str) -> PythonJob:
-        # -I as the SGLang facts of the same interpreter: a probe runs them in one process.
-        return PythonJob(venv_python(path), ("-I",),
+        # -I -S as the SGLang facts of the same interpreter: a probe runs them in one process.
+        return PythonJob(venv_python(path), ISOLATED,
                          "import sys; print('python=%d.%d.%d' % sys.version_info[:3])")
 
     def command(self, path: str) -> StringCommand:

@@ -14,6 +14,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta
 
 from facts.cache import cached_fact
+from facts.preflight import WritableByOthers, trust_args
 from facts.python import Packages, PipInstallPlan
 from facts.sglang import (
     FileHashes,
@@ -36,6 +37,7 @@ from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import join, rope_state_dir
+from specfleet.core.preflight import untrusted_problem
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
     created_marker,
@@ -221,7 +223,7 @@ def installed(
     if source_path:
         _check_source_tree(source_path)
     source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
-    changes = (_venv_changes(venv, requirement, source_args, allow_replacing)
+    changes = (_venv_changes(venv, requirement, source_args, allow_replacing, source_path)
                if has_python and not no_deps else None)
     _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
                  not (git_url or source_path), no_deps, changes, marker)
@@ -334,12 +336,26 @@ def _check_source_tree(source_path: str) -> None:
         raise SpecfleetError(problem[0], host=host.name, fix=problem[1])
 
 
+def _refuse_untrusted(venv: str, source_path: str | None) -> None:
+    """Fail the host before pip's dry run (``PipInstallPlan``, at ``--dry`` too) where a user
+    other than root can change the venv (its pip, its ``.pth`` files) or the source tree (its
+    build backend): that run is their code as root. Preflight refuses the same (its fact, from
+    the deploy's probe)."""
+    found = cached_fact(host, WritableByOthers, **trust_args(venv, source_path)) or {}
+    for what, path in (("venv", venv), ("sglang.source_path", source_path)):
+        if path and path in found:
+            problem, fix = untrusted_problem(what, path, found[path])
+            raise SpecfleetError(f"{problem}; pip was not run", host=host.name, fix=fix)
+
+
 def _venv_changes(venv: str, requirement: str, source_args: list[str],
-                  allow_replacing: bool | list[str]) -> str | None:
+                  allow_replacing: bool | list[str], source_path: str | None = None) -> str | None:
     """What installing ``requirement`` into the existing ``venv`` changes besides SGLang and
     compressed-tensors, in words (None: nothing), from pip's dry run on the host. Raises when it
     would replace a package in a venv specfleet did not create and ``allow_replacing`` does not
-    let it, or when pip cannot tell in such a venv."""
+    let it, or when pip cannot tell in such a venv; and, before pip, where a user other than
+    root can change the venv or the source tree (``_refuse_untrusted``)."""
+    _refuse_untrusted(venv, source_path)
     plan = host.get_fact(PipInstallPlan, venv=venv, requirement=requirement,
                          pip_args=source_args) or {}
     created = bool(plan.get("created_by_specfleet"))
