@@ -12,7 +12,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from facts.hostpy import ISOLATED, PythonJob, parse_printed, script_source
-from specfleet.core.layout import rope_state_dir, sglang_python
+from specfleet.core.layout import rope_state_dir, sglang_python, source_key_path
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
 from specfleet.core.tables import ddtree_designs
@@ -490,6 +490,43 @@ class SourceTree(FactBase[dict]):
         if lines is not None:
             out["pyproject"] = "\n".join(lines)
         return out
+
+
+SOURCE_TREE_SCRIPT = script_source("source_tree.py")
+
+
+class SourceTreeKey(FactBase[dict]):
+    """The content of an SGLang source tree on the host (``sglang.source_path``) as one sha256,
+    what a build writes into it left out, and the key ``sglang.installed`` recorded in ``venv``
+    when it last built SGLang from a tree (``specfleet.core.layout.source_key_path``): a changed
+    tree is rebuilt, an unchanged one is not. Read by the system python3 (-I -S), which runs
+    nothing of the tree. ``sha256`` is None where no such folder is.
+
+    .. code:: python
+
+        {"sha256": "5d1c...e0", "files": 1712,
+         "recorded": "5d1c...e0 /opt/src/sglang/python\n"}
+    """
+
+    @override
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "python3"
+
+    @staticmethod
+    def default() -> dict:
+        return {"sha256": None, "files": 0, "recorded": None}
+
+    def python_job(self, path: str, venv: str) -> PythonJob:
+        return PythonJob("python3", ISOLATED, SOURCE_TREE_SCRIPT, (path, source_key_path(venv)))
+
+    @override
+    def command(self, path: str, venv: str) -> StringCommand:
+        return StringCommand(*self.python_job(path, venv).words())
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        value = parse_printed("\n".join(output)) if output else None
+        return value if isinstance(value, dict) else self.default()
 
 
 class PatchCheck(FactBase[dict]):

@@ -23,6 +23,7 @@ from facts.sglang import (
     RopePatchState,
     SGLangInstall,
     SourceTree,
+    SourceTreeKey,
     Venv,
 )
 from operations.sglang_commands import (
@@ -36,7 +37,7 @@ from operations.sglang_commands import (
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.layout import join, rope_state_dir
+from specfleet.core.layout import join, rope_state_dir, source_key_path
 from specfleet.core.preflight import untrusted_problem
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
@@ -58,6 +59,7 @@ from specfleet.core.sglang.install import (
     short,
     site_packages,
     source_build_problem,
+    source_record,
     split_git_url,
     venv_python,
 )
@@ -179,22 +181,21 @@ def installed(
     + allow_replacing: packages (names or globs; ``True``: any) that an install into a venv this
       op did not create may replace besides SGLang and compressed-tensors
     + source_path: install from this source tree on the host instead (an SGLang checkout's
-      ``python/`` folder); the folder pip recorded is the idempotence key, and a tree that needs a
-      toolchain or sources the host lacks (a Rust extension without ``cargo``) fails the host
-      before anything changes
+      ``python/`` folder); the key is the folder pip recorded and the tree's content (a changed
+      tree is rebuilt), and a tree that needs a toolchain or sources the host lacks (a Rust
+      extension without ``cargo``) fails the host before anything changes
 
     An install into an existing venv first asks pip what it would change there
-    (``facts.python.PipInstallPlan``: ``pip install --dry-run --report`` on the host), says it
-    (``--dry`` too), and refuses, changing nothing, to replace any other installed package
-    (torch, sgl-kernel, flashinfer, triton, ...) in a venv it did not create, unless
+    (``facts.python.PipInstallPlan``: ``pip install --dry-run --report``; never in a venv or tree
+    a user other than root can change), says it (``--dry`` too), and refuses, changing nothing,
+    to replace another package (torch, sgl-kernel, ...) in a venv it did not create, unless
     ``allow_replacing`` lets it: the host fails naming the venv, each package (from -> to) and
     the fix. A venv this op creates gets a marker (``.specfleet/created-by-specfleet``).
     ``no_deps`` installs change no dependency and skip the dry run.
 
     From an index the pin is compared with ``packaging`` (pyinfra's ``pip.packages`` reinstalls
-    local versions and direct references on every run). From git the key is the commit pip wrote
-    into ``direct_url.json``. An applied PR#20547 patch is removed before SGLang changes: the files
-    it added are not in pip's RECORD.
+    local versions and direct references every run); from git the key is the commit pip wrote
+    into ``direct_url.json``. A PR#20547 patch is removed first (its files are not in RECORD).
 
     **Example:**
 
@@ -216,7 +217,8 @@ def installed(
     if not present:
         yield from _uninstalled(venv, current, marker)
         return
-    decision, requirement = _decide(current, direct, version, git_url, git_ref, source_path)
+    decision, requirement, record = _decide(venv, current, direct, version, git_url, git_ref,
+                                            source_path)
     if decision.action == "noop" and has_python:
         host.noop(f"{decision.reason} in {venv}")
         return
@@ -228,7 +230,7 @@ def installed(
     _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
                  not (git_url or source_path), no_deps, changes, marker)
     yield from _install_commands(venv, python, has_python, marker, decision.action, source_args,
-                                 requirement)
+                                 requirement, record)
 
 
 def _uninstalled(venv: str, current: str | None, marker: Any):
@@ -241,8 +243,9 @@ def _uninstalled(venv: str, current: str | None, marker: Any):
 
 
 def _install_commands(venv: str, python: str, has_python: bool, marker: Any, action: str,
-                      source_args: list[str], requirement: str):
-    """A venv where none is (marked as specfleet's), the PR#20547 patch off, then pip."""
+                      source_args: list[str], requirement: str, record: str | None = None):
+    """A venv where none is (marked as specfleet's), the PR#20547 patch off, then pip; from a
+    source tree, then the tree's key (``record``) in the venv, once pip has built it."""
     if not has_python:
         # The marker says this venv is specfleet's: pip may replace packages in it.
         yield StringCommand(
@@ -256,19 +259,30 @@ def _install_commands(venv: str, python: str, has_python: bool, marker: Any, act
     yield StringCommand(
         *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
     )
+    if record is not None:
+        path = source_key_path(venv)
+        yield StringCommand(
+            "mkdir", "-p", QuoteString(posixpath.dirname(path)), "&&", "printf", "'%s\\n'",
+            QuoteString(record), ">", QuoteString(path),
+        )
 
 
-def _decide(current: str | None, direct: Any, version: str | None, git_url: str | None,
-            git_ref: str | None, source_path: str | None) -> tuple[Any, str]:
-    """What to do (``decide_install``, or ``decide_source_install`` for a tree on the host) and
-    the requirement pip is given."""
+def _decide(venv: str, current: str | None, direct: Any, version: str | None,
+            git_url: str | None, git_ref: str | None,
+            source_path: str | None) -> tuple[Any, str, str | None]:
+    """What to do (``decide_install``, or ``decide_source_install`` for a tree on the host), the
+    requirement pip is given and, from a tree, the key to record once it is built (its content,
+    ``facts.sglang.SourceTreeKey``, read now: a tree changed during the build is rebuilt by the
+    next run)."""
     commit = _pinned_commit(version, git_url, git_ref)
     if source_path:
-        return (decide_source_install(current, direct, source_path),
-                posixpath.normpath(source_path))  # fmt: skip
+        tree = cached_fact(host, SourceTreeKey, path=source_path, venv=venv) or {}
+        record = source_record(tree["sha256"], source_path) if tree.get("sha256") else None
+        return (decide_source_install(current, direct, source_path, tree),
+                posixpath.normpath(source_path), record)  # fmt: skip
     decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
     return decision, (git_requirement(git_url, commit) if git_url and commit
-                      else f"sglang=={version}")  # fmt: skip
+                      else f"sglang=={version}"), None  # fmt: skip
 
 
 def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None) -> str | None:
