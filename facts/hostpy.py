@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pyinfra.api import QuoteString
 
 from specfleet.core.resources import hostside_path
-from specfleet.hostside.dists import dist_version, installed_dists
+from specfleet.hostside.dists import dist_version, editable_packages, installed_dists, site_paths
 from specfleet.hostside.weights_agent import pids_using
 
 
@@ -31,6 +31,7 @@ def host_source(*functions) -> str:
 
 
 _HELPERS = {"installed_dists": installed_dists, "dist_version": dist_version,
+            "site_paths": site_paths, "editable_packages": editable_packages,
             "pids_using": pids_using}
 
 
@@ -59,6 +60,12 @@ def _parse_printed_once(text: str):
         return json.loads(text)
     except ValueError:
         return ast.literal_eval(text)
+
+
+# How the fact scripts run a venv's interpreter: isolated (no cwd, PYTHONPATH or user site) and
+# without ``site`` (-S), whose ``.pth`` files are code: a script finds the site folders itself
+# (``# needs: site_paths``), reading the .pth files' path lines, never running their imports.
+ISOLATED = ("-I", "-S")
 
 
 @dataclass(frozen=True)

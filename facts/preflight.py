@@ -110,11 +110,15 @@ class WritableByOthers(FactBase[dict[str, str]]):
     Of each given path (a venv, an SGLang source tree), the first place a user other than root
     could change what root runs from it: the path or a folder above it not owned by root or
     writable by group or others (a sticky folder too: its other users' files), or, with
-    ``trees``, a file or folder inside it. A path that does not exist yet is checked from its
-    nearest existing folder. ``{path: "PLACE (uid U, mode M)"}``; a path with nothing is left out.
+    ``trees``, a file or folder inside it, or, with ``venvs``, a venv's entry that decides what
+    its interpreter runs first (``bin/``, ``pyvenv.cfg``, the site-packages folder and what is
+    directly in it: its ``.pth`` files, its packages' folders). A path that does not exist yet
+    is checked from its nearest existing folder. ``{path: "PLACE (uid U, mode M)"}``; a path
+    with nothing is left out.
 
     + paths: absolute paths checked with their parents
     + trees: those of ``paths`` whose whole tree is checked too
+    + venvs: those of ``paths`` that are venvs, whose top levels are checked too
 
     .. code:: python
 
@@ -126,14 +130,18 @@ class WritableByOthers(FactBase[dict[str, str]]):
         return {}
 
     @override
-    def command(self, paths: list[str], trees: list[str] | None = None) -> str:
+    def command(self, paths: list[str], trees: list[str] | None = None,
+                venvs: list[str] | None = None) -> str:
         parts = []
         for path in paths:
             q = shlex.quote(path)
-            tree = path in (trees or [])
-            inner = (f'bad=$(find {q} -xdev \\( ! -user 0 -o -perm /022 \\) ! -type l '
+            # The whole tree, or a venv's top levels (the globs stay outside the quotes).
+            starts = q if path in (trees or []) else (
+                f"{q} {q}/bin {q}/lib* {q}/lib*/python* {q}/lib*/python*/site-packages "
+                "-maxdepth 1" if path in (venvs or []) else None)
+            inner = (f'bad=$(find {starts} -xdev \\( ! -user 0 -o -perm /022 \\) ! -type l '
                      "-printf '%p (uid %U, mode %m)\\n' 2>/dev/null | head -n 1); "
-                     f'[ -n "$bad" ] && echo "{TRUST_MARK}{path}=$bad" && continue; ') if tree \
+                     f'[ -n "$bad" ] && echo "{TRUST_MARK}{path}=$bad" && continue; ') if starts \
                 else ""  # fmt: skip
             parts.append(
                 f"for once in 1; do {inner}p={q}; "
@@ -156,3 +164,14 @@ class WritableByOthers(FactBase[dict[str, str]]):
 
 
 TRUST_MARK = "##untrusted "
+
+
+def trust_args(venv: str, source_path: str | None = None) -> dict[str, Any]:
+    """``WritableByOthers``' arguments for SGLang's venv and an SGLang source tree: the venv
+    with its top levels, the tree with all that is in it, each with the folders above it. One
+    builder, so that the preflight's, the probe's and the install's ask the same fact."""
+    paths, trees = [venv], []
+    if source_path:
+        paths.append(source_path)
+        trees.append(source_path)
+    return {"paths": paths, "trees": trees, "venvs": [venv]}

@@ -10,7 +10,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, parse_printed, script_source
+from facts.hostpy import ISOLATED, PythonJob, parse_printed, script_source
 from facts.sglang import DEFAULT_PYTHON
 from specfleet.core.layout import venv_python
 
@@ -26,7 +26,8 @@ PACKAGES = [
     "huggingface-hub",
 ]
 
-# Runs in the target interpreter with -I. argv[1]: the names, comma-separated; argv[2] (tests
+# Runs in the target interpreter with -I -S (no .pth file's code runs; the site folders are found
+# by ``specfleet.hostside.dists.site_paths``). argv[1]: the names, comma-separated; argv[2] (tests
 # only): a directory to search first. Prints (a Python literal) every installed distribution's
 # name and version, and the raw direct_url.json of those that have one; the choosing happens in
 # ``parse_packages``.
@@ -104,7 +105,7 @@ class Packages(FactBase[dict]):
         self, python: str = DEFAULT_PYTHON, names: list[str] | None = None
     ) -> PythonJob:
         wanted = [canonical(n) for n in names or PACKAGES]
-        return PythonJob(python, ("-I",), COLLECT, (",".join(wanted),))
+        return PythonJob(python, ISOLATED, COLLECT, (",".join(wanted),))
 
     @override
     def command(

@@ -11,8 +11,8 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from facts.hostpy import PythonJob, parse_printed, script_source
-from specfleet.core.layout import rope_state_dir, sglang_python
+from facts.hostpy import ISOLATED, PythonJob, parse_printed, script_source
+from specfleet.core.layout import rope_state_dir, sglang_python, source_key_path
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import PATCH_OPTS, patch_state_dir, venv_python
 from specfleet.core.tables import ddtree_designs
@@ -62,7 +62,8 @@ V2_COMPILES = [
     "srt/model_executor/model_runner_kv_cache_mixin.py",
 ]
 
-# Runs in the target interpreter with -I (no cwd, no PYTHONPATH, no user site). find_spec of a
+# Runs in the target interpreter with -I -S (no cwd, no PYTHONPATH, no user site, no .pth file's
+# code: ``specfleet.hostside.dists.site_paths`` finds the site folders). find_spec of a
 # top-level name locates the package without executing its __init__ (which imports torch).
 # argv[1]: the request (``collect_request``); argv[2] (tests only): a directory to search first.
 # Prints the Python literal of what it found (``None`` without SGLang).
@@ -319,7 +320,7 @@ class SGLangInstall(FactBase[dict | None]):
     """
 
     def python_job(self, python: str = DEFAULT_PYTHON) -> PythonJob:
-        return PythonJob(python, ("-I",), COLLECT, (collect_request(),))
+        return PythonJob(python, ISOLATED, COLLECT, (collect_request(),))
 
     @override
     def command(self, python: str = DEFAULT_PYTHON) -> StringCommand:
@@ -347,8 +348,8 @@ class Venv(FactBase[dict | None]):
     """
 
     def python_job(self, path: str) -> PythonJob:
-        # -I as the SGLang facts of the same interpreter: a probe runs them in one process.
-        return PythonJob(venv_python(path), ("-I",),
+        # -I -S as the SGLang facts of the same interpreter: a probe runs them in one process.
+        return PythonJob(venv_python(path), ISOLATED,
                          "import sys; print('python=%d.%d.%d' % sys.version_info[:3])")
 
     def command(self, path: str) -> StringCommand:
@@ -489,6 +490,43 @@ class SourceTree(FactBase[dict]):
         if lines is not None:
             out["pyproject"] = "\n".join(lines)
         return out
+
+
+SOURCE_TREE_SCRIPT = script_source("source_tree.py")
+
+
+class SourceTreeKey(FactBase[dict]):
+    """The content of an SGLang source tree on the host (``sglang.source_path``) as one sha256,
+    what a build writes into it left out, and the key ``sglang.installed`` recorded in ``venv``
+    when it last built SGLang from a tree (``specfleet.core.layout.source_key_path``): a changed
+    tree is rebuilt, an unchanged one is not. Read by the system python3 (-I -S), which runs
+    nothing of the tree. ``sha256`` is None where no such folder is.
+
+    .. code:: python
+
+        {"sha256": "5d1c...e0", "files": 1712,
+         "recorded": "5d1c...e0 /opt/src/sglang/python\n"}
+    """
+
+    @override
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "python3"
+
+    @staticmethod
+    def default() -> dict:
+        return {"sha256": None, "files": 0, "recorded": None}
+
+    def python_job(self, path: str, venv: str) -> PythonJob:
+        return PythonJob("python3", ISOLATED, SOURCE_TREE_SCRIPT, (path, source_key_path(venv)))
+
+    @override
+    def command(self, path: str, venv: str) -> StringCommand:
+        return StringCommand(*self.python_job(path, venv).words())
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        value = parse_printed("\n".join(output)) if output else None
+        return value if isinstance(value, dict) else self.default()
 
 
 class PatchCheck(FactBase[dict]):

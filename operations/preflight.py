@@ -583,11 +583,9 @@ def checks(settings: Settings):
         specs[RDMA] = (RdmaPorts, {})
     facts = cached_gather(host, specs)
     group = _group_members(s, facts)
-    install = facts.get(pure.SGLANG)
     wheel_error = None
-    if s.sglang.kind == "index" and (install is None or install.get("version") != s.sglang.version):
-        python = sglang_python(s) if (facts.get("facts.python.Packages") or {}).get(
-            "python_version") else s.python
+    python = wheel_check_python(s, facts)
+    if python is not None:
         wheel_error = host.get_fact(
             SGLangWheel, python=python, requirement=f"sglang=={s.sglang.version}",
             pip_args=_pip_source_args(s),
@@ -611,6 +609,20 @@ def checks(settings: Settings):
         raise SpecfleetError(f"{first.render()}{more}", host=host.name, fix=None)
     host.noop(f"preflight passes ({len(result.passed)} checks)")
     yield from ()
+
+
+def wheel_check_python(s: Settings, facts: dict[str, Any]) -> str | None:
+    """The interpreter whose pip checks that the release has a wheel for this host (the venv's,
+    or ``settings.python`` where the venv has none yet), or None: no check (not an index
+    install, or the release is installed). Never the pip of a venv a user other than root can
+    change (``pure.UNTRUSTED``): it would run that user's code (its ``.pth`` files, pip itself)
+    as root before preflight refuses the venv, at ``--dry`` too."""
+    install = facts.get(pure.SGLANG)
+    if s.sglang.kind != "index" or (install or {}).get("version") == s.sglang.version:
+        return None
+    if not (facts.get("facts.python.Packages") or {}).get("python_version"):
+        return s.python
+    return None if s.venv in (facts.get(pure.UNTRUSTED) or {}) else sglang_python(s)
 
 
 def _group_members(s: Settings, facts: dict) -> list[GroupMember] | None:

@@ -17,7 +17,7 @@ from facts.preflight import RunLock, WritableByOthers
 from facts.probe import default_specs
 from facts.python import Packages
 from facts.serving import ServiceState, UnitFiles
-from facts.sglang import PatchState, RopePatchState, SGLangInstall, Venv
+from facts.sglang import PatchState, RopePatchState, SGLangInstall, SourceTreeKey, Venv
 from facts.weights import WeightsJob, WeightsState, WeightsTools
 from operations.server_facts import (
     host_specs,
@@ -64,6 +64,9 @@ def deploy_specs(s: Settings, lock_path: str) -> list[tuple[Any, dict[str, Any]]
             (RopePatchState, {"venv": venv}),
             (SGLangInstall, {"python": vpy}),
         ]
+        if s.sglang.kind == "source" and s.sglang.source_path:
+            # The tree's content against what the venv recorded (sglang.installed's key).
+            specs.append((SourceTreeKey, {"path": s.sglang.source_path, "venv": venv}))
     # weights.tools_from_settings, host_token, model (target, drafter)
     token = control_token_path(s)
     specs += [(WeightsTools, {"path": TOOLS_PATH}), (File, {"path": token}),

@@ -5,6 +5,7 @@ journal, the serving group's members and the rollback of a PR#20547 port the gat
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -29,17 +30,23 @@ GATE_SCRIPT = hostside_path("readiness_gate.py")
 PORT_OWNER = hostside_path("port_owner.py")
 
 
-def gate_source() -> str:
+def gate_source(probe: dict[str, Any] | None = None) -> str:
     """The readiness gate as the host runs it (from stdin): the redaction module's source ahead
     of the gate's, so that its journal excerpt is redacted by the one set of rules, and the port
-    owner's (``PORT_OWNER_SOURCE``: the one check of who listens before the key is sent)."""
-    owner = f"PORT_OWNER_SOURCE = {PORT_OWNER.read_text()!r}\n"
+    owner's (``PORT_OWNER_SOURCE``: the one check of who listens before the key is sent). With
+    ``probe`` (``probe_spec``), its JSON too, as one assignment (``PROBE_JSON``) that the gate
+    reads with ``--probe-on-stdin``: a probe of any size, where one argv word stops at 128 KiB
+    (E2BIG)."""
+    ahead = f"PORT_OWNER_SOURCE = {PORT_OWNER.read_text()!r}\n"
+    if probe is not None:
+        ahead += f"PROBE_JSON = {json.dumps(probe)!r}\n"
     return ship_ahead_of(GATE_SCRIPT.read_text()).replace(
-        "\n# ---- the program ----\n", f"\n{owner}\n# ---- the program ----\n", 1)
+        "\n# ---- the program ----\n", f"\n{ahead}\n# ---- the program ----\n", 1)
 
 
 def probe_spec(probe: ProbeOptions, host_name: str = "") -> dict[str, Any]:
-    """The gate's correctness probe (``--probe``): the settings' questions and thresholds, or a
+    """The gate's correctness probe (``PROBE_JSON``, ``gate_source``): the settings' questions
+    and thresholds, or a
     probe file's (``probe.file`` on the control machine, read now, at deploy time)."""
     if probe.file is not None:
         path = os.path.expanduser(probe.file)
@@ -67,14 +74,16 @@ CONNECTION_ERRORS = (SSHException, EOFError, OSError, ConnectError)
 
 def run_gate(
     state, host, argv: list[str], unit_name: str, budget: float, patch_dir: str | None = None,
-    group: tuple[str, list[tuple[str, str]]] | None = None,
+    group: tuple[str, list[tuple[str, str]]] | None = None, probe: dict[str, Any] | None = None,
 ) -> bool:  # fmt: skip
-    """Run the gate on the host, its progress printed live; on failure, quote the journal. A
+    """Run the gate on the host, its progress printed live; on failure, quote the journal.
+    ``probe``: the correctness probe, sent on stdin with the gate (``argv`` then says
+    ``--probe-on-stdin``). A
     PR#20547 port applied in this run (``unproven``) is proven by a passing gate and rolled back by
     a failing one (remembered as rejected, so the next run keeps v1 instead of applying it
     again). A dropped SSH session fails the host with what happened and what the next run does,
     not a traceback; a timeout of the op stays pyinfra's to report."""
-    script = gate_source()
+    script = gate_source(probe)
     try:
         return _gate(state, host, argv, unit_name, budget, patch_dir, script, group)
     except TimeoutError:

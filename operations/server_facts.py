@@ -14,6 +14,7 @@ from facts.cache import cached_fact
 from facts.cache import cached_gather as gather
 from facts.gpu import Gpus, GpuTopology
 from facts.net import NetworkInterfaces, RdmaPorts
+from facts.preflight import trust_args as trust_fact_args
 from facts.serving import FileText, FirstJson, ServiceState
 from facts.sglang import SGLangInstall
 from facts.weights import WeightsState
@@ -54,15 +55,11 @@ def unit_files_args(settings: Settings) -> dict[str, Any]:
 
 
 def trust_args(settings: Settings) -> dict[str, Any]:
-    """``facts.preflight.WritableByOthers``' arguments: the venv (and the one beside it), and an
-    SGLang source tree with all that is in it."""
+    """``facts.preflight.WritableByOthers``' arguments: the venv this run uses, with its top
+    levels (``bin/``, ``pyvenv.cfg``, site-packages and its ``.pth`` files), and an SGLang source
+    tree with all that is in it; each with the folders above it."""
     sg = settings.sglang
-    paths = [settings.venv]
-    trees = []
-    if sg.kind == "source" and sg.source_path:
-        paths.append(sg.source_path)
-        trees.append(sg.source_path)
-    return {"paths": paths, "trees": trees}
+    return trust_fact_args(settings.venv, sg.source_path if sg.kind == "source" else None)
 
 
 def host_specs(settings: Settings, files_: list[str]) -> dict[str, Any]:

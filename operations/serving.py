@@ -6,7 +6,6 @@ README's examples and the tests read them); this module holds the operations.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra import host, logger, state
@@ -509,14 +508,13 @@ def ready(
     yield from _ready(settings=settings, timeout_s=timeout_s, model_path=model_path)
 
 
-def _ready(settings: Settings, timeout_s=None, model_path=None,
-           started_at: int | None = None):  # fmt: skip
-    """The gate's command; ``started_at`` (host time): the budget counts from then, the start of
-    a server restarted by an earlier run and waited on now, instead of from the gate's start."""
+def gate_command(settings: Settings, host_name: str, budget: float, model_path=None,
+                 started_at: int | None = None) -> tuple[list[str], dict[str, Any] | None]:
+    """The gate's argv and its correctness probe (None: off). The gate runs as `python3 - ARGS`
+    with its source on stdin: nothing to upload or diff; the probe goes on stdin with it
+    (``--probe-on-stdin``), never as an argv word (one is capped at 128 KiB: E2BIG)."""
     s = settings
     paths = server_paths(s)
-    budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
-    # The gate runs as `python3 - ARGS` with its source on stdin: nothing to upload or diff.
     argv = [
         "python3", "-", "--unit", paths.unit_name, "--host", s.listen_host,
         "--port", str(s.port), "--timeout", str(int(budget)),
@@ -527,8 +525,20 @@ def _ready(settings: Settings, timeout_s=None, model_path=None,
         argv += ["--model-path", model_path]
     if started_at is not None:
         argv += ["--started-at", str(int(started_at))]
-    if s.probe.enable:
-        argv += ["--probe", json.dumps(probe_spec(s.probe, host.name))]
+    probe = probe_spec(s.probe, host_name) if s.probe.enable else None
+    if probe is not None:
+        argv.append("--probe-on-stdin")
+    return argv, probe
+
+
+def _ready(settings: Settings, timeout_s=None, model_path=None,
+           started_at: int | None = None):  # fmt: skip
+    """The gate's command; ``started_at`` (host time): the budget counts from then, the start of
+    a server restarted by an earlier run and waited on now, instead of from the gate's start."""
+    s = settings
+    paths = server_paths(s)
+    budget = float(timeout_s if timeout_s is not None else s.readiness_timeout_s)
+    argv, probe = gate_command(s, host.name, budget, model_path, started_at)
     group = None
     if s.group is not None:
         # Rank 0's gate proves the group; when it fails, say which members never joined.
@@ -538,5 +548,6 @@ def _ready(settings: Settings, timeout_s=None, model_path=None,
             if (peer := state.inventory.get_host(name, default=None)) is not None
         ])  # fmt: skip
     yield check_command(
-        run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)), {"group": group}
+        run_gate, (argv, paths.unit_name, budget, patch_state_dir(s.venv)),
+        {"group": group, "probe": probe},
     )

@@ -14,6 +14,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta
 
 from facts.cache import cached_fact
+from facts.preflight import WritableByOthers, trust_args
 from facts.python import Packages, PipInstallPlan
 from facts.sglang import (
     FileHashes,
@@ -22,6 +23,7 @@ from facts.sglang import (
     RopePatchState,
     SGLangInstall,
     SourceTree,
+    SourceTreeKey,
     Venv,
 )
 from operations.sglang_commands import (
@@ -35,7 +37,8 @@ from operations.sglang_commands import (
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import fails_host
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.layout import join, rope_state_dir
+from specfleet.core.layout import join, rope_state_dir, source_key_path
+from specfleet.core.preflight import untrusted_problem
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
     created_marker,
@@ -56,6 +59,7 @@ from specfleet.core.sglang.install import (
     short,
     site_packages,
     source_build_problem,
+    source_record,
     split_git_url,
     venv_python,
 )
@@ -177,22 +181,21 @@ def installed(
     + allow_replacing: packages (names or globs; ``True``: any) that an install into a venv this
       op did not create may replace besides SGLang and compressed-tensors
     + source_path: install from this source tree on the host instead (an SGLang checkout's
-      ``python/`` folder); the folder pip recorded is the idempotence key, and a tree that needs a
-      toolchain or sources the host lacks (a Rust extension without ``cargo``) fails the host
-      before anything changes
+      ``python/`` folder); the key is the folder pip recorded and the tree's content (a changed
+      tree is rebuilt), and a tree that needs a toolchain or sources the host lacks (a Rust
+      extension without ``cargo``) fails the host before anything changes
 
     An install into an existing venv first asks pip what it would change there
-    (``facts.python.PipInstallPlan``: ``pip install --dry-run --report`` on the host), says it
-    (``--dry`` too), and refuses, changing nothing, to replace any other installed package
-    (torch, sgl-kernel, flashinfer, triton, ...) in a venv it did not create, unless
+    (``facts.python.PipInstallPlan``: ``pip install --dry-run --report``; never in a venv or tree
+    a user other than root can change), says it (``--dry`` too), and refuses, changing nothing,
+    to replace another package (torch, sgl-kernel, ...) in a venv it did not create, unless
     ``allow_replacing`` lets it: the host fails naming the venv, each package (from -> to) and
     the fix. A venv this op creates gets a marker (``.specfleet/created-by-specfleet``).
     ``no_deps`` installs change no dependency and skip the dry run.
 
     From an index the pin is compared with ``packaging`` (pyinfra's ``pip.packages`` reinstalls
-    local versions and direct references on every run). From git the key is the commit pip wrote
-    into ``direct_url.json``. An applied PR#20547 patch is removed before SGLang changes: the files
-    it added are not in pip's RECORD.
+    local versions and direct references every run); from git the key is the commit pip wrote
+    into ``direct_url.json``. A PR#20547 patch is removed first (its files are not in RECORD).
 
     **Example:**
 
@@ -214,19 +217,20 @@ def installed(
     if not present:
         yield from _uninstalled(venv, current, marker)
         return
-    decision, requirement = _decide(current, direct, version, git_url, git_ref, source_path)
+    decision, requirement, record = _decide(venv, current, direct, version, git_url, git_ref,
+                                            source_path)
     if decision.action == "noop" and has_python:
         host.noop(f"{decision.reason} in {venv}")
         return
     if source_path:
         _check_source_tree(source_path)
     source_args = _source_argv(index_url, find_links, trusted_hosts, no_deps)
-    changes = (_venv_changes(venv, requirement, source_args, allow_replacing)
+    changes = (_venv_changes(venv, requirement, source_args, allow_replacing, source_path)
                if has_python and not no_deps else None)
     _say_install(venv, python, state, has_python, decision.reason, index_url, find_links,
                  not (git_url or source_path), no_deps, changes, marker)
     yield from _install_commands(venv, python, has_python, marker, decision.action, source_args,
-                                 requirement)
+                                 requirement, record)
 
 
 def _uninstalled(venv: str, current: str | None, marker: Any):
@@ -239,8 +243,9 @@ def _uninstalled(venv: str, current: str | None, marker: Any):
 
 
 def _install_commands(venv: str, python: str, has_python: bool, marker: Any, action: str,
-                      source_args: list[str], requirement: str):
-    """A venv where none is (marked as specfleet's), the PR#20547 patch off, then pip."""
+                      source_args: list[str], requirement: str, record: str | None = None):
+    """A venv where none is (marked as specfleet's), the PR#20547 patch off, then pip; from a
+    source tree, then the tree's key (``record``) in the venv, once pip has built it."""
     if not has_python:
         # The marker says this venv is specfleet's: pip may replace packages in it.
         yield StringCommand(
@@ -254,19 +259,30 @@ def _install_commands(venv: str, python: str, has_python: bool, marker: Any, act
     yield StringCommand(
         *_pip(venv), "install", *(QuoteString(a) for a in source_args), QuoteString(requirement),
     )
+    if record is not None:
+        path = source_key_path(venv)
+        yield StringCommand(
+            "mkdir", "-p", QuoteString(posixpath.dirname(path)), "&&", "printf", "'%s\\n'",
+            QuoteString(record), ">", QuoteString(path),
+        )
 
 
-def _decide(current: str | None, direct: Any, version: str | None, git_url: str | None,
-            git_ref: str | None, source_path: str | None) -> tuple[Any, str]:
-    """What to do (``decide_install``, or ``decide_source_install`` for a tree on the host) and
-    the requirement pip is given."""
+def _decide(venv: str, current: str | None, direct: Any, version: str | None,
+            git_url: str | None, git_ref: str | None,
+            source_path: str | None) -> tuple[Any, str, str | None]:
+    """What to do (``decide_install``, or ``decide_source_install`` for a tree on the host), the
+    requirement pip is given and, from a tree, the key to record once it is built (its content,
+    ``facts.sglang.SourceTreeKey``, read now: a tree changed during the build is rebuilt by the
+    next run)."""
     commit = _pinned_commit(version, git_url, git_ref)
     if source_path:
-        return (decide_source_install(current, direct, source_path),
-                posixpath.normpath(source_path))  # fmt: skip
+        tree = cached_fact(host, SourceTreeKey, path=source_path, venv=venv) or {}
+        record = source_record(tree["sha256"], source_path) if tree.get("sha256") else None
+        return (decide_source_install(current, direct, source_path, tree),
+                posixpath.normpath(source_path), record)  # fmt: skip
     decision = decide_install(current, direct, version=version, git_url=git_url, commit=commit)
     return decision, (git_requirement(git_url, commit) if git_url and commit
-                      else f"sglang=={version}")  # fmt: skip
+                      else f"sglang=={version}"), None  # fmt: skip
 
 
 def _pinned_commit(version: str | None, git_url: str | None, git_ref: str | None) -> str | None:
@@ -334,12 +350,26 @@ def _check_source_tree(source_path: str) -> None:
         raise SpecfleetError(problem[0], host=host.name, fix=problem[1])
 
 
+def _refuse_untrusted(venv: str, source_path: str | None) -> None:
+    """Fail the host before pip's dry run (``PipInstallPlan``, at ``--dry`` too) where a user
+    other than root can change the venv (its pip, its ``.pth`` files) or the source tree (its
+    build backend): that run is their code as root. Preflight refuses the same (its fact, from
+    the deploy's probe)."""
+    found = cached_fact(host, WritableByOthers, **trust_args(venv, source_path)) or {}
+    for what, path in (("venv", venv), ("sglang.source_path", source_path)):
+        if path and path in found:
+            problem, fix = untrusted_problem(what, path, found[path])
+            raise SpecfleetError(f"{problem}; pip was not run", host=host.name, fix=fix)
+
+
 def _venv_changes(venv: str, requirement: str, source_args: list[str],
-                  allow_replacing: bool | list[str]) -> str | None:
+                  allow_replacing: bool | list[str], source_path: str | None = None) -> str | None:
     """What installing ``requirement`` into the existing ``venv`` changes besides SGLang and
     compressed-tensors, in words (None: nothing), from pip's dry run on the host. Raises when it
     would replace a package in a venv specfleet did not create and ``allow_replacing`` does not
-    let it, or when pip cannot tell in such a venv."""
+    let it, or when pip cannot tell in such a venv; and, before pip, where a user other than
+    root can change the venv or the source tree (``_refuse_untrusted``)."""
+    _refuse_untrusted(venv, source_path)
     plan = host.get_fact(PipInstallPlan, venv=venv, requirement=requirement,
                          pip_args=source_args) or {}
     created = bool(plan.get("created_by_specfleet"))

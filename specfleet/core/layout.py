@@ -29,6 +29,9 @@ HOST_TOKEN_DEFAULT = "/root/.cache/huggingface/token"
 # venv may have other packages replaced without ``sglang.allow_replacing``.
 PATCH_STATE_DIR = ".specfleet/pr20547"
 CREATED_MARKER = ".specfleet/created-by-specfleet"
+# What ``sglang.installed`` last built from an SGLang source tree into the venv: the tree's
+# content sha256 and its path (``facts.sglang.SourceTreeKey`` reads it back).
+SOURCE_KEY = ".specfleet/sglang-source"
 # The drafter RoPE patch's state (issue #52), laid out as PR#20547's above.
 ROPE_STATE_DIR = ".specfleet/dflash-rope"
 # The server's log formatter module, as the host keeps it in the unit's logging folder.
@@ -62,6 +65,10 @@ def rope_state_dir(venv: str) -> str:
 
 def created_marker(venv: str) -> str:
     return join(venv, CREATED_MARKER)
+
+
+def source_key_path(venv: str) -> str:
+    return join(venv, SOURCE_KEY)
 
 
 def tools_python() -> str:

@@ -182,6 +182,16 @@ def _check_unit_files(facts: Mapping[str, Any], settings: Settings, result: Pref
         result.passed.append(f"no unit of the host's is named {settings.service_name}")
 
 
+def untrusted_problem(what: str, path: str, where: str) -> tuple[str, str]:
+    """(problem, fix) of a venv or source tree (``what``: the settings key) that a user other
+    than root can change at ``where`` (``facts.preflight.WritableByOthers``' value)."""
+    place = printable(where.split(" (")[0])
+    return (f"{what} {path} can be changed by a user other than root: {printable(where)}; root "
+            "would run code from it (pip's build backend, a .pth file)",
+            f"make it root's alone (chown root:root, chmod go-w on {place} and what is in it), "
+            f"or set {what} to a root-owned folder")
+
+
 def _check_trusted(facts: Mapping[str, Any], settings: Settings, result: Preflight) -> None:
     """The venv and an SGLang source tree root runs code from (a build backend, a ``.pth``
     file): only root may write them, or any folder above them."""
@@ -190,14 +200,7 @@ def _check_trusted(facts: Mapping[str, Any], settings: Settings, result: Preflig
     found = facts.get(UNTRUSTED) or {}
     for path, where in sorted(found.items()):
         what = ("sglang.source_path" if path == settings.sglang.source_path else "venv")
-        place = printable(where.split(" (")[0])
-        result.problems.append(Problem(
-            "untrusted-path",
-            f"{what} {path} can be changed by a user other than root: {printable(where)}; root "
-            "would run code from it (pip's build backend, a .pth file)",
-            f"make it root's alone (chown root:root, chmod go-w on {place} and what is in it), "
-            f"or set {what} to a root-owned folder",
-        ))
+        result.problems.append(Problem("untrusted-path", *untrusted_problem(what, path, where)))
     if not found:
         result.passed.append("the venv and the source tree are root's alone")
 

@@ -10,7 +10,9 @@ N lines of the unit's journal since the gate began (API keys redacted), each sta
 With --started-at EPOCH (a server an earlier run restarted, waited on now instead of restarted
 again) the budget counts from the server's start, not from the gate's, and the journal from then.
 
-With --probe JSON, a healthy server must then also answer right: the correctness probe sends each
+With --probe JSON (or --probe-on-stdin: the JSON in ``PROBE_JSON``, an assignment sent ahead of
+this script on stdin, so that a large probe is no argv word; ``operations.readiness.gate_source``),
+a healthy server must then also answer right: the correctness probe sends each
 question at temperature 0, several at once, to /v1/chat/completions (thinking off, the answer is
 `content`) and to SGLang's native /generate, whose meta_info gives each request's acceptance
 length: the question through the model's chat template (token ids made by the server's own
@@ -20,7 +22,8 @@ It passes when at least min_correct answers match their regex and the mean accep
 is at least min_accept_length (at most halfway from 1.0 to the server's
 --speculative-num-draft-tokens) and no request's is above that block size plus the prefill
 token's share (SGLang's spec_accept_length counts the first output token, which prefill makes,
-over the verify steps).
+over the verify steps). An answer's regex is at most ANSWER_PATTERN_MAX characters, matched
+against the answer's first ANSWER_TEXT_MAX characters for at most ANSWER_MATCH_S seconds.
 
 Exit status: 0 ready; 1 the unit failed or serves the wrong model; 2 out of time; 3 bad usage;
 4 the server serves, but the probe found wrong answers or a wrong acceptance length.
@@ -34,11 +37,20 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+
+# The probe's answers, bounded (issue #55): a regex of at most this many characters (the settings
+# refuse longer ones, ``specfleet.core.settings.schema.ANSWER_PATTERN_MAX``), matched against the
+# first ANSWER_TEXT_MAX characters of an answer, for at most ANSWER_MATCH_S seconds.
+ANSWER_PATTERN_MAX = 200
+ANSWER_TEXT_MAX = 8192
+ANSWER_MATCH_S = 2.0
 
 PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
 
@@ -291,10 +303,14 @@ def judge(answers: list, spec: dict, speculative: bool,
     right, wrong = 0, []
     for a in answers:
         content = a.get("content")
-        if content is not None and re.search(a["answer"], content, re.I | re.S):
+        found = answer_matches(a["answer"], content) if content is not None else False
+        if found:
             right += 1
         else:
             got = a.get("error") or f"said {shorten(content or '')!r}"
+            if found is None:
+                got = (f"the regex ran past {ANSWER_MATCH_S:g} s on the answer (it backtracks "
+                       "without end: simplify it, e.g. no repeat inside a repeat)")
             wrong.append(f"{a['prompt']!r} (expected /{a['answer']}/): {got}")
     need = int(spec["min_correct"])
     lines = [f"probe: {right}/{len(answers)} answers right (need {need})"]
@@ -340,6 +356,39 @@ def judge(answers: list, spec: dict, speculative: bool,
                 "a stale attention mask, looks like this")
         (problems if problems else lines).append(note if problems else f"probe: {note}")
     return _verdict(lines, problems)
+
+
+class _MatchExpired(Exception):
+    """Raised by SIGALRM's handler inside ``re``, which checks for signals as it goes."""
+
+
+def answer_matches(pattern: str, text: str, seconds: float | None = None) -> bool | None:
+    """Whether ``pattern`` (case-insensitive, ``.`` matching newlines) is found in the first
+    ANSWER_TEXT_MAX characters of ``text``; None when the search ran past ``seconds`` (default
+    ANSWER_MATCH_S: a regex that backtracks without end). The clock is SIGALRM, in the main
+    thread only (where signals are delivered; the gate judges there); the caller's timer and
+    handler are put back."""
+    seconds = ANSWER_MATCH_S if seconds is None else seconds
+    text = text[:ANSWER_TEXT_MAX]
+    if threading.current_thread() is not threading.main_thread():
+        return re.search(pattern, text, re.I | re.S) is not None
+
+    def expire(signum, frame):
+        raise _MatchExpired()
+
+    began = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, expire)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return re.search(pattern, text, re.I | re.S) is not None
+    except _MatchExpired:
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay:
+            left = max(old_delay - (time.monotonic() - began), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, old_interval)
 
 
 def _verdict(lines: list[str], problems: list[str]) -> tuple[bool, list[str]]:
@@ -441,7 +490,35 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--started-at", type=float,
                    help="the server's start (host EPOCH): the budget counts from then")
     p.add_argument("--probe", help="the correctness probe as JSON (questions, thresholds)")
+    p.add_argument("--probe-on-stdin", action="store_true",
+                   help="the probe is PROBE_JSON, assigned ahead of this script on stdin")
     return p.parse_args()
+
+
+def read_probe(args: argparse.Namespace) -> tuple[dict | None, str | None]:
+    """The correctness probe of ``--probe JSON`` or ``--probe-on-stdin`` (``PROBE_JSON``, sent
+    ahead of this script: a large probe is no argv word, which Linux caps at 128 KiB), checked:
+    (the probe or None, why it is unusable)."""
+    text = args.probe
+    if args.probe_on_stdin:
+        text = globals().get("PROBE_JSON")
+        if not isinstance(text, str):
+            return None, "--probe-on-stdin, but no PROBE_JSON came ahead of the script"
+    if not text:
+        return None, None
+    try:
+        probe = json.loads(text)
+    except ValueError as exc:
+        return None, f"bad probe JSON: {exc}"
+    questions = probe.get("questions") if isinstance(probe, dict) else None
+    if not isinstance(questions, list):
+        return None, "bad probe JSON: no list of questions"
+    for i, q in enumerate(questions):
+        answer = q.get("answer") if isinstance(q, dict) else None
+        if not isinstance(answer, str) or len(answer) > ANSWER_PATTERN_MAX:
+            return None, (f"bad probe: question {i}'s answer must be a regex of at most "
+                          f"{ANSWER_PATTERN_MAX} characters")
+    return probe, None
 
 
 def unit_problem(unit: str, st: dict) -> str | None:
@@ -521,10 +598,9 @@ def main() -> int:
                                  secrets):
             print(f"| {line}", flush=True)
         return 0
-    try:
-        probe = json.loads(args.probe) if args.probe else None
-    except ValueError as exc:
-        say(f"bad --probe JSON: {exc}")
+    probe, problem = read_probe(args)
+    if problem:
+        say(problem)
         return 3
     return wait_ready(args, secrets, probe)
 

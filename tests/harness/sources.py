@@ -159,14 +159,21 @@ def ddtree_fork_site() -> Path:
 
 # Where the fleet tests and the demo lay the fork's tree on a host: its python/ folder as a
 # checkout's, and a venv holding it as a source install of that folder looks (pip's
-# direct_url.json names the folder: specfleet's sglang.kind "source" key).
+# direct_url.json names the folder, and the venv records the tree's content as sglang.installed
+# does after a build: specfleet's sglang.kind "source" key).
 DDTREE_FORK_HOST_SRC = "/opt/src/sglang-ddtree-fork/python"
 
 
 def ddtree_fork_host_script(tarball: str, venv: str, src: str = DDTREE_FORK_HOST_SRC) -> str:
     """The shell that lays the fork's tree (the tarball, already copied to ``tarball`` on the
     host) into ``src`` and into a new ``venv`` as its fixture README says; idempotent."""
+    import shlex
+
+    from facts.sglang import SOURCE_TREE_SCRIPT
+    from specfleet.core.layout import source_key_path
+
     parent = src.rsplit("/", 1)[0]
+    record = source_key_path(venv)
     return "\n".join([
         "set -e",
         f"mkdir -p {parent}",
@@ -185,4 +192,9 @@ def ddtree_fork_host_script(tarball: str, venv: str, src: str = DDTREE_FORK_HOST
         '> "$info/METADATA"',
         'printf "specfleet-tests (the DDTree fork\'s tree, laid in)\\n" > "$info/INSTALLER"',
         f'printf \'{{"url": "file://{src}", "dir_info": {{}}}}\\n\' > "$info/direct_url.json"',
+        # The tree's content as facts.sglang.SourceTreeKey reads it, recorded as the install does.
+        f"mkdir -p {record.rsplit('/', 1)[0]}",
+        f"key=$(python3 -I -S -c {shlex.quote(SOURCE_TREE_SCRIPT)} {src} /dev/null | "
+        "sed -n \"s/.*'sha256': '\\([0-9a-f]*\\)'.*/\\1/p\")",
+        f'[ -n "$key" ] && printf \'%s\\n\' "$key {src}" > {record}',
     ])

@@ -118,3 +118,31 @@ def test_host_scripts_run_on_every_python_at_hand(python):
         assert done.returncode == 0, (name, done.stderr)
         value = parse_printed(done.stdout.strip())
         assert name == "SGLangInstall" and value is None or isinstance(value, dict), name
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("python", _interpreters())
+def test_site_paths_are_what_site_puts_on_sys_path(python):
+    """``site_paths`` under -I -S (the fact scripts' flags) finds the folders ``site`` puts on
+    sys.path under -I, in order, and the editable installs' finders' folders (this checkout's
+    own venv has one: specfleet), on every Python at hand, venv or not."""
+    from facts.hostpy import host_source
+    from specfleet.hostside.dists import editable_packages, site_paths
+
+    script = host_source(site_paths, editable_packages) + (
+        "import sys\nprint(repr([site_paths(), editable_packages(site_paths()), sys.path]))\n")
+    done = subprocess.run([python, "-I", "-S", "-c", script], capture_output=True, text=True,
+                          check=True)
+    found, editable, bare = parse_printed(done.stdout)
+    with_site = subprocess.run([python, "-I", "-c", "import sys; print(repr(sys.path))"],
+                               capture_output=True, text=True, check=True)
+    want = [p for p in parse_printed(with_site.stdout)
+            if p not in bare and not p.endswith(".__path_hook__")]
+    assert found == want
+    if python == sys.executable and "__editable__" in " ".join(os.listdir(found[0])):
+        spec = subprocess.run(
+            [python, "-I", "-c", "import importlib.util as u; "
+             "print(u.find_spec('specfleet').submodule_search_locations[0])"],
+            capture_output=True, text=True, check=True, cwd="/")
+        assert editable["specfleet"] == spec.stdout.strip()
+

@@ -372,6 +372,54 @@ def test_command_in_a_venv_and_absent_interpreter(tmp_path, wheel_trees):
     assert run(missing) is None
 
 
+@pytest.mark.local
+def test_the_venv_facts_run_no_pth_code_and_read_the_same(tmp_path, wheel_trees):
+    """Issue 55: the facts ran the venv's Python with -I only, which runs its .pth files' import
+    lines, as root, at --dry and in `specfleet status`. Run with -I -S, none runs; the site
+    folders, a .pth path line's folder and an editable install's finder (its MAPPING, read, not
+    run) find SGLang as before."""
+    from facts.python import Packages
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    site = next((env_dir / "lib").glob("python3*/site-packages"))
+    ran = tmp_path / "pth-code-ran"
+    (site / "aaa-user.pth").write_text(f"import os; open({str(ran)!r}, 'a').write('pth ')\n")
+    tree = wheel_trees["0.5.11"]
+    (site / "sglang-under-test.pth").write_text(f"# a comment\n\n{tree}\n")
+
+    def run(fact, **kwargs):
+        cmd = get_command_string(StringCommand(fact.command(**kwargs)))
+        done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return fact.process(done.stdout.splitlines())
+
+    version = ".".join(map(str, sys.version_info[:3]))
+    value = run(sglang.SGLangInstall(), python=python)
+    assert value["version"] == "0.5.11" and value["location"] == str(tree / "sglang")
+    packages = run(Packages(), python=python, names=["sglang"])
+    assert packages["sglang"] == "0.5.11" and packages["python_version"] == version
+    assert run(sglang.Venv(), path=str(env_dir)) == {"python": version}
+    assert not ran.exists()
+    # The same venv's Python with its site, as before: the .pth line is code, and it runs.
+    subprocess.run([python, "-I", "-c", "pass"], check=True)
+    assert ran.read_text().startswith("pth ")  # (a venv's site runs its .pth files twice)
+    ran.unlink()
+    # An editable install (pip install -e): a .pth import line and setuptools' finder module.
+    (site / "sglang-under-test.pth").unlink()
+    finder = "__editable___sglang_0_5_11_finder"
+    (site / "__editable__.sglang-0.5.11.pth").write_text(f"import {finder}; {finder}.install()")
+    (site / f"{finder}.py").write_text(
+        f"open({str(ran)!r}, 'a').write('finder ')\n"
+        f"MAPPING: dict[str, str] = {{'sglang': {str(tree / 'sglang')!r}}}\n"
+        "NAMESPACES: dict[str, list[str]] = {}\n"
+        "def install():\n    pass\n")
+    value = run(sglang.SGLangInstall(), python=python)
+    assert value["version"] == "0.5.11" and value["location"] == str(tree / "sglang")
+    assert not ran.exists()
+
+
 # --- DDTree: the fork's real tree, every release wheel, authored designs ----------------------
 
 

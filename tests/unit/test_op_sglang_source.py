@@ -1,6 +1,6 @@
 """An SGLang source tree on the host (sglang.kind "source"): the fork's real pyproject.toml needs a
 Rust extension whose sources are not in the tarball, said before anything changes; the folder pip
-recorded is the idempotence key; a tree goes beside a release venv."""
+recorded and the tree's content are the idempotence key; a tree goes beside a release venv."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from facts.sglang import FileHashes, SourceTree
+from facts.sglang import FileHashes, SourceTree, SourceTreeKey
 from specfleet.core.errors import SettingsError
 from specfleet.core.settings import settings_from_dict
 from specfleet.core.sglang.install import (
@@ -19,9 +19,10 @@ from specfleet.core.sglang.install import (
     rust_extensions,
     source_build_problem,
     source_label,
+    source_record,
     source_url,
 )
-from tests.harness.sources import DDTREE_FORK_TARBALL
+from tests.harness.sources import DDTREE_FORK_TARBALL, ddtree_fork_host_script
 
 TREE = "/opt/src/sglang-ddtree-fork/python"
 
@@ -88,14 +89,89 @@ def test_a_pure_python_tree_builds(tmp_path):
     assert source_build_problem(str(tmp_path), tree["pyproject"], cargo=False, missing=[]) is None
 
 
-def test_the_recorded_folder_is_the_key():
-    assert decide_source_install(None, None, TREE).action == "install"
+KEY, OLD = "5d1c" + "0" * 60, "9a7e" + "0" * 60
+
+
+def test_the_recorded_folder_and_the_trees_content_are_the_key():
+    """Issue 55: the folder alone was the key, so a changed tree (a pull, an edit, another
+    branch) was never rebuilt. Its content (facts.sglang.SourceTreeKey) is the key too."""
     same = {"url": f"file://{TREE}"}
-    assert decide_source_install("0.0.0.dev0", same, TREE).action == "noop"
-    assert decide_source_install("0.5.23", None, TREE).action == "reinstall"
+    built = {"sha256": KEY, "recorded": source_record(KEY, TREE) + "\n"}
+    assert decide_source_install(None, None, TREE, built).action == "install"
+    decision = decide_source_install("0.0.0.dev0", same, TREE, built)
+    assert decision.action == "noop" and "as it is now (content 5d1c00000000)" in decision.reason
+    assert decide_source_install("0.5.23", None, TREE, built).action == "reinstall"
     other = {"url": "file:///opt/src/other/python"}
-    assert decide_source_install("0.0.0.dev0", other, TREE).action == "reinstall"
+    assert decide_source_install("0.0.0.dev0", other, TREE, built).action == "reinstall"
     assert source_url(TREE + "/") == f"file://{TREE}"
+    # The same folder, other content: rebuilt.
+    changed = {"sha256": KEY, "recorded": source_record(OLD, TREE)}
+    decision = decide_source_install("0.0.0.dev0", same, TREE, changed)
+    assert decision.action == "reinstall", decision
+    assert "changed since SGLang 0.0.0.dev0 was built from it (content 9a7e00000000 -> " \
+           "5d1c00000000)" in decision.reason
+    # Built before the content was recorded: rebuilt once, then recorded.
+    decision = decide_source_install("0.0.0.dev0", same, TREE, {"sha256": KEY, "recorded": None})
+    assert decision.action == "reinstall" and "is not recorded" in decision.reason
+    # The record of another folder's tree with the same content is not this one's.
+    moved = {"sha256": KEY, "recorded": source_record(KEY, "/opt/src/other/python")}
+    assert decide_source_install("0.0.0.dev0", same, TREE, moved).action == "reinstall"
+    # The tree gone from the host: what is installed stays (nothing to build from).
+    gone = decide_source_install("0.0.0.dev0", same, TREE, {"sha256": None, "recorded": None})
+    assert gone.action == "noop" and "not on the host now" in gone.reason
+    assert source_record(KEY, TREE + "/") == f"{KEY} {TREE}"
+
+
+def _tree_key(tree, venv) -> dict:
+    return run_fact(SourceTreeKey(), path=str(tree), venv=str(venv))
+
+
+@pytest.mark.local
+def test_the_trees_key_changes_with_its_content_not_with_a_build(tmp_path):
+    tree, venv = tmp_path / "python", tmp_path / "venv"
+    (tree / "sglang" / "srt").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text("[build-system]\n")
+    (tree / "sglang" / "__init__.py").write_text("x = 1\n")
+    (tree / "sglang" / "srt" / "server_args.py").write_text("y = 2\n")
+    first = _tree_key(tree, venv)
+    assert first["files"] == 3 and len(first["sha256"]) == 64 and first["recorded"] is None
+    assert _tree_key(tree, venv) == first
+    # What a build (pip's in-tree build, Python's bytecode) and git leave in the tree: no change.
+    for d in ("build/lib/sglang", "sglang.egg-info", "sglang/__pycache__", ".git/objects"):
+        (tree / d).mkdir(parents=True)
+        (tree / d / "f").write_text("built")
+    (tree / "sglang" / "srt" / "x.cpython-311.pyc").write_bytes(b"\0")
+    assert _tree_key(tree, venv) == first
+    # An edit, a new file, a mode, a link: each changes the key.
+    seen = {first["sha256"]}
+    (tree / "sglang" / "srt" / "server_args.py").write_text("y = 3\n")
+    seen.add(_tree_key(tree, venv)["sha256"])
+    (tree / "sglang" / "new.py").write_text("")
+    seen.add(_tree_key(tree, venv)["sha256"])
+    (tree / "sglang" / "new.py").chmod(0o755)
+    seen.add(_tree_key(tree, venv)["sha256"])
+    (tree / "sglang" / "link").symlink_to("/etc")
+    seen.add(_tree_key(tree, venv)["sha256"])
+    assert len(seen) == 5
+    # The venv's record comes back with the key; no tree, no key.
+    (venv / ".specfleet").mkdir(parents=True)
+    (venv / ".specfleet" / "sglang-source").write_text(f"{KEY} {tree}\n")
+    assert _tree_key(tree, venv)["recorded"] == f"{KEY} {tree}\n"
+    assert _tree_key(tmp_path / "none", venv)["sha256"] is None
+
+
+@pytest.mark.local
+def test_the_forks_tree_laid_in_as_the_fleet_tests_do_is_converged(tmp_path):
+    """The fleet tests lay the fork's tree and a venv as a source install of it looks
+    (tests/harness/sources.py): the record they write is what sglang.installed would have
+    written after a build, so the deploy keeps it (no rebuild, which the host could not do)."""
+    src, venv = tmp_path / "src" / "python", tmp_path / "venv"
+    script = ddtree_fork_host_script(str(DDTREE_FORK_TARBALL), str(venv), str(src))
+    subprocess.run(["sh", "-c", script], check=True, capture_output=True, timeout=300)
+    tree = _tree_key(src, venv)
+    assert tree["recorded"].strip() == source_record(tree["sha256"], str(src))
+    direct = {"url": source_url(str(src))}
+    assert decide_source_install("0.0.0.dev0", direct, str(src), tree).action == "noop"
 
 
 def test_a_tree_goes_beside_a_release_venv():
@@ -119,3 +195,22 @@ def test_source_settings_are_checked():
         settings_from_dict({"sglang": {"kind": "source"}})
     with pytest.raises(SettingsError, match="sglang.source_path"):
         settings_from_dict({"sglang": {"kind": "source", "source_path": "relative/python"}})
+
+
+def test_the_deploy_probe_asks_the_trees_key_as_the_install_does():
+    """The tree's key rides in the deploy's one probe, with the arguments sglang.installed asks
+    it with (a converged host asks nothing more live), and the trust check holds the tree."""
+    from facts.cache import fact_key, keyed_specs
+    from operations.probe import deploy_specs
+    from operations.venvs import candidate_venvs
+
+    s = settings_from_dict({"sglang": {"kind": "source", "source_path": TREE, "version": "0.5.13"},
+                            "target": {"revision": "a" * 40},
+                            "drafter": {"revision": "b" * 40}}, host="h1")
+    specs = deploy_specs(s, "/var/lib/specfleet/run.lock")
+    keyed = keyed_specs(specs)
+    for venv in candidate_venvs(s):
+        assert fact_key(SourceTreeKey, {"path": TREE, "venv": venv}) in keyed
+    release = settings_from_dict({"sglang": {"version": "0.5.11"}, "target": {"revision": "a" * 40},
+                                  "drafter": {"revision": "b" * 40}}, host="h1")
+    assert not any(cls is SourceTreeKey for cls, _ in deploy_specs(release, "/l"))

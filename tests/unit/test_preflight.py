@@ -446,3 +446,61 @@ def test_a_venv_or_source_tree_others_can_write_is_refused(tmp_path):
     assert "venv /root/venv_sglang211 can be changed by a user other than root: /root (uid " \
            "1000, mode 775)" in result.problems[0].problem
     assert "chmod go-w on /root" in result.problems[0].fix
+
+
+@pytest.mark.local
+def test_a_venv_whose_site_packages_or_pth_files_others_can_write_is_refused(tmp_path):
+    """Issue 55: a .pth file in the venv's site-packages is code its Python runs as it starts.
+    The venv's top levels (bin, pyvenv.cfg, site-packages and what is directly in it) are
+    checked too, not the venv folder and its parents alone."""
+    import subprocess
+
+    from facts.preflight import WritableByOthers, trust_args
+
+    env = tmp_path / "venv"
+    site = env / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (env / "bin").mkdir()
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (site / "torch").mkdir()
+    (site / "torch" / "deep.py").write_text("x")
+    os.chmod(site / "torch" / "deep.py", 0o666)  # deeper than the top levels: not looked at
+    fact = WritableByOthers()
+
+    def run(**kw):
+        out = subprocess.run(["sh", "-c", fact.command(**kw)], capture_output=True, text=True,
+                             timeout=60)
+        return fact.process(out.stdout.splitlines())
+
+    args = trust_args(str(env))
+    assert args == {"paths": [str(env)], "trees": [], "venvs": [str(env)]}
+    # Nothing of the venv's own: the first place found is above it (the temporary folders).
+    first = run(**args)[str(env)].split(" (")[0]
+    assert first in [str(tmp_path), *map(str, tmp_path.parents)], first
+    (site / "user.pth").write_text("import os\n")
+    os.chmod(site / "user.pth", 0o666)
+    assert run(**args) == {str(env): f"{site}/user.pth (uid {os.getuid()}, mode 666)"}
+    os.chmod(site / "user.pth", 0o644)
+    os.chmod(site, 0o777)
+    assert run(**args) == {str(env): f"{site} (uid {os.getuid()}, mode 777)"}
+    os.chmod(site, 0o755)
+    os.chmod(env / "pyvenv.cfg", 0o664)
+    assert run(**args) == {str(env): f"{env}/pyvenv.cfg (uid {os.getuid()}, mode 664)"}
+
+
+def test_the_wheel_check_never_runs_pip_of_a_venv_others_can_change():
+    """Issue 55: preflight's wheel check ran the venv's pip (its .pth files, pip itself) before
+    it refused a venv a user other than root can change, at --dry too."""
+    from operations.preflight import wheel_check_python
+    from specfleet.core.preflight import SGLANG, UNTRUSTED
+
+    s = ct200_settings(sglang={"version": "0.5.14"})
+    facts = {SGLANG: {"version": "0.5.11"}, "facts.python.Packages": {"python_version": "3.11.2"},
+             UNTRUSTED: {}}
+    assert wheel_check_python(s, facts) == "/root/venv_sglang211/bin/python"
+    facts[UNTRUSTED] = {"/root/venv_sglang211": "/root (uid 1000, mode 775)"}
+    assert wheel_check_python(s, facts) is None  # preflight refuses the venv (untrusted-path)
+    # No venv Python yet: the interpreter that makes it; the release installed: no check.
+    assert wheel_check_python(s, {**facts, "facts.python.Packages": {}}) == s.python
+    assert wheel_check_python(s, {**facts, SGLANG: {"version": "0.5.14"}}) is None
+

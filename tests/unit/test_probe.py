@@ -4,18 +4,25 @@ and a user's probe file, and the stand-in server's broken-verify state decided f
 
 from __future__ import annotations
 
+import argparse
+import errno
 import importlib.util
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from operations.serving import probe_spec
+from operations.serving import gate_command, gate_source, probe_spec
 from specfleet.core.errors import SettingsError
 from specfleet.core.resources import hostside_path
-from specfleet.core.settings import probe_from_file, settings_from_dict
+from specfleet.core.settings import probe_from_file, schema, settings_from_dict
 from tests.harness import port_build
 from tests.harness.sources import sglang_wheel
 
@@ -233,6 +240,120 @@ def test_a_missing_probe_file_is_a_settings_error(tmp_path):
     probe = settings_from_dict({"probe": {"file": str(tmp_path / "none.json")}}).probe
     with pytest.raises(SettingsError, match="cannot be read on the control machine"):
         probe_spec(probe)
+
+
+# --------------------------------------------------------------------------------------------------
+# The probe bounded (issue #55): on stdin with the gate, not one argv word; a short regex, matched
+# on a bounded slice of the answer, for a bounded time
+# --------------------------------------------------------------------------------------------------
+
+
+def test_an_answer_regex_over_the_cap_is_a_settings_error_naming_the_key(tmp_path):
+    assert schema.ANSWER_PATTERN_MAX == gate.ANSWER_PATTERN_MAX == 200
+    fits = {"prompt": "What is 6 * 7?", "answer": "4" * 200}
+    long = {"prompt": "What is 6 * 7?", "answer": "4" * 201}
+    settings_from_dict({"probe": {"questions": [fits], "min_correct": 1}})
+    with pytest.raises(SettingsError) as exc:
+        settings_from_dict({"probe": {"questions": [fits, long], "min_correct": 1}}, "h1")
+    text = exc.value.render()
+    assert "probe.questions[1].answer" in text and "at most 200 characters" in text, text
+    assert "probe.questions[0]" not in text and "fix: fix the regex of that answer" in text
+    # A probe file's too.
+    with pytest.raises(SettingsError) as exc:
+        probe_from_file(settings_from_dict({}).probe, json.dumps({"questions": [long]}),
+                        "/srv/probe.json", "h1")
+    assert "questions[0].answer" in exc.value.render() and "/srv/probe.json" in exc.value.render()
+
+
+def test_the_gate_refuses_a_long_answer_regex_given_on_its_command_line():
+    long = json.dumps({"questions": [{"prompt": "x", "answer": "x" * 201}]})
+    probe, problem = gate.read_probe(argparse.Namespace(probe=long, probe_on_stdin=False))
+    assert probe is None and "question 0's answer must be a regex of at most 200" in problem
+    fits = json.dumps(SPEC)
+    assert gate.read_probe(argparse.Namespace(probe=fits, probe_on_stdin=False)) == (SPEC, None)
+    assert gate.read_probe(argparse.Namespace(probe=None, probe_on_stdin=False)) == (None, None)
+    probe, problem = gate.read_probe(argparse.Namespace(probe=None, probe_on_stdin=True))
+    assert probe is None and "no PROBE_JSON came ahead of the script" in problem
+
+
+def test_an_answer_is_matched_on_its_first_characters_only():
+    right = answers(8, 3.2)
+    assert gate.judge(right, SPEC, True, 8)[0]
+    # The right words only past the bounded slice: not found, so the answer is wrong.
+    padded = [{**a, "content": "x" * gate.ANSWER_TEXT_MAX + a["content"]} for a in right]
+    passed, lines = gate.judge(padded, SPEC, True, 8)
+    assert not passed and "0/8 answers right" in lines[0], lines
+    assert gate.answer_matches("Paris", "x" * (gate.ANSWER_TEXT_MAX - 5) + "Paris")
+    assert not gate.answer_matches("Paris", "x" * (gate.ANSWER_TEXT_MAX - 4) + "Paris")
+
+
+def test_a_regex_that_backtracks_without_end_is_stopped_and_named(monkeypatch):
+    evil = "(a+)+$"
+    text = "a" * 40 + "!"
+    began = time.monotonic()
+    assert gate.answer_matches(evil, text, seconds=0.2) is None
+    assert time.monotonic() - began < 5
+    monkeypatch.setattr(gate, "ANSWER_MATCH_S", 0.2)
+    spec = {**SPEC, "min_correct": 1,
+            "questions": [{"prompt": "Say a lot of a.", "answer": evil}]}
+    one = [{"prompt": "Say a lot of a.", "answer": evil, "content": text,
+            "meta": {"spec_accept_length": 3.0, "spec_verify_ct": 16}}]
+    passed, lines = gate.judge(one, spec, True, 8)
+    assert not passed and "the regex ran past 0.2 s on the answer" in lines[-1], lines
+    # The clock is put back: a later match runs as ever, and no alarm is left behind.
+    assert gate.answer_matches(r"\bParis\b", "It is Paris.") is True
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def _large_probe_file(tmp_path) -> Path:
+    """A probe file of about 600 KB: 60 questions of 10 KB each (Linux caps one argv word at
+    128 KiB, so as one ``--probe`` word it could never reach the gate)."""
+    questions = [{"prompt": f"Question {i}: " + "tell me more. " * 700 + "What is 6 * 7?",
+                  "answer": r"\b42\b"} for i in range(60)]
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps({"questions": questions, "min_correct": 50}))
+    assert path.stat().st_size > 4 * 131072
+    return path
+
+
+def test_the_probe_goes_on_stdin_with_the_gate_not_on_its_command_line(tmp_path):
+    s = settings_from_dict({"probe": {"file": str(_large_probe_file(tmp_path))}})
+    argv, probe = gate_command(s, "h1", 600.0)
+    assert "--probe-on-stdin" in argv and "--probe" not in argv
+    assert max(len(word) for word in argv) < 200, argv
+    assert probe == probe_spec(s.probe) and len(probe["questions"]) == 60
+    source = gate_source(probe)
+    space: dict = {"__name__": "gate_from_stdin"}
+    exec(compile(source, "<stdin>", "exec"), space)  # noqa: S102 - our own source
+    args = argparse.Namespace(probe=None, probe_on_stdin=True)
+    assert space["read_probe"](args) == (probe, None)
+    # Without the probe, the shipped gate has no PROBE_JSON.
+    assert "\nPROBE_JSON = " not in gate_source() and argv[:2] == ["python3", "-"]
+    off = settings_from_dict({"probe": {"enable": False}})
+    argv, probe = gate_command(off, "h1", 600.0)
+    assert probe is None and "--probe-on-stdin" not in argv
+
+
+@pytest.mark.local
+def test_a_large_probe_starts_the_gate_as_a_host_runs_it(tmp_path):
+    """``python3 - ARGS`` with the gate on stdin, as ``run_gate`` runs it: a 600 KB probe reaches
+    the gate (which then waits on the unit: a stand-in systemctl says it is not loaded). As one
+    ``--probe`` word, the same probe cannot even start a process (E2BIG)."""
+    s = settings_from_dict({"probe": {"file": str(_large_probe_file(tmp_path))}})
+    argv, probe = gate_command(s, "h1", 30.0)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\necho LoadState=not-found\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run([sys.executable, *argv[1:]], input=gate_source(probe), env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "is not loaded (not-found)" in done.stdout and "probe" not in done.stdout
+    with pytest.raises(OSError) as exc:
+        subprocess.run([sys.executable, "-c", "pass", "--probe", json.dumps(probe)],
+                       capture_output=True, timeout=60, check=False)
+    assert exc.value.errno == errno.E2BIG
 
 
 # --------------------------------------------------------------------------------------------------

@@ -419,7 +419,15 @@ class MetricsOptions(Section):
     """Where node-exporter listens, for the generated scrape config."""
 
 
+# The longest regex a probe answer may be: the readiness gate matches it on the host, bounded
+# (``specfleet.hostside.readiness_gate.ANSWER_PATTERN_MAX``, the same number, checked by a test).
+ANSWER_PATTERN_MAX = 200
+
+
 def _regex(answer: str) -> str | None:
+    if len(answer) > ANSWER_PATTERN_MAX:
+        return (f"a regex of at most {ANSWER_PATTERN_MAX} characters (this one has "
+                f"{len(answer)}): the gate matches it on the host, bounded")
     try:
         empty = re.fullmatch(answer, "") is not None
         return empty and "a regex that an empty answer does not match"
@@ -431,7 +439,8 @@ class ProbeQuestion(Section):
     prompt: Annotated[str, rule(lambda v: not v.strip() and "a question", "write the question the "
                                 "server must answer")]  # fmt: skip
     """A question the server must answer right (temperature 0)."""
-    answer: Annotated[str, rule(_regex, "fix the regex of that answer")]
+    answer: Annotated[str, rule(_regex, "fix the regex of that answer (a short pattern the "
+                                "right answer contains, e.g. '\\bParis\\b')")]
     """A regex (Python re, case-insensitive) the answer's text must contain."""
 
 
@@ -458,7 +467,7 @@ class ProbeOptions(Section):
                          "with its answer", "list questions as {'prompt': ..., 'answer': REGEX}, "
                          "or leave the defaults")] = [ProbeQuestion(prompt=q, answer=a)
                                                        for q, a in DEFAULT_PROBE_QUESTIONS]
-    """The questions and the regex each answer must match."""
+    """The questions and the regex (at most 200 characters) each answer must contain."""
     min_correct: Annotated[int, number(1, integer=True, fix="set {key} to the right answers "
                            "needed, at most the number of questions")] = 7  # fmt: skip
     """Right answers needed (at most the number of questions)."""

@@ -436,13 +436,37 @@ def source_build_problem(
     return None
 
 
-def decide_source_install(installed: str | None, direct: dict | None, source_path: str) -> Decision:
-    """From a source tree the key is the folder pip recorded (``direct_url.json``): a source
-    build's version is a placeholder (``0.0.0.dev0``) and says nothing about the tree."""
+def source_record(sha256: str, source_path: str) -> str:
+    """The line ``sglang.installed`` records in the venv after it built SGLang from a tree
+    (``layout.source_key_path``): the tree's content sha256 and its folder."""
+    return f"{sha256} {posixpath.normpath(source_path)}"
+
+
+def decide_source_install(installed: str | None, direct: dict | None, source_path: str,
+                          tree: dict | None = None) -> Decision:
+    """From a source tree the key is the folder pip recorded (``direct_url.json``) and the tree's
+    content (``tree``: ``facts.sglang.SourceTreeKey``, its sha256 and the one recorded at the
+    last build): a source build's version is a placeholder (``0.0.0.dev0``) and says nothing
+    about the tree, and the folder stays the same when what is in it changes (a pull, an edit,
+    another branch). A changed tree is rebuilt, an unchanged one is not."""
     url = source_url(source_path)
     if installed is None:
         return Decision("install", f"SGLang is not installed; installs it from {source_path}")
-    if (direct or {}).get("url") == url:
-        return Decision("noop", f"SGLang {installed} is installed from the tree {source_path}")
-    return Decision("reinstall",
-                    f"SGLang {installed} is not the tree {source_path}; installs it from there")
+    if (direct or {}).get("url") != url:
+        return Decision("reinstall",
+                        f"SGLang {installed} is not the tree {source_path}; installs it from there")
+    tree = tree or {}
+    key, recorded = tree.get("sha256"), (tree.get("recorded") or "").strip()
+    if key is None:
+        return Decision("noop", f"SGLang {installed} is installed from the tree {source_path}, "
+                                "which is not on the host now: kept as it is")
+    if recorded == source_record(key, source_path):
+        return Decision("noop", f"SGLang {installed} is installed from the tree {source_path} "
+                                f"as it is now (content {short(key)})")
+    if not recorded:
+        return Decision("reinstall", f"SGLang {installed} is installed from the tree "
+                        f"{source_path}, but from which content of it is not recorded: rebuilds "
+                        f"it from the tree as it is now (content {short(key)})")
+    before = recorded.split(" ", 1)[0]
+    return Decision("reinstall", f"the tree {source_path} changed since SGLang {installed} was "
+                    f"built from it (content {short(before)} -> {short(key)}): rebuilds it")

@@ -1,8 +1,10 @@
 """facts.sglang.SGLangInstall: the files of the installed SGLang that the parser reads, never
 importing it (find_spec locates the package without running its __init__, which imports torch).
 argv[1]: the request (``collect_request``); argv[2] (tests only): a directory to search first.
-Prints the Python literal of what it found (``None`` without SGLang)."""
-# needs: installed_dists, dist_version
+Prints the Python literal of what it found (``None`` without SGLang). Run with -I -S: the site
+folders are found by ``site_paths`` and an editable install by ``editable_packages``, no .pth
+file's code runs."""
+# needs: installed_dists, dist_version, site_paths, editable_packages
 
 import ast
 import importlib.util as iu
@@ -18,6 +20,8 @@ for row in sys.argv[1].split("\n"):
         req[kind + "s" if kind != "compile" else "compiles"].append(rest[0])
     elif kind == "when":
         req["when"] = rest[0]
+site = site_paths()
+sys.path += [p for p in site if p not in sys.path]
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])
 try:
@@ -25,6 +29,10 @@ try:
 except (ImportError, ValueError):
     spec = None
 locs = list(spec.submodule_search_locations or []) if spec else []
+if not locs:  # an editable install: the folder its finder maps, as the finder would find it
+    mapped = editable_packages(site).get("sglang")
+    if mapped and os.path.isfile(os.path.join(mapped, "__init__.py")):
+        locs = [mapped]
 if not locs:
     print(None)
     sys.exit(0)
