@@ -23,7 +23,13 @@ monkey.patch_all()
 import os  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
+import freezegun  # noqa: E402
 import pytest  # noqa: E402
+
+# pyinfra-testing's fact tests freeze time, and freezegun then reads every attribute of every
+# module loaded; transformers (imported by test_dflash_rope.py, as SGLang 0.5.11 reads a config)
+# imports torch-only models lazily on such a read, and fails without torch.
+freezegun.configure(extend_ignore_list=["transformers"])
 
 from tests.harness import Fleet, HostSpec  # noqa: E402
 from tests.harness.core import default_specs  # noqa: E402
