@@ -20,6 +20,7 @@ kept = rollback.rollback_state(settings)["saved"]
 preflight.lock(name="Hold the run lock", settings=settings, probe=False)
 pins = rollback.pins(name="Rollback: package pins", settings=settings)
 patch = rollback.patch(name="Rollback: PR#20547 patch state", settings=settings)
+rope = rollback.rope(name="Rollback: drafter RoPE patch state", settings=settings)
 if kept is not None and kept["unit"] is None:
     serving.unit(name="Rollback: no server unit before, none now", settings=settings,
                 present=False)
@@ -29,7 +30,7 @@ else:
         name="Rollback: restart for the old software",
         settings=settings,
         reason="the rollback",
-        _if=any_changed(pins, patch),
+        _if=any_changed(pins, patch, rope),
     )
     serving.service(name="Rollback: restart onto the kept unit", settings=settings,
                    running=True, enabled=True)

@@ -10,7 +10,11 @@ from typing_extensions import override
 
 # The files of a server that a rollback point keeps, by the name they have in it: the server's
 # own files (``ServerPaths.files``), the one list.
-from specfleet.core.layout import FILE_KEYS, join, patch_state_dir, venv_python
+from specfleet.core.layout import FILE_KEYS, join, patch_state_dir, rope_state_dir, venv_python
+
+# The patch states a point keeps, by the name of their folder in it: PR#20547's port and the
+# drafter RoPE patch (each a state folder beside the venv, its marker ``sha256`` written last).
+PATCH_KEYS = ("patch", "rope")
 
 ABSENT = "-"
 
@@ -19,8 +23,9 @@ class RollbackState(FactBase[dict[str, Any]]):
     """
     A rollback point kept on the host (``directory``) beside the state it would return to, read
     with one command: the sha1 of the server's files (unit, env, secret, logging config and its
-    module), the PR#20547 marker's sha256,
-    and the venv's ``pip freeze``, each as saved and as it is now, plus the wheels in the cache.
+    module), the PR#20547 marker's sha256 (``patch``), the drafter RoPE patch's marker (``rope``,
+    issue #52) and the venv's ``pip freeze``, each as saved and as it is now, plus the wheels in
+    the cache. A point taken before it kept the RoPE state has ``rope`` None: not applied then.
     ``saved`` is None until a rollback point exists; a file that was absent when it was taken is
     ``None`` in ``saved``, as it is in ``current`` while it does not exist.
 
@@ -33,10 +38,10 @@ class RollbackState(FactBase[dict[str, Any]]):
 
         {
             "saved": {"unit": "0b5c...", "env": "9e1d...", "secret": None, "patch": None,
-                      "freeze": ["compressed-tensors==0.9.4", "sglang==0.5.11"],
+                      "rope": "4e07...", "freeze": ["compressed-tensors==0.9.4", "sglang==0.5.11"],
                       "taken": "2026-11-30T15:20:01+00:00"},
             "current": {"unit": "77aa...", "env": "9e1d...", "secret": None, "patch": None,
-                        "freeze": ["compressed-tensors==0.9.4", "sglang==0.5.14"],
+                        "rope": None, "freeze": ["compressed-tensors==0.9.4", "sglang==0.5.14"],
                         "freeze_error": None},
             "wheels": ["sglang-0.5.11-py3-none-any.whl"],
         }
@@ -53,8 +58,9 @@ class RollbackState(FactBase[dict[str, Any]]):
     ) -> str:
         d = shlex.quote(directory)
         py = shlex.quote(venv_python(venv))
-        # An applied PR#20547's marker (operations.sglang writes it last).
-        marker = shlex.quote(join(patch_state_dir(venv), "sha256"))
+        # The markers of an applied PR#20547 and drafter RoPE patch (operations.sglang writes
+        # each last).
+        markers = {"patch": patch_state_dir(venv), "rope": rope_state_dir(venv)}
         parts = []
         live = (unit, env, secret, log_config, log_module)
         for key, path in zip(FILE_KEYS, live, strict=True):
@@ -65,9 +71,14 @@ class RollbackState(FactBase[dict[str, Any]]):
                 parts.append(
                     f'if test -e {q}; then echo "{side}.{key}=$(sha1sum < {q} | cut -c1-40)"; fi'
                 )
+        for key in PATCH_KEYS:
+            cur = shlex.quote(join(markers[key], "sha256"))
+            saved = shlex.quote(join(directory, key, "sha256"))
+            parts += [
+                f'if test -e {cur}; then echo "cur.{key}=$(cat {cur})"; fi',
+                f'if test -e {saved}; then echo "saved.{key}=$(cat {saved})"; fi',
+            ]
         parts += [
-            f"if test -e {marker}; then echo \"cur.patch=$(cat {marker})\"; fi",
-            f"if test -e {d}/patch/sha256; then echo \"saved.patch=$(cat {d}/patch/sha256)\"; fi",
             f"if test -e {d}/taken; then echo \"saved.taken=$(cat {d}/taken)\"; fi",
             f"if test -e {d}/freeze.txt; then sed 's/^/saved.freeze:/' {d}/freeze.txt; fi",
             # pip's own answer: direct references (git, file) come out as `name @ url`. Its
@@ -91,9 +102,9 @@ class RollbackState(FactBase[dict[str, Any]]):
 
 def parse_rollback_state(output: list[str]) -> dict[str, Any]:
     """``RollbackState``'s output -> its value (pure)."""
-    cur: dict[str, Any] = {k: None for k in (*FILE_KEYS, "patch")}
+    cur: dict[str, Any] = {k: None for k in (*FILE_KEYS, *PATCH_KEYS)}
     cur["freeze"], cur["freeze_error"] = [], None
-    saved: dict[str, Any] = {k: None for k in (*FILE_KEYS, "patch", "taken")}
+    saved: dict[str, Any] = {k: None for k in (*FILE_KEYS, *PATCH_KEYS, "taken")}
     saved["freeze"] = []
     wheels: list[str] = []
     errors: list[str] = []
@@ -107,8 +118,8 @@ def parse_rollback_state(output: list[str]) -> dict[str, Any]:
         elif line.startswith("wheel:"):
             wheels.append(line[len("wheel:") :])
         elif "=" in line and line.split("=", 1)[0] in (
-            *(f"cur.{k}" for k in (*FILE_KEYS, "patch")),
-            *(f"saved.{k}" for k in (*FILE_KEYS, "patch", "taken")),
+            *(f"cur.{k}" for k in (*FILE_KEYS, *PATCH_KEYS)),
+            *(f"saved.{k}" for k in (*FILE_KEYS, *PATCH_KEYS, "taken")),
         ):
             key, value = line.split("=", 1)
             side, name = key.split(".", 1)

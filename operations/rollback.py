@@ -1,4 +1,5 @@
-"""Keep a rollback point on the host before a change, and return to it: unit, pins, patch."""
+"""Keep a rollback point on the host before a change, and return to it: unit, pins, patches
+(PR#20547's port and the drafter RoPE patch)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
-from facts.rollback import FILE_KEYS, RollbackState
+from facts.rollback import FILE_KEYS, PATCH_KEYS, RollbackState
+from facts.sglang import RopePatchState
 from operations import preflight
 from operations import sglang as sglang_ops
-from operations.sglang_commands import restore_script
+from operations.sglang_commands import restore_files_script, restore_script
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import (
     RollbackPaths,
     ServerPaths,
     rollback_paths,
+    rope_state_dir,
     server_paths,
     venv_python,
 )
@@ -143,14 +146,15 @@ def drift(state: dict[str, Any]) -> list[str]:
     if saved is None:
         return ["there is no rollback point yet"]
     out = []
-    for key in (*FILE_KEYS, "patch"):
+    for key in (*FILE_KEYS, *PATCH_KEYS):
         if saved.get(key) != cur.get(key):
             if key in _KEPT_WHEN_ABSENT and saved.get(key) is None:
                 continue
             out.append({"unit": "the unit", "env": "the environment file",
                         "secret": "the API key file", "log_config": "the logging config",
                         "log_module": "the log redaction module",
-                        "patch": "the PR#20547 patch state"}[key])
+                        "patch": "the PR#20547 patch state",
+                        "rope": "the drafter RoPE patch state"}[key])
     if not pin_changes(saved["freeze"], cur["freeze"]).empty:
         out.append("the package pins")
     return out
@@ -190,11 +194,14 @@ def pip_source_args(settings: Settings, wheels: str) -> list[str]:
 def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str,
                       run_id: str = "") -> str:
     """Take a rollback point in a new folder, then swap it in: a failed copy keeps the old one.
-    ``run_id`` (the run that took it: a rollout's id) is kept beside it, in ``run_id``."""
+    The state folder of each applied patch (PR#20547's port in ``patch``, the drafter RoPE
+    patch in ``rope``: its diff, backup, journal and marker) is copied whole; an absent one
+    means the patch was not applied. ``run_id`` (the run that took it: a rollout's id) is kept
+    beside it, in ``run_id``."""
     q = shlex.quote
     d = q(rp.directory)
     py = q(venv_python(venv))
-    patch_dir = q(patch_state_dir(venv))
+    state_dirs = {"patch": patch_state_dir(venv), "rope": rope_state_dir(venv)}
     lines = [
         "set -e",
         "umask 077",
@@ -207,7 +214,8 @@ def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str,
     lines += [
         f"if test -x {py}; then {py} -m pip freeze --disable-pip-version-check "
         '> "$d.new/freeze.txt"; fi',
-        f'if test -e {patch_dir}/sha256; then cp -a {patch_dir} "$d.new/patch"; fi',
+        *(f"if test -e {q(state_dirs[key] + '/sha256')}; then cp -a {q(state_dirs[key])} "
+          f'"$d.new/{key}"; fi' for key in PATCH_KEYS),
         'date -u +%Y-%m-%dT%H:%M:%S+00:00 > "$d.new/taken"',
         f'printf "%s\\n" {q(run_id)} > "$d.new/run_id"',
         'rm -rf "$d.old"',
@@ -218,29 +226,51 @@ def checkpoint_script(rp: RollbackPaths, live: dict[str, str], venv: str,
     return "\n".join(lines)
 
 
-def reapply_patch_script(saved_patch: str, venv: str) -> str:
-    """Put an applied PR#20547 back from the rollback point: its diff onto the (restored)
-    site-packages, after a trial on a copy of the files it touches (taken from the saved backup),
-    and its state folder (journal, backup, created files, marker) beside the venv."""
-
+def reapply_script(saved: str, state_dir: str, what: str) -> str:
+    """Put an applied patch (``what``: "PR#20547", "the drafter RoPE patch") back from the copy of
+    its state folder a rollback point keeps (``saved``) into ``state_dir``, beside the (restored)
+    venv. Only onto the tree it was applied to: every file it modified must be as its backup holds
+    it and none it created may be there, else nothing changes and the host fails. Then its diff,
+    with the journal in place (a run killed half-way is finished by a restore; one found
+    interrupted is restored first), and the files it wrote must hash as they did after the
+    first apply (``applied.sha256``, what the PatchState fact calls intact), else the tree is
+    restored from the journal and the host fails; the marker last."""
     q = shlex.quote
     opts = " ".join(PATCH_OPTS)
+    fix = "run the deploy again: it applies the patch its settings ask for, or none"
     return "\n".join(
         [
             "set -e",
-            f"s={q(saved_patch)}",
-            f"d={q(patch_state_dir(venv))}",
+            f"s={q(saved)}",
+            f"d={q(state_dir)}",
             'cd "$(cat "$s/site")"',
-            't=$(mktemp -d); tar -xf "$s/backup.tar" -C "$t"',
-            f'if ! out=$(cd "$t" && patch {opts} -i "$s/applied.diff" 2>&1); then',
-            '  rm -rf "$t"',
-            '  echo "the saved PR#20547 patch does not apply to the restored SGLang:" >&2',
-            '  echo "$out" >&2; exit 1',
+            # An apply of it interrupted since (its journal, no marker): finished by a restore.
+            'if [ -f "$d/journal" ] && [ ! -f "$d/sha256" ] && [ -f "$d/site" ]; then',
+            f'  (cd "$(cat "$d/site")" && {restore_files_script()})',
+            'fi',
+            't=$(mktemp -d); trap \'rm -rf "$t"\' EXIT',
+            'tar -xf "$s/backup.tar" -C "$t"',
+            'bad=""',
+            'while IFS= read -r f; do [ -n "$f" ] || continue; '
+            'cmp -s -- "$f" "$t/$f" || bad="$bad $f"; done < "$s/existing"',
+            'while IFS= read -r f; do [ -n "$f" ] || continue; '
+            'if [ -e "$f" ] || [ -L "$f" ]; then bad="$bad $f"; fi; done < "$s/created"',
+            'if [ -n "$bad" ]; then',
+            f'  echo "{what} kept in $s was applied to another tree: in $PWD,$bad '
+            f'differ from it; nothing changed. fix: {fix}" >&2',
+            "  exit 1",
             "fi",
-            'rm -rf "$t"',
-            'rm -rf "$d" && mkdir -p "$(dirname "$d")"',
+            'rm -rf -- "$d" "$d.tmp" && mkdir -p "$(dirname "$d")"',
             'cp -a "$s" "$d.tmp" && rm -f "$d.tmp/sha256" "$d.tmp/unproven" && mv "$d.tmp" "$d"',
-            f'patch {opts} -i "$d/applied.diff" > /dev/null',
+            f'if ! patch {opts} -i "$d/applied.diff" > "$t/out" 2>&1 '
+            '|| ! sha256sum --status -c "$d/applied.sha256"; then',
+            f"  {restore_files_script()}",
+            '  rm -rf -- "$d"',
+            f'  echo "{what} kept in $s does not give the files it gave before; restored, '
+            f'nothing changed. fix: {fix}" >&2',
+            '  cat "$t/out" >&2',
+            "  exit 1",
+            "fi",
             'cp "$s/sha256" "$d/sha256"',
         ]
     )
@@ -309,7 +339,7 @@ def _need_point(s: Settings, state: dict[str, Any]) -> dict[str, Any]:
 def checkpoint(settings: Settings, replace: bool = True):
     """
     Keep a rollback point on the host: the server's unit, env and secret files, the venv's
-    ``pip freeze``, the PR#20547 patch state, and wheels of the managed pins.
+    ``pip freeze``, the PR#20547 and drafter RoPE patch states, and wheels of the managed pins.
 
     + settings: the deploy's ``Settings``
     + replace: replace a point that is there (only for a state that passed its readiness gate);
@@ -380,8 +410,10 @@ def pins(settings: Settings):
     + settings: the deploy's ``Settings``
 
     Pins that differ are reinstalled with ``--no-deps`` from the wheel cache first, then the
-    configured index or find-links; distributions that were not there are uninstalled. An applied
-    PR#20547 is removed first when SGLang itself changes (its files are not in pip's RECORD).
+    configured index or find-links; distributions that were not there are uninstalled. When
+    SGLang itself changes, an applied PR#20547 (its files are not in pip's RECORD) and drafter
+    RoPE patch are removed first (the RoPE patch's marker is forgotten where pip has replaced its
+    file since), so neither is left as a marker of files pip has replaced.
     """
     s = settings
     state = _state(s)
@@ -399,8 +431,11 @@ def pins(settings: Settings):
         + (f"; uninstalls {', '.join(changes.uninstall)}" if changes.uninstall else ""),
         logger.info,
     )
-    if cur["patch"] and "sglang" in changes.names():
-        yield _sh(restore_script(patch_state_dir(s.venv)))
+    if "sglang" in changes.names():
+        if cur["patch"]:
+            yield _sh(restore_script(patch_state_dir(s.venv)))
+        yield from sglang_ops.rope_restore_steps(s.venv,
+                                                 host.get_fact(RopePatchState, venv=s.venv))
     if changes.uninstall:
         yield StringCommand(
             py, "-m", "pip", "uninstall", "--yes", *[QuoteString(n) for n in changes.uninstall]
@@ -440,7 +475,42 @@ def patch(settings: Settings):
     host.log(f"rollback: applies PR#20547 {saved['patch'][:12]} again", logger.info)
     if cur["patch"]:
         yield _sh(restore_script(patch_state_dir(s.venv)))
-    yield _sh(reapply_patch_script(rollback_paths(s).file("patch"), s.venv))
+    yield _sh(reapply_script(rollback_paths(s).file("patch"), patch_state_dir(s.venv),
+                             "PR#20547"))
+
+
+@operation()
+def rope(settings: Settings):
+    """
+    Put the drafter RoPE patch state (issue #52) back as kept in the rollback point.
+
+    + settings: the deploy's ``Settings``
+
+    A RoPE patch applied since is removed (``sglang.dflash_rope(present=False)``: restored byte
+    for byte, or its marker forgotten where pip has replaced the file); a patch that was applied
+    then is applied again from the rollback point's own copy (its diff and backup), only onto the
+    file it was applied to, so the control machine fetches nothing. A point taken before it kept
+    the RoPE state says it was not applied.
+    """
+    s = settings
+    state = _state(s)
+    saved = _need_point(s, state)
+    cur = state["current"]
+    if saved["rope"] == cur["rope"]:
+        host.noop(
+            "the drafter RoPE patch is not applied, as kept" if not cur["rope"]
+            else f"the drafter RoPE patch {cur['rope'][:12]} is applied, as kept"
+        )
+        return
+    if saved["rope"] is None:
+        yield from sglang_ops.dflash_rope._inner(venv=s.venv, present=False)
+        return
+    host.log(f"rollback: applies the drafter RoPE patch {saved['rope'][:12]} again", logger.info)
+    if cur["rope"]:
+        yield from sglang_ops.rope_restore_steps(s.venv,
+                                                 host.get_fact(RopePatchState, venv=s.venv))
+    yield _sh(reapply_script(rollback_paths(s).file("rope"), rope_state_dir(s.venv),
+                             "the drafter RoPE patch"))
 
 
 @operation()

@@ -308,18 +308,20 @@ def test_a_new_sglang_that_fails_is_rolled_back_to_the_kept_pins(env):
     assert any(w.startswith("sglang-0.5.11-") for w in wheels.split()), wheels
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (#52 x #55 merge): a rollback takes the PR#20547 "
-                   "port off but not the drafter-RoPE patch the same deploy applied, so the venv's "
-                   "models/dflash.py is not the rollback point's; the rollback point must keep "
-                   "the RoPE state too")
 def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     """A new PR#20547 that fails readiness is taken off again; an upgrade that drops an applied
     patch and fails is rolled back to the old pins with the patch applied again, from the host's
-    own rollback point."""
+    own rollback point. The drafter RoPE patch (#52), which the same deploys apply (its wheels
+    come from patch.source too), follows the point as the port does."""
+    from specfleet.core.sglang.portdata import load_rope_patch, rope_patch_id
     from tests.fleet.test_op_sglang_fleet import PR, port_id, tree_sha
 
     patch = PR  # the port onto 0.5.11, its upstream text from the shared fixtures (recipe)
     marker = f"{VENV}/.specfleet/pr20547/sha256"
+    rope = f"{VENV}/.specfleet/dflash-rope"
+    rope_id = rope_patch_id(load_rope_patch("0.5.11"))
+    # The baseline has no patch.source: its RoPE patch was left out (no PyPI here).
+    assert env["fleet"].run("h1", f"test -e {rope}").returncode != 0
     pristine = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
     others = {h: gen(env, "patch") for h in ("h2", "h3", "h4")}
 
@@ -330,6 +332,9 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     assert res.rc == 2 and res.status()["h1"] == "rolled back", res
     assert tree_sha(env["fleet"], "h1", VENV, sources_only=True) == pristine
     assert env["fleet"].run("h1", f"test -e {marker}").returncode != 0
+    # The RoPE patch the failed deploy applied beside the port is off too: not in the point.
+    assert env["fleet"].run("h1", f"test -e {rope}").returncode != 0
+    assert env["fleet"].run("h1", f"test -e {KEPT}/rope").returncode != 0
     assert healthy(env, "h1")
     # The port failed a readiness gate there: remembered, so that no later run applies it again
     # unasked. The operator clears it to try again (here: with a good server).
@@ -344,6 +349,10 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     patched = tree_sha(env["fleet"], "h1", VENV, sources_only=True)
     assert patched != pristine
     assert env["fleet"].run("h1", f"cat {marker}").stdout.strip() == port_id()
+    assert env["fleet"].run("h1", f"cat {rope}/sha256").stdout.strip() == rope_id
+    # The state that passed its gate is the point, both patches with it.
+    assert env["fleet"].run("h1", f"cat {KEPT}/rope/sha256").stdout.strip() == rope_id
+    assert env["fleet"].run("h1", f"cat {KEPT}/patch/sha256").stdout.strip() == port_id()
     pins = freeze(env, "h1")
 
     # 3. An upgrade to 0.5.14 (which drops the patch: it has its own v2 worker) that fails.
@@ -359,6 +368,11 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     state = env["fleet"].run(
         "h1", f"cd $(cat {VENV}/.specfleet/pr20547/site) && "
         f"sha256sum --status -c {VENV}/.specfleet/pr20547/applied.sha256")
+    assert state.returncode == 0, state.stdout + state.stderr
+    # And the RoPE patch is applied again from the point, intact.
+    assert env["fleet"].run("h1", f"cat {rope}/sha256").stdout.strip() == rope_id
+    state = env["fleet"].run(
+        "h1", f"cd $(cat {rope}/site) && sha256sum --status -c {rope}/applied.sha256")
     assert state.returncode == 0, state.stdout + state.stderr
 
 

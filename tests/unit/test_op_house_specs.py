@@ -1,6 +1,6 @@
-"""operations.serving (``unit``, ``service``), ``preflight.lock`` and ``rollback.checkpoint``
-against pyinfra-testing fixtures (tests/specs/op_house/<op>/*.yaml): each op's branches, commands
-and no-op messages from given fact values, in ms, no host.
+"""operations.serving (``unit``, ``service``), ``preflight.lock``, ``rollback.checkpoint`` and
+``rollback.rope`` against pyinfra-testing fixtures (tests/specs/op_house/<op>/*.yaml): each op's
+branches, commands and no-op messages from given fact values, in ms, no host.
 
 These operations take the deploy's ``Settings``: a spec gives them as the settings' own data
 (``settings: {}`` is the defaults), made into ``Settings`` as the deploy makes them
@@ -60,5 +60,5 @@ def _specs(op_path: str) -> type:
 TestServingUnit = _specs("serving.unit")
 TestServingService = _specs("serving.service")
 TestPreflightLock = _specs("preflight.lock")
-# rollback.checkpoint: its specs encoded the server-file list before #55 made it one list; to be
-# regenerated from the operation (tests/specs/op_house/rollback.checkpoint/).
+TestRollbackCheckpoint = _specs("rollback.checkpoint")
+TestRollbackRope = _specs("rollback.rope")

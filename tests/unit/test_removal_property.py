@@ -26,7 +26,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeHost, FakeState, get_command_string
 
 from facts.removal import Leftovers, parse_leftovers
-from facts.sglang import PatchState
+from facts.sglang import PatchState, RopePatchState
 from operations import removal
 from operations.fanout import control_dir, pull_unit, serve_unit
 from operations.weights import run_unit
@@ -111,8 +111,8 @@ class _World(FakeHost):
     def get_fact(self, fact_cls, *args, **kwargs):
         if fact_cls is Leftovers:
             return _leftovers(self.root, self.units, **kwargs)
-        if fact_cls is PatchState:
-            return PatchState.default()
+        if fact_cls in (PatchState, RopePatchState):  # no patch applied in this world
+            return fact_cls.default()
         raise KeyError(fact_cls)
 
     def log(self, *args, **kwargs):

@@ -382,6 +382,27 @@ def test_no_rollback_point_yet_and_files_to_remove():
     assert drift(state) == ["the PR#20547 patch state"]
 
 
+def test_the_drafter_rope_patch_state_is_part_of_the_point():
+    """Issue #52 x #55: the RoPE patch a failed deploy applied is drift from a point taken
+    without it, and a point that kept it differs from a host that lost it; each patch keeps its
+    own marker, and a point taken before the RoPE state was kept says "not applied"."""
+    from facts.rollback import RollbackState
+
+    cmd = RollbackState().command(directory="/d", unit="/u", env="/e", secret="/s", venv="/v",
+                                  wheels="/w")
+    assert "/v/.specfleet/dflash-rope/sha256" in cmd and "/d/rope/sha256" in cmd
+    assert "/v/.specfleet/pr20547/sha256" in cmd and "/d/patch/sha256" in cmd
+    state = parse_rollback_state(["saved.taken=t", "cur.rope=4e07"])
+    assert state["current"]["rope"] == "4e07" and state["current"]["patch"] is None
+    assert state["saved"]["rope"] is None
+    assert drift(state) == ["the drafter RoPE patch state"]
+    state = parse_rollback_state(["saved.taken=t", "saved.rope=4e07", "saved.patch=9f2c",
+                                  "cur.patch=9f2c"])
+    assert drift(state) == ["the drafter RoPE patch state"]
+    state = parse_rollback_state(["saved.taken=t", "saved.rope=4e07", "cur.rope=4e07"])
+    assert drift(state) == []
+
+
 def test_pip_sources_put_the_wheel_cache_first():
     from specfleet.core.settings import settings_from_dict
 
