@@ -102,10 +102,10 @@ PREFLIGHT = {
     "port": ({}, ["preflight port-taken: port 30000 is already taken by a process that is not "
                   "specfleet-sglang: python3 (pid ", "fix: stop that process, or give this host "
                   "another port"]),
-    # 0.5.21: a real release the test wheelhouse leaves out (its row's release is 0.5.20).
-    "nowheel": ({"sglang": {"version": "0.5.21"}},
-                ["preflight sglang-wheel: no SGLang 0.5.21 wheel for this host's interpreter",
-                 "No matching distribution found for sglang==0.5.21",
+    # 0.5.24: past the newest release the test wheelhouse holds (0.5.23, whose row plans it).
+    "nowheel": ({"sglang": {"version": "0.5.24"}},
+                ["preflight sglang-wheel: no SGLang 0.5.24 wheel for this host's interpreter",
+                 "No matching distribution found for sglang==0.5.24",
                  "fix: use an SGLang version with a wheel for this Python and glibc"]),
     "nodflash": ({"sglang": {"version": "0.5.10"}},
                  ["preflight plan: SGLang 0.5.10 has no DFLASH speculative decoding",
