@@ -69,7 +69,8 @@ from specfleet.core.sglang.patch import (
     conflict_message,
     parse_patch_failures,
 )
-from specfleet.core.sglang.portdata import (
+from specfleet.core.sglang.pr20547.decision import KEEP_V1, PortVerdict, decide_pr20547
+from specfleet.core.sglang.pr20547.portdata import (
     ROPE_TARGET,
     Port,
     decide_dflash_rope,
@@ -79,7 +80,6 @@ from specfleet.core.sglang.portdata import (
     predicted_hashes,
     rope_patch_id,
 )
-from specfleet.core.sglang.pr20547 import KEEP_V1, PortVerdict, decide_pr20547
 from specfleet.core.sglang.recipe import RecipeError
 from specfleet.core.tables.sglang_versions import predicted_install
 
@@ -496,7 +496,7 @@ def pr20547(
     + present: ``False`` removes an applied port, restoring every file byte for byte
     + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
 
-    The decision is ``specfleet.core.sglang.pr20547``'s table: built in (the PR branch, or
+    The decision is ``specfleet.core.sglang.pr20547.decision``'s table: built in (the PR branch, or
     SGLang >= 0.5.14), apply the port (opted in, and the tree's files hash as the port's release
     wheel), or keep v1, said in one line with the fix at normal verbosity. The apply commits a
     journal of the tree's own state before it writes anything, so an apply or a restore killed at
@@ -823,8 +823,8 @@ def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
 
 # --------------------------------------------------------------------------------------------------
 # The drafter RoPE patch (issue #52): 0.5.14's get_rope_config reading in 0.5.11's models/dflash.py
-# (specfleet.core.sglang.portdata decides, the recipe makes the file from the pinned wheels),
-# applied and removed with PR#20547's journaled scripts in its own state folder.
+# (specfleet.core.sglang.pr20547.portdata decides, the recipe makes the file from the pinned
+# wheels), applied and removed with PR#20547's journaled scripts in its own state folder.
 # --------------------------------------------------------------------------------------------------
 
 

@@ -15,8 +15,8 @@ from specfleet.core.errors import SpecfleetError
 from specfleet.core.settings import TEST_SETTINGS_ENV, allow_test_settings
 from specfleet.core.sglang.install import PATCH_OPTS
 from specfleet.core.sglang.patch import FilteredPatch
-from specfleet.core.sglang.port import load_ports, read_port_file
-from specfleet.core.sglang.portdata import PORTED_RELEASES, Port
+from specfleet.core.sglang.pr20547.port import load_ports, read_port_file
+from specfleet.core.sglang.pr20547.portdata import PORTED_RELEASES, Port
 from specfleet.core.sglang.recipe import RECIPE_FILE, check_recipe
 
 # --------------------------------------------------------------------------------------------------

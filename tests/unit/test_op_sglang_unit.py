@@ -35,7 +35,7 @@ from specfleet.core.sglang.patch import (
     filter_patch,
     parse_patch_failures,
 )
-from specfleet.core.sglang.pr20547 import PortVerdict, decide_pr20547
+from specfleet.core.sglang.pr20547.decision import PortVerdict, decide_pr20547
 from specfleet.core.tables.sglang_versions import compressed_tensors_specifier
 
 ENVIRON = """\

@@ -122,7 +122,8 @@ def hunk_line_counts(line: str) -> tuple[int, int] | None:
 def split_sections(text: str) -> list[_Section]:
     """A unified diff (git-style or plain, in a mail or not) cut into its files: each file's
     lines (headers, hunks), what its headers say, and where its hunks start. The one reader of
-    a diff's structure (``specfleet.core.sglang.port.split_hunks`` reads hunks through it)."""
+    a diff's structure (``specfleet.core.sglang.pr20547.port.split_hunks`` reads hunks through
+    it)."""
     lines = text.splitlines(keepends=True)
     sections: list[_Section] = []
     cur: _Section | None = None

@@ -1,5 +1,5 @@
 """The verdict on a port of PR#20547 for one host's tree, and the one diff it applies. Pure: the
-port's data comes from ``specfleet.core.sglang.port`` (``port.json``, ``recipe.json``), the
+port's data comes from ``specfleet.core.sglang.pr20547.port`` (``port.json``, ``recipe.json``), the
 upstream text from a reader the caller passes (``operations.sglang_sources``), and the host's file
 hashes from ``facts.sglang.FileHashes``.
 
@@ -17,8 +17,8 @@ from importlib import resources
 
 from specfleet.core.sglang.install import short
 from specfleet.core.sglang.patch import FilteredPatch, filter_patch
-from specfleet.core.sglang.port import hashed_paths, port_matches
-from specfleet.core.sglang.pr20547 import PortVerdict
+from specfleet.core.sglang.pr20547.decision import PortVerdict
+from specfleet.core.sglang.pr20547.port import hashed_paths, port_matches
 from specfleet.core.sglang.recipe import RECIPE_FILE, SourceReader, build, check_recipe, count_taken
 from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE
 
