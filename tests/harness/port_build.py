@@ -71,7 +71,7 @@ def port_settings() -> dict:
 
 def port_patch():
     """The one diff the deploy applies for the 0.5.11 port (a FilteredPatch)."""
-    from operations.sglang_commands import load_port
+    from operations.pr20547 import load_port
 
     port = load_port("0.5.11")
     return port.patch(recipe_reader(port.recipe))
@@ -116,7 +116,7 @@ def build_dflash_rope(mirrors: list[str] | None = None) -> dict[str, str]:
     """The drafter RoPE patch's file (issue #52: 0.5.11's ``models/dflash.py`` with 0.5.14's
     ``get_rope_config`` reading), which a deploy applies wherever 0.5.11 runs DFlash, beside the
     port or without it: {path: text}."""
-    from specfleet.core.sglang.pr20547.portdata import load_rope_patch
+    from specfleet.core.sglang.rope import load_rope_patch
 
     recipe = load_rope_patch("0.5.11").recipe
     return build(recipe, recipe_reader(recipe, mirrors)).files

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.sglang_commands import load_port
+from operations.pr20547 import load_port
 from specfleet.core.sglang.patch import filter_patch
 from specfleet.core.sglang.pr20547.decision import APPLY, BUILT_IN, KEEP_V1, decide_pr20547
 from specfleet.core.sglang.pr20547.portdata import no_port_verdict, port_verdict
