@@ -16,7 +16,8 @@ from facts.removal import VENV_STATE_DIR, Leftovers
 from facts.sglang import PatchState, RopePatchState
 from operations.fanout import control_dir, pull_unit
 from operations.fanout import serve_unit as fanout_serve_unit
-from operations.sglang import patch_restore_steps, rope_restore_steps
+from operations.pr20547 import patch_restore_steps
+from operations.sglang import rope_restore_steps
 from operations.util import fails_host, systemctl
 from operations.weights import unit_name as weights_unit_name
 from specfleet.core import layout

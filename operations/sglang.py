@@ -26,18 +26,19 @@ from facts.sglang import (
     SourceTreeKey,
     Venv,
 )
+from operations import pr20547 as port_op
+from operations.pr20547 import patch_restore_steps
 from operations.sglang_commands import (
     apply_script,
     forget_script,
-    load_port,
     pinned_install_script,
     restore_script,
     script_command,
 )
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
-from operations.util import fails_host
+from operations.util import check_venv_path, fails_host, say, warn
 from specfleet.core.errors import SpecfleetError
-from specfleet.core.layout import join, rope_state_dir, source_key_path
+from specfleet.core.layout import rope_state_dir, source_key_path
 from specfleet.core.preflight import untrusted_problem
 from specfleet.core.settings import Settings
 from specfleet.core.sglang.install import (
@@ -47,12 +48,10 @@ from specfleet.core.sglang.install import (
     decide_source_install,
     direct_url,
     git_requirement,
-    has_v2_worker,
     is_commit,
     judge_venv_changes,
     package_version,
     parse_ls_remote,
-    patch_state_dir,
     planned_changes,
     refused_message,
     rust_extensions,
@@ -64,45 +63,16 @@ from specfleet.core.sglang.install import (
     venv_python,
 )
 from specfleet.core.sglang.patch import (
-    CONFLICT_FIX,
     PatchFormatError,
-    conflict_message,
-    parse_patch_failures,
 )
-from specfleet.core.sglang.portdata import (
+from specfleet.core.sglang.recipe import RecipeError
+from specfleet.core.sglang.rope import (
     ROPE_TARGET,
-    Port,
     decide_dflash_rope,
     load_rope_patch,
-    no_port_verdict,
-    port_verdict,
-    predicted_hashes,
     rope_patch_id,
 )
-from specfleet.core.sglang.pr20547 import KEEP_V1, PortVerdict, decide_pr20547
-from specfleet.core.sglang.recipe import RecipeError
 from specfleet.core.tables.sglang_versions import predicted_install
-
-ON_CONFLICT = ("keep-v1", "fail")
-
-
-def _say(message: str) -> None:
-    """Why an operation changes something: "would ..." while preparing, as-is while executing."""
-    prefix = "" if host.state.is_executing else "would: "
-    logger.info(f"{host.print_prefix}{prefix}{message}")
-
-
-def _warn(message: str) -> None:
-    logger.warning(f"{host.print_prefix}{message}")
-
-
-def _check_venv_path(venv: str) -> None:
-    if not venv.startswith("/"):
-        raise SpecfleetError(
-            f"venv path {venv!r} is not absolute",
-            host=host.name,
-            fix="set venv to an absolute path such as /opt/specfleet/sglang",
-        )
 
 
 def _pip(venv: str) -> list[Any]:
@@ -136,17 +106,6 @@ def _venv_packages(venv: str) -> tuple[dict | None, dict]:
     if not state or not state.get("python"):
         return state, {}
     return state, cached_fact(host, Packages, python=venv_python(venv)) or {}
-
-
-def patch_restore_steps(venv: str, marker: dict | None):
-    """Commands that undo an applied (or half-applied) PR#20547, or forget a stale marker."""
-    if not marker:
-        return
-    d = patch_state_dir(venv)
-    if marker.get("partial") or marker.get("intact"):
-        yield script_command(restore_script(d))
-    else:
-        yield script_command(forget_script(d))
 
 
 @operation()
@@ -209,7 +168,7 @@ def installed(
             trusted_hosts=["10.0.0.1"],
         )
     """
-    _check_venv_path(venv)
+    check_venv_path(venv)
     state, packages = _venv_packages(venv)
     has_python = bool(state and state.get("python"))
     current, direct = package_version(packages, "sglang"), direct_url(packages, "sglang")
@@ -237,7 +196,7 @@ def _uninstalled(venv: str, current: str | None, marker: Any):
     if current is None:
         host.noop(f"SGLang is not installed in {venv}")
         return
-    _say(f"uninstalls SGLang {current} from {venv}")
+    say(f"uninstalls SGLang {current} from {venv}")
     yield from patch_restore_steps(venv, marker)
     yield StringCommand(*_pip(venv), "uninstall", "--yes", "sglang")
 
@@ -319,19 +278,19 @@ def _say_install(venv: str, python: str, state: Any, has_python: bool, reason: s
                  no_deps: bool, changes: str | None, marker: Any) -> None:
     """Every reason of an install, said before its first command: ``--dry`` stops there."""
     if not has_python:
-        _say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
+        say(f"creates venv {venv} with {python}" if not state else f"makes {venv} a venv")
     else:
-        _say(f"reuses venv {venv}")
+        say(f"reuses venv {venv}")
     where = ""
     if from_index:
         where = f" from {index_url}" if index_url else ""
         where += f" (find-links {find_links})" if find_links else ""
         where = where or " from PyPI"
-    _say(reason + where + (" without dependencies (tests)" if no_deps else ""))
+    say(reason + where + (" without dependencies (tests)" if no_deps else ""))
     if changes:
-        _say(f"pip also changes {venv}: {changes}")
+        say(f"pip also changes {venv}: {changes}")
     if marker:
-        _say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
+        say("removes PR#20547 from the current SGLang first (its files are not in pip's RECORD)")
 
 
 def _check_source_tree(source_path: str) -> None:
@@ -377,7 +336,7 @@ def _venv_changes(venv: str, requirement: str, source_args: list[str],
         problem = (f"pip cannot tell what installing {requirement} would change in {venv}: "
                    f"{plan.get('error') or 'no answer'}")
         if created or allow_replacing is True:
-            _warn(problem)
+            warn(problem)
             return None
         raise SpecfleetError(
             f"{problem}; nothing was changed (a venv specfleet did not create)",
@@ -434,7 +393,7 @@ def compressed_tensors(
             venv="/opt/specfleet/sglang",
         )
     """
-    _check_venv_path(venv)
+    check_venv_path(venv)
     _, packages = _venv_packages(venv)
     sglang = package_version(packages, "sglang")
     if sglang is None:
@@ -456,9 +415,9 @@ def compressed_tensors(
     if decision.action == "noop":
         host.noop(decision.reason)
         return
-    _say(decision.reason)
+    say(decision.reason)
     if no_deps:
-        _say("skips pip check: no_deps (tests) leaves the dependencies out")
+        say("skips pip check: no_deps (tests) leaves the dependencies out")
     script = pinned_install_script(
         venv_python(venv),
         _source_argv(index_url, find_links, trusted_hosts, no_deps),
@@ -496,7 +455,7 @@ def pr20547(
     + present: ``False`` removes an applied port, restoring every file byte for byte
     + sglang_version: the SGLang about to be installed (``--dry`` on a fresh host predicts with it)
 
-    The decision is ``specfleet.core.sglang.pr20547``'s table: built in (the PR branch, or
+    The decision is ``specfleet.core.sglang.pr20547.decision``'s table: built in (the PR branch, or
     SGLang >= 0.5.14), apply the port (opted in, and the tree's files hash as the port's release
     wheel), or keep v1, said in one line with the fix at normal verbosity. The apply commits a
     journal of the tree's own state before it writes anything, so an apply or a restore killed at
@@ -513,255 +472,10 @@ def pr20547(
             sha256="1c844c0f...",
         )
     """
-    _check_venv_path(venv)
-    if on_conflict not in ON_CONFLICT:
-        raise SpecfleetError(
-            f"patch.on_conflict is {on_conflict!r}",
-            host=host.name,
-            fix="set patch.on_conflict to 'keep-v1' or 'fail'",
-        )
-    py = venv_python(venv)
-    state = cached_fact(host, Venv, path=venv)
-    has_python = bool(state and state.get("python"))
-    install = cached_fact(host, SGLangInstall, python=py) if has_python else None
-    marker = cached_fact(host, PatchState, venv=venv) if has_python else None
-
-    if install is None:
-        yield from _without_sglang(venv, source, sha256, on_conflict, present, sglang_version,
-                                   test_recipe)
-        return
-
-    decision, port, patch = _pr20547_decision(venv, install, marker, source, sha256, present,
-                                              on_conflict, test_recipe)
-    if decision.noop:
-        host.noop(decision.reason)
-        return
-    if decision.row != KEEP_V1:
-        _say(decision.reason)
-    d = patch_state_dir(venv)
-    # Commands are gathered first so that every reason is said before the first yield (--dry).
-    commands: list[Any] = []
-    for step in decision.steps:
-        if step == "restore":
-            commands.append(script_command(restore_script(d)))
-        elif step == "drop-marker":
-            commands.append(script_command(forget_script(d)))
-        elif step == "apply":
-            commands += _apply_commands(venv, install, port, patch, on_conflict)
-    yield from commands
-
-
-def _without_sglang(venv: str, source: str | list[str] | None, sha256: str | None,
-                    on_conflict: str, present: bool, sglang_version: str | None,
-                    test_recipe: str | None = None):
-    """No SGLang in the venv: nothing to remove; while planning (a fresh host under ``--dry``)
-    the decision predicted for the release about to be installed; else the host fails."""
-    if not present:
-        host.noop(f"SGLang is not installed in {venv}; there is no patch to remove")
-        return
-    if host.state.is_executing or not sglang_version:
-        raise SpecfleetError(
-            f"SGLang is not installed in {venv}",
-            host=host.name,
-            fix="run sglang.installed before sglang.pr20547",
-        )
-    yield from _predict_patch(source, sha256, bool(sha256), on_conflict, sglang_version,
-                              test_recipe)
-
-
-def _pr20547_decision(venv: str, install: dict, marker: dict | None,
-                      source: str | list[str] | None, sha256: str | None, present: bool,
-                      on_conflict: str, test_recipe: str | None = None):
-    """``decide_pr20547`` for the installed SGLang, with the port that fits its tree (read only
-    when opted in and v2 is missing); a kept v1 is said at normal verbosity, or fails the host
-    under ``on_conflict="fail"``. Returns (decision, port, patch)."""
-    opted_in = bool(sha256)
-    features = install.get("features") or {}
-    release = None
-    if marker and marker.get("partial") and load_port(install.get("version") or "?"):
-        # An apply killed after it patched leaves the v2 worker wired in: the decision reads the
-        # release's features, which the restore step gives back.
-        release = features = predicted_install(install["version"])["features"]
-    port = patch = None
-    if opted_in and present and features.get("dflash") != "v2":
-        port, patch = _port_for_install(venv, install, source or "", sha256 or "", marker,
-                                        test_recipe)
-    decision = decide_pr20547(install, marker, present=present, opted_in=opted_in, port=port,
-                              release_features=release)
-    if decision.warning:
-        _warn(decision.warning)
-    if decision.row == KEEP_V1:
-        if opted_in and on_conflict == "fail":
-            raise SpecfleetError(decision.reason, host=host.name, fix=decision.fix)
-        # Said at normal verbosity: the plan's "dflash-worker v1" has this reason.
-        logger.info(f"{host.print_prefix}{decision.reason} (fix: {decision.fix})")
-    return decision, port, patch
-
-
-def _upstream(port: Port, source: str | list[str] | None) -> UpstreamSources:
-    """The reader of the upstream text the port's recipe names: ``patch.source`` (mirrors) first,
-    then the recipe's pinned URLs; every file checked against its sha256."""
-    mirrors = [source] if isinstance(source, str) else list(source or ())
-    return UpstreamSources(port.sources, mirrors, host=host.name)
-
-
-def _port_for_install(venv: str, install: dict, source: str, sha256: str, marker: dict | None,
-                      test_recipe: str | None = None):
-    """The port verdict for the installed tree, and the patch it would apply (or None). Files an
-    earlier apply of ours left (``marker``) are judged as the restore or forget step before the
-    apply leaves them: the apply's trial (no fuzz) and its verify guard that assumption."""
-    version = install.get("version") or "?"
-    port = load_port(version, test_recipe)
-    if port is None:
-        return no_port_verdict(version), None
-    site = site_packages(install.get("location"))
-    if not site:
-        raise SpecfleetError(
-            f"the SGLang facts give no install location in {venv}",
-            host=host.name,
-            fix="check that sglang imports from the venv (facts.sglang.SGLangInstall)",
-        )
-    hashes = dict(host.get_fact(FileHashes, directory=site, paths=tuple(port.hashed_paths)) or {})
-    marker = marker or {}
-    if marker.get("partial") or marker.get("intact"):
-        hashes.update(predicted_hashes(port))  # the restore puts the release's files back
-    for leftover in marker.get("leftovers") or ():
-        hashes[leftover] = None  # the forget step removes what we added
-    # Judged first: a tree the port does not fit fetches nothing.
-    verdict = port_verdict(port, version, sha256, hashes, "")
-    if not verdict.available:
-        return verdict, None
-    patch, missing = _port_patch_or_missing(port, source)
-    if missing is not None:
-        return missing, None
-    return port_verdict(port, version, sha256, hashes, patch.text), patch
-
-
-def _port_patch_or_missing(port: Port, source: str | list[str] | None) -> tuple[Any, Any]:
-    """``(the port's patch, None)``, or, while planning (``--dry``) when its upstream text cannot
-    be fetched on this machine, ``(None, verdict)``: the plan goes on without the port and says
-    what that changes (a real run stops at it, with the fix)."""
-    try:
-        return _port_patch(port, source), None
-    except UpstreamUnreachable as exc:
-        if host.state.is_executing:
-            raise
-        logger.warning(f"{host.print_prefix}{exc.problem}: this plan keeps DFLASH v1; a real "
-                       f"run stops here (fix: {exc.fix})")
-        return None, PortVerdict(
-            False, text="the PR#20547 port's upstream text cannot be fetched on this machine, so "
-            "this plan keeps DFLASH v1", fix=exc.fix or "")
-
-
-def _port_patch(port: Port, source: str | list[str] | None):
-    try:
-        return port.patch(_upstream(port, source))
-    except (RecipeError, PatchFormatError) as exc:
-        raise SpecfleetError(
-            f"the PR#20547 port cannot be built from its pinned sources: {exc}",
-            host=host.name,
-            fix="point patch.source at the files the recipe names (or drop it to fetch them "
-            "from GitHub and PyPI)",
-        ) from None
-
-
-def _predict_patch(
-    source: str | None, sha256: str | None, opted_in: bool, on_conflict: str, sglang_version: str,
-    test_recipe: str | None = None,
-):
-    """``--dry`` on a host without SGLang: say exactly what the run will do once it is in."""
-    predicted = predicted_install(sglang_version)
-    version = predicted["version"]
-    if has_v2_worker(predicted["features"]):
-        host.noop(f"SGLang {version} (to be installed) has the DFlash v2 worker")
-        return
-    port = load_port(version, test_recipe) if opted_in else None
-    install = {"version": f"{version} (to be installed)", "features": predicted["features"]}
-    verdict = None
-    patch, missing = _port_patch_or_missing(port, source) if port else (None, None)
-    if missing is not None:
-        verdict = missing
-    elif port is not None:
-        # The wheel about to be installed is the one the port was made from: its files match.
-        verdict = port_verdict(port, version, sha256 or "", predicted_hashes(port), patch.text)
-    elif opted_in:
-        verdict = no_port_verdict(version)
-    decision = decide_pr20547(install, None, present=True, opted_in=opted_in, port=verdict)
-    if decision.row == KEEP_V1:
-        if opted_in and on_conflict == "fail":
-            raise SpecfleetError(decision.reason, host=host.name, fix=decision.fix)
-        logger.info(f"{host.print_prefix}{decision.reason} (fix: {decision.fix})")
-        host.noop(decision.reason)
-        return
-    _say(decision.reason)
-    # Never executed: the real run re-reads the facts once SGLang is installed.
-    yield StringCommand("patch", "--dry-run", "...", "#", QuoteString(patch.summary()))
-
-
-def _apply_commands(
-    venv: str, install: dict, verdict: Any, patch: Any, on_conflict: str
-) -> list[Any]:
-    version = install.get("version") or "?"
-    site = site_packages(install.get("location")) or ""
-    d = patch_state_dir(venv)
-    connector_args = {
-        k: v
-        for k, v in (host.current_op_global_arguments or {}).items()
-        if k in CONNECTOR_ARGUMENT_KEYS
-    }
-    return [
-        StringCommand("rm", "-rf", "--", QuoteString(d), "&&", "mkdir", "-p", QuoteString(d)),
-        FileUploadCommand(StringIO(patch.text), join(d, "applied.diff")),
-        script_command(apply_script(d, site, patch)),
-        FunctionCommand(
-            _verify_or_roll_back,
-            (venv, version, site, verdict.port_id or "", on_conflict, connector_args),
-            {},
-        ),
-    ]
-
-
-def _verify_or_roll_back(
-    state: Any,
-    host: Any,
-    venv: str,
-    version: str,
-    site: str,
-    port_id: str,
-    on_conflict: str,
-    connector_args: dict,
-) -> bool:
-    """After the apply script: a conflict, or a port that left the v2 worker not wired in, is
-    rolled back and handled by ``on_conflict``; a good one gets its marker, and ``unproven``
-    until the server passes its readiness gate with it (a failed gate rolls it back)."""
-    d = patch_state_dir(venv)
-
-    def run(script: str) -> bool:
-        ok, _ = host.run_shell_command(script_command(script), **connector_args)
-        return ok
-
-    marker = host.get_fact(PatchState, venv=venv) or {}
-    if marker.get("conflict"):
-        failures = parse_patch_failures(marker["conflict"])
-        problem = conflict_message(version, site, port_id, failures, on_conflict)
-        run(restore_script(d))
-    else:
-        facts = host.get_fact(SGLangInstall, python=venv_python(venv)) or {}
-        features = facts.get("features") or {}
-        if features.get("dflash_pr20547"):
-            q = shlex.quote(d)
-            return run(f"touch {q}/unproven && printf '%s\\n' {shlex.quote(port_id)} > {q}/sha256")
-        run(restore_script(d))
-        missing = "; ".join(features.get("dflash_v2_missing") or ["no v2 worker found"])
-        problem = (
-            f"PR#20547 port {short(port_id)} applied to SGLang {version} in {site} but the v2 "
-            f"worker is not wired in ({missing}); rolled back, the install is unchanged."
-        )
-    if on_conflict == "fail":
-        host.log(f"{problem}\n  fix: {CONFLICT_FIX}", logger.error)
-        return False
-    host.log(problem, logger.warning)
-    return True
+    # The port's steps and helpers are gathered in operations/pr20547.py (docs/port.md, "Removing
+    # the port"); the operation stays here so that its name and output are unchanged.
+    yield from port_op.commands(venv, source, sha256, on_conflict, present, sglang_version,
+                                test_recipe)
 
 
 @deploy("SGLang software")
@@ -823,7 +537,7 @@ def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
 
 # --------------------------------------------------------------------------------------------------
 # The drafter RoPE patch (issue #52): 0.5.14's get_rope_config reading in 0.5.11's models/dflash.py
-# (specfleet.core.sglang.portdata decides, the recipe makes the file from the pinned wheels),
+# (specfleet.core.sglang.rope decides, the recipe makes the file from the pinned wheels),
 # applied and removed with PR#20547's journaled scripts in its own state folder.
 # --------------------------------------------------------------------------------------------------
 

@@ -1,68 +1,15 @@
-"""The commands ``operations.sglang`` yields: loading this project's PR#20547 port (its recipe;
-``operations.sglang_sources`` fetches the upstream text it names) and the shell scripts that
-apply, restore and forget it on a host."""
+"""The shell scripts ``operations.pr20547`` and the drafter RoPE patch (``operations.sglang``)
+yield: they apply, restore and forget a journaled patch on a host, and install a pinned SGLang."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
 
-from specfleet.core.errors import SpecfleetError
-from specfleet.core.settings import TEST_SETTINGS_ENV, allow_test_settings
 from specfleet.core.sglang.install import PATCH_OPTS
 from specfleet.core.sglang.patch import FilteredPatch
-from specfleet.core.sglang.port import load_ports, read_port_file
-from specfleet.core.sglang.portdata import PORTED_RELEASES, Port
-from specfleet.core.sglang.recipe import RECIPE_FILE, check_recipe
-
-# --------------------------------------------------------------------------------------------------
-# The port on the control machine
-# --------------------------------------------------------------------------------------------------
-
-
-def load_port(version: str, test_recipe: str | None = None) -> Port | None:
-    """This project's port of PR#20547 onto SGLang ``version`` (package data under
-    ``specfleet/patchdata/pr20547/sglang-<version>/``), or None. ``test_recipe`` (the test-only
-    setting ``patch.test_recipe``, refused unless ``SPECFLEET_ALLOW_TEST_SETTINGS=1``): a
-    recipe.json on the control machine used in place of the port's own."""
-    if version not in PORTED_RELEASES:
-        return None
-    if test_recipe is not None and not allow_test_settings():
-        raise SpecfleetError(
-            "patch.test_recipe is a test-only setting",
-            fix=f"remove it (specfleet's own tests set {TEST_SETTINGS_ENV}=1)",
-        )
-    for name, data in load_ports().items():
-        if data.get("sglang_version") == version:
-            fix = "reinstall specfleet (its package data is damaged)"
-            if test_recipe is None:
-                text = read_port_file(name, data.get("recipe", RECIPE_FILE))
-            else:
-                path = Path(test_recipe).expanduser()
-                fix = f"rebuild the test's recipe {path}"
-                try:
-                    text = path.read_text()
-                except OSError as exc:
-                    raise SpecfleetError(f"patch.test_recipe {path} cannot be read: {exc}",
-                                         fix=fix) from None  # fmt: skip
-            try:
-                recipe = json.loads(text)
-            except ValueError as exc:
-                raise SpecfleetError(f"the PR#20547 port {name} has a {RECIPE_FILE} that is not "
-                                     f"JSON: {exc}", fix=fix) from None  # fmt: skip
-            problems = check_recipe(recipe)
-            if problems:
-                raise SpecfleetError(
-                    f"the PR#20547 port {name} has a bad {RECIPE_FILE}: {'; '.join(problems)}",
-                    fix=fix,
-                )
-            return Port(name, data, recipe)
-    return None
-
 
 # --------------------------------------------------------------------------------------------------
 # Shell scripts (paths are quoted with shlex; nothing here runs on its own)

@@ -28,7 +28,7 @@ from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import lock_path, model_root, serve_path, server_paths
 from specfleet.core.runlock import lock_status
 from specfleet.core.settings import Settings
-from specfleet.core.sglang.portdata import PORTED_RELEASES
+from specfleet.core.sglang.pr20547.portdata import PORTED_RELEASES
 from specfleet.core.text import printable
 from specfleet.core.unit import (
     SERVICE,

@@ -223,3 +223,24 @@ def fail_this_host(error: SpecfleetError, verb: str = "would fail",
             raise error
         say_planned_failure(error, verb)
     return fail_step(error)
+
+
+def say(message: str) -> None:
+    """Why an operation changes something: "would ..." while preparing, as-is while executing."""
+    prefix = "" if host.state.is_executing else "would: "
+    logger.info(f"{host.print_prefix}{prefix}{message}")
+
+
+def warn(message: str) -> None:
+    """A warning in this host's lines."""
+    logger.warning(f"{host.print_prefix}{message}")
+
+
+def check_venv_path(venv: str) -> None:
+    """Fails the host unless ``venv`` is an absolute path."""
+    if not venv.startswith("/"):
+        raise SpecfleetError(
+            f"venv path {venv!r} is not absolute",
+            host=host.name,
+            fix="set venv to an absolute path such as /opt/specfleet/sglang",
+        )

@@ -313,7 +313,7 @@ def test_the_patch_state_is_rolled_back_both_ways(env, tmp_path):
     patch and fails is rolled back to the old pins with the patch applied again, from the host's
     own rollback point. The drafter RoPE patch (#52), which the same deploys apply (its wheels
     come from patch.source too), follows the point as the port does."""
-    from specfleet.core.sglang.portdata import load_rope_patch, rope_patch_id
+    from specfleet.core.sglang.rope import load_rope_patch, rope_patch_id
     from tests.fleet.test_op_sglang_fleet import PR, port_id, tree_sha
 
     patch = PR  # the port onto 0.5.11, its upstream text from the shared fixtures (recipe)

@@ -71,7 +71,7 @@ def port_settings() -> dict:
 
 def port_patch():
     """The one diff the deploy applies for the 0.5.11 port (a FilteredPatch)."""
-    from operations.sglang_commands import load_port
+    from operations.pr20547 import load_port
 
     port = load_port("0.5.11")
     return port.patch(recipe_reader(port.recipe))
@@ -116,7 +116,7 @@ def build_dflash_rope(mirrors: list[str] | None = None) -> dict[str, str]:
     """The drafter RoPE patch's file (issue #52: 0.5.11's ``models/dflash.py`` with 0.5.14's
     ``get_rope_config`` reading), which a deploy applies wherever 0.5.11 runs DFlash, beside the
     port or without it: {path: text}."""
-    from specfleet.core.sglang.portdata import load_rope_patch
+    from specfleet.core.sglang.rope import load_rope_patch
 
     recipe = load_rope_patch("0.5.11").recipe
     return build(recipe, recipe_reader(recipe, mirrors)).files
@@ -129,7 +129,7 @@ def build_unfixed(site: Path) -> dict[str, str]:
                               check=True, capture_output=True, text=True).stdout  # fmt: skip
     port = json.loads(old("port.json"))
     from specfleet.core.sglang.patch import filter_patch
-    from specfleet.core.sglang.port import select_pr_hunks
+    from specfleet.core.sglang.pr20547.port import select_pr_hunks
     text = select_pr_hunks(PR20547_DIFF.read_text(), port["pr_hunks"]) + old("adaptation.diff")
     patch = filter_patch(text, site_paths=True).text
     paths = sorted(set(port["targets"]) | set(port.get("requires") or {}) | set(port["creates"]))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from specfleet.core.sglang.portdata import (
+from specfleet.core.sglang.rope import (
     ROPE_APPLIED,
     ROPE_APPLY,
     ROPE_NOOP,

@@ -31,11 +31,10 @@ from specfleet.core.sglang.install import (
 )
 from specfleet.core.sglang.patch import (
     PatchFormatError,
-    conflict_message,
     filter_patch,
     parse_patch_failures,
 )
-from specfleet.core.sglang.pr20547 import PortVerdict, decide_pr20547
+from specfleet.core.sglang.pr20547.decision import PortVerdict, conflict_message, decide_pr20547
 from specfleet.core.tables.sglang_versions import compressed_tensors_specifier
 
 ENVIRON = """\

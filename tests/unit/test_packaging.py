@@ -117,7 +117,7 @@ def test_installed_wheel_plans_from_outside_the_checkout(wheel, tmp_path):
     assert where[0].startswith(str(env_dir)), where
     assert where[1:] == ["True", "True"]
     ports = subprocess.run(
-        [py, "-c", "from specfleet.core.sglang.port import load_ports; print(*load_ports())"],
+        [py, "-c", "from specfleet.core.sglang.pr20547.port import load_ports; print(*load_ports())"],
         cwd=away, env=env, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert "pr20547/sglang-0.5.11" in ports

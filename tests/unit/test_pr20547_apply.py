@@ -22,7 +22,7 @@ import pytest
 from facts.sglang import PatchState
 from operations.sglang_commands import apply_script, restore_script
 from specfleet.core.sglang.patch import filter_patch
-from specfleet.core.sglang.pr20547 import decide_pr20547
+from specfleet.core.sglang.pr20547.decision import decide_pr20547
 from tests.harness.port_build import port_patch
 from tests.harness.sources import pr20547_diff, sglang_wheel
 

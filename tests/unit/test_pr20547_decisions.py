@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from operations.sglang_commands import load_port
+from operations.pr20547 import load_port
 from specfleet.core.sglang.patch import filter_patch
-from specfleet.core.sglang.portdata import no_port_verdict, port_verdict
-from specfleet.core.sglang.pr20547 import APPLY, BUILT_IN, KEEP_V1, decide_pr20547
+from specfleet.core.sglang.pr20547.decision import APPLY, BUILT_IN, KEEP_V1, decide_pr20547
+from specfleet.core.sglang.pr20547.portdata import no_port_verdict, port_verdict
 from tests.harness.port_build import port_patch
 from tests.harness.sources import PR20547_DIFF_SHA256, pr20547_diff, sglang_wheel
 from tests.unit.test_facts_sglang import collect

@@ -25,7 +25,7 @@ from typing import Optional
 
 import pytest
 
-from specfleet.core.sglang.port import (
+from specfleet.core.sglang.pr20547.port import (
     HASH_FORMAT,
     check_port,
     hashed_paths,

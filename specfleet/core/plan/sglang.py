@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specfleet.core.plan.context import SGLANG, PlanContext
-from specfleet.core.sglang.portdata import PORTED_RELEASES
+from specfleet.core.sglang.pr20547.portdata import PORTED_RELEASES
 from specfleet.core.tables import sglang_versions as versions
 
 

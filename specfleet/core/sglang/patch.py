@@ -8,8 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from specfleet.core.sglang.install import PACKAGE_PREFIX, short
-from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE
+from specfleet.core.sglang.install import PACKAGE_PREFIX
 
 # --------------------------------------------------------------------------------------------------
 # The patch: filter to the package, map onto site-packages, read GNU patch's complaints
@@ -122,7 +121,8 @@ def hunk_line_counts(line: str) -> tuple[int, int] | None:
 def split_sections(text: str) -> list[_Section]:
     """A unified diff (git-style or plain, in a mail or not) cut into its files: each file's
     lines (headers, hunks), what its headers say, and where its hunks start. The one reader of
-    a diff's structure (``specfleet.core.sglang.port.split_hunks`` reads hunks through it)."""
+    a diff's structure (``specfleet.core.sglang.pr20547.port.split_hunks`` reads hunks through
+    it)."""
     lines = text.splitlines(keepends=True)
     sections: list[_Section] = []
     cur: _Section | None = None
@@ -325,23 +325,3 @@ def describe_failures(failures: dict[str, list[str]]) -> str:
     for path, problems in failures.items():
         parts.append(f"{path or 'patch'}: {', '.join(problems)}")
     return "; ".join(parts) if parts else "GNU patch refused it (no detail)"
-
-
-def conflict_message(
-    version: str, site: str, sha256: str | None, failures: dict[str, list[str]], on_conflict: str
-) -> str:
-    head = (
-        f"PR#20547 patch {short(sha256)} does not apply to SGLang {version} in {site}: "
-        f"{describe_failures(failures)}. The install is unchanged."
-    )
-    if on_conflict == "keep-v1":
-        head += " DFLASH runs v1 with overlap scheduling off."
-    return head + f" SGLang >={V2_BUILTIN_SINCE} has the DFlash v2 worker built in."
-
-
-CONFLICT_FIX = (
-    f"pin sglang.version to {V2_BUILTIN_SINCE} or later (the v2 worker is built in), or run a "
-    "release this project ports (0.5.11, patch.sha256), or set patch.on_conflict = 'keep-v1' "
-    "to run DFLASH v1 with overlap off"
-)
-

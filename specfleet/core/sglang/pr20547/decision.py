@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specfleet.core.sglang.install import short
+from specfleet.core.sglang.patch import describe_failures
 from specfleet.core.tables.sglang_versions import V2_BUILTIN_SINCE
 
 BUILT_IN, APPLY, KEEP_V1, APPLIED, REMOVE = "built in", "apply port", "keep v1", "applied", "remove"
@@ -141,3 +142,22 @@ def decide_pr20547(
     return PatchDecision(
         (*steps, "apply"), APPLY, f"SGLang {version}: applies {port.text}", warning
     )
+
+
+def conflict_message(
+    version: str, site: str, sha256: str | None, failures: dict[str, list[str]], on_conflict: str
+) -> str:
+    head = (
+        f"PR#20547 patch {short(sha256)} does not apply to SGLang {version} in {site}: "
+        f"{describe_failures(failures)}. The install is unchanged."
+    )
+    if on_conflict == "keep-v1":
+        head += " DFLASH runs v1 with overlap scheduling off."
+    return head + f" SGLang >={V2_BUILTIN_SINCE} has the DFlash v2 worker built in."
+
+
+CONFLICT_FIX = (
+    f"pin sglang.version to {V2_BUILTIN_SINCE} or later (the v2 worker is built in), or run a "
+    "release this project ports (0.5.11, patch.sha256), or set patch.on_conflict = 'keep-v1' "
+    "to run DFLASH v1 with overlap off"
+)
