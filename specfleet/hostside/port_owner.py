@@ -48,12 +48,18 @@ def socket_owners(inodes, proc="/proc"):
         if not pid.isdigit():
             continue
         try:
-            for fd in os.listdir(f"{proc}/{pid}/fd"):
-                link = os.readlink(f"{proc}/{pid}/fd/{fd}")
-                if link.startswith("socket:[") and link[8:-1] in owners:
-                    owners[link[8:-1]].add(int(pid))
+            fds = os.listdir(f"{proc}/{pid}/fd")
         except OSError:
-            continue
+            continue  # gone, or not ours to read
+        for fd in fds:
+            # A busy process (the server itself) opens and closes files as it is read: one fd
+            # gone since the listing says nothing about the others.
+            try:
+                link = os.readlink(f"{proc}/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in owners:
+                owners[link[8:-1]].add(int(pid))
     return owners
 
 

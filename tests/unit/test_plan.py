@@ -782,10 +782,10 @@ MALFORMED_FACTS = [
 def plan_cli_in_process(capsys, *args: str) -> tuple[int, str, str]:
     """``python -m specfleet.plan ARGS`` as its ``main`` (exit status, stdout, stderr): the same
     code as the process, without an interpreter start and specfleet's imports for each call."""
-    from specfleet import plan as plan_cli
+    from specfleet import cli
 
     capsys.readouterr()
-    rc = plan_cli.main(list(args))
+    rc = cli.main(["plan", *args])
     out = capsys.readouterr()
     return rc, out.out, out.err
 

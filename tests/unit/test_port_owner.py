@@ -151,3 +151,15 @@ def test_the_bench_client_sends_no_key_to_a_squatter(tmp_path):
                          "--concurrency", "1"])
         assert rc != 0 and seen == []
         assert "the API key was not sent" in (tmp_path / "r.json.failed").read_text()
+
+
+def test_an_fd_closed_while_a_process_is_read_hides_none_of_its_sockets(tmp_path, monkeypatch):
+    """A busy server closes files while its fds are read: the socket after a vanished fd is still
+    found (before: the first fd gone dropped the whole process, so the unit's own server looked
+    like a stranger and was refused the key)."""
+    fd_dir = tmp_path / "4242" / "fd"
+    fd_dir.mkdir(parents=True)
+    (fd_dir / "4").symlink_to("socket:[777]")
+    listings = {str(tmp_path): ["4242", "self"], str(fd_dir): ["3", "4"]}  # "3": closed meanwhile
+    monkeypatch.setattr(owner.os, "listdir", lambda path: listings[str(path)])
+    assert owner.socket_owners({"777"}, proc=str(tmp_path)) == {"777": {4242}}

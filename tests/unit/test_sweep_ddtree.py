@@ -187,8 +187,8 @@ def test_a_budget_the_hosts_plan_refuses_is_dropped_from_the_grid(tmp_path, monk
         return fleet_bench.DataRun(0, 1.0, {"h1": HostStep("changed")}, "")
 
     monkeypatch.setattr(sweep, "run_with_data", fake_run)
-    args = sweep.parse_args(["inv.py", "--host", "h1", "--ddtree-budgets", "8,64,128",
-                             "--draft-window", "4096", "--no-report", "--allow-serving"])  # fmt: skip
+    args = cli.flags("sweep", ["inv.py", "--host", "h1", "--ddtree-budgets", "8,64,128",
+                               "--draft-window", "4096", "--no-report", "--allow-serving"])  # fmt: skip
     (tmp_path / "results").mkdir()
     assert sweep.Sweep(args, sweep.grid_from_args(args), tmp_path).run() == 0
     state = json.loads((tmp_path / "state.json").read_text())
