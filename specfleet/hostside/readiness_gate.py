@@ -78,6 +78,8 @@ if "PORT_OWNER_SOURCE" not in globals():
 _port_owner: dict = {"__name__": "port_owner"}
 exec(compile(PORT_OWNER_SOURCE, "port_owner.py", "exec"), _port_owner)
 key_guard = _port_owner["key_guard"]
+listener_pids = _port_owner["listener_pids"]
+in_unit = _port_owner["in_unit"]
 
 
 def say(text: str) -> None:
@@ -422,46 +424,6 @@ def run_probe(base: str, key: str | None, spec: dict, speculative: bool,
                      f"probe: acceptance measured on the raw questions for {spec['max_tokens']} "
                      f"tokens (ignore_eos), not through the chat template: {why}")
     return passed, lines
-
-
-def listener_pids(port: int) -> set[int]:
-    """The pids holding a listening TCP socket on ``port`` (read from /proc, no ss needed)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    bits = line.split()
-                    if len(bits) < 10 or bits[3] != "0A":  # 0A: LISTEN
-                        continue
-                    if int(bits[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(bits[9])
-        except OSError:
-            continue
-    pids = set()
-    if not inodes:
-        return pids
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    pids.add(int(pid))
-                    break
-        except OSError:
-            continue
-    return pids
-
-
-def in_unit(pid: int, unit: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            return any(line.rstrip().endswith("/" + unit) or f"/{unit}/" in line for line in f)
-    except OSError:
-        return False
 
 
 def journal_tail(unit: str, since: float, lines: int, secrets: list) -> list[str]:
