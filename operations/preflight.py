@@ -16,6 +16,7 @@ from typing import Any
 
 import gevent
 import gevent.event
+from paramiko import SSHException
 from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
@@ -291,6 +292,19 @@ class _ReleaseOnFailure(BaseStateCallback):
             release_held(h, "the host failed")
 
 
+class ConnectionLost(SpecfleetError, SSHException):
+    """The SSH connection to a host broke under a command (the link cut, sshd gone)."""
+
+    def __init__(self, cause: BaseException, host_name: str) -> None:
+        detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+        super().__init__(
+            f"the SSH connection to the host was lost ({detail}); the step was not done",
+            host=host_name,
+            fix="check that the host is reachable (network, sshd) and run again: the deploy "
+            "goes on from where the host is",
+        )
+
+
 def _hook_host(h: Any) -> None:
     """Release the lock when pyinfra disconnects from the host: the CLI does that in a
     ``finally`` on every exit path (success, failed hosts, an error, Ctrl-C). And once the run
@@ -310,7 +324,16 @@ def _hook_host(h: Any) -> None:
     def run_unless_lost(*args: Any, **kwargs: Any):
         said = getattr(h, "_specfleet_lock_lost", None)
         if said is None:
-            return run_shell_command(*args, **kwargs)
+            try:
+                return run_shell_command(*args, **kwargs)
+            except ConnectionLost:
+                raise
+            except (EOFError, SSHException, ConnectionError) as exc:
+                # paramiko's EOFError on a dead link, raised while an operation reads a fact,
+                # reaches pyinfra as a traceback: said as the host's lost connection instead
+                # (an SSHException: pyinfra fails the command; a SpecfleetError: fails_host
+                # fails the step; the readiness gate says it its own way).
+                raise ConnectionLost(exc, h.name) from None
         record_failure(h.state, h, said, styled=True)
         return False, CommandOutput([OutputLine("stderr", said)])
 

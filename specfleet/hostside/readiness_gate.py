@@ -616,7 +616,10 @@ def wait_ready(args: argparse.Namespace, secrets: list[str], probe: dict | None 
         st = unit_state(args.unit)
         problem = unit_problem(args.unit, st)
         if problem:
-            return fail(problem)
+            # A server that died at once may have found its port taken (address in use): say
+            # by whom, as the check before the key would have.
+            holder = key_guard(args.port, args.unit)[1]
+            return fail(f"{problem}; {holder}" if holder else problem)
         sub, restarts = st.get("SubState"), st.get("NRestarts", "0")
         argv = cmdline(st.get("MainPID", "0")) if st.get("MainPID", "0") != "0" else []
         port = int(argv_value(argv, "--port") or args.port)
