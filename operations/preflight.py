@@ -303,6 +303,9 @@ class ConnectionLost(SpecfleetError, SSHException):
             fix="check that the host is reachable (network, sshd) and run again: the deploy "
             "goes on from where the host is",
         )
+        # pyinfra shows a failed command's SSHException as ClassName(args): one line, its host
+        # already in pyinfra's prefix.
+        self.args = (f"{self.problem}; fix: {self.fix}",)
 
 
 def _hook_host(h: Any) -> None:
