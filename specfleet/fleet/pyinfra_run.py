@@ -651,9 +651,13 @@ class Session:
                 step.changed_ops.append(_op_name(st, op_hash))
         if h in st.failed_hosts or self.recorder.op_errors.get(h.name):
             step.status = FAILED
-            if not h.connected:
+            # A link lost under a step fails that step (operations.preflight.ConnectionLost):
+            # the host is unreachable, as when the loss ends the run.
+            if not h.connected or not _link_alive(h):
                 step.status = UNREACHABLE
                 self.connected.discard(h.name)
+                if not any("unreachable" in line for line in step.why):
+                    step.why.insert(0, "unreachable: the connection was lost")
             if not step.why:
                 step.why = ["failed (pyinfra gave no reason)"]
         elif step.changed_ops:
