@@ -23,7 +23,13 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cache import cached_fact
 from facts.sglang import FileHashes, PatchState, SGLangInstall, Venv
-from operations.sglang_commands import apply_script, forget_script, restore_script, script_command
+from operations.sglang_commands import (
+    apply_script,
+    forget_script,
+    restore_script,
+    restore_steps,
+    script_command,
+)
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
 from operations.util import check_venv_path, say, warn
 from specfleet.core.errors import SpecfleetError
@@ -100,13 +106,7 @@ def load_port(version: str, test_recipe: str | None = None) -> Port | None:
 
 def patch_restore_steps(venv: str, marker: dict | None):
     """Commands that undo an applied (or half-applied) PR#20547, or forget a stale marker."""
-    if not marker:
-        return
-    d = patch_state_dir(venv)
-    if marker.get("partial") or marker.get("intact"):
-        yield script_command(restore_script(d))
-    else:
-        yield script_command(forget_script(d))
+    yield from restore_steps(patch_state_dir(venv), marker)
 
 
 def commands(

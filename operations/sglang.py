@@ -33,6 +33,7 @@ from operations.sglang_commands import (
     forget_script,
     pinned_install_script,
     restore_script,
+    restore_steps,
     script_command,
 )
 from operations.sglang_sources import UpstreamSources, UpstreamUnreachable
@@ -545,13 +546,7 @@ def ensure_software(settings: Settings) -> dict[str, OperationMeta]:
 def rope_restore_steps(venv: str, marker: dict | None):
     """Commands that undo an applied (or half-applied) drafter RoPE patch, or forget a marker
     whose file pip has replaced since (its backup is then not put back)."""
-    if not marker:
-        return
-    d = rope_state_dir(venv)
-    if marker.get("partial") or marker.get("intact"):
-        yield script_command(restore_script(d))
-    else:
-        yield script_command(forget_script(d))
+    yield from restore_steps(rope_state_dir(venv), marker)
 
 
 def _rope_built(patch, source: str | list[str] | None):

@@ -187,3 +187,15 @@ def pinned_install_script(
 def script_command(script: str) -> StringCommand:
     return StringCommand("sh", "-c", QuoteString(script))
 
+
+def restore_steps(state_dir: str, marker: dict | None):
+    """Commands that undo a patch applied (or half-applied) from ``state_dir``, or forget a
+    marker whose files pip has replaced since (its backup is then not put back): one way for
+    PR#20547 and the drafter RoPE patch alike."""
+    if not marker:
+        return
+    if marker.get("partial") or marker.get("intact"):
+        yield script_command(restore_script(state_dir))
+    else:
+        yield script_command(forget_script(state_dir))
+
