@@ -70,6 +70,10 @@ def configure() -> None:
     """Point build_parts at this build: its folders, roots and pins, the calls it prints."""
     roots, pins = roots_and_pins()
     bp.BUILD, bp.WHEELS, bp.PARTS = BUILD, BUILD / "wheels", BUILD / "parts"
+    # sgl-deep-gemm 0.1.2 pins apache-tvm-ffi==0.1.9 and nvidia-cudnn-frontend >= 1.30 asks
+    # >=0.1.11 outside any extra: the walk has no resolver, so take the newest frontend that
+    # asks tvm-ffi only under its extras (1.28.0; 1.29.1 asks >=0.1.11 too, read from METADATA).
+    pins["nvidia-cudnn-frontend"] = "==1.28.0"
     bp.ROOTS, bp.PINS = roots, pins
     bp.calls = calls
 
