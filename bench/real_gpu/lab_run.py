@@ -31,7 +31,9 @@ pytorch``, greedy; each prompt alone and the batches of 6-8):
 Everything goes to ``$RG_WORK/record.json`` as it happens, and ``$RG_WORK/summary.json`` (the
 verdicts, recomputed from the record at each save); a second call on the warm machine resumes
 (a server with outputs is kept). ``RG_DRY=1``: facts, plans and units only (no server), a
-rehearsal where no GPU is. ``RG_ONLY=S1,S2``: only those servers.
+rehearsal where no GPU is. ``RG_ONLY=S1,S2``: only those servers. ``RG_RECORD``: the record's
+file name under ``$RG_WORK`` (``bench/real_gpu/ddtree/lab_ddtree.py``, which drives its servers
+through ``serve`` here, keeps ``ddtree-record.json``).
 
 reference.json (bench/real_gpu/lab/reference.py): ``max_new_tokens``, ``prompts[i].input_ids``,
 ``.expected_output``, ``.drafters[NAME].spec_accept_length``, ``mean_spec_accept_length[NAME]``;
@@ -67,9 +69,10 @@ ACCEPT_TOL = 0.05
 NEED_S = 170
 CTX_SMALL = 128
 GRAPHS_OFF = {"--disable-cuda-graph": True}
+RECORD_FILE = OUT / os.environ.get("RG_RECORD", "record.json")
 RECORD: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "servers": {}}
-if (OUT / "record.json").is_file():
-    RECORD = json.loads((OUT / "record.json").read_text())
+if RECORD_FILE.is_file():
+    RECORD = json.loads(RECORD_FILE.read_text())
     RECORD.setdefault("servers", {})
     RECORD.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
@@ -177,18 +180,24 @@ def generate(lab: dict, only_fitting: int | None = None) -> dict:
     def fits(p):
         return only_fitting is None or len(p["input_ids"]) + p["max_new_tokens"] < only_fitting
 
-    out: dict = {"single": [], "batches": []}
+    out: dict = {"single": [], "batches": [], "batch_seconds": []}
     for p in prompts:
-        out["single"].append(_one(drive.post("/generate", {
-            "input_ids": p["input_ids"], "sampling_params": sp(p)})) if fits(p)
-            else {"skipped": f"does not fit --context-length {only_fitting}"})
+        if not fits(p):
+            out["single"].append({"skipped": f"does not fit --context-length {only_fitting}"})
+            continue
+        t = time.perf_counter()
+        res = drive.post("/generate", {"input_ids": p["input_ids"], "sampling_params": sp(p)})
+        out["single"].append({**_one(res), "seconds": round(time.perf_counter() - t, 4)})
     for layout in lab["layouts"]:
         ps = [prompts[i] for i in layout]
         if not all(fits(p) for p in ps):
             out["batches"].append([{"skipped": "does not fit"}] * len(ps))
+            out["batch_seconds"].append(None)
             continue
+        t = time.perf_counter()
         res = drive.post("/generate", {"input_ids": [p["input_ids"] for p in ps],
                                        "sampling_params": [sp(p) for p in ps]})
+        out["batch_seconds"].append(round(time.perf_counter() - t, 4))  # the request, wall
         out["batches"].append([_one(r) for r in res] if isinstance(res, list)
                               else [{"error": str(res)[:500]}] * len(ps))
     out["acceptance_length"] = acceptance(out["single"])
@@ -263,8 +272,13 @@ def weights_bytes(drafter: str | None) -> int:
 
 
 def settings_for(spec: dict) -> Path:
-    data = json.loads((HERE / "settings" / f"{spec['settings']}.json").read_text())
-    data.setdefault("plan", {}).setdefault("extra_args", {}).update(spec.get("extra", {}))
+    """The settings file the plan reads: ``settings/<spec.settings>.json`` (or ``spec.settings``
+    itself, a dict), ``spec.plan`` merged into its ``plan``, ``spec.extra`` into its extra_args."""
+    settings = spec["settings"]
+    data = (json.loads(json.dumps(settings)) if isinstance(settings, dict)
+            else json.loads((HERE / "settings" / f"{settings}.json").read_text()))
+    data.setdefault("plan", {}).update(spec.get("plan", {}))
+    data["plan"].setdefault("extra_args", {}).update(spec.get("extra", {}))
     path = OUT / "plans" / f"{spec['tag']}-settings-in.json"
     path.write_text(json.dumps(data, indent=1))
     return path
@@ -278,8 +292,13 @@ def serve(spec: dict, lab: dict, venvs: dict) -> dict | None:
         return done
     venv = venvs.get(spec["venv"])
     entry: dict = {"what": spec["what"], "venv": spec["venv"], "drafter": spec.get("drafter"),
-                   "settings_file": f"bench/real_gpu/settings/{spec['settings']}.json",
+                   "settings_file": (f"bench/real_gpu/settings/{spec['settings']}.json"
+                                     if isinstance(spec["settings"], str) else None),
                    "extra_args": spec.get("extra", {}), "checks": spec["checks"]}
+    if spec.get("plan"):
+        entry["plan_overrides"] = spec["plan"]
+    if spec.get("experiment"):
+        entry["experiment"] = spec["experiment"]
     RECORD["servers"][tag] = entry
     if venv is None or not Path(venv).exists() and not os.environ.get("RG_DRY"):
         entry["skipped"] = (spec["what"] if spec["venv"] == "none"
@@ -306,8 +325,13 @@ def serve(spec: dict, lab: dict, venvs: dict) -> dict | None:
     entry["plan"] = {k: plan.get(k) for k in ("argv", "env", "reasons", "error", "command")}
     save()
     if "argv" not in plan:
+        entry["refused"] = str(plan.get("error") or "no plan")[-2000:]
         log(f"{tag}: no plan: {plan.get('error')}")
-        return None
+        save()
+        return entry
+    if spec.get("experiment"):  # flags the plan does not give, put over its argv: not a plan
+        plan["argv"] = override_argv(plan["argv"], spec["experiment"])
+        entry["plan"]["argv_run"] = plan["argv"]
     rendered = drive.render_unit(plan)
     entry["unit"], entry["env_file"] = rendered["unit"], rendered["env"]
     if os.environ.get("RG_DRY"):
@@ -342,6 +366,26 @@ def serve(spec: dict, lab: dict, venvs: dict) -> dict | None:
     return entry
 
 
+def override_argv(argv: list[str], words: list[str]) -> list[str]:
+    """``argv`` with each ``--flag [value]`` of ``words`` put in place of the same flag's."""
+    out, i = list(argv), 0
+    while i < len(words):
+        flag = words[i]
+        n = 2 if i + 1 < len(words) and not words[i + 1].startswith("--") else 1
+        if flag in out:
+            j = out.index(flag)
+            k = j + 2 if j + 1 < len(out) and not out[j + 1].startswith("--") else j + 1
+            del out[j:k]
+        out += words[i:i + n]
+        i += n
+    return out
+
+
+# More checks by name (``spec.checks``), each ``fn(spec, entry, lab, server)``, run after the
+# ones below, in the order the spec names them: lab_ddtree.py adds its timed requests.
+EXTRA_CHECKS: dict = {}
+
+
 def run_checks(spec: dict, entry: dict, lab: dict, server: drive.Server, rendered: dict) -> None:
     tag = spec["tag"]
     checks = spec["checks"]
@@ -364,6 +408,10 @@ def run_checks(spec: dict, entry: dict, lab: dict, server: drive.Server, rendere
         log(f"{tag}: cap: alive {entry['cap']['alive_after_idle']}, "
             f"leak lines {len(entry['cap']['leak_lines'])}")
         save()
+    for name in checks:
+        if name in EXTRA_CHECKS:
+            EXTRA_CHECKS[name](spec, entry, lab, server)
+            save()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -586,7 +634,9 @@ LAB_DATA: dict = {}
 
 def save() -> None:
     RECORD["elapsed_s"] = round(time.monotonic() - T0, 1)
-    (OUT / "record.json").write_text(json.dumps(RECORD, indent=1))
+    tmp = RECORD_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(RECORD, indent=1))
+    os.replace(tmp, RECORD_FILE)  # a call cut mid-write keeps the record before it
     if LAB_DATA:
         (OUT / "summary.json").write_text(json.dumps(summary(LAB_DATA), indent=1))
 
@@ -644,7 +694,9 @@ def reap_leftovers() -> list[str]:
     return ended
 
 
-def main() -> int:
+def prepare() -> None:
+    """Before the first server of a call: the servers an earlier call left are ended, the
+    stand-in systemctl written, the call's commit and the machine's init recorded."""
     (OUT / "plans").mkdir(parents=True, exist_ok=True)
     left_over = reap_leftovers()
     if left_over:
@@ -657,6 +709,10 @@ def main() -> int:
     RECORD["commit"] = os.environ.get("RG_COMMIT", "?")
     RECORD["systemd"] = drive.systemd_runs()
     RECORD["pid1"] = Path("/proc/1/comm").read_text().strip()
+
+
+def main() -> int:
+    prepare()
     lab = load_lab()
     LAB_DATA.update(lab)
     RECORD["lab"] = {"prompts": len(lab["prompts"]), "layouts": lab["layouts"],

@@ -10,7 +10,10 @@
 # A second call on the same warm machine goes on where the first stopped: the venvs are kept
 # (/opt/specfleet/.lab-setup-done), lab_run.py resumes from its record. RG_ONLY=S1,S2 limits the
 # servers. RG_DRY=1: facts, plans and units only (the CPU rehearsal: bench/real_gpu/rehearse.sh).
+# RG_RUNNER: the script run with the venv's Python after the setup (default lab_run.py;
+# bench/real_gpu/ddtree/lab_ddtree.sh names lab_ddtree.py, with its own parts and RG_VENV_ROOT).
 set -u
+RUNNER=${RG_RUNNER:-bench/real_gpu/lab_run.py}
 C=${CARRY:-.carry5}
 FAILED=0
 fail() { echo "FAILED: $*"; FAILED=$((FAILED + 1)); }
@@ -72,12 +75,12 @@ for kind in $TREES; do
 done
 echo "setup done at $SECONDS s"; pack
 
-# --- the servers and checks (bench/real_gpu/lab_run.py) ---
+# --- the servers and checks ($RUNNER: lab_run.py, or lab_ddtree.py) ---
 export VENV_STOCK=$V/sglang VENV_FIXED=$V/sglang-port-fixed VENV_STALE_MASK=$V/sglang-port-stale-mask VENV_UNFIXED=$V/sglang-port-unfixed
 [ -d $V/sglang-port-rope ] && export VENV_ROPE=$V/sglang-port-rope
 export REAL_GPU_BUDGET_S=$(( ${RG_BUDGET:-585} - SECONDS ))
-PYTHONPATH=$PWD PYTHONUNBUFFERED=1 $V/sglang/bin/python bench/real_gpu/lab_run.py
+PYTHONPATH=$PWD PYTHONUNBUFFERED=1 $V/sglang/bin/python $RUNNER
 RC=$?
 kill $PACKER 2>/dev/null; pack
-echo "all done at $SECONDS s (lab_run.py rc $RC, $FAILED setup failures)"
+echo "all done at $SECONDS s ($(basename $RUNNER) rc $RC, $FAILED setup failures)"
 [ $FAILED = 0 ] && exit $RC || exit 3

@@ -12,6 +12,13 @@
 # folders are read, never moved.
 #
 #   bash bench/real_gpu/rehearse.sh            # then read $R/work/summary.json, run.log
+#
+# The DDTree run (issue 51) the same way: RG_LAB_SCRIPT names its script, RG_CARRY its carried
+# folders (a prefix: PREFIX1 .. PREFIXN), RG_IMAGE_NEEDS its list of the image's packages, or
+# RG_IMAGE_SITE a folder of them made already (read, not changed):
+#
+#   R=/tmp/rehearse-ddtree RG_LAB_SCRIPT=bench/real_gpu/ddtree/lab_ddtree.sh \
+#     RG_CARRY=build/real_gpu_ddtree/carry/carry bash bench/real_gpu/rehearse.sh
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 R=${R:-/tmp/rehearse-lab}
@@ -20,10 +27,12 @@ $PY312 -c 1 2>/dev/null || PY312=$(ls /root/.pyenv/versions/3.12*/bin/python3.12
 $PY312 -c 'import sys; assert sys.version_info[:2] == (3, 12)' || { echo "rehearse: no Python 3.12 (set PY312)"; exit 1; }
 rm -rf "$R/work" "$R/venvs" "$R/links" "$R/parts" "$R/carry"
 mkdir -p "$R/bin" "$R/parts" "$R/carry" "$R/links"
-N=$(ls -d "$REPO"/.carry[0-9]* 2>/dev/null | sed 's/.*carry//' | sort -n | tail -1)
-[ -n "$N" ] || { echo "rehearse: no .carry folders: python -m bench.real_gpu.build_parts"; exit 1; }
-for i in $(seq 1 $((N - 1))); do ln "$REPO/.carry$i"/* "$R/parts/" 2>/dev/null || cp "$REPO/.carry$i"/* "$R/parts/"; done
-cp "$REPO/.carry$N"/* "$R/carry/"
+SCRIPT=${RG_LAB_SCRIPT:-bench/real_gpu/lab_run.sh}
+CP=${RG_CARRY:-$REPO/.carry}; case $CP in /*) ;; *) CP=$REPO/$CP ;; esac
+N=$(ls -d "$CP"[0-9]* 2>/dev/null | sed "s|^$CP||" | sort -n | tail -1)
+[ -n "$N" ] || { echo "rehearse: no $CP<N> folders: python -m bench.real_gpu.build_parts"; exit 1; }
+for i in $(seq 1 $((N - 1))); do ln "$CP$i"/* "$R/parts/" 2>/dev/null || cp "$CP$i"/* "$R/parts/"; done
+cp "$CP$N"/* "$R/carry/"
 # STAND-IN nvidia-smi: the repository's replay of a real capture.
 cat > "$R/bin/nvidia-smi" <<EOF
 #!/bin/sh
@@ -34,8 +43,9 @@ EOF
 chmod +x "$R/bin/nvidia-smi"
 # STAND-IN for the image's site-packages: the image's packages (KINDS.md's list) that the carried
 # set needs and build_parts therefore left out, for Python 3.12; no torch.
-NEEDS=$REPO/build/real_gpu/image-needs.txt  # written by build_parts: the image's, not carried
-if ! cmp -s "$NEEDS" "$R/image/.done"; then
+NEEDS=${RG_IMAGE_NEEDS:-$REPO/build/real_gpu/image-needs.txt}  # by build_parts: not carried
+IMAGE=${RG_IMAGE_SITE:-$R/image}
+if [ -z "${RG_IMAGE_SITE:-}" ] && ! cmp -s "$NEEDS" "$R/image/.done"; then
   rm -rf "$R/image"
   $PY312 -m pip install -q --target "$R/image" --no-compile -r "$NEEDS" && cp "$NEEDS" "$R/image/.done"
 fi
@@ -49,21 +59,25 @@ else
 fi
 cd "$REPO"
 PATH="$R/bin:$PATH" RG_DRY=1 RG_WORK=$R/work OUT=$R/out RG_PARTS=$R/parts CARRY=$R/carry \
-  RG_VENV_ROOT=$R/venvs RG_IMAGE_PYTHON=$PY312 RG_IMAGE_SITE=$R/image RG_LINK_ROOT=$R/links \
-  bash bench/real_gpu/lab_run.sh
+  RG_VENV_ROOT=$R/venvs RG_IMAGE_PYTHON=$PY312 RG_IMAGE_SITE=$IMAGE RG_LINK_ROOT=$R/links \
+  bash $SCRIPT
 rc=$?
 # What the server would fail to import (the image's torch, triton, torchvision are not here).
 SP=$(echo $R/venvs/sglang/lib/python3*/site-packages)
 for v in "$R"/venvs/sglang "$R"/venvs/sglang-port-*; do
+  [ -d "$v" ] || continue  # no port trees (the DDTree run)
   echo "import scan: $(basename $v)"
-  python3 bench/real_gpu/import_scan.py $(echo $v/lib/python3*/site-packages) "$SP" "$R/image" \
+  python3 bench/real_gpu/import_scan.py $(echo $v/lib/python3*/site-packages) "$SP" "$IMAGE" \
     --image torch triton torchvision torchaudio | grep -v '^conditional' || rc=4
 done
 # What the rehearsal rendered outside $R (the units and env files of drive.render_unit, at the
 # deploy's paths; no systemd here): removed, by their names.
-for f in /etc/systemd/system/specfleet-S[0-9]*.service /etc/specfleet/specfleet-S[0-9]*.env; do
-  [ -f "$f" ] && rm -f "$f"
+# The lab's S1..S10; the DDTree run's P0, D0, F<budget>, T<budget>-lab-drafter*.
+for t in 'S[0-9]*' P0 D0 'F[0-9]*' 'T[0-9]*-lab-drafter*'; do
+  for f in /etc/systemd/system/specfleet-$t.service /etc/specfleet/specfleet-$t.env; do
+    [ -f "$f" ] && rm -f "$f"
+  done
+  rm -rf /etc/specfleet/specfleet-$t.logging
 done
-rm -rf /etc/specfleet/specfleet-S[0-9]*.logging
-echo "rehearse: rc $rc; record $R/work/record.json, summary $R/work/summary.json"
+echo "rehearse: rc $rc; record and summary in $R/work (record.json or ddtree-record.json)"
 exit $rc

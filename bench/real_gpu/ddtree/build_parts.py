@@ -99,8 +99,15 @@ def calls(n: int) -> str:
     for i in range(1, n):
         lines.append(f"  {i}. run(command='mkdir -p /root/parts && mv .carry{i}/* /root/parts/ "
                      f"&& ls -la /root/parts', carry=['.carry{i}'], timeout_s=120)")
-    lines.append(f"  {n}. run(command='CARRY=.carry{n} python3 bench/real_gpu/ddtree/lab_ddtree.py'"
-                 f", carry=['.carry{n}'], timeout_s=600)")
+    run = (f"run(command='CARRY=.carry{n} bash bench/real_gpu/ddtree/lab_ddtree.sh', "
+           f"carry=['.carry{n}'], timeout_s=600)")
+    lines.append(f"  {n}. {run}")
+    lines.append(f"  {n + 1}.. the same call again at once while the record says servers are left "
+                 "(it resumes from ddtree-record.json; the venv is kept on the warm machine; "
+                 "a fresh machine needs calls 1.."
+                 f"{n - 1} first, and goes on from an earlier session's record where its last "
+                 f"real_gpu.tar.gz is put in .carry{n}). Each call returns $OUT/real_gpu.tar.gz "
+                 "and $OUT/run.log.")
     return "\n".join(lines)
 
 
