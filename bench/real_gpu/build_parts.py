@@ -310,12 +310,25 @@ def run_folder(wheels: dict[str, Path]) -> list[Path]:
     return sorted(p for p in out.iterdir() if not p.name.endswith(".stamp"))
 
 
+# The carried folders' names (``<prefix>1..N`` at the repository root, git-ignored) and the
+# machine's parts folder: the DDTree build (ddtree/build_parts.py) sets its own, so that the two
+# builds never replace each other's folders here or parts there.
+CARRY_PREFIX = ".carry"
+MACHINE_PARTS = "/root/parts"
+
+
+def carry_folders() -> list[Path]:
+    pattern = re.escape(CARRY_PREFIX) + r"\d+"
+    return sorted((d for d in ROOT.glob(CARRY_PREFIX + "*")
+                   if d.is_dir() and re.fullmatch(pattern, d.name)),
+                  key=lambda d: int(d.name[len(CARRY_PREFIX):]))
+
+
 def carry(parts: list[Path], run_files: list[Path], room: int) -> list[list[Path]]:
     """Into .carry1..N: the parts and the run call's files (one item), first fit, biggest first;
     the folder holding the run call's files last."""
-    for old in ROOT.glob(".carry*"):
-        if old.is_dir() and re.fullmatch(r"\.carry\d+", old.name):
-            shutil.rmtree(old)
+    for old in carry_folders():
+        shutil.rmtree(old)
     items = [[p] for p in parts] + [list(run_files)]
     bins: list[list[Path]] = []
     for item in sorted(items, key=lambda it: -sum(p.stat().st_size for p in it)):
@@ -331,18 +344,26 @@ def carry(parts: list[Path], run_files: list[Path], room: int) -> list[list[Path
             bins.append(list(item))
     bins.sort(key=lambda b: run_files[0] in b)
     for i, b in enumerate(bins, 1):
-        d = ROOT / f".carry{i}"
+        d = ROOT / f"{CARRY_PREFIX}{i}"
         d.mkdir()
         for p in b:
             os.link(p, d / p.name) if p.stat().st_dev == d.stat().st_dev else shutil.copy2(p, d)
     return bins
 
 
-def calls(n: int) -> str:
+def parts_calls(n: int) -> list[str]:
+    """The header and the calls that move parts 1..n-1 onto the machine."""
     lines = ["The device calls, back to back (the machine goes back after 30 s idle):"]
     for i in range(1, n):
-        lines.append(f"  {i}. run(command='mkdir -p /root/parts && mv .carry{i}/* /root/parts/ "
-                     f"&& ls -la /root/parts', carry=['.carry{i}'], timeout_s=120)")
+        folder = f"{CARRY_PREFIX}{i}"
+        lines.append(f"  {i}. run(command='mkdir -p {MACHINE_PARTS} && mv {folder}/* "
+                     f"{MACHINE_PARTS}/ && ls -la {MACHINE_PARTS}', carry=['{folder}'], "
+                     "timeout_s=120)")
+    return lines
+
+
+def calls(n: int) -> str:
+    lines = parts_calls(n)
     lines.append(f"  {n}. run(command='CARRY=.carry{n} bash bench/real_gpu/lab_run.sh', "
                  f"carry=['.carry{n}'], timeout_s=600)")
     lines.append(f"  {n + 1}. if it was cut (rc 124/137, or run.log says 'budget'): the same again "
@@ -351,10 +372,9 @@ def calls(n: int) -> str:
 
 
 def check(tree: int) -> int:
-    folders = sorted((d for d in ROOT.glob(".carry*") if re.fullmatch(r"\.carry\d+", d.name)),
-                     key=lambda d: int(d.name[6:]))
+    folders = carry_folders()
     if not folders:
-        say("no .carry folders: run without --check first")
+        say(f"no {CARRY_PREFIX} folders: run without --check first")
         return 1
     bad = 0
     for d in folders:

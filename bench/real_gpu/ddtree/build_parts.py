@@ -15,7 +15,7 @@ pyproject builds a Rust extension from ``../rust`` (not on the HTTP server's pat
 fixture's README says (``tests/harness/sources.lay_ddtree_fork``, the one way it is laid in).
 
 Outputs under ``build/real_gpu_ddtree/`` (``wheels``, ``kernel`` and ``site312`` parts) and
-``.carry1..N`` at the repository root (git-ignored), the last one the run call's: the zstandard
+``.ddcarry1..N`` at the repository root (git-ignored), the last one the run call's: the zstandard
 wheel and ``COMMIT``. Never run on this machine by the tests (a ~2 GB download).
 """
 
@@ -36,6 +36,9 @@ from bench.real_gpu import build_parts as bp
 from tests.harness.sources import DDTREE_FORK_TARBALL, lay_ddtree_fork
 
 BUILD = bp.ROOT / "build" / "real_gpu_ddtree"
+# Its own carried folders and parts folder on the machine: never the 0.5.11 lab's (.carryN,
+# /root/parts), whose parts have the same names.
+CARRY, MACHINE_PARTS = ".ddcarry", "/root/parts-ddtree"
 # The tools drive.py runs with the server's interpreter, as build_parts' ROOTS has them.
 TOOLS = [r for r in bp.ROOTS if not r.startswith("sglang==")]
 # The fork's pins that a --no-deps walk must keep (its pyproject's, 0.5.13's set).
@@ -76,6 +79,7 @@ def configure() -> None:
     pins["nvidia-cudnn-frontend"] = "==1.28.0"
     bp.ROOTS, bp.PINS = roots, pins
     bp.calls = calls
+    bp.CARRY_PREFIX, bp.MACHINE_PARTS = CARRY, MACHINE_PARTS
 
 
 def run_folder(wheels: dict[str, Path]) -> list[Path]:
@@ -95,18 +99,16 @@ def run_folder(wheels: dict[str, Path]) -> list[Path]:
 
 
 def calls(n: int) -> str:
-    lines = ["The device calls, back to back (the machine goes back after 30 s idle):"]
-    for i in range(1, n):
-        lines.append(f"  {i}. run(command='mkdir -p /root/parts && mv .carry{i}/* /root/parts/ "
-                     f"&& ls -la /root/parts', carry=['.carry{i}'], timeout_s=120)")
-    run = (f"run(command='CARRY=.carry{n} bash bench/real_gpu/ddtree/lab_ddtree.sh', "
-           f"carry=['.carry{n}'], timeout_s=600)")
+    lines = bp.parts_calls(n)
+    folder = f"{CARRY}{n}"
+    run = (f"run(command='CARRY={folder} bash bench/real_gpu/ddtree/lab_ddtree.sh'"
+           f", carry=['{folder}'], timeout_s=600)")
     lines.append(f"  {n}. {run}")
     lines.append(f"  {n + 1}.. the same call again at once while the record says servers are left "
                  "(it resumes from ddtree-record.json; the venv is kept on the warm machine; "
                  "a fresh machine needs calls 1.."
                  f"{n - 1} first, and goes on from an earlier session's record where its last "
-                 f"real_gpu.tar.gz is put in .carry{n}). Each call returns $OUT/real_gpu.tar.gz "
+                 f"real_gpu.tar.gz is put in {folder}). Each call returns $OUT/real_gpu.tar.gz "
                  "and $OUT/run.log.")
     return "\n".join(lines)
 
