@@ -14,10 +14,10 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.rollback import FILE_KEYS, PATCH_KEYS, RollbackState
-from facts.sglang import RopePatchState
+from facts.sglang import PatchState, RopePatchState
 from operations import preflight
 from operations import sglang as sglang_ops
-from operations.sglang_commands import restore_files_script, restore_script
+from operations.sglang_commands import restore_files_script, restore_steps, script_command
 from specfleet.core.errors import SpecfleetError
 from specfleet.core.layout import (
     RollbackPaths,
@@ -276,10 +276,6 @@ def reapply_script(saved: str, state_dir: str, what: str) -> str:
     )
 
 
-def _sh(script: str) -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(script))
-
-
 # --------------------------------------------------------------------------------------------------
 # Operations
 # --------------------------------------------------------------------------------------------------
@@ -373,7 +369,8 @@ def checkpoint(settings: Settings, replace: bool = True):
         return
     if reasons:
         host.log(f"rollback point: keeps {', '.join(reasons)}", logger.info)
-        yield _sh(checkpoint_script(rp, live_files(server_paths(s)), s.venv, preflight.run_id()))
+        live = live_files(server_paths(s))
+        yield script_command(checkpoint_script(rp, live, s.venv, preflight.run_id()))
     if missing:
         argv = [
             venv_python(s.venv), "-m", "pip", "download", "--no-deps",
@@ -431,11 +428,10 @@ def pins(settings: Settings):
         + (f"; uninstalls {', '.join(changes.uninstall)}" if changes.uninstall else ""),
         logger.info,
     )
-    if "sglang" in changes.names():
-        if cur["patch"]:
-            yield _sh(restore_script(patch_state_dir(s.venv)))
-        yield from sglang_ops.rope_restore_steps(s.venv,
-                                                 host.get_fact(RopePatchState, venv=s.venv))
+    if "sglang" in changes.names():  # pip is about to replace the files both patches wrote
+        yield from restore_steps(patch_state_dir(s.venv), host.get_fact(PatchState, venv=s.venv))
+        yield from restore_steps(rope_state_dir(s.venv),
+                                 host.get_fact(RopePatchState, venv=s.venv))
     if changes.uninstall:
         yield StringCommand(
             py, "-m", "pip", "uninstall", "--yes", *[QuoteString(n) for n in changes.uninstall]
@@ -459,24 +455,8 @@ def patch(settings: Settings):
     then is applied again from the rollback point's own copy (its mapped diff and backup), so the
     control machine needs no copy of an old patch.
     """
-    s = settings
-    state = _state(s)
-    saved = _need_point(s, state)
-    cur = state["current"]
-    if saved["patch"] == cur["patch"]:
-        host.noop(
-            "PR#20547 is not applied, as kept" if not cur["patch"]
-            else f"PR#20547 {cur['patch'][:12]} is applied, as kept"
-        )
-        return
-    if saved["patch"] is None:
-        yield from sglang_ops.pr20547._inner(venv=s.venv, present=False)
-        return
-    host.log(f"rollback: applies PR#20547 {saved['patch'][:12]} again", logger.info)
-    if cur["patch"]:
-        yield _sh(restore_script(patch_state_dir(s.venv)))
-    yield _sh(reapply_script(rollback_paths(s).file("patch"), patch_state_dir(s.venv),
-                             "PR#20547"))
+    yield from _put_patch_back(settings, "patch", "PR#20547", sglang_ops.pr20547,
+                               patch_state_dir(settings.venv), PatchState)
 
 
 @operation()
@@ -492,25 +472,28 @@ def rope(settings: Settings):
     file it was applied to, so the control machine fetches nothing. A point taken before it kept
     the RoPE state says it was not applied.
     """
-    s = settings
+    yield from _put_patch_back(settings, "rope", "the drafter RoPE patch", sglang_ops.dflash_rope,
+                               rope_state_dir(settings.venv), RopePatchState)
+
+
+def _put_patch_back(s: Settings, key: str, what: str, remove_op, state_dir: str, state_fact):
+    """One patch's state (``key`` of the point: its marker's sha256, or None) as kept: removed by
+    its own operation where it was not applied then; else the one applied now undone (restored,
+    or its marker forgotten where pip has replaced its files) and the kept one applied again."""
     state = _state(s)
     saved = _need_point(s, state)
     cur = state["current"]
-    if saved["rope"] == cur["rope"]:
-        host.noop(
-            "the drafter RoPE patch is not applied, as kept" if not cur["rope"]
-            else f"the drafter RoPE patch {cur['rope'][:12]} is applied, as kept"
-        )
+    if saved[key] == cur[key]:
+        host.noop(f"{what} is not applied, as kept" if not cur[key]
+                  else f"{what} {cur[key][:12]} is applied, as kept")
         return
-    if saved["rope"] is None:
-        yield from sglang_ops.dflash_rope._inner(venv=s.venv, present=False)
+    if saved[key] is None:
+        yield from remove_op._inner(venv=s.venv, present=False)
         return
-    host.log(f"rollback: applies the drafter RoPE patch {saved['rope'][:12]} again", logger.info)
-    if cur["rope"]:
-        yield from sglang_ops.rope_restore_steps(s.venv,
-                                                 host.get_fact(RopePatchState, venv=s.venv))
-    yield _sh(reapply_script(rollback_paths(s).file("rope"), rope_state_dir(s.venv),
-                             "the drafter RoPE patch"))
+    host.log(f"rollback: applies {what} {saved[key][:12]} again", logger.info)
+    if cur[key]:
+        yield from restore_steps(state_dir, host.get_fact(state_fact, venv=s.venv))
+    yield script_command(reapply_script(rollback_paths(s).file(key), state_dir, what))
 
 
 @operation()
