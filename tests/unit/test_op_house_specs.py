@@ -1,5 +1,5 @@
 """operations.serving (``unit``, ``service``), ``preflight.lock``, ``rollback.checkpoint`` and
-``rollback.rope`` against pyinfra-testing fixtures (tests/specs/op_house/<op>/*.yaml): each op's
+``rollback.rope``, ``rollback.patch`` against pyinfra-testing fixtures (tests/specs/op_house/<op>/*.yaml): each op's
 branches, commands and no-op messages from given fact values, in ms, no host.
 
 These operations take the deploy's ``Settings``: a spec gives them as the settings' own data
@@ -62,3 +62,4 @@ TestServingService = _specs("serving.service")
 TestPreflightLock = _specs("preflight.lock")
 TestRollbackCheckpoint = _specs("rollback.checkpoint")
 TestRollbackRope = _specs("rollback.rope")
+TestRollbackPatch = _specs("rollback.patch")
