@@ -31,8 +31,8 @@ pytorch``, greedy; each prompt alone and the batches of 6-8):
 Everything goes to ``$RG_WORK/record.json`` as it happens, and ``$RG_WORK/summary.json`` (the
 verdicts, recomputed from the record at each save); a second call on the warm machine resumes
 (a server with outputs is kept). ``RG_DRY=1``: facts, plans and units only (no server), a
-rehearsal where no GPU is. ``RG_ONLY=S1,S2``: only those servers. ``RG_RECORD``: the record's
-file name under ``$RG_WORK`` (``bench/real_gpu/ddtree/lab_ddtree.py``, which drives its servers
+rehearsal where no GPU is. ``RG_ONLY=S9,S2``: only those servers, in that order.
+``RG_RECORD``: the record's file name under ``$RG_WORK`` (``bench/real_gpu/ddtree/lab_ddtree.py``, which drives its servers
 through ``serve`` here, keeps ``ddtree-record.json``).
 
 reference.json (bench/real_gpu/lab/reference.py): ``max_new_tokens``, ``prompts[i].input_ids``,
@@ -694,6 +694,18 @@ def reap_leftovers() -> list[str]:
     return ended
 
 
+def servers_in_order(only: list[str]) -> list[dict]:
+    """The servers to run: all, in order of value, or those ``RG_ONLY`` names in its order (a
+    call short of time runs the one named first)."""
+    if not only:
+        return list(SERVERS)
+    by_tag = {s["tag"]: s for s in SERVERS}
+    unknown = [t for t in only if t not in by_tag]
+    if unknown:
+        raise SystemExit(f"RG_ONLY names no server {unknown}: the servers are {list(by_tag)}")
+    return [by_tag[t] for t in dict.fromkeys(only)]
+
+
 def prepare() -> None:
     """Before the first server of a call: the servers an earlier call left are ended, the
     stand-in systemctl written, the call's commit and the machine's init recorded."""
@@ -732,10 +744,8 @@ def main() -> int:
         s9["venv"] = "none"
         s9["what"] = "the RoPE patch: not in this commit's port build (no models/dflash.py)"
     save()
-    only = set(filter(None, os.environ.get("RG_ONLY", "").split(",")))
-    for spec in SERVERS:
-        if only and spec["tag"] not in only:
-            continue
+    only = list(filter(None, os.environ.get("RG_ONLY", "").split(",")))
+    for spec in servers_in_order(only):
         if spec["tag"] == "S10" and not (only or os.environ.get("RG_ALL")):
             RECORD["servers"].setdefault("S10", {"what": spec["what"], "skipped": (
                 "informational, not run by default (RG_ALL=1 or RG_ONLY=S10 runs it)")})

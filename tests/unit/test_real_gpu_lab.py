@@ -162,3 +162,12 @@ def test_rope_loss_is_checked_against_the_reference_at_1e6(lab_run):
     lab_run.RECORD["servers"]["S8"] = served(1.5542)
     lab_run.RECORD["servers"]["S9"] = served(lab["acceptance"]["lab-drafter-rope50k"]["mean"])
     assert lab_run.rope_verdict(lab)["verdict"] == "lost on stock, back with the patch"
+
+
+def test_rg_only_runs_the_servers_in_the_order_it_names(lab_run):
+    """A call short of device time runs the server named first (run 6: S9, last in S order, was
+    the one left out)."""
+    assert [s["tag"] for s in lab_run.servers_in_order(["S9", "S2", "S9"])] == ["S9", "S2"]
+    assert [s["tag"] for s in lab_run.servers_in_order([])] == [s["tag"] for s in lab_run.SERVERS]
+    with pytest.raises(SystemExit, match="S11"):
+        lab_run.servers_in_order(["S11"])
