@@ -32,8 +32,8 @@ Everything goes to ``$RG_WORK/record.json`` as it happens, and ``$RG_WORK/summar
 verdicts, recomputed from the record at each save); a second call on the warm machine resumes
 (a server with outputs is kept). ``RG_DRY=1``: facts, plans and units only (no server), a
 rehearsal where no GPU is. ``RG_ONLY=S9,S2``: only those servers, in that order.
-``RG_RECORD``: the record's file name under ``$RG_WORK`` (``bench/real_gpu/ddtree/lab_ddtree.py``, which drives its servers
-through ``serve`` here, keeps ``ddtree-record.json``).
+``RG_RECORD``: the record's file name under ``$RG_WORK`` (``bench/real_gpu/ddtree/lab_ddtree.py``,
+which drives its servers through ``serve`` here, keeps ``ddtree-record.json``).
 
 reference.json (bench/real_gpu/lab/reference.py): ``max_new_tokens``, ``prompts[i].input_ids``,
 ``.expected_output``, ``.drafters[NAME].spec_accept_length``, ``mean_spec_accept_length[NAME]``;
