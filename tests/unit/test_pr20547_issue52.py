@@ -440,8 +440,14 @@ final = torch.full((bs,), 0.01 if rank == 0 else 0.99)
 accept_len, bonus = mod.compute_dflash_sampling_accept_len_and_bonus(
     candidates=candidates, next_token_logits=logits, sampling_info=info, threshold_single=1.0,
     threshold_acc=1.0, uniform_samples=coins, uniform_samples_for_final_sampling=final)
-print(json.dumps({"rank": rank, "accept_len": accept_len.tolist(), "bonus": bonus.tolist()}))
-dist.destroy_process_group()
+print(json.dumps({"rank": rank, "accept_len": accept_len.tolist(), "bonus": bonus.tolist()}),
+      flush=True)
+# Both ranks done before either leaves, and no teardown after: gloo's transport threads outliving
+# a rank whose peer has already gone abort it ("terminate called without an active exception",
+# SIGABRT, seen once in CI on 2 busy cores).
+dist.barrier()
+import os
+os._exit(0)
 '''
 
 
