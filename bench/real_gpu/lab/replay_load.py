@@ -163,14 +163,20 @@ def rope_gptj(x, pos, base):
     return out
 
 
+def mla_dims(cfg: dict) -> tuple:
+    """The target config's numbers the absorbed-MLA forward uses: (rms eps, heads, nope, rope,
+    v head dims, q lora rank, kv lora rank, RoPE base, attention scale); one reading for the
+    fp32 replay here and the bf16 one (sglang_bf16.py)."""
+    nope, rdim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    return (cfg["rms_norm_eps"], cfg["num_attention_heads"], nope, rdim, cfg["v_head_dim"],
+            cfg["q_lora_rank"], cfg["kv_lora_rank"],
+            cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"],
+            1.0 / math.sqrt(nope + rdim))
+
+
 def forward(params: dict, cfg: dict, ids: list[int]) -> torch.Tensor:
     """SGLang 0.5.11's DeepseekV3 forward (absorbed MLA, one causal sequence), fp32."""
-    eps = cfg["rms_norm_eps"]
-    H, nope, rdim, v = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
-                        cfg["qk_rope_head_dim"], cfg["v_head_dim"])
-    qr, R = cfg["q_lora_rank"], cfg["kv_lora_rank"]
-    base = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-    scale = 1.0 / math.sqrt(nope + rdim)
+    eps, H, nope, rdim, v, qr, R, base, scale = mla_dims(cfg)
     T = len(ids)
     pos = torch.arange(T)
     x = params["model.embed_tokens.weight"][torch.tensor(ids)]

@@ -32,7 +32,6 @@ of layer id + 1).
 from __future__ import annotations
 
 import json
-import math
 
 import labcommon as lc
 import replay_load as rl
@@ -85,12 +84,7 @@ class Target:
         independent of the positions after it, so one pass over committed + block is the
         prefill or the verify with the cache of the committed tokens."""
         P, cfg = self.p, self.cfg
-        eps = cfg["rms_norm_eps"]
-        H, nope, rdim, v = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
-                            cfg["qk_rope_head_dim"], cfg["v_head_dim"])
-        qr, R = cfg["q_lora_rank"], cfg["kv_lora_rank"]
-        base = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-        scale = 1.0 / math.sqrt(nope + rdim)
+        eps, H, nope, rdim, v, qr, R, base, scale = rl.mla_dims(cfg)
         T = len(ids)
         pos = torch.arange(T)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
