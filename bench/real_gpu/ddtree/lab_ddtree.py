@@ -87,7 +87,9 @@ from specfleet.hostside import bench_client  # noqa: E402
 
 RECORD = lab_run.RECORD
 RECORD.setdefault("sweeps", {})
-BUDGETS = (4, 8, 16, 32, 64)  # from at or below block - 1 to above the block size (8)
+# From the smallest the fork accepts (2: a tree of top-k budget - 1 = 1; the settings refuse 1) to
+# far above the block size (8), five servers a drafter.
+BUDGETS = (2, 4, 8, 16, 64)
 LOSSLESS_BUDGETS = (4, 16)  # one at or below 7, one above 8
 MAIN, WEAK = "lab-drafter", "lab-drafter-weak"
 DRAFTERS = (MAIN, WEAK)
@@ -138,7 +140,7 @@ def spec(tag: str, what: str, drafter: str | None, plan: dict, extra: dict | Non
 
 
 def sweep_flags(drafter: str, minutes: float) -> sweep.SweepFlags:
-    """``specfleet sweep INVENTORY --host lab-h200:<drafter> --ddtree-budgets 4,...,64
+    """``specfleet sweep INVENTORY --host lab-h200:<drafter> --ddtree-budgets 2,...,64
     --attention-backends triton --concurrency 1,8``, as its flags."""
     return sweep.SweepFlags(
         inventory="(none: the lab machine, no inventory)", host=f"{SWEEP_HOST}:{drafter}",
