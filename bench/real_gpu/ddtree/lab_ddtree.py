@@ -98,8 +98,12 @@ BATCH = 8  # the batch of the lab prompts (all 8 in one request)
 REPEATS = 3  # timed passes of every prompt alone and the batch; tokens/s is their median
 # The lab's settings (bench/real_gpu/settings/lab-*.json, run 5's findings included: piecewise
 # CUDA graphs off, the KV pool bounded), for the fork's set.
+# No reasoning parser: the fork (0.5.13's scheduler) refuses to start one whose think_end_token
+# is not one token of the tokenizer (constrained/reasoner_grammar_backend.py), and the lab's
+# tokenizer has no '</think>' (the first DDTree call, 2026-12-08: every server exited at start).
 LAB = {"--random-seed": "1234", "--sampling-backend": "pytorch", "--cuda-graph-max-bs": "8",
-       "--disable-piecewise-cuda-graph": True, "--max-total-tokens": "65536"}
+       "--disable-piecewise-cuda-graph": True, "--max-total-tokens": "65536",
+       "--reasoning-parser": None}
 SETTINGS = {"sglang": {"version": "0.5.13"}}
 SPEC_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path",
               "--speculative-num-draft-tokens", "--speculative-draft-attention-backend",
