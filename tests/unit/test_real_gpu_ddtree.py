@@ -176,3 +176,34 @@ def test_no_sweep_point_starts_past_the_calls_budget(ddtree):
     assert rc == 1 and served == []
     points = ddtree.RECORD["sweeps"]["lab-drafter-weak"]["points"]
     assert {p["status"] for p in points.values()} == {"pending"}
+
+
+def test_the_first_gpu_record_reads_back_and_plots(tmp_path, monkeypatch):
+    """The committed record of the DDTree run's first calls (an H100): its summary recomputed by
+    the code the machine ran says triton lossless and fa3 not, and the plot names that GPU."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[2] / "bench/real_gpu/results/ddtree1-dfb1482"
+    shutil.copy(src / "ddtree-record.json", tmp_path / "ddtree-record.json")
+    monkeypatch.setenv("RG_RECORD", "ddtree-record.json")
+    monkeypatch.delenv("RG_DRY", raising=False)
+    names = ("drive", "lab_run", "lab_ddtree")
+    saved_path = list(sys.path)
+    for name in names:
+        sys.modules.pop(name, None)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "plot_ddtree", "bench/real_gpu/ddtree/plot_ddtree.py")
+        plot_ddtree = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plot_ddtree)
+        summary = plot_ddtree.load_summary(tmp_path)
+        assert summary["lossless"] == {"T4-lab-drafter": True, "T16-lab-drafter": True,
+                                       "F4": False, "F16": False}
+        assert summary["gpu"] == "NVIDIA H100 80GB HBM3"
+        assert summary["servers"]["D0"]["accept_length"] == 4.1391  # 0.5.11's, the same pair
+        out = plot_ddtree.plot(summary, tmp_path / "p.png")
+        assert out.stat().st_size > 10_000
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.path[:] = saved_path

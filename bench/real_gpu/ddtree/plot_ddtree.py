@@ -11,8 +11,9 @@ timed passes), one line per drafter on triton, the fa3 experiment as its own mar
 without DDTree (D0) and the plain server (P0) as horizontal lines. A point whose greedy output
 differs from P0's is crossed in red; a budget the plan refused is marked "refused".
 
-The figure says what it measures: a 4M-parameter pair on one H200, where tokens/s is SGLang's
-per-step overhead, not K2.6's verify cost, so the best budget here does not transfer. Needs
+The figure says what it measures: a 4M-parameter pair on one GPU (named from the record's
+facts), where tokens/s is SGLang's per-step overhead, not K2.6's verify cost, so the best budget
+here does not transfer. Needs
 matplotlib (``pip install 'specfleet[plots]'``).
 """
 
@@ -24,8 +25,17 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LABEL = ("a 4M-parameter pair on one H200 (tokens/s measures SGLang's per-step overhead, "
+LABEL = ("a 4M-parameter pair on one {gpu} (tokens/s measures SGLang's per-step overhead, "
          "not K2.6's verify cost; the best budget does not transfer)")
+
+
+def record_gpus(servers: dict) -> str:
+    """The GPU the servers ran on, as their live facts name it (a record whose calls ran on
+    different machines names each)."""
+    names = sorted({g.get("name") for s in servers.values()
+                    for g in (((s.get("facts") or {}).get("facts.gpu.Gpus") or {}).get("gpus")
+                              or []) if g.get("name")})
+    return " / ".join(names) or "GPU (not in the record)"
 
 
 def load_summary(folder: Path) -> dict:
@@ -37,7 +47,7 @@ def load_summary(folder: Path) -> dict:
         sys.path.insert(0, str(HERE))
     import lab_ddtree
 
-    return lab_ddtree.summary()
+    return {**lab_ddtree.summary(), "gpu": record_gpus(lab_ddtree.RECORD["servers"])}
 
 
 def plot(summary: dict, out: Path) -> Path:
@@ -91,6 +101,7 @@ def plot(summary: dict, out: Path) -> Path:
             if v is not None and not (tag == "P0" and what == "accept"):
                 ax.axhline(v, color="black", linestyle=style, linewidth=1, label=text)
         ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+        ax.set_xlim(-0.3, len(budgets) - 0.7)
         ax.set_xlabel("DDTree budget (--speculative-num-draft-tokens: tree nodes + root)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -105,7 +116,7 @@ def plot(summary: dict, out: Path) -> Path:
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     commit = summary.get("commit") or "?"
     fig.suptitle(f"DDTree budget sweep, the fork (DB-Guo/sglang-ddtree-dev 514ea1f3e), commit "
-                 f"{commit[:10]}\n{LABEL}"
+                 f"{commit[:10]}\n{LABEL.format(gpu=summary.get('gpu') or 'GPU')}"
                  + ("\n[DRY REHEARSAL: no measurement]" if summary.get("dry") else ""),
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 0.93))
