@@ -4,9 +4,11 @@ capture; the parts script's roots and pins come from the fork's own pyproject.""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from bench.real_gpu.ddtree import build_parts
 from specfleet.core.tables.ddtree_designs import FORK_DFLASH_SWITCH
 
 LAB = "bench/real_gpu/ddtree/lab_ddtree.py"
+PLOT = "bench/real_gpu/ddtree/plot_ddtree.py"
 
 
 def test_parts_take_the_forks_pins():
@@ -53,23 +56,33 @@ def test_lab_outline_rehearsal_plans_every_point(tmp_path, monkeypatch, capsys):
 REFERENCE_JSON = Path(__file__).resolve().parents[2] / "bench/real_gpu/lab/reference.json"
 
 
-@pytest.fixture
-def ddtree(tmp_path, monkeypatch):
-    monkeypatch.setenv("RG_WORK", str(tmp_path))
+@contextlib.contextmanager
+def fresh_lab_modules(monkeypatch):
+    """lab_ddtree and the lab_run it imports read their record at import: each test imports them
+    afresh (under its own RG_WORK) and leaves sys.modules and sys.path as they were."""
     monkeypatch.setenv("RG_RECORD", "ddtree-record.json")  # restored after: lab_ddtree sets it
     monkeypatch.delenv("RG_DRY", raising=False)
     names = ("drive", "lab_run", "lab_ddtree")
     saved_path = list(sys.path)
     for name in names:
         sys.modules.pop(name, None)
-    spec = importlib.util.spec_from_file_location("lab_ddtree", LAB)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["lab_ddtree"] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    for name in names:
-        sys.modules.pop(name, None)
-    sys.path[:] = saved_path
+    try:
+        yield
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.path[:] = saved_path
+
+
+@pytest.fixture
+def ddtree(tmp_path, monkeypatch):
+    monkeypatch.setenv("RG_WORK", str(tmp_path))
+    with fresh_lab_modules(monkeypatch):
+        spec = importlib.util.spec_from_file_location("lab_ddtree", LAB)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["lab_ddtree"] = mod
+        spec.loader.exec_module(mod)
+        yield mod
 
 
 def _expected() -> list[list[int]]:
@@ -181,19 +194,10 @@ def test_no_sweep_point_starts_past_the_calls_budget(ddtree):
 def test_the_first_gpu_record_reads_back_and_plots(tmp_path, monkeypatch):
     """The committed record of the DDTree run's first calls (an H100): its summary recomputed by
     the code the machine ran says triton lossless and fa3 not, and the plot names that GPU."""
-    import shutil
-
     src = Path(__file__).resolve().parents[2] / "bench/real_gpu/results/ddtree1-dfb1482"
     shutil.copy(src / "ddtree-record.json", tmp_path / "ddtree-record.json")
-    monkeypatch.setenv("RG_RECORD", "ddtree-record.json")
-    monkeypatch.delenv("RG_DRY", raising=False)
-    names = ("drive", "lab_run", "lab_ddtree")
-    saved_path = list(sys.path)
-    for name in names:
-        sys.modules.pop(name, None)
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "plot_ddtree", "bench/real_gpu/ddtree/plot_ddtree.py")
+    with fresh_lab_modules(monkeypatch):
+        spec = importlib.util.spec_from_file_location("plot_ddtree", PLOT)
         plot_ddtree = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(plot_ddtree)
         summary = plot_ddtree.load_summary(tmp_path)
@@ -201,9 +205,4 @@ def test_the_first_gpu_record_reads_back_and_plots(tmp_path, monkeypatch):
                                        "F4": False, "F16": False}
         assert summary["gpu"] == "NVIDIA H100 80GB HBM3"
         assert summary["servers"]["D0"]["accept_length"] == 4.1391  # 0.5.11's, the same pair
-        out = plot_ddtree.plot(summary, tmp_path / "p.png")
-        assert out.stat().st_size > 10_000
-    finally:
-        for name in names:
-            sys.modules.pop(name, None)
-        sys.path[:] = saved_path
+        assert plot_ddtree.plot(summary, tmp_path / "p.png").stat().st_size > 10_000
