@@ -765,12 +765,27 @@ def boot(name: str, keep: bool) -> Fleet:
     return Fleet.up(name, specs, owner_pid=None if keep else os.getpid())
 
 
+# Git-ignored top-level folders the second controller needs: the venv (its scripts name this
+# path) and the editable install's metadata.
+CONTROLLER_KEEPS = {".venv", "specfleet.egg-info"}
+
+
+def ignored_top_level() -> set[str]:
+    """The checkout's git-ignored top-level entries (build outputs: the GPU lab's parts in
+    build/ and .carryN are gigabytes), which c2's 64M disk cannot take."""
+    out = subprocess.run(["git", "-C", str(REPO), "status", "--ignored", "--porcelain"],
+                         capture_output=True, text=True)
+    return {line[3:].rstrip("/") for line in out.stdout.splitlines()
+            if line.startswith("!! ") and "/" not in line[3:].rstrip("/")} - CONTROLLER_KEEPS
+
+
 def prepare_controller(env: Env) -> None:
     """c2 becomes a second control machine: this checkout and its venv at the same path (the
     venv's scripts name it), the fleet's key, and a machine id of its own (systemd made it)."""
     tar = env.work / "checkout.tar"
+    skip = {f"{str(REPO).lstrip('/')}/{name}" for name in ignored_top_level()}
     with tarfile.open(tar, "w") as t:
-        t.add(REPO, arcname=str(REPO).lstrip("/"), filter=lambda i: None if any(
+        t.add(REPO, arcname=str(REPO).lstrip("/"), filter=lambda i: None if i.name in skip or any(
             p in i.name for p in ("/.git/", "/__pycache__", ".ruff_cache", ".pytest_cache"))
             else i)
     env.fleet.put("c2", tar, "/tmp/checkout.tar")
